@@ -1,0 +1,154 @@
+"""Single-turn verifier text environments.
+
+A *task* is one prompt with the ground truth needed to check an answer. A
+:class:`VerifierEnv` serves a list of tasks one episode at a time: ``reset`` shows
+the prompt, ``step`` takes the model's whole completion, scores it with a verifier
+function and ends the episode. Groups of completions for the same prompt are scored
+by resetting to the same task with ``options={"index": i}``.
+"""
+
+from __future__ import annotations
+
+import string
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import gymnasium as gym
+from gymnasium import spaces
+
+#: Characters every env accepts: all printable ASCII. Data-specific characters are added per env.
+BASE_CHARSET = frozenset(string.printable)
+#: Longest completion the action space describes (``step`` accepts any string regardless).
+MAX_COMPLETION_CHARS = 16384
+
+
+@dataclass(frozen=True)
+class Task:
+    """One prompt of a verifier task.
+
+    Attributes:
+        id: Unique id of the task within its data set.
+        data_source: Name of the data set / domain the task comes from (e.g. ``"sql_synth"``).
+        messages: The prompt as chat messages ``({"role": ..., "content": ...}, ...)``. The model
+            side applies its chat template to them.
+        ground_truth: Whatever the verifier needs (a gold answer string, a dict with the gold SQL
+            and database path, ...).
+        meta: Free-form extra fields (e.g. the solution style of a reference answer, the split).
+    """
+
+    id: str
+    data_source: str
+    messages: tuple[Mapping[str, str], ...]
+    ground_truth: Any
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def prompt_text(self) -> str:
+        """The observation text: message contents joined by blank lines."""
+        return "\n\n".join(m["content"] for m in self.messages)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Outcome of verifying one completion.
+
+    Attributes:
+        reward: Scalar reward, usually 1.0 (correct) or 0.0.
+        correct: Whether the completion solves the task.
+        error: Short reason when the completion could not be checked (no answer found, SQL error,
+            timeout, ...). ``None`` when verification ran normally.
+    """
+
+    reward: float
+    correct: bool
+    error: str | None = None
+
+
+#: A verifier maps (completion text, task) to a verdict. It must never raise.
+Verifier = Callable[[str, Task], Verdict]
+
+
+class VerifierEnv(gym.Env):
+    """Single-turn text environment with a verifiable reward.
+
+    ## Description
+    Each episode is one task: the observation is the prompt text, the action is the model's
+    complete answer, and the episode ends after that one step with the verifier's reward.
+
+    ## Action Space
+    ``spaces.Text`` over printable characters; ``step`` accepts any ``str``.
+
+    ## Observation Space
+    ``spaces.Text`` whose charset is printable ASCII plus every character found in the prompts.
+
+    ## Rewards
+    Whatever the verifier returns (typically 1.0 for a correct answer, else 0.0).
+
+    ## Starting State
+    A task drawn uniformly with ``self.np_random``, or the one chosen by ``options={"index": i}``.
+
+    ## Episode End
+    Always terminated after one step; never truncated.
+
+    ## Info
+    ``reset``: ``task_id``, ``data_source``, ``index``, ``messages``.
+    ``step``: the same plus ``correct`` (bool) and, when something went wrong, ``error`` (str).
+    """
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, tasks: Sequence[Task], verifier: Verifier, *, name: str = "verifier"):
+        if len(tasks) == 0:
+            raise ValueError(f"{name}: the task list is empty; give at least one task.")
+        self.tasks = list(tasks)
+        self.verifier = verifier
+        self.name = name
+        charset = set(BASE_CHARSET)
+        longest = 1
+        for t in self.tasks:
+            text = t.prompt_text
+            charset.update(text)
+            longest = max(longest, len(text))
+        self.observation_space = spaces.Text(max_length=longest, charset="".join(sorted(charset)))
+        self.action_space = spaces.Text(
+            max_length=MAX_COMPLETION_CHARS, min_length=0, charset="".join(sorted(BASE_CHARSET))
+        )
+        self._index: int | None = None
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+    def _info(self, index: int) -> dict[str, Any]:
+        task = self.tasks[index]
+        return {
+            "task_id": task.id,
+            "data_source": task.data_source,
+            "index": index,
+            "messages": [dict(m) for m in task.messages],
+        }
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        options = options or {}
+        if "index" in options:
+            index = int(options["index"])
+            if not 0 <= index < len(self.tasks):
+                raise IndexError(
+                    f"{self.name}: options['index']={index} is out of range; "
+                    f"this env has {len(self.tasks)} tasks (0..{len(self.tasks) - 1})."
+                )
+        else:
+            index = int(self.np_random.integers(len(self.tasks)))
+        self._index = index
+        return self.tasks[index].prompt_text, self._info(index)
+
+    def step(self, action: str):
+        if self._index is None:
+            raise RuntimeError(f"{self.name}: call reset() before step().")
+        task = self.tasks[self._index]
+        verdict = self.verifier(str(action), task)
+        info = self._info(self._index)
+        info["correct"] = bool(verdict.correct)
+        if verdict.error is not None:
+            info["error"] = verdict.error
+        return task.prompt_text, float(verdict.reward), True, False, info

@@ -1,0 +1,231 @@
+"""DPH-RL: Diversity-Preserving Hybrid RL (paper: "The Choice of Divergence", §4).
+
+GRPO's policy-gradient loss on the exploration prompts D_exp, plus η times an f-divergence
+between π_θ and the initial policy π_ref on the near-perfect prompts D_pef. The D_pef term
+uses reference responses and their log-probs stored by the pre-sampling stage
+(``rllib_dph.presample``) and mixed into each update by the offline-data connector
+(``rllib_dph.connectors.AddPefRows``), so DPH-F, DPH-JS and α-divergence load no reference
+model. Only the JS "divergence definition" variant (Appendix F) needs one.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional, Type, Union
+
+from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
+from ray.rllib.utils.annotations import override
+
+from rllib_dph.algorithms.grpo.grpo import GRPO, GRPOConfig
+from rllib_dph.presample import EXP_FILE, PEF_FILE, PresampleConfig, presample, read_metadata
+
+DIVERGENCES = ("forward_kl", "js", "alpha")
+
+
+class DPHConfig(GRPOConfig):
+    """Configuration of :class:`DPH`.
+
+    Example:
+        .. code-block:: python
+
+            config = (
+                DPHConfig()
+                .environment("rllib_dph/SQL-v0", env_config={"data": "sql_synth/train"})
+                .llm(model_name="tiny-sql-math")
+                .dph(divergence="js", pef_coeff=0.05, presample_dir="presample/sql_tiny")
+            )
+    """
+
+    def __init__(self, algo_class=None):
+        super().__init__(algo_class=algo_class or DPH)
+        self.divergence = "js"
+        self.pef_coeff = 0.05
+        self.alpha = 0.5
+        self.pef_path = None
+        self.exp_path = None
+        self.pef_ratio = 8.0
+        self.js_definition = False
+        self.presample_dir = None
+        self.presample_k = 8
+        self.presample_min_correct = 7
+
+    @override(AlgorithmConfig)
+    def get_default_learner_class(self) -> Union[Type, str]:
+        from rllib_dph.algorithms.dph.dph_torch_learner import DPHTorchLearner
+
+        return DPHTorchLearner
+
+    def dph(
+        self,
+        *,
+        divergence: Optional[str] = NotProvided,
+        pef_coeff: Optional[float] = NotProvided,
+        alpha: Optional[float] = NotProvided,
+        pef_path: Optional[str] = NotProvided,
+        exp_path: Optional[str] = NotProvided,
+        pef_ratio: Optional[float] = NotProvided,
+        js_definition: Optional[bool] = NotProvided,
+        presample_dir: Optional[str] = NotProvided,
+        presample_k: Optional[int] = NotProvided,
+        presample_min_correct: Optional[int] = NotProvided,
+    ) -> "DPHConfig":
+        """Sets the DPH-RL specific configuration.
+
+        Args:
+            divergence: f-divergence of the D_pef term: ``"forward_kl"`` (DPH-F),
+                ``"js"`` (DPH-JS; default) or ``"alpha"`` (α-divergence), see
+                ``losses.f_divergence``.
+            pef_coeff: η, weight of the D_pef term (paper Eq. 7; 0.01–0.2, default 0.05).
+            alpha: α of the α-divergence, 0 < α < 1 (default 0.5).
+            pef_path: The ``d_pef.parquet`` of the pre-sampling stage (reference responses with
+                their stored log-probs). Defaults to ``<presample_dir>/d_pef.parquet``.
+            exp_path: The ``d_exp.parquet`` whose prompts the env runners sample (overrides
+                ``env_config["data"]``). Defaults to ``<presample_dir>/d_exp.parquet``.
+            pef_ratio: Exploration rows per D_pef row in every update (paper: 2048 : 256 = 8).
+            js_definition: Use the JS "divergence definition" (Appendix F): D_pef term
+                KL(π_ref‖M) and exploration term β₁·KL(π_θ‖M), M = (π_ref + π_θ)/2 per token,
+                β₁ = η·|D_pef|/|D_exp|. Needs a live reference model for exploration rows.
+            presample_dir: Directory of the pre-sampling stage. When its files are missing,
+                the algorithm runs pre-sampling there first (with the policy model, the env's
+                ``env_config`` data, ``presample_k`` and ``presample_min_correct``).
+            presample_k: Samples per prompt for an automatic pre-sampling run (default 8).
+            presample_min_correct: m of k correct for D_pef (default 7).
+        """
+        for name, value in dict(
+            divergence=divergence,
+            pef_coeff=pef_coeff,
+            alpha=alpha,
+            pef_path=pef_path,
+            exp_path=exp_path,
+            pef_ratio=pef_ratio,
+            js_definition=js_definition,
+            presample_dir=presample_dir,
+            presample_k=presample_k,
+            presample_min_correct=presample_min_correct,
+        ).items():
+            if value is not NotProvided:
+                setattr(self, name, value)
+        return self
+
+    @property
+    def resolved_pef_path(self) -> Optional[str]:
+        if self.pef_path is not None:
+            return self.pef_path
+        return os.path.join(self.presample_dir, PEF_FILE) if self.presample_dir else None
+
+    @property
+    def resolved_exp_path(self) -> Optional[str]:
+        if self.exp_path is not None:
+            return self.exp_path
+        return os.path.join(self.presample_dir, EXP_FILE) if self.presample_dir else None
+
+    @property
+    def needs_reference_model(self) -> bool:
+        return super().needs_reference_model or self.js_definition
+
+    @property
+    def sampling_env_config(self) -> dict:
+        """Exploration prompts come from D_exp (and SQL databases from its ``db_root``)."""
+        env_config = dict(self.env_config)
+        exp = self.resolved_exp_path
+        if exp is not None and os.path.exists(exp):
+            env_config["data"] = exp
+            db_root = read_metadata(exp).get("db_root")
+            if db_root is not None:
+                env_config.setdefault("db_root", db_root)
+        return env_config
+
+    def presample_config(self) -> PresampleConfig:
+        """The pre-sampling run that produces ``presample_dir`` for this config."""
+        return PresampleConfig(
+            model_name=self.model_name,
+            env=self.env,
+            env_config=dict(self.env_config),
+            out_dir=self.presample_dir,
+            k=self.presample_k,
+            min_correct=self.presample_min_correct,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            max_response_length=self.max_response_length,
+            seed=self.seed or 0,
+            engine=self.engine,
+            engine_kwargs=dict(self.engine_kwargs),
+            dtype=self.dtype,
+            num_gpus_per_env_runner=self.num_gpus_per_env_runner,
+        )
+
+    @property
+    def needs_presampling(self) -> bool:
+        """True when ``presample_dir`` is set and its D_pef file does not exist yet."""
+        return bool(self.presample_dir) and not os.path.exists(self.resolved_pef_path)
+
+    @override(GRPOConfig)
+    def validate(self) -> None:
+        super().validate()
+        err = self._value_error
+        if self.divergence not in DIVERGENCES:
+            err(f"divergence={self.divergence!r} is not one of {list(DIVERGENCES)}; pick one of those.")
+        if self.divergence == "alpha" and not 0 < self.alpha < 1:
+            err(
+                f"alpha={self.alpha} is outside (0, 1); the α-divergence needs 0 < α < 1 "
+                "(α → 1 is forward KL: use divergence='forward_kl')."
+            )
+        if self.pef_coeff < 0:
+            err(f"pef_coeff={self.pef_coeff} must be >= 0 (paper: 0.01–0.2).")
+        if not self.pef_ratio > 0:
+            err(f"pef_ratio={self.pef_ratio} must be > 0 (exploration rows per D_pef row; paper: 8).")
+        pef = self.resolved_pef_path
+        if pef is None:
+            err(
+                "no D_pef file: set .dph(presample_dir=...) (pre-sampling runs there when its "
+                "files are missing) or .dph(pef_path=...) to an existing d_pef.parquet."
+            )
+        elif self.needs_presampling:
+            return  # DPH.setup runs pre-sampling first; the file is checked after that.
+        elif not os.path.exists(pef):
+            err(f"pef_path={pef!r} does not exist; run `rllib presample` first or fix the path.")
+        else:
+            self._validate_pef_file(pef)
+
+    def _validate_pef_file(self, path: str) -> None:
+        import pyarrow.parquet as pq
+
+        from rllib_dph.models.hub import model_fingerprint, resolve_model
+
+        err = self._value_error
+        if pq.read_metadata(path).num_rows == 0:
+            err(
+                f"D_pef file {path!r} is empty: no training prompt reached "
+                f"{self.presample_min_correct} correct samples; lower presample_min_correct or "
+                "use a stronger base model."
+            )
+        meta = read_metadata(path)
+        made_by = meta.get("model_fingerprint")
+        ours = model_fingerprint(resolve_model(self.model_name))
+        if made_by != ours:
+            err(
+                f"D_pef file {path!r} was made by model {meta.get('model_name')!r} (fingerprint "
+                f"{made_by}), but the policy is {self.model_name!r} (fingerprint {ours}); its "
+                "stored reference log-probs belong to another model or tokenizer. Re-run "
+                "pre-sampling with this model."
+            )
+
+
+class DPH(GRPO):
+    """DPH-RL: GRPO on D_exp plus the f-divergence term on D_pef rows.
+
+    ``setup`` runs the pre-sampling stage first when ``presample_dir`` has no files yet; the
+    learners mix D_pef rows into every update through :class:`~rllib_dph.connectors.AddPefRows`.
+    """
+
+    @classmethod
+    @override(GRPO)
+    def get_default_config(cls) -> DPHConfig:
+        return DPHConfig()
+
+    @override(GRPO)
+    def setup(self, config) -> None:
+        if config.needs_presampling:
+            presample(config.presample_config())
+            config._validate_pef_file(config.resolved_pef_path)
+        super().setup(config)

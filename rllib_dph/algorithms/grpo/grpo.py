@@ -1,0 +1,505 @@
+"""GRPO (Shao et al. 2024) and its usual variants on RLlib's new API stack.
+
+Variants are config choices, not separate algorithms: DAPO's clip-higher (``clip_eps_high``),
+dynamic sampling and overlong reward shaping (Yu et al. 2025); Dr. GRPO's unnormalised
+advantages and constant-length aggregation (Liu et al. 2025); a reverse-KL penalty to a frozen
+reference model (``kl_coeff > 0``, the "RKL" baseline of the DPH-RL paper); and DPPO's trust
+regions (``trust_region="dppo_*"``, Qi et al. 2025) in place of ratio clipping.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Type, Union
+
+import numpy as np
+import torch
+from ray.rllib.algorithms.algorithm import Algorithm
+from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
+from ray.rllib.core import DEFAULT_MODULE_ID
+from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
+from ray.rllib.utils.annotations import override
+from ray.rllib.utils.metrics import (
+    ENV_RUNNER_RESULTS,
+    ENV_RUNNER_SAMPLING_TIMER,
+    LEARNER_RESULTS,
+    LEARNER_UPDATE_TIMER,
+    NUM_ENV_STEPS_SAMPLED_LIFETIME,
+    SYNCH_WORKER_WEIGHTS_TIMER,
+    TIMERS,
+)
+
+from rllib_dph import columns as C
+from rllib_dph.batch import concat_batches, select_rows
+from rllib_dph.losses import (
+    AGGREGATIONS,
+    KL_ESTIMATORS,
+    group_advantages,
+    has_reward_variance,
+    overlong_penalty,
+)
+
+#: ``trust_region`` choices → the mask kind of ``losses.trust_region_mask``.
+TRUST_REGIONS = {
+    "ppo": "ppo",
+    "dppo_binary_tv": "binary_tv",
+    "dppo_binary_kl": "binary_kl",
+    "dppo_topk_tv": "topk_tv",
+    "dppo_topk_kl": "topk_kl",
+    "none": "none",
+}
+#: Default thresholds δ of the DPPO divergence masks (DPPO paper, Appendix F).
+DEFAULT_DELTAS = {"binary_tv": 0.15, "topk_tv": 0.15, "binary_kl": 0.05, "topk_kl": 0.05}
+ENGINES = ("hf", "vllm")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+class GRPOConfig(AlgorithmConfig):
+    """Configuration of :class:`GRPO`.
+
+    Example:
+        .. code-block:: python
+
+            config = (
+                GRPOConfig()
+                .environment("rllib_dph/SQL-v0", env_config={"data": "sql_synth/train"})
+                .llm(model_name="tiny-sql-math")
+                .training(group_size=8, prompts_per_step=16, lr=1e-5)
+            )
+            algo = config.build_algo()
+            algo.train()
+    """
+
+    def __init__(self, algo_class=None):
+        super().__init__(algo_class=algo_class or GRPO)
+        # LLM and rollout engine.
+        self.model_name = "tiny-sql-math"
+        self.dtype = "float32"
+        self.engine = "hf"
+        self.engine_kwargs = {}
+        self.temperature = 1.0
+        self.top_p = 1.0
+        self.max_response_length = 128
+        self.gradient_checkpointing = False
+        self.reference_model = "initial"
+        # Sampling.
+        self.group_size = 8
+        self.prompts_per_step = 16
+        self.dynamic_sampling = False
+        self.max_dynamic_sampling_rounds = 4
+        # Advantages and reward shaping.
+        self.normalize_advantage_std = True
+        self.overlong_buffer_length = 0
+        # Policy loss.
+        self.trust_region = "ppo"
+        self.clip_eps_low = 0.2
+        self.clip_eps_high = 0.2
+        self.trust_region_delta_low = None
+        self.trust_region_delta_high = None
+        self.is_truncation = math.inf
+        self.rollout_top_k = 0
+        self.loss_agg_mode = "token-mean"
+        self.kl_coeff = 0.0
+        self.kl_estimator = "k3"
+        self.entropy_coeff = 0.0
+        # RLlib settings that fit an LLM policy.
+        self.lr = 1e-5
+        self.grad_clip = 1.0
+        self.grad_clip_by = "global_norm"
+        self.num_epochs = 1
+        self.minibatch_size = None
+        self.shuffle_batch_per_epoch = True
+        self.num_env_runners = 0
+        # Weights go to env runners through `sync_weights`; there are no connector states.
+        self.merge_env_runner_states = False
+        self.broadcast_env_runner_states = False
+        from rllib_dph.env_runner import LLMEnvRunner
+
+        self.env_runner_cls = LLMEnvRunner
+
+    @override(AlgorithmConfig)
+    def get_default_learner_class(self) -> Union[Type, str]:
+        from rllib_dph.algorithms.grpo.grpo_torch_learner import GRPOTorchLearner
+
+        return GRPOTorchLearner
+
+    @override(AlgorithmConfig)
+    def get_default_rl_module_spec(self) -> RLModuleSpec:
+        from rllib_dph.rl_module import LLMRLModule
+
+        return RLModuleSpec(module_class=LLMRLModule, model_config=self.llm_model_config)
+
+    @property
+    def llm_model_config(self) -> dict:
+        """The ``model_config`` of the learner's :class:`~rllib_dph.rl_module.LLMRLModule`."""
+        return {
+            "model": self.model_name,
+            "dtype": self.dtype,
+            "temperature": self.temperature,
+            "gradient_checkpointing": self.gradient_checkpointing,
+            "entropy_with_grad": self.entropy_coeff != 0,
+        }
+
+    @property
+    def needs_reference_model(self) -> bool:
+        """Whether the learner loads the frozen reference model (only for the KL penalty)."""
+        return self.kl_coeff > 0
+
+    @property
+    def reference_model_name(self) -> Optional[str]:
+        """Name or path of π_ref (``model_name`` for ``reference_model="initial"``)."""
+        return self.model_name if self.reference_model == "initial" else self.reference_model
+
+    @property
+    def sampling_env_config(self) -> dict:
+        """The env kwargs the env runners sample prompts from."""
+        return dict(self.env_config)
+
+    @property
+    def mask_kind(self) -> str:
+        """The ``losses.trust_region_mask`` kind of ``trust_region``."""
+        return TRUST_REGIONS[self.trust_region]
+
+    @property
+    def trust_region_bounds(self) -> tuple[float, float]:
+        """(low, high) thresholds of the trust-region mask: ε for ``ppo``, δ for DPPO."""
+        kind = self.mask_kind
+        if kind in ("ppo", "none"):
+            return self.clip_eps_low, self.clip_eps_high
+        low = self.trust_region_delta_low
+        high = self.trust_region_delta_high
+        return (
+            DEFAULT_DELTAS[kind] if low is None else low,
+            DEFAULT_DELTAS[kind] if high is None else high,
+        )
+
+    def llm(
+        self,
+        *,
+        model_name: Optional[str] = NotProvided,
+        dtype: Optional[str] = NotProvided,
+        engine: Optional[str] = NotProvided,
+        engine_kwargs: Optional[dict] = NotProvided,
+        temperature: Optional[float] = NotProvided,
+        top_p: Optional[float] = NotProvided,
+        max_response_length: Optional[int] = NotProvided,
+        gradient_checkpointing: Optional[bool] = NotProvided,
+        reference_model: Optional[str] = NotProvided,
+    ) -> "GRPOConfig":
+        """Sets the policy model and how rollouts are generated.
+
+        Args:
+            model_name: The policy: a bundled tiny model name (``"tiny-sql-math"``, built offline on
+                first use), a local directory, or a Hugging Face id (``"Qwen/Qwen2.5-3B"``,
+                loaded from the local HF cache). Default ``"tiny-sql-math"``.
+            dtype: Learner parameter dtype: ``"float32"`` (default), ``"bfloat16"``, ``"float16"``.
+            engine: Rollout engine: ``"hf"`` (transformers, CPU or GPU; default) or ``"vllm"``.
+            engine_kwargs: Passed to the engine (e.g. ``{"dtype": "bfloat16",
+                "gpu_memory_utilization": 0.5}`` for vLLM, ``{"max_batch_size": 128}`` for HF).
+            temperature: Sampling temperature > 0 (default 1.0). The learner computes π_θ at the
+                same temperature, so μ and π_θ are the same distribution family.
+            top_p: Nucleus sampling mass in (0, 1] (default 1.0).
+            max_response_length: Maximum generated tokens per completion (default 128).
+            gradient_checkpointing: Recompute activations in the backward pass (default False).
+            reference_model: The frozen π_ref that terms needing a live reference model use
+                (the KL penalty, DPH's JS-definition variant): ``"initial"`` (default, a copy of
+                ``model_name``), another model name or path, or None to forbid loading one.
+        """
+        for name, value in dict(
+            model_name=model_name,
+            dtype=dtype,
+            engine=engine,
+            engine_kwargs=engine_kwargs,
+            temperature=temperature,
+            top_p=top_p,
+            max_response_length=max_response_length,
+            gradient_checkpointing=gradient_checkpointing,
+            reference_model=reference_model,
+        ).items():
+            if value is not NotProvided:
+                setattr(self, name, value)
+        return self
+
+    @override(AlgorithmConfig)
+    def training(
+        self,
+        *,
+        group_size: Optional[int] = NotProvided,
+        prompts_per_step: Optional[int] = NotProvided,
+        dynamic_sampling: Optional[bool] = NotProvided,
+        max_dynamic_sampling_rounds: Optional[int] = NotProvided,
+        normalize_advantage_std: Optional[bool] = NotProvided,
+        overlong_buffer_length: Optional[int] = NotProvided,
+        trust_region: Optional[str] = NotProvided,
+        clip_eps_low: Optional[float] = NotProvided,
+        clip_eps_high: Optional[float] = NotProvided,
+        trust_region_delta_low: Optional[float] = NotProvided,
+        trust_region_delta_high: Optional[float] = NotProvided,
+        is_truncation: Optional[float] = NotProvided,
+        rollout_top_k: Optional[int] = NotProvided,
+        loss_agg_mode: Optional[str] = NotProvided,
+        kl_coeff: Optional[float] = NotProvided,
+        kl_estimator: Optional[str] = NotProvided,
+        entropy_coeff: Optional[float] = NotProvided,
+        **kwargs,
+    ) -> "GRPOConfig":
+        """Sets the training related configuration.
+
+        Args:
+            group_size: Completions per prompt, n >= 2 (GRPO's group; default 8).
+            prompts_per_step: Prompts per training iteration (default 16); the train batch has
+                ``prompts_per_step * group_size`` rows. ``minibatch_size`` (rows) splits it into
+                several optimizer steps; None means one step per iteration.
+            dynamic_sampling: DAPO dynamic sampling: drop groups whose rewards are all equal
+                (zero advantage) and sample more prompts until ``prompts_per_step`` groups with
+                signal are collected or ``max_dynamic_sampling_rounds`` rounds were drawn.
+            max_dynamic_sampling_rounds: Upper bound on sampling rounds per step (default 4).
+            normalize_advantage_std: Divide group-centred rewards by the group std (GRPO);
+                False gives Dr. GRPO's mean-only advantages.
+            overlong_buffer_length: DAPO soft overlong punishment: responses longer than
+                ``max_response_length - overlong_buffer_length`` get a linear penalty reaching
+                -1 at the limit. 0 (default) disables it.
+            trust_region: Which tokens keep their gradient: ``"ppo"`` (ratio clipping with
+                ``clip_eps_low/high``), DPPO's ``"dppo_binary_tv"``, ``"dppo_binary_kl"``,
+                ``"dppo_topk_tv"``, ``"dppo_topk_kl"`` (divergence between the rollout policy μ
+                and π_θ with thresholds ``trust_region_delta_low/high``), or ``"none"``.
+            clip_eps_low: PPO ε for negative advantages (default 0.2).
+            clip_eps_high: PPO ε for positive advantages (default 0.2; DAPO clip-higher: 0.28).
+            trust_region_delta_low: DPPO δ for negative advantages (default 0.15 TV, 0.05 KL).
+            trust_region_delta_high: DPPO δ for positive advantages (default 0.15 TV, 0.05 KL).
+            is_truncation: Truncation C of the importance weight min(π_θ/μ, C) (DPPO Eq. 23);
+                infinite by default; finite C with ``trust_region="none"`` gives CISPO.
+            rollout_top_k: K log-probs per generated token returned by the engine (0..20);
+                the top-K DPPO masks need K >= 1.
+            loss_agg_mode: ``"token-mean"`` (DAPO; default), ``"seq-mean-token-mean"`` (GRPO),
+                or ``"seq-mean-token-sum-norm"`` (Dr. GRPO, normalised by max_response_length).
+            kl_coeff: β of the KL(π_θ‖π_ref) penalty to the frozen initial model (the RKL
+                baseline). 0 (default) loads no reference model.
+            kl_estimator: ``"k1"``, ``"k2"`` or ``"k3"`` (default) per-token KL estimator.
+            entropy_coeff: Weight of an entropy bonus (default 0).
+        """
+        super().training(**kwargs)
+        for name, value in dict(
+            group_size=group_size,
+            prompts_per_step=prompts_per_step,
+            dynamic_sampling=dynamic_sampling,
+            max_dynamic_sampling_rounds=max_dynamic_sampling_rounds,
+            normalize_advantage_std=normalize_advantage_std,
+            overlong_buffer_length=overlong_buffer_length,
+            trust_region=trust_region,
+            clip_eps_low=clip_eps_low,
+            clip_eps_high=clip_eps_high,
+            trust_region_delta_low=trust_region_delta_low,
+            trust_region_delta_high=trust_region_delta_high,
+            is_truncation=is_truncation,
+            rollout_top_k=rollout_top_k,
+            loss_agg_mode=loss_agg_mode,
+            kl_coeff=kl_coeff,
+            kl_estimator=kl_estimator,
+            entropy_coeff=entropy_coeff,
+        ).items():
+            if value is not NotProvided:
+                setattr(self, name, value)
+        return self
+
+    @property
+    def train_rows_per_step(self) -> int:
+        """Rows (completions) per training iteration."""
+        return self.prompts_per_step * self.group_size
+
+    @override(AlgorithmConfig)
+    def validate(self) -> None:
+        super().validate()
+        err = self._value_error
+
+        def check_choice(name, choices):
+            value = getattr(self, name)
+            if value not in choices:
+                err(f"{name}={value!r} is not one of {list(choices)}; pick one of those.")
+
+        check_choice("engine", ENGINES)
+        check_choice("dtype", DTYPES)
+        check_choice("trust_region", TRUST_REGIONS)
+        check_choice("loss_agg_mode", AGGREGATIONS)
+        check_choice("kl_estimator", KL_ESTIMATORS)
+        if self.group_size < 2:
+            err(
+                f"group_size={self.group_size}, but GRPO needs at least 2 completions per prompt "
+                "to compute group-relative advantages; set group_size >= 2 (e.g. 8)."
+            )
+        if self.prompts_per_step < 1:
+            err(f"prompts_per_step={self.prompts_per_step} must be >= 1.")
+        if not self.temperature > 0:
+            err(
+                f"temperature={self.temperature} must be > 0 for RL sampling (0 would be greedy "
+                "decoding, which gives identical completions and zero advantages)."
+            )
+        if not 0 < self.top_p <= 1:
+            err(f"top_p={self.top_p} must be in (0, 1]; use 1.0 to disable nucleus sampling.")
+        if self.max_response_length < 1:
+            err(f"max_response_length={self.max_response_length} must be >= 1.")
+        if not 0 <= self.overlong_buffer_length < self.max_response_length:
+            err(
+                f"overlong_buffer_length={self.overlong_buffer_length} must be in "
+                f"[0, max_response_length={self.max_response_length}); 0 disables it."
+            )
+        if self.clip_eps_low < 0 or self.clip_eps_high < 0:
+            err(
+                f"clip_eps_low={self.clip_eps_low} and clip_eps_high={self.clip_eps_high} must be "
+                ">= 0 (typical: 0.2 and 0.2, or 0.2 and 0.28 for DAPO clip-higher)."
+            )
+        if self.clip_eps_low >= 1:
+            err(
+                f"clip_eps_low={self.clip_eps_low} must be < 1: the ratio bound 1 - clip_eps_low "
+                "must stay positive (typical 0.2)."
+            )
+        for name in ("trust_region_delta_low", "trust_region_delta_high"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                err(f"{name}={value} must be > 0, or None for the DPPO default (TV 0.15, KL 0.05).")
+        if not self.is_truncation > 0:
+            err(f"is_truncation={self.is_truncation} must be > 0 (math.inf disables truncation).")
+        if not 0 <= self.rollout_top_k <= 20:
+            err(f"rollout_top_k={self.rollout_top_k} must be in [0, 20].")
+        if self.mask_kind.startswith("topk") and self.rollout_top_k < 1:
+            err(
+                f"trust_region={self.trust_region!r} needs the rollout engine's top-K log-probs, "
+                f"but rollout_top_k={self.rollout_top_k}; set rollout_top_k (e.g. 20)."
+            )
+        if self.kl_coeff < 0:
+            err(f"kl_coeff={self.kl_coeff} must be >= 0 (0 disables the KL penalty).")
+        if self.needs_reference_model and self.reference_model is None:
+            err(
+                f"this config needs a live reference model (kl_coeff={self.kl_coeff}"
+                + (", js_definition=True" if getattr(self, "js_definition", False) else "")
+                + "), but reference_model=None forbids loading one; set "
+                "reference_model='initial' (or a model path), or drop the term that needs it."
+            )
+        if self.max_dynamic_sampling_rounds < 1:
+            err(f"max_dynamic_sampling_rounds={self.max_dynamic_sampling_rounds} must be >= 1.")
+        rows = self.train_rows_per_step
+        if self.minibatch_size is not None and not 0 < self.minibatch_size <= rows:
+            err(
+                f"minibatch_size={self.minibatch_size} must be in (0, prompts_per_step * "
+                f"group_size = {rows}], or None for one optimizer step per iteration."
+            )
+        if self.num_learners > 1 and rows % self.num_learners:
+            err(
+                f"prompts_per_step * group_size = {rows} rows do not split evenly over "
+                f"num_learners={self.num_learners}; make them divisible."
+            )
+
+
+class GRPO(Algorithm):
+    """Group Relative Policy Optimization with RLlib's learner group and LLM env runners.
+
+    One ``training_step``: sample groups of completions (with DAPO dynamic sampling if enabled)
+    → shape rewards and compute group-relative advantages → learner update over epochs and
+    mini-batches → sync the new weights into the env runners' rollout engines.
+    """
+
+    @classmethod
+    @override(Algorithm)
+    def get_default_config(cls) -> GRPOConfig:
+        return GRPOConfig()
+
+    @override(Algorithm)
+    def setup(self, config) -> None:
+        super().setup(config)
+        # `setup` skipped RLlib's connector-state sync (there is none); push the learner's
+        # initial weights so that env runners and learners start from the same policy.
+        self._sync_weights()
+
+    # ------------------------------------------------------------------ sampling
+    def _sample_round(self, num_prompts: int) -> dict[str, np.ndarray]:
+        """One parallel sampling round over all env runners, metrics aggregated."""
+        group = self.env_runner_group
+        remote = group.num_healthy_remote_workers()
+        per_runner = math.ceil(num_prompts / max(1, remote))
+
+        def sample(runner):
+            return runner.sample(num_prompts=per_runner), runner.get_metrics()
+
+        results = group.foreach_env_runner(sample, local_env_runner=remote == 0)
+        self.metrics.aggregate([m for _, m in results], key=ENV_RUNNER_RESULTS)
+        return concat_batches([b for b, _ in results])
+
+    def sample_groups(self) -> dict[str, np.ndarray]:
+        """Samples ``prompts_per_step`` groups; with dynamic sampling only groups with signal."""
+        cfg = self.config
+        if not cfg.dynamic_sampling:
+            return self._sample_round(cfg.prompts_per_step)
+        kept, num_groups, rounds = [], 0, 0
+        while num_groups < cfg.prompts_per_step and rounds < cfg.max_dynamic_sampling_rounds:
+            batch = self._sample_round(cfg.prompts_per_step)
+            rounds += 1
+            signal = has_reward_variance(
+                torch.as_tensor(batch[C.REWARDS]), torch.as_tensor(batch[C.GROUP_IDS])
+            ).numpy()
+            kept.append(select_rows(batch, signal))
+            num_groups += len(np.unique(batch[C.GROUP_IDS][signal]))
+        batch = concat_batches(kept) if num_groups else batch
+        first_groups = np.unique(batch[C.GROUP_IDS])[: cfg.prompts_per_step]
+        batch = select_rows(batch, np.isin(batch[C.GROUP_IDS], first_groups))
+        self.metrics.log_value("dynamic_sampling_rounds", rounds, window=1)
+        self.metrics.log_value("dynamic_sampling_groups_kept", num_groups, window=1)
+        return batch
+
+    # ------------------------------------------------------------------ advantages
+    def compute_advantages(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Adds ``ADVANTAGES`` (B,) to the batch: overlong shaping, then group advantages."""
+        cfg = self.config
+        rewards = torch.as_tensor(batch[C.REWARDS], dtype=torch.float32)  # (B,)
+        if cfg.overlong_buffer_length > 0:
+            rewards = rewards + overlong_penalty(
+                torch.as_tensor(batch[C.RESPONSE_LENGTH]),
+                max_length=cfg.max_response_length,
+                cache_length=cfg.overlong_buffer_length,
+            )
+        adv = group_advantages(
+            rewards,
+            torch.as_tensor(batch[C.GROUP_IDS]),
+            normalize_std=cfg.normalize_advantage_std,
+        )  # (B,)
+        batch[C.ADVANTAGES] = adv.numpy().astype(np.float32)
+        self.metrics.log_value("shaped_reward_mean", float(rewards.mean()), window=1)
+        self.metrics.log_value("advantage_abs_mean", float(adv.abs().mean()), window=1)
+        return batch
+
+    def build_train_batch(self) -> dict[str, np.ndarray]:
+        """The rows of one update: online exploration rows with advantages."""
+        return self.compute_advantages(self.sample_groups())
+
+    # ------------------------------------------------------------------ training step
+    @override(Algorithm)
+    def training_step(self) -> None:
+        cfg = self.config
+        with self.metrics.log_time((TIMERS, ENV_RUNNER_SAMPLING_TIMER)):
+            batch = self.build_train_batch()
+
+        rows = len(batch[C.INPUT_IDS])
+        with self.metrics.log_time((TIMERS, LEARNER_UPDATE_TIMER)):
+            train_batch = MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(batch)}, env_steps=rows)
+            learner_results = self.learner_group.update(
+                batch=train_batch,
+                timesteps={
+                    NUM_ENV_STEPS_SAMPLED_LIFETIME: self.metrics.peek(
+                        (ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME), default=0
+                    )
+                },
+                num_epochs=cfg.num_epochs,
+                minibatch_size=cfg.minibatch_size or rows,
+                shuffle_batch_per_epoch=cfg.shuffle_batch_per_epoch,
+            )
+            self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
+
+        with self.metrics.log_time((TIMERS, SYNCH_WORKER_WEIGHTS_TIMER)):
+            self._sync_weights()
+
+    def _sync_weights(self) -> None:
+        self.env_runner_group.sync_weights(
+            from_worker_or_learner_group=self.learner_group,
+            inference_only=True,
+            timeout_seconds=None,
+        )

@@ -1,0 +1,151 @@
+"""Torch learner of GRPO: assembles the loss terms of ``rllib_dph.losses`` and logs each one."""
+
+from __future__ import annotations
+
+from typing import Any, Dict
+
+import torch
+from ray.rllib.core.learner.torch.torch_learner import TorchLearner
+from ray.rllib.utils.annotations import override
+from ray.rllib.utils.typing import ModuleID, TensorType
+
+from rllib_dph import columns as C
+from rllib_dph.losses import (
+    bad_update_fraction,
+    kl_estimate,
+    masked_aggregate,
+    masked_mean,
+    policy_gradient_loss,
+    trust_region_divergence,
+    trust_region_mask,
+)
+from rllib_dph.rl_module import ENTROPY, LOGP, TOPK_LOGP, next_token_logits, sequence_logprobs
+
+# Metric keys under ``learners/<module_id>/``.
+POLICY_LOSS = "policy_loss"
+KL_LOSS = "kl_loss"
+ENTROPY_MEAN = "entropy"
+TOTAL_LOSS = "total_loss"
+CLIP_FRACTION = "clip_fraction"
+CLIP_FRACTION_POS = "clip_fraction_pos_adv"
+CLIP_FRACTION_NEG = "clip_fraction_neg_adv"
+PROB_DIFF_MEAN = "abs_prob_diff_mean"
+PROB_DIFF_MAX = "abs_prob_diff_max"
+TRUST_REGION_DIVERGENCE = "trust_region_divergence_mean"
+BAD_UPDATE_FRACTION = "bad_update_fraction"
+APPROX_KL = "approx_kl_to_behavior"
+NUM_EXP_TOKENS = "num_exploration_tokens"
+
+
+class GRPOTorchLearner(TorchLearner):
+    """Policy-gradient loss on exploration rows (``ROW_TYPE_EXP``), per token:
+
+        loss = agg( −M_t · sg(min(π_θ/μ, C)) · Â · log π_θ )  +  β · agg( KL_est(π_θ‖π_ref) )
+               − c_H · agg( H(π_θ) )
+
+    with M_t the trust-region mask anchored on the rollout policy μ (PPO ratio clipping or a
+    DPPO divergence mask), C the importance-weight truncation and agg the configured
+    aggregation. A frozen reference model is built only when ``kl_coeff > 0``.
+    """
+
+    @override(TorchLearner)
+    def build(self) -> None:
+        super().build()
+        self._ref_model = None
+        if self.config.needs_reference_model:
+            from rllib_dph.models.hub import load_causal_lm
+
+            self._ref_model = load_causal_lm(self.config.reference_model_name, dtype=self.config.dtype)
+            self._ref_model.to(self._device).eval().requires_grad_(False)
+
+    @property
+    def ref_model(self):
+        """The frozen reference model π_ref, or None when no term needs it."""
+        return self._ref_model
+
+    @torch.no_grad()
+    def reference_logp(self, batch: Dict[str, Any]) -> torch.Tensor:
+        """(B, L) log π_ref of every token given its prefix, at the sampling temperature."""
+        logits = next_token_logits(self._ref_model, batch)  # (B, L-1, V)
+        return sequence_logprobs(logits, batch, self.config.temperature)
+
+    def exploration_mask(self, batch: Dict[str, Any]) -> torch.Tensor:
+        """(B, L) bool: response tokens of online exploration rows."""
+        is_exp = batch[C.ROW_TYPE] == C.ROW_TYPE_EXP  # (B,)
+        return batch[C.RESPONSE_MASK].bool() & is_exp[:, None]
+
+    @override(TorchLearner)
+    def compute_loss_for_module(
+        self,
+        *,
+        module_id: ModuleID,
+        config,
+        batch: Dict[str, Any],
+        fwd_out: Dict[str, TensorType],
+    ) -> TensorType:
+        metrics: Dict[str, Any] = {}
+        total = self.policy_loss(config, batch, fwd_out, metrics)
+        total = total + self.auxiliary_loss(config, batch, fwd_out, metrics)
+        metrics[TOTAL_LOSS] = total
+        self.metrics.log_dict(
+            {k: v.detach() if torch.is_tensor(v) else v for k, v in metrics.items()},
+            key=module_id,
+            window=1,
+        )
+        return total
+
+    def policy_loss(self, config, batch, fwd_out, metrics: Dict[str, Any]) -> torch.Tensor:
+        """The trust-region policy-gradient term on exploration rows (DPPO Eq. 23)."""
+        logp = fwd_out[LOGP]  # (B, L)
+        behavior_logp = batch[C.BEHAVIOR_LOGP].float()  # (B, L)
+        advantages = batch[C.ADVANTAGES].float()[:, None]  # (B, 1)
+        valid = self.exploration_mask(batch)  # (B, L)
+        low, high = config.trust_region_bounds
+        topk = dict(topk_logp=fwd_out.get(TOPK_LOGP), topk_behavior_logp=batch.get(C.TOPK_BEHAVIOR_LOGP))
+        keep = trust_region_mask(
+            logp.detach(), behavior_logp, advantages, kind=config.mask_kind, low=low, high=high, **topk
+        )  # (B, L)
+        pg = policy_gradient_loss(
+            logp, behavior_logp, advantages, keep, truncation=config.is_truncation
+        )  # (B, L)
+        loss = masked_aggregate(pg, valid, mode=config.loss_agg_mode, norm_length=config.max_response_length)
+        metrics[POLICY_LOSS] = loss
+        metrics[NUM_EXP_TOKENS] = valid.sum().float()
+        metrics.update(self._trust_region_metrics(logp.detach(), behavior_logp, advantages, keep, valid, config, topk))
+        return loss
+
+    def auxiliary_loss(self, config, batch, fwd_out, metrics: Dict[str, Any]) -> torch.Tensor:
+        """β·KL(π_θ‖π_ref) on exploration rows (when ``kl_coeff > 0``) and the entropy bonus."""
+        logp = fwd_out[LOGP]  # (B, L)
+        valid = self.exploration_mask(batch)  # (B, L)
+        agg = dict(mode=config.loss_agg_mode, norm_length=config.max_response_length)
+        loss = logp.new_zeros(())
+        if config.kl_coeff > 0:
+            kl = kl_estimate(logp, self.reference_logp(batch), kind=config.kl_estimator)  # (B, L)
+            kl_loss = masked_aggregate(kl, valid, **agg)
+            loss = loss + config.kl_coeff * kl_loss
+            metrics[KL_LOSS] = kl_loss
+        metrics[ENTROPY_MEAN] = masked_mean(fwd_out[ENTROPY], valid)
+        if config.entropy_coeff:
+            loss = loss - config.entropy_coeff * masked_aggregate(fwd_out[ENTROPY], valid, **agg)
+        return loss
+
+    def _trust_region_metrics(self, logp, behavior_logp, advantages, keep, valid, config, topk):
+        """Masked fractions by advantage sign, |π − μ|, the mask's divergence, bad updates."""
+        adv = advantages.expand_as(logp)  # (B, L)
+        dropped = (~keep).float()
+        prob_diff = (logp.exp() - behavior_logp.exp()).abs()  # (B, L)
+        log_ratio = logp - behavior_logp  # (B, L)
+        out = {
+            CLIP_FRACTION: masked_mean(dropped, valid),
+            CLIP_FRACTION_POS: masked_mean(dropped, valid & (adv > 0)),
+            CLIP_FRACTION_NEG: masked_mean(dropped, valid & (adv < 0)),
+            PROB_DIFF_MEAN: masked_mean(prob_diff, valid),
+            PROB_DIFF_MAX: prob_diff.masked_fill(~valid, 0).max(),
+            APPROX_KL: masked_mean(torch.exp(-log_ratio) + log_ratio - 1, valid),
+            BAD_UPDATE_FRACTION: bad_update_fraction(logp, behavior_logp, advantages, valid),
+        }
+        if config.mask_kind not in ("ppo", "none"):
+            div = trust_region_divergence(logp, behavior_logp, kind=config.mask_kind, **topk)
+            out[TRUST_REGION_DIVERGENCE] = masked_mean(div, valid)
+        return out

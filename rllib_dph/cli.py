@@ -1,0 +1,240 @@
+"""The ``rllib`` command.
+
+Ray removed RLlib's own command line after Ray 2.41; this one keeps its interface:
+
+    rllib train file tuned_examples/grpo/sql_tiny_grpo.py [--stop JSON] [--config JSON]
+    rllib train --algo GRPO --env rllib_dph/SQL-v0 --config JSON --stop JSON
+    rllib build-model tiny-sql-math
+    rllib presample --model tiny-sql-math --env rllib_dph/SQL-v0 --out presample/sql_tiny
+
+``train`` runs the experiment through Ray Tune, so results, checkpoints and TensorBoard files
+land in the usual Tune output directory (``--storage-path``, default ``~/ray_results``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import runpy
+import sys
+from typing import Any, Optional
+
+
+def _algorithms() -> dict[str, Any]:
+    """Algorithm names accepted by ``--algo`` → their config classes."""
+    from rllib_dph.algorithms import ALGORITHMS
+
+    return ALGORITHMS
+
+
+def _json(text: Optional[str], flag: str) -> dict:
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"rllib: {flag} is not valid JSON ({e.msg} at char {e.pos}): {text!r}")
+    if not isinstance(value, dict):
+        raise SystemExit(f"rllib: {flag} must be a JSON object like '{{\"key\": 1}}', got {text!r}")
+    return value
+
+
+def load_tuned_example(path: str) -> tuple[Any, dict]:
+    """Runs a tuned-example file and returns its module-level ``config`` and ``stop``."""
+    if not os.path.isfile(path):
+        raise SystemExit(f"rllib: no such tuned-example file: {path}")
+    namespace = runpy.run_path(path, run_name="rllib_tuned_example")
+    if "config" not in namespace:
+        raise SystemExit(
+            f"rllib: {path} defines no module-level `config`; a tuned example must assign its "
+            "AlgorithmConfig to `config` (and may define a `stop` dict)."
+        )
+    return namespace["config"], dict(namespace.get("stop") or {})
+
+
+def run_experiment(
+    config,
+    stop: dict,
+    *,
+    storage_path: Optional[str] = None,
+    name: Optional[str] = None,
+    checkpoint_freq: int = 0,
+    checkpoint_at_end: bool = False,
+    num_samples: int = 1,
+    resume: bool = False,
+    verbose: int = 1,
+):
+    """Runs ``config`` through Ray Tune until ``stop``; returns Tune's ``ResultGrid``."""
+    import ray
+    from ray import tune
+
+    import envs
+
+    if not ray.is_initialized():
+        ray.init(include_dashboard=False, log_to_driver=verbose > 0)
+    envs.register_tune_envs()
+    storage_path = os.path.abspath(os.path.expanduser(storage_path or "~/ray_results"))
+    name = name or f"{config.algo_class.__name__}_{str(config.env).replace('/', '_')}"
+    trainable = config.algo_class
+    experiment_dir = os.path.join(storage_path, name)
+    if resume and tune.Tuner.can_restore(experiment_dir):
+        tuner = tune.Tuner.restore(experiment_dir, trainable=trainable, resume_errored=True)
+    else:
+        tuner = tune.Tuner(
+            trainable,
+            param_space=config,
+            tune_config=tune.TuneConfig(num_samples=num_samples),
+            run_config=tune.RunConfig(
+                name=name,
+                storage_path=storage_path,
+                stop=stop,
+                verbose=verbose,
+                checkpoint_config=tune.CheckpointConfig(
+                    checkpoint_frequency=checkpoint_freq, checkpoint_at_end=checkpoint_at_end
+                ),
+            ),
+        )
+    results = tuner.fit()
+    errors = [r.error for r in results if r.error]
+    if errors:
+        raise SystemExit(f"rllib: {len(errors)} trial(s) failed; first error:\n{errors[0]}")
+    return results
+
+
+def _add_run_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config",
+        help="config overrides as JSON, e.g. '{\"model_name\": \"Qwen/Qwen2.5-0.5B\", "
+        "\"env_config\": {\"data\": \"train.parquet\"}}'",
+    )
+    parser.add_argument("--stop", help="stop criteria as JSON, e.g. '{\"training_iteration\": 2}'")
+    parser.add_argument("--storage-path", help="Tune output directory (default ~/ray_results)")
+    parser.add_argument("--name", help="experiment name (default: <algo>_<env>)")
+    parser.add_argument("--checkpoint-freq", type=int, default=0, help="checkpoint every N iterations")
+    parser.add_argument("--checkpoint-at-end", action="store_true", help="checkpoint when stopping")
+    parser.add_argument("--num-samples", type=int, default=1, help="Tune samples of the config")
+    parser.add_argument("--resume", action="store_true", help="resume the experiment of that name")
+    parser.add_argument("-v", "--verbose", type=int, default=1, help="Tune verbosity 0-3")
+
+
+def _run_from_args(config, stop: dict, args) -> None:
+    config.update_from_dict(_json(args.config, "--config"))
+    stop = {**stop, **_json(args.stop, "--stop")}
+    results = run_experiment(
+        config,
+        stop,
+        storage_path=args.storage_path,
+        name=args.name,
+        checkpoint_freq=args.checkpoint_freq,
+        checkpoint_at_end=args.checkpoint_at_end,
+        num_samples=args.num_samples,
+        resume=args.resume,
+        verbose=args.verbose,
+    )
+    for result in results:
+        print(f"trial {result.path}: training_iteration={result.metrics.get('training_iteration')}")
+
+
+def run_tuned_example(config, stop: dict, argv: Optional[list[str]] = None) -> None:
+    """``python <tuned_example.py> [--stop JSON] ...``: what ``rllib train file`` does."""
+    parser = argparse.ArgumentParser(description="Run this tuned example through Ray Tune.")
+    _add_run_flags(parser)
+    _run_from_args(config, stop, parser.parse_args(argv))
+
+
+def _train(args) -> None:
+    if args.target == "file":
+        if not args.file:
+            raise SystemExit("rllib: `rllib train file` needs the path of a tuned-example file.")
+        config, stop = load_tuned_example(args.file)
+    else:
+        if args.target is not None:
+            raise SystemExit(f"rllib: unknown train target {args.target!r}; use `rllib train file <path>`.")
+        if not args.algo or not args.env:
+            raise SystemExit("rllib: `rllib train` needs --algo and --env (or `rllib train file <path>`).")
+        algorithms = _algorithms()
+        if args.algo not in algorithms:
+            raise SystemExit(f"rllib: --algo {args.algo!r} is not one of {sorted(algorithms)}.")
+        config = algorithms[args.algo]().environment(args.env)
+        stop = {}
+    _run_from_args(config, stop, args)
+
+
+def _build_model(args) -> None:
+    from rllib_dph.models.hub import resolve_model
+
+    path = resolve_model(args.name, build=True, force=args.force)
+    print(path)
+
+
+def _presample(args) -> None:
+    from rllib_dph.presample import PresampleConfig, presample
+
+    config = PresampleConfig(
+        model_name=args.model,
+        env=args.env,
+        env_config=_json(args.env_config, "--env-config"),
+        out_dir=args.out,
+        k=args.k,
+        min_correct=args.min_correct,
+        refine=not args.no_refine,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        max_response_length=args.max_response_length,
+        seed=args.seed,
+        prompts_per_chunk=args.prompts_per_chunk,
+        engine=args.engine,
+        engine_kwargs=_json(args.engine_kwargs, "--engine-kwargs"),
+        dtype=args.dtype,
+    )
+    summary = presample(config)
+    print(
+        f"D_pef: {summary['num_pef']} prompts, D_exp: {summary['num_exp']} prompts "
+        f"({summary['num_refinement_failures']} candidates failed refinement); "
+        f"pass@1 {summary['pass_at_1']:.3f}, pass@{args.k} {summary['pass_at_k']:.3f}; "
+        f"files in {args.out}"
+    )
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    parser = argparse.ArgumentParser(prog="rllib", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    train = sub.add_parser("train", help="train an algorithm through Ray Tune")
+    train.add_argument("target", nargs="?", choices=["file"], help="`file` to run a tuned example")
+    train.add_argument("file", nargs="?", help="tuned-example .py file defining `config` [and `stop`]")
+    train.add_argument("--algo", help="algorithm name, e.g. GRPO")
+    train.add_argument("--env", help="env id, e.g. rllib_dph/SQL-v0")
+    _add_run_flags(train)
+    train.set_defaults(func=_train)
+
+    build = sub.add_parser("build-model", help="build a bundled tiny model (offline)")
+    build.add_argument("name", nargs="?", default="tiny-sql-math")
+    build.add_argument("--force", action="store_true", help="rebuild even if cached")
+    build.set_defaults(func=_build_model)
+
+    pre = sub.add_parser("presample", help="DPH-RL pre-sampling: split prompts into D_pef / D_exp")
+    pre.add_argument("--model", default="tiny-sql-math", help="base policy (name, path or HF id)")
+    pre.add_argument("--env", default="rllib_dph/SQL-v0", help="env id")
+    pre.add_argument("--env-config", help='env kwargs as JSON, e.g. \'{"data": "sql_synth/train"}\'')
+    pre.add_argument("--out", required=True, help="output directory (resumes if it has parts)")
+    pre.add_argument("--k", type=int, default=8, help="samples per prompt (default 8)")
+    pre.add_argument("--min-correct", type=int, default=7, help="m of k correct for D_pef (default 7)")
+    pre.add_argument("--no-refine", action="store_true", help="skip the refinement sample")
+    pre.add_argument("--temperature", type=float, default=1.0)
+    pre.add_argument("--top-p", type=float, default=1.0)
+    pre.add_argument("--max-response-length", type=int, default=128)
+    pre.add_argument("--seed", type=int, default=0)
+    pre.add_argument("--prompts-per-chunk", type=int, default=64)
+    pre.add_argument("--engine", default="hf", choices=["hf", "vllm"])
+    pre.add_argument("--engine-kwargs", help="engine kwargs as JSON")
+    pre.add_argument("--dtype", default="float32")
+    pre.set_defaults(func=_presample)
+
+    args = parser.parse_args(argv)
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,77 @@
+"""The rollout-engine interface shared by the HF ``transformers`` and vLLM engines.
+
+An engine turns token-id prompts into groups of sampled completions and reports, for every
+sampled token, its log-prob under the distribution it was actually drawn from (after temperature
+and top-p): the behaviour policy μ that DPPO's trust region and importance ratios are anchored on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Protocol, Sequence, runtime_checkable
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample.
+
+    Attributes:
+        n: Completions per prompt (the GRPO group size), >= 1.
+        temperature: Softmax temperature, > 0; 0 means greedy decoding (μ is then the log-prob
+            under the untempered distribution's argmax, i.e. 0.0 for every token).
+        top_p: Nucleus mass in (0, 1]; 1.0 disables it.
+        max_new_tokens: Hard limit on response tokens.
+        seed: Seed of the sampler; the same seed, prompts and weights give the same samples.
+        top_k_logprobs: K >= 0. When K > 0 also return, per generated token, the K most likely
+            token ids of μ and their log-probs, with the sampled token always among them
+            (it replaces the K-th entry when it is not in the top K). K <= 20.
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 128
+    seed: int | None = None
+    top_k_logprobs: int = 0
+
+
+@dataclass
+class Completion:
+    """One sampled completion of one prompt.
+
+    Attributes:
+        token_ids: (T,) int64 response token ids, EOS included when it was produced.
+        logprobs: (T,) float32 μ log-prob of each sampled token.
+        topk_ids: (T, K) int64 or None.
+        topk_logprobs: (T, K) float32 or None.
+        finish_reason: ``"stop"`` (EOS) or ``"length"`` (hit ``max_new_tokens``).
+    """
+
+    token_ids: np.ndarray
+    logprobs: np.ndarray
+    topk_ids: np.ndarray | None = None
+    topk_logprobs: np.ndarray | None = None
+    finish_reason: str = "stop"
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """What the env runner and the pre-sampling stage need from an engine."""
+
+    tokenizer: object  # a Hugging Face tokenizer (``decode``, ``eos_token_id``, chat template)
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams
+    ) -> list[list[Completion]]:
+        """Samples ``params.n`` completions for each prompt (token ids, no padding).
+
+        Returns one list of ``n`` completions per prompt, in prompt order.
+        """
+        ...
+
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Loads new policy weights (a full state dict of the HF causal LM, tied weights included)."""
+        ...

@@ -1,0 +1,261 @@
+"""The LLM env runner: prompts → groups of completions → scored rollout batch.
+
+RLlib's stock ``SingleAgentEnvRunner`` steps gymnasium envs through connector pipelines that
+split ``spaces.Text`` observations into characters. An LLM episode is one prompt and one whole
+completion, and the expensive part is batched generation, so this runner generates all
+completions of a call at once through a :class:`~rllib_dph.engines.base.RolloutEngine` and uses
+the env only to show prompts and score completions.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Collection, Optional, Union
+
+import gymnasium as gym
+import numpy as np
+import ray
+from ray.rllib.core import COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
+from ray.rllib.env import INPUT_ENV_SPACES
+from ray.rllib.env.env_runner import EnvRunner
+from ray.rllib.utils.annotations import override
+from ray.rllib.utils.checkpoints import Checkpointable
+from ray.rllib.utils.metrics import (
+    EPISODE_RETURN_MEAN,
+    NUM_ENV_STEPS_SAMPLED,
+    NUM_ENV_STEPS_SAMPLED_LIFETIME,
+    NUM_EPISODES,
+    NUM_EPISODES_LIFETIME,
+    WEIGHTS_SEQ_NO,
+)
+from ray.rllib.utils.typing import ResultDict, StateDict
+
+from rllib_dph import columns as C
+from rllib_dph.batch import sequence_rows
+from rllib_dph.engines.base import SamplingParams
+
+# Metric keys logged under ``env_runners/``.
+REWARD_MEAN = "reward_mean"
+ACCURACY = "accuracy"
+RESPONSE_LENGTH_MEAN = "response_length_mean"
+TRUNCATION_RATE = "truncation_rate"
+GENERATION_TOKENS_PER_S = "generation_tokens_per_s"
+GENERATION_TIME_S = "generation_time_s"
+SCORING_TIME_S = "scoring_time_s"
+
+
+def make_env(env_id: Any, env_config: dict) -> gym.Env:
+    """Creates the env named in ``config.environment(...)``.
+
+    Accepts an env class, a Ray Tune registered name, or a gymnasium id (``rllib_dph/SQL-v0``;
+    importing ``envs`` registers the bundled ones).
+    """
+    import envs  # noqa: F401  (registers the bundled envs with gymnasium)
+    from ray.tune.registry import ENV_CREATOR, _global_registry
+
+    if isinstance(env_id, type):
+        return env_id(**env_config)
+    if _global_registry.contains(ENV_CREATOR, env_id):
+        return _global_registry.get(ENV_CREATOR, env_id)(env_config)
+    return gym.make(env_id, **env_config).unwrapped
+
+
+class LLMEnvRunner(EnvRunner, Checkpointable):
+    """Samples groups of completions for GRPO-family algorithms.
+
+    Each :meth:`sample` call takes the next ``num_prompts`` prompts of this runner's shard of
+    the env's tasks (reshuffled every pass), generates ``group_size`` completions per prompt,
+    scores each with the env, and returns one rollout batch (see ``rllib_dph.columns``).
+    The rollout engine holds the only copy of the weights on this runner; ``set_state`` with
+    an ``rl_module`` component loads new weights into it.
+    """
+
+    def __init__(self, *, config, **kwargs):
+        super().__init__(config=config, **kwargs)
+        self.worker_index = kwargs.get("worker_index") or 0
+        self.num_workers = max(1, self.config.num_env_runners)
+        self._weights_seq_no = 0
+        self._num_calls = 0
+        self.make_env()
+        self.make_module()
+        shard = np.arange(len(self.env))[max(0, self.worker_index - 1) :: self.num_workers]
+        if len(shard) == 0:
+            raise ValueError(
+                f"env runner {self.worker_index} got no tasks: the env has {len(self.env)} tasks "
+                f"for {self.num_workers} env runners; use fewer env runners."
+            )
+        self._shard = shard
+        self._rng = np.random.default_rng((self.config.seed or 0) + 1000 * self.worker_index)
+        self._queue: list[int] = []
+        self._prompt_ids: dict[int, list[int]] = {}
+
+    # ------------------------------------------------------------------ building
+    @override(EnvRunner)
+    def make_env(self) -> None:
+        self.env = make_env(self.config.env, self.config.sampling_env_config)
+        if not hasattr(self.env, "tasks"):
+            raise TypeError(
+                f"env {self.config.env!r} is a {type(self.env).__name__}, not a verifier text env; "
+                "LLMEnvRunner needs an env built on envs.base.VerifierEnv."
+            )
+
+    @override(EnvRunner)
+    def make_module(self) -> None:
+        from rllib_dph.engines import build_engine
+
+        self.engine = build_engine(self.config)
+        self.tokenizer = self.engine.tokenizer
+
+    @override(EnvRunner)
+    def assert_healthy(self):
+        assert self.env is not None and self.engine is not None
+
+    @override(EnvRunner)
+    def get_spaces(self):
+        spaces = (self.env.observation_space, self.env.action_space)
+        return {INPUT_ENV_SPACES: spaces, DEFAULT_MODULE_ID: spaces}
+
+    # ------------------------------------------------------------------ sampling
+    def _next_prompts(self, num_prompts: int) -> list[int]:
+        while len(self._queue) < num_prompts:
+            self._queue.extend(self._rng.permutation(self._shard).tolist())
+        chosen, self._queue = self._queue[:num_prompts], self._queue[num_prompts:]
+        return chosen
+
+    def _encode(self, index: int) -> list[int]:
+        if index not in self._prompt_ids:
+            from rllib_dph.models.hub import encode_prompt
+
+            messages = [dict(m) for m in self.env.tasks[index].messages]
+            self._prompt_ids[index] = encode_prompt(self.tokenizer, messages)
+        return self._prompt_ids[index]
+
+    def sampling_params(self, *, greedy: bool = False, n: Optional[int] = None) -> SamplingParams:
+        """The engine's sampling parameters from the algorithm config."""
+        cfg = self.config
+        return SamplingParams(
+            n=n or cfg.group_size,
+            temperature=0.0 if greedy else cfg.temperature,
+            top_p=1.0 if greedy else cfg.top_p,
+            max_new_tokens=cfg.max_response_length,
+            seed=(cfg.seed or 0) * 7919 + 104729 * self.worker_index + self._num_calls,
+            top_k_logprobs=cfg.rollout_top_k,
+        )
+
+    @override(EnvRunner)
+    def sample(self, *, num_prompts: Optional[int] = None, **kwargs) -> dict[str, np.ndarray]:
+        """Generates and scores ``group_size`` completions for each of ``num_prompts`` prompts.
+
+        Returns:
+            A rollout batch with ``num_prompts * group_size`` rows: per-token columns
+            ``INPUT_IDS``, ``ATTENTION_MASK``, ``RESPONSE_MASK``, ``BEHAVIOR_LOGP`` (and top-K
+            columns when ``rollout_top_k > 0``), per-row ``REWARDS``, ``CORRECT``, ``TRUNCATED``,
+            ``GROUP_IDS`` (unique across runners and calls), ``ROW_TYPE`` (exploration).
+        """
+        num_prompts = num_prompts or self.config.prompts_per_step
+        indices = self._next_prompts(num_prompts)
+        prompts = [self._encode(i) for i in indices]
+        params = self.sampling_params()
+        self._num_calls += 1
+
+        t0 = time.perf_counter()
+        groups = self.engine.generate(prompts, params)
+        gen_time = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        rows = [(i, p, c) for i, p, group in zip(indices, prompts, groups) for c in group]
+        rewards, correct = self.score([i for i, _, _ in rows], [c.token_ids for _, _, c in rows])
+        score_time = time.perf_counter() - t0
+
+        completions = [c for _, _, c in rows]
+        batch = sequence_rows(
+            [p for _, p, _ in rows],
+            [c.token_ids for c in completions],
+            [c.logprobs for c in completions],
+            topk_ids=[c.topk_ids for c in completions] if params.top_k_logprobs else None,
+            topk_logp=[c.topk_logprobs for c in completions] if params.top_k_logprobs else None,
+        )
+        # Group ids unique across env runners and calls: (call, runner, prompt slot).
+        base = (self._num_calls * 4096 + self.worker_index) * 65536
+        batch[C.GROUP_IDS] = base + np.repeat(np.arange(num_prompts), params.n)
+        batch[C.REWARDS] = rewards
+        batch[C.CORRECT] = correct
+        batch[C.TRUNCATED] = np.array([c.finish_reason == "length" for c in completions])
+        batch[C.ROW_TYPE] = np.full(len(rows), C.ROW_TYPE_EXP, dtype=np.int64)
+
+        num_tokens = int(batch[C.RESPONSE_LENGTH].sum())
+        self._log_sample_metrics(batch, num_tokens, gen_time, score_time)
+        return batch
+
+    def score(self, indices: list[int], responses: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """Rewards and correctness of each response to task ``indices[i]``, from the env."""
+        rewards = np.zeros(len(indices), dtype=np.float32)
+        correct = np.zeros(len(indices), dtype=bool)
+        for row, (index, ids) in enumerate(zip(indices, responses)):
+            text = self.tokenizer.decode(ids, skip_special_tokens=True)
+            self.env.reset(options={"index": index})
+            _, reward, _, _, info = self.env.step(text)
+            rewards[row], correct[row] = reward, info["correct"]
+        return rewards, correct
+
+    def _log_sample_metrics(self, batch, num_tokens: int, gen_time: float, score_time: float):
+        n = len(batch[C.REWARDS])
+        self.num_env_steps_sampled_lifetime += n
+        m = self.metrics
+        m.log_value(NUM_ENV_STEPS_SAMPLED, n, reduce="sum")
+        m.log_value(NUM_ENV_STEPS_SAMPLED_LIFETIME, n, reduce="lifetime_sum")
+        m.log_value(NUM_EPISODES, n, reduce="sum")
+        m.log_value(NUM_EPISODES_LIFETIME, n, reduce="lifetime_sum")
+        m.log_value(EPISODE_RETURN_MEAN, float(batch[C.REWARDS].mean()), window=1)
+        m.log_value(REWARD_MEAN, float(batch[C.REWARDS].mean()), window=1)
+        m.log_value(ACCURACY, float(batch[C.CORRECT].mean()), window=1)
+        m.log_value(RESPONSE_LENGTH_MEAN, float(batch[C.RESPONSE_LENGTH].mean()), window=1)
+        m.log_value(TRUNCATION_RATE, float(batch[C.TRUNCATED].mean()), window=1)
+        m.log_value(GENERATION_TOKENS_PER_S, num_tokens / max(gen_time, 1e-9), window=1)
+        m.log_value(GENERATION_TIME_S, gen_time, reduce="sum")
+        m.log_value(SCORING_TIME_S, score_time, reduce="sum")
+
+    @override(EnvRunner)
+    def get_metrics(self) -> ResultDict:
+        return self.metrics.reduce()
+
+    # ------------------------------------------------------------------ state
+    @override(Checkpointable)
+    def get_state(
+        self,
+        components: Optional[Union[str, Collection[str]]] = None,
+        *,
+        not_components: Optional[Union[str, Collection[str]]] = None,
+        **kwargs,
+    ) -> StateDict:
+        """Counters only: the weights always come from the learner group."""
+        return {NUM_ENV_STEPS_SAMPLED_LIFETIME: self.num_env_steps_sampled_lifetime}
+
+    @override(Checkpointable)
+    def set_state(self, state: StateDict) -> None:
+        """Loads new policy weights into the rollout engine (``rl_module`` component)."""
+        if COMPONENT_RL_MODULE in state:
+            seq_no = state.get(WEIGHTS_SEQ_NO, 0)
+            if seq_no == 0 or seq_no > self._weights_seq_no:
+                weights = state[COMPONENT_RL_MODULE]
+                if isinstance(weights, ray.ObjectRef):
+                    weights = ray.get(weights)
+                weights = weights.get(DEFAULT_MODULE_ID, weights)
+                t0 = time.perf_counter()
+                self.engine.update_weights(weights)
+                self.metrics.log_value("weight_sync_time_s", time.perf_counter() - t0, window=1)
+            self._weights_seq_no = max(self._weights_seq_no, seq_no)
+        if NUM_ENV_STEPS_SAMPLED_LIFETIME in state:
+            self.num_env_steps_sampled_lifetime = state[NUM_ENV_STEPS_SAMPLED_LIFETIME]
+
+    @override(Checkpointable)
+    def get_ctor_args_and_kwargs(self):
+        return (), {"config": self.config}
+
+    @override(Checkpointable)
+    def get_checkpointable_components(self):
+        return []
+
+    @override(EnvRunner)
+    def stop(self) -> None:
+        self.env.close()

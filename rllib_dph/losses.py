@@ -1,0 +1,668 @@
+"""Loss terms of GRPO, DAPO, DPH-RL and DPPO as pure tensor functions.
+
+Every function takes plain tensors and returns plain tensors: no config objects, no batches, no
+modules. The learners only pick the terms they need and add them up. Shapes use ``B`` rows
+(sequences), ``T`` token positions, ``V`` the vocabulary and ``K`` the rollout engine's top-K.
+Per-token inputs may be bfloat16, float16 or float32 on any device; every term is computed and
+returned in float32 (float64 inputs stay float64).
+
+Papers referred to below:
+
+- GRPO: Shao et al. 2024, "DeepSeekMath", Eq. 3 (group-relative advantages).
+- Dr. GRPO: Liu et al. 2025, "Understanding R1-Zero-like training" (no std normalisation,
+  constant length normaliser).
+- DAPO: Yu et al. 2025 (clip-higher, token-level loss, dynamic sampling, overlong shaping).
+- DPH-RL: "Diversity-Preserving Hybrid RL" (``shared/seeds/000_*``): §4.2 Eq. 5-7, Table 5,
+  Appendix F.
+- DPPO: Qi et al., "Divergence Proximal Policy Optimization" (``shared/seeds/003_*``): §4.3-4.4
+  Eq. 11-16, §5.3, Appendix C, Appendix D Eq. 23.
+- k1/k2/k3: J. Schulman, "Approximating KL divergence", 2020.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+from typing import Callable, Dict, Optional
+
+import torch
+import torch.nn.functional as F
+
+# Smallest probability mass used where a mass enters a logarithm (DPPO binary / top-K divergences).
+_MIN_MASS = 1e-12
+
+
+def _upcast(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in float32 at least: bf16, fp16 and integers become float32, float64 stays."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
+def _check_kind(kind: str, registry: Dict[str, Callable], argument: str) -> None:
+    if kind not in registry:
+        raise ValueError(f"{argument}={kind!r} is not supported; pass one of {sorted(registry)}.")
+
+
+# --------------------------------------------------------------------------------- advantages
+def group_advantages(
+    rewards: torch.Tensor,
+    group_ids: torch.Tensor,
+    *,
+    normalize_std: bool = True,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """Group-relative advantages of GRPO (Shao et al. 2024; DPH-RL Appendix E, Eq. 9).
+
+        Â_i = (r_i − mean_g(r)) / (std_g(r) + eps)     if normalize_std (GRPO)
+        Â_i =  r_i − mean_g(r)                          otherwise (Dr. GRPO)
+
+    where g is the group of row i (the completions of one prompt) and std is the unbiased
+    (n − 1) standard deviation. A group with one member gets advantage 0.
+
+    Args:
+        rewards: (B,) scalar reward of each completion.
+        group_ids: (B,) integer group of each row; any integers, not necessarily contiguous
+            or sorted.
+        normalize_std: divide by the group's standard deviation.
+        eps: added to the standard deviation, so that groups with equal rewards get 0.
+
+    Returns:
+        (B,) float32 advantages, on the device of ``rewards``.
+    """
+    rewards = _upcast(rewards)
+    _, group, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)  # (B,), (G,)
+    sums = rewards.new_zeros(counts.shape).index_add_(0, group, rewards)  # (G,)
+    centered = rewards - (sums / counts)[group]  # (B,); exactly 0 for a group of one
+    if not normalize_std:
+        return centered
+    squares = rewards.new_zeros(counts.shape).index_add_(0, group, centered**2)  # (G,)
+    std = (squares / (counts - 1).clamp_min(1)).sqrt()  # (G,)
+    return centered / (std[group] + eps)
+
+
+def has_reward_variance(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """Rows whose group carries a learning signal, for DAPO dynamic sampling (DAPO §3.2).
+
+    A group whose rewards are all equal (all correct or all wrong) has zero advantages and no
+    policy gradient; DAPO drops such groups and samples more prompts.
+
+    Args:
+        rewards: (B,) scalar reward of each completion.
+        group_ids: (B,) integer group of each row (any integers).
+
+    Returns:
+        (B,) bool, True where the row's group has max reward ≠ min reward (a group of one
+        member has no variance).
+    """
+    rewards = _upcast(rewards)
+    _, group, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)  # (B,), (G,)
+    highest = rewards.new_full(counts.shape, -math.inf).scatter_reduce(0, group, rewards, "amax")  # (G,)
+    lowest = rewards.new_full(counts.shape, math.inf).scatter_reduce(0, group, rewards, "amin")  # (G,)
+    return (highest > lowest)[group]  # (B,)
+
+
+def overlong_penalty(response_lengths: torch.Tensor, *, max_length: int, cache_length: int) -> torch.Tensor:
+    """DAPO soft overlong punishment (DAPO §3.4, Eq. 13), added to the task reward.
+
+        R(L) = 0                                  if L ≤ L_max − L_cache
+               ((L_max − L_cache) − L) / L_cache  if L_max − L_cache < L ≤ L_max
+               −1                                 if L > L_max
+
+    i.e. ``clamp(((L_max − L_cache) − L) / L_cache, −1, 0)``: a linear ramp from 0 to −1 over
+    the last ``cache_length`` tokens before the limit.
+
+    Args:
+        response_lengths: (B,) number of response tokens of each completion.
+        max_length: L_max, the maximum response length.
+        cache_length: L_cache, the length of the punishment buffer, 0 < L_cache ≤ L_max.
+
+    Returns:
+        (B,) float32 penalties in [−1, 0].
+    """
+    if not 0 < cache_length <= max_length:
+        raise ValueError(
+            f"cache_length={cache_length} must satisfy 0 < cache_length <= max_length={max_length}; "
+            "use a buffer shorter than the maximum response length."
+        )
+    excess = (max_length - cache_length) - _upcast(response_lengths)  # (B,)
+    return (excess / cache_length).clamp(-1.0, 0.0)
+
+
+# ----------------------------------------------------------------------- KL to the reference
+def _k1(d: torch.Tensor) -> torch.Tensor:
+    return d
+
+
+def _k2(d: torch.Tensor) -> torch.Tensor:
+    return 0.5 * d**2
+
+
+def _k3(d: torch.Tensor) -> torch.Tensor:
+    return torch.exp(-d) + d - 1
+
+
+#: Per-token estimators of KL(π‖π_ref) from samples of π, as functions of d = log π − log π_ref.
+KL_ESTIMATORS: Dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"k1": _k1, "k2": _k2, "k3": _k3}
+
+
+def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, *, kind: str = "k3") -> torch.Tensor:
+    """Per-token sample estimate of KL(π_θ‖π_ref) (Schulman 2020; the RKL penalty of GRPO).
+
+    With d = log π_θ(a) − log π_ref(a) for a token a sampled from π_θ:
+
+        k1 = d                  unbiased, high variance, can be negative
+        k2 = d² / 2             biased, low variance, ≥ 0
+        k3 = exp(−d) + d − 1    unbiased (E_π[exp(−d)] = 1), low variance, ≥ 0
+
+    Used as a loss with samples held fixed, the k3 term's gradient is that of KL(π_ref‖π_θ)
+    in expectation, not of KL(π_θ‖π_ref) (the usual "k3 as loss" behaviour of GRPO/verl).
+    No clamping: a token far from the reference keeps its (large) gradient.
+
+    Args:
+        logp: (B, T) log π_θ of the sampled tokens.
+        ref_logp: (B, T) log π_ref of the same tokens.
+        kind: "k1", "k2" or "k3".
+
+    Returns:
+        (B, T) float32 per-token estimates.
+    """
+    _check_kind(kind, KL_ESTIMATORS, "kind")
+    return KL_ESTIMATORS[kind](_upcast(logp) - _upcast(ref_logp))
+
+
+# -------------------------------------------------------------------------------- aggregation
+def _token_mean(values: torch.Tensor, mask: torch.Tensor, norm_length: float) -> torch.Tensor:
+    return values.sum() / mask.sum().clamp_min(1)
+
+
+def _seq_mean_token_mean(values: torch.Tensor, mask: torch.Tensor, norm_length: float) -> torch.Tensor:
+    counts = mask.sum(-1)  # (B,)
+    per_seq = values.sum(-1) / counts.clamp_min(1)  # (B,)
+    return per_seq.sum() / (counts > 0).sum().clamp_min(1)
+
+
+def _seq_mean_token_sum_norm(values: torch.Tensor, mask: torch.Tensor, norm_length: float) -> torch.Tensor:
+    per_seq = values.sum(-1) / norm_length  # (B,)
+    return per_seq.sum() / (mask.sum(-1) > 0).sum().clamp_min(1)
+
+
+#: Loss aggregation modes (verl's ``loss_agg_mode``), functions of (zeroed values, mask, norm).
+AGGREGATIONS: Dict[str, Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]] = {
+    "token-mean": _token_mean,
+    "seq-mean-token-mean": _seq_mean_token_mean,
+    "seq-mean-token-sum-norm": _seq_mean_token_sum_norm,
+}
+
+
+def masked_aggregate(
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    mode: str,
+    norm_length: Optional[float] = None,
+) -> torch.Tensor:
+    """Reduces per-token loss values over the valid tokens to a scalar.
+
+    With m the mask, |o_i| = Σ_t m_it and S the set of rows with at least one valid token:
+
+        "token-mean"               Σ_it m·v / Σ_it m                    (DAPO; DPH-RL default)
+        "seq-mean-token-mean"      1/|S| Σ_{i∈S} (Σ_t m·v / |o_i|)      (GRPO, DPH-RL Eq. 5)
+        "seq-mean-token-sum-norm"  1/|S| Σ_{i∈S} (Σ_t m·v / N)          (Dr. GRPO, N constant)
+
+    Rows without valid tokens (padding rows, or rows of another type, e.g. D_pef rows under an
+    exploration mask) do not count as sequences. Values at masked positions are ignored even if
+    they are inf or NaN. Zero valid tokens give 0, connected to the graph (zero gradient).
+
+    Args:
+        values: (B, T) per-token values.
+        mask: (B, T) bool or 0/1, the tokens to aggregate over.
+        mode: one of ``AGGREGATIONS``.
+        norm_length: N of "seq-mean-token-sum-norm" (e.g. the maximum response length);
+            defaults to T. Ignored by the other modes.
+
+    Returns:
+        Scalar float32 tensor.
+    """
+    _check_kind(mode, AGGREGATIONS, "mode")
+    norm_length = values.shape[-1] if norm_length is None else norm_length
+    if norm_length <= 0:
+        raise ValueError(f"norm_length={norm_length} must be > 0; pass the maximum response length.")
+    mask = mask.bool()
+    values = torch.where(mask, _upcast(values), 0.0)  # (B, T)
+    return AGGREGATIONS[mode](values, mask, norm_length)
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of ``values`` over the valid tokens, 0 when there are none (for metrics).
+
+    Args:
+        values: any shape, e.g. (B, T).
+        mask: bool or 0/1, broadcastable to ``values``.
+
+    Returns:
+        Scalar float32 tensor; values at masked positions are ignored even if inf or NaN.
+    """
+    mask = mask.bool().expand_as(values)
+    return torch.where(mask, _upcast(values), 0.0).sum() / mask.sum().clamp_min(1)
+
+
+# ----------------------------------------------------------------------- DPH f-divergences
+def _low_variance_kl(log_w: torch.Tensor) -> torch.Tensor:
+    """w − 1 − log w ≥ 0, zero with zero derivative at w = 1."""
+    return torch.exp(log_w) - 1 - log_w
+
+
+def _forward_kl_generator(log_u: torch.Tensor, alpha: float) -> torch.Tensor:
+    return _low_variance_kl(log_u)
+
+
+def _js_generator(log_u: torch.Tensor, alpha: float) -> torch.Tensor:
+    u = torch.exp(log_u)
+    log_half_u_plus_one = F.softplus(log_u) - math.log(2.0)  # log((u + 1) / 2)
+    return 0.5 * (u * log_u - (u + 1) * log_half_u_plus_one)
+
+
+def _alpha_generator(log_u: torch.Tensor, alpha: float) -> torch.Tensor:
+    u = torch.exp(log_u)
+    return (torch.exp((1 - alpha) * log_u) - (1 - alpha) * u - alpha) / (alpha * (alpha - 1))
+
+
+#: DPH-RL generators f(u) as functions of (log u, α); α is used by "alpha" only.
+F_DIVERGENCES: Dict[str, Callable[[torch.Tensor, float], torch.Tensor]] = {
+    "forward_kl": _forward_kl_generator,
+    "js": _js_generator,
+    "alpha": _alpha_generator,
+}
+
+
+def f_divergence(
+    logp: torch.Tensor,
+    ref_logp: torch.Tensor,
+    *,
+    kind: str,
+    alpha: float = 0.5,
+    clamp: float = 20.0,
+) -> torch.Tensor:
+    """Per-token DPH-RL f-divergence term on D_pef rows, "generator" form (DPH-RL §4.2.1, Table 5).
+
+    With u = π_θ(a)/π_ref(a) = exp(clamp(log π_θ(a) − log π_ref(a), −clamp, clamp)):
+
+        "forward_kl"  f(u) = u − 1 − log u                                    (DPH-F)
+        "js"          f(u) = ½·[u·log u − (u + 1)·log((u + 1)/2)]             (DPH-JS)
+        "alpha"       f(u) = (u^(1−α) − (1−α)·u − α) / (α(α − 1)),  0 < α < 1
+
+    The tokens a are those of stored reference responses, sampled from π_ref during
+    pre-sampling, so no reference model runs during training. The expectation under π_ref is
+    the f-divergence D_f(π_θ‖π_ref) = E_{a∼π_ref}[f(π_θ(a)/π_ref(a))] of DPH-RL Eq. 6 (with the
+    paper's naming): "forward_kl" gives KL(π_ref‖π_θ) (generator −log u; the added u − 1 has
+    zero mean under π_ref and makes the sample estimate non-negative), "js" the Jensen-Shannon
+    divergence (the original code used twice this), "alpha" the α-divergence
+    (Σ π_θ^(1−α) π_ref^α − 1) / (α(α−1)), which tends to forward KL as α → 1 and to reverse KL
+    as α → 0. Each f is convex with f(1) = 0 and f'(1) = 0, so the term is ≥ 0, and 0 with
+    zero gradient where π_θ = π_ref; its gradient is an unbiased estimate of ∇D_f because the
+    samples come from the fixed π_ref.
+
+    u is per token, conditioned on the reference prefix, as in the original implementation:
+    sequence-level likelihood ratios are products over hundreds of tokens and overflow. The
+    log-ratio is clamped for numerical safety (as the original's ±20); beyond the clamp the
+    term is constant and has no gradient.
+
+    Args:
+        logp: (B, T) log π_θ of the reference response tokens.
+        ref_logp: (B, T) stored log π_ref of the same tokens.
+        kind: one of ``F_DIVERGENCES``.
+        alpha: α of the "alpha" divergence, 0 < α < 1.
+        clamp: bound on |log u|.
+
+    Returns:
+        (B, T) float32 per-token terms, ≥ 0.
+    """
+    _check_kind(kind, F_DIVERGENCES, "kind")
+    if kind == "alpha" and not 0 < alpha < 1:
+        raise ValueError(
+            f"alpha={alpha} is outside (0, 1); use kind='forward_kl' for α = 1 or pick 0 < α < 1."
+        )
+    log_u = (_upcast(logp) - _upcast(ref_logp)).clamp(-clamp, clamp)  # (B, T)
+    return F_DIVERGENCES[kind](log_u, alpha)
+
+
+def js_mixture_ref_term(logp: torch.Tensor, ref_logp: torch.Tensor, *, clamp: float = 20.0) -> torch.Tensor:
+    """Per-token KL(π_ref‖M) on D_pef rows, JS "divergence definition" (DPH-RL Appendix F, Eq. 17).
+
+    JS(π_ref, π_θ) = ½ KL(π_ref‖M) + ½ KL(π_θ‖M) with M = (π_ref + π_θ)/2 per token. This is
+    the first half, estimated from the stored reference responses (tokens a ∼ π_ref) and
+    their stored log π_ref. With u = π_θ(a)/π_ref(a) and w = M(a)/π_ref(a) = (1 + u)/2:
+
+        term = w − 1 − log w        (the k3 estimator of KL(π_ref‖M) from π_ref samples)
+
+    E_{π_ref}[term] = KL(π_ref‖M) per position, and since the samples come from the fixed π_ref
+    the gradient is an unbiased estimate of ∇_θ KL(π_ref‖M). Equals the original code's
+    ``kl_penalty(ref_logp, log M, "low_var_kl")``. The loss of Eq. 17 is its aggregate; no
+    reference model is needed for this half.
+
+    Args:
+        logp: (B, T) log π_θ of the reference response tokens.
+        ref_logp: (B, T) stored log π_ref of the same tokens.
+        clamp: bound on |log u|.
+
+    Returns:
+        (B, T) float32 per-token terms, ≥ 0, zero with zero gradient where π_θ = π_ref.
+    """
+    log_u = (_upcast(logp) - _upcast(ref_logp)).clamp(-clamp, clamp)  # (B, T)
+    log_w = F.softplus(log_u) - math.log(2.0)  # log((1 + u) / 2)
+    return _low_variance_kl(log_w)
+
+
+def js_mixture_policy_term(logp: torch.Tensor, ref_logp: torch.Tensor, *, clamp: float = 20.0) -> torch.Tensor:
+    """Per-token KL(π_θ‖M) on exploration rows, JS "divergence definition" (DPH-RL Appendix F, Eq. 15).
+
+    The second half of JS(π_ref, π_θ), estimated from the online rollouts (tokens a ∼ μ ≈ π_θ)
+    with log π_ref(a) from a live reference model. With v = π_ref(a)/π_θ(a) and
+    w = M(a)/π_θ(a) = (1 + v)/2:
+
+        term = w − 1 − log w        (the k3 estimator of KL(π_θ‖M) from π_θ samples)
+
+    Its value estimates KL(π_θ‖M) per position. Like GRPO's k3 KL loss (and the original
+    code's ``kl_penalty(logp, log M, "low_var_kl")``) the samples are held fixed, so on
+    on-policy samples its expected gradient is not ∇KL(π_θ‖M) but
+    ∇_θ [½ KL(π_ref‖π_θ) − KL(π_ref‖M)], the gradient of a divergence that is ≥ 0 (KL is
+    convex in its second argument) and 0 only at π_θ = π_ref: it still pulls π_θ toward π_ref.
+    Eq. 15 weighs it by β₁ = η·|D_pef|/|D_exp| (Eq. 16).
+
+    Args:
+        logp: (B, T) log π_θ of the sampled exploration tokens.
+        ref_logp: (B, T) log π_ref of the same tokens (reference model forward pass).
+        clamp: bound on |log(π_θ/π_ref)|.
+
+    Returns:
+        (B, T) float32 per-token terms, ≥ 0, zero with zero gradient where π_θ = π_ref.
+    """
+    log_u = (_upcast(logp) - _upcast(ref_logp)).clamp(-clamp, clamp)  # (B, T)
+    log_w = F.softplus(-log_u) - math.log(2.0)  # log((1 + 1/u) / 2)
+    return _low_variance_kl(log_w)
+
+
+# ------------------------------------------------------------------ log-probs and entropy
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, *, temperature: float = 1.0) -> torch.Tensor:
+    """Log-prob of given tokens under softmax(logits / temperature), computed in float32.
+
+        log π(a_t) = z_t[a_t] − logsumexp(z_t),   z_t = logits_t / temperature
+
+    The gathered logit minus the log-normaliser: the (B, T, V) log-softmax is never stored.
+
+    Args:
+        logits: (B, T, V) next-token logits, any float dtype.
+        tokens: (B, T) integer token ids.
+        temperature: sampling temperature, > 0 (the rollout engine's, so that log π matches μ).
+
+    Returns:
+        (B, T) float32 log-probs.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature={temperature} must be > 0; use the sampling temperature.")
+    scaled = _upcast(logits) / temperature  # (B, T, V)
+    picked = scaled.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1)  # (B, T)
+    return picked - scaled.logsumexp(-1)  # (B, T)
+
+
+def token_entropy(logits: torch.Tensor, *, temperature: float = 1.0) -> torch.Tensor:
+    """Entropy of softmax(logits / temperature) at every position, computed in float32.
+
+        H_t = −Σ_a π(a) log π(a) = logsumexp(z_t) − Σ_a softmax(z_t)_a · z_t[a]
+
+    Args:
+        logits: (B, T, V) next-token logits, any float dtype.
+        temperature: sampling temperature, > 0.
+
+    Returns:
+        (B, T) float32 entropies in nats.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature={temperature} must be > 0; use the sampling temperature.")
+    scaled = _upcast(logits) / temperature  # (B, T, V)
+    return scaled.logsumexp(-1) - (scaled.softmax(-1) * scaled).sum(-1)  # (B, T)
+
+
+# -------------------------------------------------------------------- DPPO trust regions
+def _binary_masses(logp: torch.Tensor) -> torch.Tensor:
+    """(B, T) -> (B, T, 2): (π(a_t), 1 − π(a_t)), the sampled token vs. all others."""
+    return torch.stack([logp.exp(), -torch.expm1(logp)], dim=-1).clamp_min(_MIN_MASS)
+
+
+def _topk_masses(topk_logp: torch.Tensor) -> torch.Tensor:
+    """(B, T, K) -> (B, T, K + 1): the K tokens' masses and the "other" bucket."""
+    probs = _upcast(topk_logp).exp()  # (B, T, K)
+    other = 1 - probs.sum(-1, keepdim=True)  # (B, T, 1)
+    return torch.cat([probs, other], dim=-1).clamp_min(_MIN_MASS)  # (B, T, K + 1)
+
+
+def _tv(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    return 0.5 * (p - q).abs().sum(-1)
+
+
+def _kl(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    return (p * (p.log() - q.log())).sum(-1)
+
+
+def _binary_tv(logp, behavior_logp, topk_logp, topk_behavior_logp):
+    return _tv(_binary_masses(behavior_logp), _binary_masses(logp))
+
+
+def _binary_kl(logp, behavior_logp, topk_logp, topk_behavior_logp):
+    return _kl(_binary_masses(behavior_logp), _binary_masses(logp))
+
+
+def _topk_tv(logp, behavior_logp, topk_logp, topk_behavior_logp):
+    return _tv(_topk_masses(topk_behavior_logp), _topk_masses(topk_logp))
+
+
+def _topk_kl(logp, behavior_logp, topk_logp, topk_behavior_logp):
+    return _kl(_topk_masses(topk_behavior_logp), _topk_masses(topk_logp))
+
+
+#: DPPO divergence approximations D(μ‖π_θ) per token (DPPO §4.4, Eq. 13-16).
+TRUST_REGION_DIVERGENCES = {
+    "binary_tv": _binary_tv,
+    "binary_kl": _binary_kl,
+    "topk_tv": _topk_tv,
+    "topk_kl": _topk_kl,
+}
+_NEEDS_TOPK = ("topk_tv", "topk_kl")
+
+
+def trust_region_divergence(
+    logp: torch.Tensor,
+    behavior_logp: torch.Tensor,
+    *,
+    kind: str,
+    topk_logp: Optional[torch.Tensor] = None,
+    topk_behavior_logp: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Per-token approximation of D(μ(·|s_t)‖π_θ(·|s_t)) used by the DPPO masks (DPPO §4.4).
+
+    The vocabulary is partitioned and the divergence taken between the partition masses, a
+    lower bound of the full divergence that is exact when each cell is a single token
+    (DPPO Appendix C). With P = μ and Q = π_θ:
+
+        "binary_tv"  |q − p|                                                  (Eq. 13)
+        "binary_kl"  q·log(q/p) + (1−q)·log((1−q)/(1−p))                         (Eq. 14)
+        "topk_tv"    ½(Σ_k |P_k − Q_k| + |P_other − Q_other|)                     (Eq. 15)
+        "topk_kl"    Σ_k P_k·log(P_k/Q_k) + P_other·log(P_other/Q_other)          (Eq. 16)
+
+    where p = π_θ(a_t), q = μ(a_t) (cells: the sampled token and the rest), and the top-K
+    cells are the rollout engine's top-K tokens of μ (the sampled token included) plus an
+    "other" cell with P_other = 1 − Σ_k P_k (the paper's Eq. 15 omits the other cell's term;
+    with it, TV is the TV of the reduced distributions, a lower bound by Appendix C). Masses
+    are clamped to ≥ 1e-12 before logarithms; 1 − p is computed as −expm1(log p), accurate for
+    p near 1.
+
+    Args:
+        logp: (B, T) log π_θ of the sampled tokens.
+        behavior_logp: (B, T) log μ of the sampled tokens (rollout engine).
+        kind: one of ``TRUST_REGION_DIVERGENCES``.
+        topk_logp: (B, T, K) log π_θ of μ's top-K token ids; top-K kinds only.
+        topk_behavior_logp: (B, T, K) log μ of the same ids; top-K kinds only.
+
+    Returns:
+        (B, T) float32 divergences, without gradient.
+    """
+    _check_kind(kind, TRUST_REGION_DIVERGENCES, "kind")
+    if kind in _NEEDS_TOPK:
+        if topk_logp is None or topk_behavior_logp is None:
+            raise ValueError(
+                f"kind={kind!r} needs topk_logp and topk_behavior_logp (B, T, K); ask the rollout "
+                "engine for top-K log-probs or use a binary kind."
+            )
+        if topk_logp.shape != topk_behavior_logp.shape:
+            raise ValueError(
+                f"topk_logp {tuple(topk_logp.shape)} and topk_behavior_logp "
+                f"{tuple(topk_behavior_logp.shape)} must have the same (B, T, K) shape: the "
+                "log-probs of the same K ids under π_θ and μ."
+            )
+    with torch.no_grad():
+        return TRUST_REGION_DIVERGENCES[kind](_upcast(logp), _upcast(behavior_logp), topk_logp, topk_behavior_logp)
+
+
+def _ratio_keep(logp, behavior_logp, advantages, low, high, topk_logp, topk_behavior_logp):
+    ratio = torch.exp(logp - behavior_logp)  # (B, T)
+    drop = ((advantages > 0) & (ratio > 1 + high)) | ((advantages < 0) & (ratio < 1 - low))
+    return ~drop
+
+
+def _divergence_keep(kind, logp, behavior_logp, advantages, low, high, topk_logp, topk_behavior_logp):
+    divergence = trust_region_divergence(
+        logp, behavior_logp, kind=kind, topk_logp=topk_logp, topk_behavior_logp=topk_behavior_logp
+    )  # (B, T)
+    up, down = logp > behavior_logp, logp < behavior_logp
+    drop = ((advantages > 0) & up & (divergence > high)) | ((advantages < 0) & down & (divergence > low))
+    return ~drop
+
+
+def _keep_all(logp, behavior_logp, advantages, low, high, topk_logp, topk_behavior_logp):
+    return torch.ones(torch.broadcast_shapes(logp.shape, advantages.shape), dtype=torch.bool, device=logp.device)
+
+
+#: Mask rules by kind: PPO ratio clipping, the DPPO divergence masks, or no trust region.
+TRUST_REGION_KINDS = {
+    "ppo": _ratio_keep,
+    **{kind: partial(_divergence_keep, kind) for kind in TRUST_REGION_DIVERGENCES},
+    "none": _keep_all,
+}
+
+
+def trust_region_mask(
+    logp: torch.Tensor,
+    behavior_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    kind: str,
+    low: float,
+    high: float,
+    topk_logp: Optional[torch.Tensor] = None,
+    topk_behavior_logp: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Which tokens keep their policy gradient, M_t of DPPO Eq. 12 / Appendix D.
+
+    With p = π_θ(a_t), q = μ(a_t) (μ: the rollout engine's distribution, the anchor of the
+    trust region, DPPO §5.2) and Â_t the advantage, a token is dropped (M_t = 0) if
+
+        "ppo"             (Â > 0 and p/q > 1 + high) or (Â < 0 and p/q < 1 − low)
+        divergence kinds  (Â > 0 and p > q and D > high) or (Â < 0 and p < q and D > low)
+        "none"            never
+
+    with D from ``trust_region_divergence`` ("binary_tv", "binary_kl", "topk_tv", "topk_kl").
+    An update is only blocked when it moves the token further away from μ. The PPO rule with
+    high = ε_high (0.28, DAPO clip-higher) and low = ε_low (0.2) is GRPO's clipping; the DPPO
+    defaults are δ = 0.15 (TV) and 0.05 (KL) for both signs.
+
+    Args:
+        logp: (B, T) log π_θ of the sampled tokens (gradients are not used).
+        behavior_logp: (B, T) log μ of the sampled tokens.
+        advantages: Â, broadcastable to (B, T), e.g. (B, 1) per sequence.
+        kind: one of ``TRUST_REGION_KINDS``.
+        low: ε_low ("ppo") or δ for negative advantages (divergence kinds).
+        high: ε_high ("ppo") or δ for positive advantages (divergence kinds).
+        topk_logp: (B, T, K) log π_θ of μ's top-K ids; top-K kinds only.
+        topk_behavior_logp: (B, T, K) log μ of the same ids; top-K kinds only.
+
+    Returns:
+        (B, T) bool, True where the token keeps its gradient.
+    """
+    _check_kind(kind, TRUST_REGION_KINDS, "kind")
+    with torch.no_grad():
+        return TRUST_REGION_KINDS[kind](
+            _upcast(logp), _upcast(behavior_logp), _upcast(advantages), low, high, topk_logp, topk_behavior_logp
+        )
+
+
+# -------------------------------------------------------------------------- policy gradient
+def policy_gradient_loss(
+    logp: torch.Tensor,
+    behavior_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    truncation: float = float("inf"),
+) -> torch.Tensor:
+    """Per-token policy-gradient loss in the unified form of DPPO Appendix D, Eq. 23.
+
+        loss_t = −M_t · sg(min(π_θ(a_t)/μ(a_t), C)) · Â_t · log π_θ(a_t)
+
+    so that ∇loss_t = −M_t · min(r_t, C) · Â_t · ∇log π_θ(a_t), with r_t = π_θ/μ the
+    importance ratio to the rollout policy μ and sg the stop-gradient:
+
+        PPO/GRPO/DAPO  M = trust_region_mask(kind="ppo"), C = ∞: the gradient of the clipped
+                       surrogate −min(r·Â, clip(r, 1−ε_low, 1+ε_high)·Â), since a clipped token
+                       has zero gradient and an unclipped one −Â·r·∇log π_θ
+        DPPO           M = a divergence mask, C = ∞
+        PG-IS          M = 1, C = ∞
+        CISPO / PG-TIS M = 1, finite C (truncated importance sampling)
+
+    Only the gradient matches these objectives; the loss value itself is not the surrogate.
+
+    Args:
+        logp: (B, T) log π_θ of the sampled tokens, with gradient.
+        behavior_logp: (B, T) log μ of the sampled tokens.
+        advantages: Â, broadcastable to (B, T), e.g. (B, 1).
+        mask: (B, T) bool trust-region mask M (``trust_region_mask``).
+        truncation: C, upper bound on the importance weight; ∞ for none.
+
+    Returns:
+        (B, T) float32 per-token losses, to be reduced with ``masked_aggregate``.
+    """
+    logp = _upcast(logp)
+    with torch.no_grad():
+        ratio = torch.exp(logp - _upcast(behavior_logp)).clamp_max(truncation)  # (B, T)
+        weight = torch.where(mask.bool(), ratio, 0.0) * _upcast(advantages)  # (B, T)
+    return -weight * logp
+
+
+# ------------------------------------------------------------------------------ diagnostics
+def bad_update_fraction(
+    logp: torch.Tensor,
+    behavior_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    threshold: float = 0.5,
+) -> torch.Tensor:
+    """Share of valid tokens that are "bad updates" (DPPO §5.3, Figure 5).
+
+        bad_t = (Â_t < 0) and (μ(a_t) − π_θ(a_t) > threshold)
+
+    i.e. negative-advantage tokens whose probability already dropped far below the rollout
+    policy's; DPPO identifies them as the main source of training collapse.
+
+    Args:
+        logp: (B, T) log π_θ of the sampled tokens.
+        behavior_logp: (B, T) log μ of the sampled tokens.
+        advantages: Â, broadcastable to (B, T).
+        mask: (B, T) bool or 0/1 valid tokens.
+        threshold: δ of the paper, 0.5.
+
+    Returns:
+        Scalar float32: bad tokens / valid tokens (0 without valid tokens), without gradient.
+    """
+    with torch.no_grad():
+        drop = _upcast(behavior_logp).exp() - _upcast(logp).exp()  # (B, T)
+        bad = (advantages < 0) & (drop > threshold)  # (B, T)
+        return masked_mean(bad.float(), mask)

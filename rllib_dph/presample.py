@@ -1,0 +1,329 @@
+"""DPH-RL's pre-sampling stage (paper §4.1): split the training prompts into D_pef and D_exp.
+
+1. **Sample**: k completions per training prompt from the base policy, verified by the env.
+2. **Split**: prompts with at least ``min_correct`` of k correct are D_pef candidates; the rest
+   form D_exp.
+3. **Refine**: one more sample per candidate; the prompt stays in D_pef only if that sample is
+   correct (else it moves to D_exp). The correct refinement sample is the prompt's reference
+   response; its per-token log-probs under the base policy at the sampling temperature (the
+   engine's μ, computed once here) are stored with it, so training needs no reference model.
+
+Output (``out_dir``), all parquet files written with pyarrow:
+
+``d_pef.parquet`` — one row per D_pef prompt:
+    ``id`` (str), ``data_source`` (str), ``prompt`` (list<struct<role, content>>),
+    ``reward_model`` (struct<style, ground_truth>), ``prompt_ids`` (list<int32>),
+    ``response_ids`` (list<int32>, the reference response, EOS included), ``ref_logp``
+    (list<float32>, log π_ref of each response token at ``temperature``), ``response`` (str),
+    ``pass_count`` (int32, correct samples out of ``k``).
+``d_exp.parquet`` — the D_exp prompts in the original DPH-RL / verl layout (``id``,
+    ``data_source``, ``prompt``, ``reward_model``): a valid ``data=`` input of the env.
+``summary.json`` — sizes, pass rates, settings.
+
+Both parquet files carry schema metadata ``rllib_dph.model_fingerprint`` (weights + tokenizer),
+``rllib_dph.model_name``, ``rllib_dph.temperature``, ``rllib_dph.k``, ``rllib_dph.min_correct``
+and, for SQL, ``rllib_dph.db_root``. Intermediate results live in ``out_dir/parts/`` one file per
+chunk of prompts, each written atomically: an interrupted run resumes at the first missing chunk
+and never duplicates rows; chunk seeds depend only on the chunk, so a resumed run gives the same
+files as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from rllib_dph.engines.base import SamplingParams
+
+PEF_FILE = "d_pef.parquet"
+EXP_FILE = "d_exp.parquet"
+SUMMARY_FILE = "summary.json"
+META_PREFIX = "rllib_dph."
+
+
+@dataclass
+class PresampleConfig:
+    """Settings of the pre-sampling stage.
+
+    Attributes:
+        model_name: Base policy (tiny model name, local path or HF id).
+        env: Env id (e.g. ``"rllib_dph/SQL-v0"``) whose training prompts are split.
+        env_config: Env kwargs (e.g. ``{"data": "sql_synth/train"}``).
+        out_dir: Output directory.
+        k: Samples per prompt (paper: 8).
+        min_correct: m: a prompt is a D_pef candidate with >= m of k correct (paper: 7 of 8).
+        refine: Draw the refinement sample (paper §4.1); False keeps every candidate and uses
+            its first correct sample as the reference response.
+        temperature, top_p, max_response_length: Sampling settings (match training's).
+        seed: Base seed; chunk c uses ``seed + c``.
+        prompts_per_chunk: Prompts per generation call and per resumable part file.
+        engine, engine_kwargs, dtype: Rollout engine settings (see ``GRPOConfig.llm``).
+        num_gpus_per_env_runner: > 0 puts the engine on the GPU (same meaning as in RLlib).
+    """
+
+    model_name: str
+    env: str
+    env_config: dict = field(default_factory=dict)
+    out_dir: str = "presample"
+    k: int = 8
+    min_correct: int = 7
+    refine: bool = True
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_response_length: int = 128
+    seed: int = 0
+    prompts_per_chunk: int = 64
+    engine: str = "hf"
+    engine_kwargs: dict = field(default_factory=dict)
+    dtype: str = "float32"
+    num_gpus_per_env_runner: float = 0
+
+    def validate(self) -> None:
+        if self.k < 1:
+            raise ValueError(f"k={self.k} must be >= 1 (the paper samples 8 per prompt).")
+        if not 1 <= self.min_correct <= self.k:
+            raise ValueError(
+                f"min_correct={self.min_correct} must be in [1, k={self.k}] (paper: 7 of 8)."
+            )
+        if self.prompts_per_chunk < 1:
+            raise ValueError(f"prompts_per_chunk={self.prompts_per_chunk} must be >= 1.")
+
+
+def _task_row(task) -> dict[str, Any]:
+    """A task in the original DPH-RL / verl layout (database paths made relative again)."""
+    gt = task.ground_truth
+    if isinstance(gt, dict):
+        gt = {k: v for k, v in gt.items() if k != "db_path"}
+    return {
+        "id": str(task.id),
+        "data_source": task.data_source,
+        "prompt": [{"role": m["role"], "content": m["content"]} for m in task.messages],
+        "reward_model": {"style": "rule", "ground_truth": gt},
+    }
+
+
+def _db_root(tasks) -> Optional[str]:
+    gt = tasks[0].ground_truth
+    if isinstance(gt, dict) and "db_path" in gt and "db_id" in gt:
+        return gt["db_path"][: -len(gt["db_id"])].rstrip("/") or "/"
+    return None
+
+
+def _write_parquet(table: pa.Table, path: pathlib.Path, metadata: dict[str, str]) -> None:
+    """Writes ``table`` with ``metadata`` to ``path`` atomically (temp file + rename)."""
+    meta = {**(table.schema.metadata or {}), **{k.encode(): str(v).encode() for k, v in metadata.items()}}
+    tmp = path.with_name(f".{path.name}.tmp")
+    pq.write_table(table.replace_schema_metadata(meta), tmp)
+    os.replace(tmp, path)
+
+
+def read_metadata(path: str | os.PathLike) -> dict[str, str]:
+    """The ``rllib_dph.*`` schema metadata of a pre-sampling parquet file (prefix stripped)."""
+    meta = pq.read_schema(path).metadata or {}
+    return {
+        k.decode()[len(META_PREFIX) :]: v.decode()
+        for k, v in meta.items()
+        if k.decode().startswith(META_PREFIX)
+    }
+
+
+class Presampler:
+    """Runs the pre-sampling stage with one rollout engine and one env."""
+
+    def __init__(self, config: PresampleConfig, *, engine=None, env=None):
+        from rllib_dph.engines import build_engine
+        from rllib_dph.env_runner import make_env
+        from rllib_dph.models.hub import model_fingerprint, resolve_model
+
+        config.validate()
+        self.config = config
+        self.env = env if env is not None else make_env(config.env, dict(config.env_config))
+        self.engine = engine if engine is not None else build_engine(config)
+        self.tokenizer = self.engine.tokenizer
+        self.out = pathlib.Path(config.out_dir)
+        (self.out / "parts").mkdir(parents=True, exist_ok=True)
+        self.fingerprint = model_fingerprint(resolve_model(config.model_name))
+
+    def _prompt_ids(self, indices) -> list[list[int]]:
+        from rllib_dph.models.hub import encode_prompt
+
+        return [
+            encode_prompt(self.tokenizer, [dict(m) for m in self.env.tasks[i].messages])
+            for i in indices
+        ]
+
+    def _score(self, index: int, ids) -> bool:
+        self.env.reset(options={"index": index})
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        return bool(self.env.step(text)[4]["correct"])
+
+    def _params(self, n: int, seed: int) -> SamplingParams:
+        c = self.config
+        return SamplingParams(
+            n=n,
+            temperature=c.temperature,
+            top_p=c.top_p,
+            max_new_tokens=c.max_response_length,
+            seed=seed,
+        )
+
+    def _chunks(self, indices: list[int]):
+        size = self.config.prompts_per_chunk
+        for start in range(0, len(indices), size):
+            yield start // size, indices[start : start + size]
+
+    def _sample_stage(self, progress: bool) -> pa.Table:
+        """Stage 1: k samples per prompt → (index, pass_count, first correct sample)."""
+        from tqdm.auto import tqdm
+
+        indices = list(range(len(self.env.tasks)))
+        chunks = list(self._chunks(indices))
+        parts = []
+        for chunk, idx in tqdm(chunks, desc=f"pre-sampling k={self.config.k}", disable=not progress):
+            path = self.out / "parts" / f"sample-{chunk:05d}.parquet"
+            if not path.exists():
+                groups = self.engine.generate(
+                    self._prompt_ids(idx), self._params(self.config.k, self.config.seed + chunk)
+                )
+                rows = []
+                for i, group in zip(idx, groups):
+                    correct = [self._score(i, c.token_ids) for c in group]
+                    first = next((c for c, ok in zip(group, correct) if ok), None)
+                    rows.append(
+                        {
+                            "index": i,
+                            "pass_count": int(sum(correct)),
+                            "response_ids": None if first is None else first.token_ids.tolist(),
+                            "ref_logp": None if first is None else first.logprobs.tolist(),
+                        }
+                    )
+                _write_parquet(_parts_table(rows), path, {})
+            parts.append(pq.read_table(path))
+        return pa.concat_tables(parts)
+
+    def _refine_stage(self, candidates: list[int], progress: bool) -> pa.Table:
+        """Stage 2: one more sample per D_pef candidate; correct → reference response."""
+        from tqdm.auto import tqdm
+
+        parts = []
+        chunks = list(self._chunks(candidates))
+        for chunk, idx in tqdm(chunks, desc="refinement", disable=not progress):
+            path = self.out / "parts" / f"refine-{chunk:05d}.parquet"
+            if not path.exists():
+                groups = self.engine.generate(
+                    self._prompt_ids(idx), self._params(1, self.config.seed + 1_000_003 + chunk)
+                )
+                rows = []
+                for i, (c,) in zip(idx, groups):
+                    ok = self._score(i, c.token_ids)
+                    rows.append(
+                        {
+                            "index": i,
+                            "pass_count": int(ok),
+                            "response_ids": c.token_ids.tolist() if ok else None,
+                            "ref_logp": c.logprobs.tolist() if ok else None,
+                        }
+                    )
+                _write_parquet(_parts_table(rows), path, {})
+            parts.append(pq.read_table(path))
+        return pa.concat_tables(parts) if parts else _parts_table([])
+
+    def run(self, *, progress: bool = True) -> dict[str, Any]:
+        """Runs (or resumes) the stage; writes the output files and returns the summary."""
+        c = self.config
+        tasks = self.env.tasks
+        sampled = self._sample_stage(progress).to_pylist()
+        pass_count = {r["index"]: r["pass_count"] for r in sampled}
+        candidates = sorted(i for i, n in pass_count.items() if n >= c.min_correct)
+        if c.refine:
+            refined = {r["index"]: r for r in self._refine_stage(candidates, progress).to_pylist()}
+            reference = {i: refined[i] for i in candidates if refined[i]["response_ids"] is not None}
+        else:
+            by_index = {r["index"]: r for r in sampled}
+            reference = {i: by_index[i] for i in candidates}
+        pef = sorted(reference)
+        exp = [i for i in range(len(tasks)) if i not in reference]
+
+        prompt_ids = self._prompt_ids(pef)
+        pef_rows = []
+        for i, ids in zip(pef, prompt_ids):
+            ref = reference[i]
+            pef_rows.append(
+                {
+                    **_task_row(tasks[i]),
+                    "prompt_ids": ids,
+                    "response_ids": ref["response_ids"],
+                    "ref_logp": ref["ref_logp"],
+                    "response": self.tokenizer.decode(ref["response_ids"], skip_special_tokens=True),
+                    "pass_count": pass_count[i],
+                }
+            )
+        metadata = {
+            META_PREFIX + "model_fingerprint": self.fingerprint,
+            META_PREFIX + "model_name": c.model_name,
+            META_PREFIX + "temperature": c.temperature,
+            META_PREFIX + "k": c.k,
+            META_PREFIX + "min_correct": c.min_correct,
+            META_PREFIX + "schema_version": 1,
+        }
+        db_root = _db_root(tasks)
+        if db_root is not None:
+            metadata[META_PREFIX + "db_root"] = db_root
+        _write_parquet(_pef_table(pef_rows), self.out / PEF_FILE, metadata)
+        _write_parquet(pa.Table.from_pylist([_task_row(tasks[i]) for i in exp]), self.out / EXP_FILE, metadata)
+
+        counts = np.array([pass_count[i] for i in range(len(tasks))])
+        summary = {
+            "num_prompts": len(tasks),
+            "num_pef": len(pef),
+            "num_exp": len(exp),
+            "num_candidates": len(candidates),
+            "num_refinement_failures": len(candidates) - len(pef),
+            "pass_at_1": float(counts.mean() / c.k),
+            "pass_at_k": float((counts > 0).mean()),
+            "pass_count_histogram": np.bincount(counts, minlength=c.k + 1).tolist(),
+            "db_root": db_root,
+            "model_fingerprint": self.fingerprint,
+            "config": asdict(c),
+        }
+        (self.out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
+        return summary
+
+
+def _parts_table(rows: list[dict]) -> pa.Table:
+    schema = pa.schema(
+        [
+            ("index", pa.int64()),
+            ("pass_count", pa.int32()),
+            ("response_ids", pa.list_(pa.int32())),
+            ("ref_logp", pa.list_(pa.float32())),
+        ]
+    )
+    return pa.Table.from_pylist(rows, schema=schema)
+
+
+def _pef_table(rows: list[dict]) -> pa.Table:
+    table = pa.Table.from_pylist(rows)
+    casts = {
+        "prompt_ids": pa.list_(pa.int32()),
+        "response_ids": pa.list_(pa.int32()),
+        "ref_logp": pa.list_(pa.float32()),
+        "pass_count": pa.int32(),
+    }
+    if not rows:
+        return table
+    for name, typ in casts.items():
+        table = table.set_column(table.schema.get_field_index(name), name, table[name].cast(typ))
+    return table
+
+
+def presample(config: PresampleConfig, *, progress: bool = True, engine=None, env=None) -> dict[str, Any]:
+    """Runs the pre-sampling stage; see the module docstring for the output files."""
+    return Presampler(config, engine=engine, env=env).run(progress=progress)

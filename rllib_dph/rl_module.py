@@ -1,0 +1,113 @@
+"""An RLlib ``TorchRLModule`` around a Hugging Face causal language model."""
+
+from __future__ import annotations
+
+from typing import Any, Collection, Dict, Optional, Union
+
+import torch
+import torch.nn.functional as F
+from ray.rllib.core.rl_module.torch import TorchRLModule
+from ray.rllib.utils.annotations import override
+from ray.rllib.utils.typing import StateDict
+
+from rllib_dph import columns as C
+from rllib_dph.losses import token_entropy, token_logprobs
+
+#: Keys of the training forward pass output.
+LOGP = "logp"  # (B, L) log π_θ(x_t | x_<t) at the sampling temperature, 0 at position 0
+ENTROPY = "entropy"  # (B, L) entropy of π_θ(· | x_<t)
+TOPK_LOGP = "topk_logp"  # (B, L, K) log π_θ of the rollout engine's top-K ids
+
+
+def next_token_logits(model, batch: Dict[str, Any]) -> torch.Tensor:
+    """(B, L-1, V) logits of a HF causal LM over right-padded sequences; [:, t] predicts token t+1."""
+    input_ids = batch[C.INPUT_IDS].long()  # (B, L)
+    attention_mask = batch[C.ATTENTION_MASK].long()  # (B, L)
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # (B, L)
+    out = model(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+    )
+    return out.logits[:, :-1]  # (B, L-1, V)
+
+
+def sequence_logprobs(logits: torch.Tensor, batch: Dict[str, Any], temperature: float) -> torch.Tensor:
+    """(B, L) log-prob of every token given its prefix at ``temperature``; 0 at position 0."""
+    targets = batch[C.INPUT_IDS][:, 1:].long()  # (B, L-1)
+    logp = token_logprobs(logits, targets, temperature=temperature)  # (B, L-1)
+    return F.pad(logp, (1, 0))  # (B, L)
+
+
+class LLMRLModule(TorchRLModule):
+    """Policy π_θ(response | prompt) given by a HF causal LM.
+
+    ``model_config`` keys:
+        model: Name or path of the model (see ``rllib_dph.models.hub.resolve_model``).
+        dtype: Parameter dtype on the learner (``"float32"``, ``"bfloat16"``, ``"float16"``).
+        temperature: Sampling temperature; log-probs are those of softmax(logits / temperature),
+            the distribution the rollout engine sampled from.
+        gradient_checkpointing: Trade compute for memory on long sequences.
+        entropy_with_grad: Keep the entropy in the autograd graph (needed for an entropy bonus).
+
+    The training forward pass takes a batch of right-padded ``prompt + response`` sequences
+    (``columns.INPUT_IDS``, ``columns.ATTENTION_MASK``) and returns the per-token log-prob of each
+    token given its prefix (``LOGP``), the per-token entropy (``ENTROPY``) and, when the batch
+    carries the rollout engine's top-K ids, π_θ's log-probs of those ids (``TOPK_LOGP``).
+    """
+
+    @override(TorchRLModule)
+    def setup(self):
+        from rllib_dph.models.hub import load_causal_lm
+
+        cfg = self.model_config
+        self.temperature = float(cfg.get("temperature", 1.0))
+        self.entropy_with_grad = bool(cfg.get("entropy_with_grad", False))
+        self.model = load_causal_lm(cfg["model"], dtype=cfg.get("dtype", "float32"))
+        if cfg.get("gradient_checkpointing") and not self.inference_only:
+            self.model.gradient_checkpointing_enable()
+        self.model.train(not self.inference_only)
+
+    @override(TorchRLModule)
+    def _forward_train(self, batch: Dict[str, Any], **kwargs) -> Dict[str, Any]:
+        logits = next_token_logits(self.model, batch)  # (B, L-1, V)
+        out = {LOGP: sequence_logprobs(logits, batch, self.temperature)}  # (B, L)
+        with torch.set_grad_enabled(self.entropy_with_grad and torch.is_grad_enabled()):
+            entropy = token_entropy(logits, temperature=self.temperature)  # (B, L-1)
+        out[ENTROPY] = F.pad(entropy, (1, 0))  # (B, L)
+        if C.TOPK_IDS in batch:
+            topk_ids = batch[C.TOPK_IDS][:, 1:].long()  # (B, L-1, K)
+            scaled = logits.float() / self.temperature  # (B, L-1, V)
+            topk = scaled.gather(-1, topk_ids) - scaled.logsumexp(-1, keepdim=True)  # (B, L-1, K)
+            out[TOPK_LOGP] = F.pad(topk, (0, 0, 1, 0))  # (B, L, K)
+        return out
+
+    @override(TorchRLModule)
+    def _forward_inference(self, batch: Dict[str, Any], **kwargs) -> Dict[str, Any]:
+        with torch.no_grad():
+            return self._forward_train(batch)
+
+    @override(TorchRLModule)
+    def _forward_exploration(self, batch: Dict[str, Any], **kwargs) -> Dict[str, Any]:
+        return self._forward_inference(batch)
+
+    @override(TorchRLModule)
+    def get_state(
+        self,
+        components: Optional[Union[str, Collection[str]]] = None,
+        *,
+        not_components: Optional[Union[str, Collection[str]]] = None,
+        inference_only: bool = False,
+        **kwargs,
+    ) -> StateDict:
+        """The HF model's state dict as CPU tensors in their own dtype (bf16 included).
+
+        RLlib's default converts to numpy, which fails on bfloat16. Keys are the HF model's own
+        (e.g. ``model.layers.0.mlp.up_proj.weight``), so a rollout engine loads them directly.
+        """
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+
+    @override(TorchRLModule)
+    def set_state(self, state: StateDict) -> None:
+        device = next(self.model.parameters()).device
+        self.model.load_state_dict(
+            {k: torch.as_tensor(v).to(device) for k, v in state.items()}, strict=True
+        )

@@ -1,0 +1,32 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="rllib_dph",
+    version="0.1.0",
+    description=(
+        "Ray RLlib algorithms for RL with verifiable rewards on language models: GRPO, DAPO, "
+        "DPH-RL (diversity-preserving f-divergences) and DPPO trust regions."
+    ),
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["rllib_dph", "rllib_dph.*", "envs", "envs.*"]),
+    install_requires=[
+        "ray[rllib]>=2.42",
+        # On a CPU machine install the CPU build first (`pip install torch==2.13.0` here);
+        # any installed torch >= 2.4 satisfies this and nothing else is pulled.
+        "torch>=2.4",
+        "transformers>=4.50",
+        "tokenizers>=0.20",
+        "gymnasium>=1.0",
+        "pyarrow>=14",
+        "math-verify[antlr4_13_2]>=0.7",
+        "numpy",
+        "tqdm",
+    ],
+    extras_require={
+        "test": ["pytest>=8", "matplotlib"],
+        "vllm": ["vllm>=0.10"],
+    },
+    entry_points={"console_scripts": ["rllib=rllib_dph.cli:main"]},
+)

@@ -1,0 +1,33 @@
+"""Shared fixtures: a Ray session and a small GRPO config on the untrained tiny model."""
+
+import os
+
+import pytest
+
+# Never reach a model hub from tests.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture
+def tiny_grpo_config():
+    """GRPO on the SQL suite with the untrained ``tiny-random`` model: seconds per iteration."""
+    from rllib_dph.algorithms.grpo import GRPOConfig
+
+    return (
+        GRPOConfig()
+        .environment("rllib_dph/SQL-v0", env_config={"data": "sql_synth/test"})
+        .llm(model_name="tiny-random", max_response_length=16)
+        .training(group_size=4, prompts_per_step=4, lr=1e-3, minibatch_size=8)
+        .debugging(seed=0)
+    )

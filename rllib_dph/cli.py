@@ -132,8 +132,18 @@ def _run_from_args(config, stop: dict, args) -> None:
         resume=args.resume,
         verbose=args.verbose,
     )
+    metric = "env_runners/episode_return_mean"
     for result in results:
-        print(f"trial {result.path}: training_iteration={result.metrics.get('training_iteration')}")
+        print(
+            f"trial {result.path}: training_iteration={result.metrics.get('training_iteration')} "
+            f"{metric}={result.metrics.get('env_runners', {}).get('episode_return_mean')}"
+        )
+    if len(results) > 1:
+        best = results.get_best_result(metric=metric, mode="max")
+        print(f"best trial by {metric}: {best.path}")
+        configs = [r.config for r in results]
+        varied = {k for k in best.config if len({repr(c.get(k)) for c in configs}) > 1}
+        print(f"best trial's swept values: {json.dumps({k: best.config[k] for k in sorted(varied)}, default=str)}")
 
 
 def run_tuned_example(config, stop: dict, argv: Optional[list[str]] = None) -> None:

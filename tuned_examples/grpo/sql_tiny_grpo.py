@@ -35,7 +35,7 @@ config = (
         minibatch_size=64,
         clip_eps_low=0.2,
         clip_eps_high=0.2,
-        loss_agg_mode="seq-mean-token-mean",
+        loss_agg_mode="token-mean",
         kl_coeff=0.0,
     )
     .debugging(seed=0)

@@ -1,0 +1,209 @@
+"""GRPO end to end: config validation, env runner batches, learner updates, checkpoints, CLI."""
+
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from ray.rllib.core import DEFAULT_MODULE_ID
+from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
+
+from rllib_dph import columns as C
+from rllib_dph.algorithms.grpo import GRPOConfig
+
+REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"group_size": 1}, "group_size=1"),
+        ({"temperature": 0.0}, "temperature=0.0 must be > 0"),
+        ({"top_p": 1.5}, "top_p=1.5 must be in (0, 1]"),
+        ({"loss_agg_mode": "sum"}, "loss_agg_mode='sum' is not one of"),
+        ({"trust_region": "dppo_topk_tv", "rollout_top_k": 0}, "needs the rollout engine's top-K"),
+        ({"clip_eps_low": 1.0}, "clip_eps_low=1.0 must be < 1"),
+        ({"kl_estimator": "k4"}, "kl_estimator='k4' is not one of"),
+        ({"minibatch_size": 1000}, "minibatch_size=1000 must be in (0, prompts_per_step"),
+        ({"overlong_buffer_length": 500}, "overlong_buffer_length=500 must be in"),
+        ({"engine": "sglang"}, "engine='sglang' is not one of"),
+    ],
+)
+def test_validate_names_value_rule_and_fix(tiny_grpo_config, overrides, message):
+    config = tiny_grpo_config.copy(copy_frozen=False)
+    config.update_from_dict(overrides)
+    with pytest.raises(ValueError) as err:
+        config.validate()
+    assert message in str(err.value)
+
+
+def test_defaults_validate(tiny_grpo_config):
+    tiny_grpo_config.validate()
+    assert tiny_grpo_config.trust_region_bounds == (0.2, 0.2)
+    dppo = tiny_grpo_config.copy(copy_frozen=False).training(trust_region="dppo_binary_tv")
+    assert dppo.trust_region_bounds == (0.15, 0.15)
+
+
+@pytest.fixture
+def env_runner(tiny_grpo_config):
+    from rllib_dph.env_runner import LLMEnvRunner
+
+    return LLMEnvRunner(config=tiny_grpo_config.copy(copy_frozen=False).training(rollout_top_k=3))
+
+
+def test_env_runner_batch_layout(env_runner):
+    batch = env_runner.sample(num_prompts=3)
+    rows = 3 * 4
+    b, length = batch[C.INPUT_IDS].shape
+    assert b == rows
+    for key in (C.ATTENTION_MASK, C.RESPONSE_MASK, C.BEHAVIOR_LOGP):
+        assert batch[key].shape == (rows, length)
+    assert batch[C.TOPK_IDS].shape == (rows, length, 3)
+    for key in (C.REWARDS, C.CORRECT, C.TRUNCATED, C.GROUP_IDS, C.ROW_TYPE):
+        assert batch[key].shape == (rows,)
+    # Each group of 4 rows shares a prompt and a group id; groups differ.
+    assert len(np.unique(batch[C.GROUP_IDS])) == 3
+    for i in range(rows):
+        p, r = batch[C.PROMPT_LENGTH][i], batch[C.RESPONSE_LENGTH][i]
+        assert batch[C.ATTENTION_MASK][i].sum() == p + r
+        assert batch[C.RESPONSE_MASK][i, p : p + r].all() and batch[C.RESPONSE_MASK][i].sum() == r
+        assert (batch[C.BEHAVIOR_LOGP][i, p : p + r] <= 0).all()
+        assert (batch[C.BEHAVIOR_LOGP][i, : p] == 0).all()
+        group = batch[C.GROUP_IDS] == batch[C.GROUP_IDS][i]
+        np.testing.assert_array_equal(batch[C.INPUT_IDS][group][:, :p], batch[C.INPUT_IDS][i : i + 1, :p].repeat(4, 0))
+    assert (batch[C.ROW_TYPE] == C.ROW_TYPE_EXP).all()
+    assert set(np.unique(batch[C.REWARDS])) <= {0.0, 1.0}
+    # Group ids never repeat across calls.
+    assert not set(env_runner.sample(num_prompts=3)[C.GROUP_IDS]) & set(batch[C.GROUP_IDS])
+    metrics = env_runner.get_metrics()
+    for key in ("reward_mean", "accuracy", "response_length_mean", "truncation_rate", "generation_tokens_per_s"):
+        assert key in metrics
+
+
+def _learner_batch(config, env_runner):
+    from rllib_dph.losses import group_advantages
+
+    batch = env_runner.sample(num_prompts=2)
+    # Random rewards so that advantages are non-zero.
+    batch[C.REWARDS] = np.random.default_rng(0).integers(0, 2, len(batch[C.REWARDS])).astype(np.float32)
+    batch[C.ADVANTAGES] = group_advantages(
+        torch.as_tensor(batch[C.REWARDS]), torch.as_tensor(batch[C.GROUP_IDS])
+    ).numpy()
+    return MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(batch)}, env_steps=len(batch[C.REWARDS]))
+
+
+@pytest.mark.parametrize("trust_region", ["ppo", "dppo_binary_tv", "dppo_topk_kl"])
+def test_learner_update_changes_parameters_and_logs_every_term(tiny_grpo_config, env_runner, trust_region):
+    config = tiny_grpo_config.copy(copy_frozen=False).training(
+        trust_region=trust_region, rollout_top_k=3, kl_coeff=0.1
+    )
+    learner = config.build_learner(env=env_runner.env)
+    batch = _learner_batch(config, env_runner)
+    before = {k: v.clone() for k, v in learner.module[DEFAULT_MODULE_ID].model.state_dict().items()}
+    results = learner.update(batch=batch, num_epochs=1, minibatch_size=8)
+    after = learner.module[DEFAULT_MODULE_ID].model.state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    logged = results[DEFAULT_MODULE_ID]
+    for key in (
+        "policy_loss", "kl_loss", "entropy", "total_loss", "clip_fraction", "clip_fraction_pos_adv",
+        "clip_fraction_neg_adv", "abs_prob_diff_mean", "abs_prob_diff_max", "bad_update_fraction",
+        "approx_kl_to_behavior", "num_exploration_tokens", "gradients_default_optimizer_global_norm",
+    ):
+        assert key in logged, key
+    assert ("trust_region_divergence_mean" in logged) == (trust_region != "ppo")
+    assert learner.ref_model is not None
+
+
+def test_no_reference_model_without_kl(tiny_grpo_config, env_runner):
+    learner = tiny_grpo_config.build_learner(env=env_runner.env)
+    assert learner.ref_model is None
+
+
+def test_first_epoch_is_on_policy(tiny_grpo_config, env_runner):
+    """Before any update, π_θ on the learner equals μ from the engine: ratio 1, nothing clipped."""
+    learner = tiny_grpo_config.build_learner(env=env_runner.env)
+    results = learner.update(batch=_learner_batch(tiny_grpo_config, env_runner), num_epochs=1, minibatch_size=8)
+    logged = results[DEFAULT_MODULE_ID]
+    assert logged["clip_fraction"].peek() == 0.0
+    assert logged["abs_prob_diff_max"].peek() < 1e-4
+
+
+def test_train_save_restore_and_resume(ray_session, tiny_grpo_config, tmp_path):
+    from ray.rllib.algorithms.algorithm import Algorithm
+
+    algo = tiny_grpo_config.build_algo()
+    r1 = algo.train()
+    assert r1["training_iteration"] == 1
+    assert "reward_mean" in r1["env_runners"] and "policy_loss" in r1["learners"][DEFAULT_MODULE_ID]
+    algo.save_to_path(str(tmp_path))
+    weights = algo.learner_group.get_state()["learner"]["rl_module"][DEFAULT_MODULE_ID]
+    optim = algo.learner_group.get_state()["learner"]["optimizer"]
+    algo.stop()
+
+    restored = Algorithm.from_checkpoint(str(tmp_path))
+    state = restored.learner_group.get_state()["learner"]
+    for k, v in weights.items():
+        torch.testing.assert_close(torch.as_tensor(state["rl_module"][DEFAULT_MODULE_ID][k]), torch.as_tensor(v))
+    assert str(state["optimizer"]) == str(optim)
+    r2 = restored.train()
+    assert r2["training_iteration"] == 2
+    restored.stop()
+
+
+def test_dynamic_sampling_keeps_only_groups_with_signal(ray_session, tiny_grpo_config):
+    config = tiny_grpo_config.copy(copy_frozen=False).training(dynamic_sampling=True, max_dynamic_sampling_rounds=2)
+    algo = config.build_algo()
+    batch = algo.sample_groups()
+    for g in np.unique(batch[C.GROUP_IDS]):
+        rewards = batch[C.REWARDS][batch[C.GROUP_IDS] == g]
+        if len(np.unique(batch[C.REWARDS])) > 1:
+            assert len(np.unique(rewards)) > 1
+    assert len(np.unique(batch[C.GROUP_IDS])) <= config.prompts_per_step
+    algo.stop()
+
+
+def test_rllib_train_file_smoke(tmp_path):
+    """`rllib train file` on the tuned example, two iterations, through Tune."""
+    overrides = {
+        "model_name": "tiny-random",
+        "max_response_length": 16,
+        "group_size": 2,
+        "prompts_per_step": 2,
+        "minibatch_size": None,
+    }
+    cmd = [
+        sys.executable, "-m", "rllib_dph.cli", "train", "file",
+        str(REPO / "tuned_examples/grpo/sql_tiny_grpo.py"),
+        "--stop", json.dumps({"training_iteration": 2}),
+        "--config", json.dumps(overrides),
+        "--storage-path", str(tmp_path), "--name", "smoke", "--checkpoint-at-end", "-v", "0",
+    ]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert "training_iteration=2" in out.stdout
+    trial_dirs = [p for p in (tmp_path / "smoke").iterdir() if p.is_dir()]
+    assert trial_dirs
+    assert list(trial_dirs[0].glob("checkpoint_*"))
+    assert list(trial_dirs[0].glob("events.out.tfevents*"))
+    assert (trial_dirs[0] / "result.json").read_text().strip()
+
+
+def test_two_ddp_learners(ray_session, tiny_grpo_config):
+    """num_learners=2 runs DDP over gloo on CPU; both learners hold the same weights after a step."""
+    config = (
+        tiny_grpo_config.copy(copy_frozen=False)
+        .learners(num_learners=2, num_cpus_per_learner=0.5)
+    )
+    algo = config.build_algo()
+    result = algo.train()
+    assert result["training_iteration"] == 1
+    states = algo.learner_group.foreach_learner(
+        lambda learner: {k: v.sum().item() for k, v in learner.module[DEFAULT_MODULE_ID].unwrapped().model.state_dict().items()}
+    )
+    w0, w1 = [s.get() if hasattr(s, "get") else s for s in states]
+    for k in w0:
+        assert math.isclose(w0[k], w1[k], rel_tol=1e-5, abs_tol=1e-5)
+    algo.stop()

@@ -1,0 +1,47 @@
+"""A Ray Tune sweep over η (the D_pef weight) for DPH-JS on the tiny SQL suite.
+
+How to run:
+    rllib train file tuned_examples/dph/sql_tiny_dph_js_eta_sweep.py
+    python tuned_examples/dph/sql_tiny_dph_js_eta_sweep.py --stop '{"training_iteration": 3}'
+
+Three trials (η = 0.01, 0.05, 0.2) run one after another on 2 CPU cores (each trial takes the
+whole machine); all share one pre-sampling directory. At the end the best trial by
+`env_runners/episode_return_mean` (training reward) is printed.
+
+Results to expect:
+    See README.md ("Results").
+"""
+
+import os
+
+from ray import tune
+
+from rllib_dph.algorithms.dph import DPHConfig
+
+config = (
+    DPHConfig()
+    .environment("rllib_dph/SQL-v0", env_config={"data": "sql_synth/train"})
+    .llm(model_name="tiny-sql-math", temperature=1.0, max_response_length=64)
+    .training(
+        group_size=8,
+        prompts_per_step=16,
+        lr=1e-4,
+        minibatch_size=64,
+        loss_agg_mode="token-mean",
+        clip_eps_high=0.28,
+        dynamic_sampling=True,
+    )
+    .dph(
+        divergence="js",
+        pef_coeff=tune.grid_search([0.01, 0.05, 0.2]),
+        presample_dir=os.path.expanduser("~/.cache/rllib_dph/presample/sql_tiny_k8"),
+    )
+    .debugging(seed=0)
+)
+
+stop = {"training_iteration": 20, "time_total_s": 300}
+
+if __name__ == "__main__":
+    from rllib_dph.cli import run_tuned_example
+
+    run_tuned_example(config, stop)

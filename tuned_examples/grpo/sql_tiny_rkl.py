@@ -1,0 +1,52 @@
+"""RKL: DAPO plus a reverse-KL penalty (beta=0.01, k3) to the frozen initial model, on the bundled text-to-SQL suite with the tiny offline base model.
+
+How to run:
+    rllib train file tuned_examples/grpo/sql_tiny_rkl.py
+    python tuned_examples/grpo/sql_tiny_rkl.py --stop '{"training_iteration": 5}'
+
+    # A real model and data set, no code change (on GPUs, see `learners(...)` below):
+    rllib train file tuned_examples/grpo/sql_tiny_rkl.py --config \
+        '{"model_name": "Qwen/Qwen2.5-Coder-0.5B-Instruct", "max_response_length": 1024,
+          "env_config": {"data": "bird_train.parquet", "db_root": "data/bird/train_databases"}}'
+
+The first run builds the tiny model (`rllib build-model tiny-sql-math`, a few minutes on 2 CPU
+cores, cached afterwards). On a GPU cluster set
+`.learners(num_learners=4, num_gpus_per_learner=1)`, `.env_runners(num_env_runners=4,
+num_gpus_per_env_runner=1)` and `.llm(engine="vllm", dtype="bfloat16")`.
+
+Results to expect:
+    See README.md ("Results"): on 2 CPU cores the training reward
+    (`env_runners/reward_mean`) rises clearly within the 10-minute budget below.
+"""
+
+from rllib_dph.algorithms.grpo import GRPOConfig
+
+config = (
+    GRPOConfig()
+    .environment("rllib_dph/SQL-v0", env_config={"data": "sql_synth/train"})
+    .llm(model_name="tiny-sql-math", temperature=1.0, max_response_length=64)
+    .env_runners(num_env_runners=0)
+    .learners(num_learners=0)
+    .training(
+        group_size=8,
+        prompts_per_step=16,
+        lr=1e-4,
+        num_epochs=1,
+        minibatch_size=64,
+        clip_eps_low=0.2,
+        clip_eps_high=0.28,
+        dynamic_sampling=True,
+        overlong_buffer_length=16,
+        loss_agg_mode="token-mean",
+        kl_coeff=0.01,
+        kl_estimator="k3",
+    )
+    .debugging(seed=0)
+)
+
+stop = {"training_iteration": 40, "time_total_s": 600}
+
+if __name__ == "__main__":
+    from rllib_dph.cli import run_tuned_example
+
+    run_tuned_example(config, stop)

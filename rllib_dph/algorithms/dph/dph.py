@@ -119,9 +119,10 @@ class DPHConfig(GRPOConfig):
             return self.exp_path
         return os.path.join(self.presample_dir, EXP_FILE) if self.presample_dir else None
 
-    @property
-    def needs_reference_model(self) -> bool:
-        return super().needs_reference_model or self.js_definition
+    @override(GRPOConfig)
+    def reference_model_users(self) -> list[str]:
+        users = super().reference_model_users()
+        return users + ["js_definition=True"] if self.js_definition else users
 
     @property
     def sampling_env_config(self) -> dict:
@@ -174,6 +175,11 @@ class DPHConfig(GRPOConfig):
             err(f"pef_coeff={self.pef_coeff} must be >= 0 (paper: 0.01–0.2).")
         if not self.pef_ratio > 0:
             err(f"pef_ratio={self.pef_ratio} must be > 0 (exploration rows per D_pef row; paper: 8).")
+        if self.js_definition and self.resolved_exp_path is None:
+            err(
+                "js_definition=True needs the D_exp file to weigh the exploration term by "
+                "β₁ = η·|D_pef|/|D_exp|; set .dph(exp_path=...) or .dph(presample_dir=...)."
+            )
         pef = self.resolved_pef_path
         if pef is None:
             err(

@@ -56,9 +56,11 @@ class DPHTorchLearner(GRPOTorchLearner):
             num_shards=max(1, cfg.num_learners),
             seed=cfg.seed or 0,
         )
-        num_pef = pq.read_metadata(cfg.resolved_pef_path).num_rows
-        num_exp = pq.read_metadata(cfg.resolved_exp_path).num_rows if cfg.resolved_exp_path else 0
-        self.js_beta1 = cfg.pef_coeff * num_pef / max(1, num_exp)
+        self.js_beta1 = None
+        if cfg.js_definition:
+            num_pef = pq.read_metadata(cfg.resolved_pef_path).num_rows
+            num_exp = pq.read_metadata(cfg.resolved_exp_path).num_rows
+            self.js_beta1 = cfg.pef_coeff * num_pef / max(1, num_exp)
 
     @override(GRPOTorchLearner)
     def update(self, *args, training_data: TrainingData = None, batch: MultiAgentBatch = None, **kwargs):

@@ -141,10 +141,14 @@ class GRPOConfig(AlgorithmConfig):
             "entropy_with_grad": self.entropy_coeff != 0,
         }
 
+    def reference_model_users(self) -> list[str]:
+        """The settings that need a live reference model (here: the KL penalty)."""
+        return [f"kl_coeff={self.kl_coeff}"] if self.kl_coeff > 0 else []
+
     @property
     def needs_reference_model(self) -> bool:
-        """Whether the learner loads the frozen reference model (only for the KL penalty)."""
-        return self.kl_coeff > 0
+        """Whether the learner loads the frozen reference model π_ref."""
+        return bool(self.reference_model_users())
 
     @property
     def reference_model_name(self) -> Optional[str]:
@@ -371,10 +375,9 @@ class GRPOConfig(AlgorithmConfig):
             err(f"kl_coeff={self.kl_coeff} must be >= 0 (0 disables the KL penalty).")
         if self.needs_reference_model and self.reference_model is None:
             err(
-                f"this config needs a live reference model (kl_coeff={self.kl_coeff}"
-                + (", js_definition=True" if getattr(self, "js_definition", False) else "")
-                + "), but reference_model=None forbids loading one; set "
-                "reference_model='initial' (or a model path), or drop the term that needs it."
+                f"this config needs a live reference model ({', '.join(self.reference_model_users())}), "
+                "but reference_model=None forbids loading one; set reference_model='initial' "
+                "(or a model path), or drop the term that needs it."
             )
         if self.max_dynamic_sampling_rounds < 1:
             err(f"max_dynamic_sampling_rounds={self.max_dynamic_sampling_rounds} must be >= 1.")

@@ -1,0 +1,326 @@
+"""Rollout engine on Hugging Face ``transformers``: batched sampling with a KV cache (CPU or GPU).
+
+The sampling loop is our own rather than ``model.generate`` so that it reports, for every sampled
+token, its log-prob under the distribution it was actually drawn from (μ: tempered logits with
+the top-p mask applied and renormalised, in fp32) and the top-K of that same distribution. All
+rows of a chunk advance together; per token there is no Python work over rows.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Mapping, Sequence
+
+import numpy as np
+import torch
+from transformers.cache_utils import Cache, DynamicLayer
+
+from rllib_dph.engines.base import Completion, SamplingParams
+
+MAX_TOP_K_LOGPROBS = 20
+# Stopped rows leave the batch (a copy of the KV cache) once they are this share of it.
+COMPACT_FRACTION = 0.25
+
+
+class HFEngine:
+    """Generates groups of completions with a ``transformers`` causal LM.
+
+    All ``len(prompts) * n`` rows are left-padded and decoded together in chunks of at most
+    ``max_batch_size`` rows; each distinct prompt of a chunk is prefilled once and its KV cache
+    repeated for its ``n`` rows. A row stops at a stop token (kept in the output) or after
+    ``max_new_tokens``; stopped rows leave the batch once they are a quarter of it. Models with
+    full attention in every layer (Qwen2, Llama, ...) are supported.
+
+    Args:
+        model: A causal LM (e.g. ``Qwen2ForCausalLM``); it is moved to ``device`` and put in eval mode.
+        tokenizer: Its Hugging Face tokenizer; ``tokenizer.eos_token_id`` stops a completion.
+        device: Where to run (``"cpu"``, ``"cuda"``, ``"cuda:1"``).
+        max_batch_size: Most rows decoded at once, >= 1 (bounds the KV-cache memory).
+        stop_token_ids: Extra token ids that end a completion, besides the tokenizer's EOS and
+            the model's ``generation_config.eos_token_id`` (e.g. a chat end-of-turn token).
+    """
+
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        *,
+        device: str | torch.device = "cpu",
+        max_batch_size: int = 256,
+        stop_token_ids: Sequence[int] = (),
+    ):
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size={max_batch_size} must be >= 1; pass e.g. 256.")
+        self.device = torch.device(device)
+        self.model = model.to(self.device).eval()
+        self.tokenizer = tokenizer
+        self.max_batch_size = max_batch_size
+        text_config = model.config.get_text_config(decoder=True)
+        layer_types = set(getattr(text_config, "layer_types", None) or ["full_attention"])
+        if layer_types != {"full_attention"}:
+            raise ValueError(
+                f"model has layer types {sorted(layer_types)}; HFEngine's KV cache supports only "
+                "full attention in every layer. Disable sliding-window attention in the model "
+                "config (e.g. use_sliding_window=False) or use the vLLM engine."
+            )
+        self.num_layers = text_config.num_hidden_layers
+        stop_ids = set(stop_token_ids)
+        generation_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        for eos in (tokenizer.eos_token_id, generation_eos):
+            if eos is not None:
+                stop_ids.update([eos] if isinstance(eos, int) else eos)
+        self.stop_token_ids = torch.tensor(sorted(stop_ids), dtype=torch.long, device=self.device)
+
+    @classmethod
+    def from_pretrained(
+        cls, name_or_path: str, *, dtype=None, device: str | torch.device = "cpu", **kwargs
+    ) -> "HFEngine":
+        """Loads a model and tokenizer by name (bundled tiny model, local directory or HF id).
+
+        Args:
+            name_or_path: Anything ``rllib_dph.models.hub.load_causal_lm`` resolves.
+            dtype: Weight dtype (e.g. ``"bfloat16"``); None keeps the checkpoint's.
+            device: Where to run.
+            **kwargs: Passed to :class:`HFEngine` (``max_batch_size``, ``stop_token_ids``).
+        """
+        from rllib_dph.models.hub import load_causal_lm, load_tokenizer
+
+        model = load_causal_lm(name_or_path, dtype=dtype, device=device)
+        return cls(model, load_tokenizer(name_or_path), device=device, **kwargs)
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams
+    ) -> list[list[Completion]]:
+        """Samples ``params.n`` completions for each prompt.
+
+        Args:
+            prompts: Token ids of each prompt, no padding, at least one token each.
+            params: How to sample; the same ``seed``, prompts, weights and ``max_batch_size``
+                give the same completions.
+
+        Returns:
+            One list of ``params.n`` completions per prompt, in prompt order.
+        """
+        check_sampling_params(params)
+        for i, prompt in enumerate(prompts):
+            if len(prompt) == 0:
+                raise ValueError(f"prompt {i} is empty; every prompt needs at least one token.")
+        generator = torch.Generator(device=self.device)
+        if params.seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(params.seed)
+
+        rows = [i for i in range(len(prompts)) for _ in range(params.n)]  # prompt of each row
+        completions = []
+        with torch.inference_mode():
+            for start in range(0, len(rows), self.max_batch_size):
+                chunk = rows[start : start + self.max_batch_size]
+                counts = Counter(chunk)  # rows per prompt, in prompt order
+                completions += self._generate_rows(
+                    [prompts[i] for i in counts], list(counts.values()), params, generator
+                )
+        return [completions[i * params.n : (i + 1) * params.n] for i in range(len(prompts))]
+
+    def _generate_rows(
+        self,
+        prompts: list[Sequence[int]],
+        counts: list[int],
+        params: SamplingParams,
+        generator: torch.Generator,
+    ) -> list[Completion]:
+        """Decodes one chunk: ``counts[u]`` adjacent rows for each prompt ``prompts[u]``.
+
+        Each prompt is prefilled once and its KV cache repeated for its rows.
+        """
+        device, T, K = self.device, params.max_new_tokens, params.top_k_logprobs
+        prompt_of_row = torch.repeat_interleave(torch.arange(len(prompts)), torch.tensor(counts))
+        prompt_of_row = prompt_of_row.to(device)  # (B,)
+
+        # Left padding: the pad id (0) is never attended to.
+        P = max(len(p) for p in prompts)
+        input_ids = torch.nn.utils.rnn.pad_sequence(
+            [torch.as_tensor(p, dtype=torch.long) for p in prompts],
+            batch_first=True,
+            padding_side="left",
+        ).to(device)  # (U, P)
+        attention_mask = torch.zeros(len(prompts), P + T, dtype=torch.long, device=device)
+        for u, prompt in enumerate(prompts):
+            attention_mask[u, P - len(prompt) : P] = 1
+        position_ids = (attention_mask[:, :P].cumsum(-1) - 1).clamp(min=0)  # (U, P)
+        cache = Cache(layers=[PreallocatedLayer(P + T) for _ in range(self.num_layers)])
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask[:, :P],
+            position_ids=position_ids,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        cache.batch_select_indices(prompt_of_row)
+        logits = out.logits[prompt_of_row, -1]  # (B, V)
+        attention_mask = attention_mask[prompt_of_row]  # (B, P + T)
+        next_position = position_ids[prompt_of_row, -1] + 1  # (B,)
+
+        B = sum(counts)
+        tokens = torch.zeros(B, T, dtype=torch.long, device=device)
+        logprobs = torch.zeros(B, T, dtype=torch.float32, device=device)
+        topk_ids = torch.zeros(B, T, K, dtype=torch.long, device=device)
+        topk_logprobs = torch.zeros(B, T, K, dtype=torch.float32, device=device)
+        lengths = torch.full((B,), T, dtype=torch.long, device=device)
+        stopped = torch.zeros(B, dtype=torch.bool, device=device)
+        active = torch.arange(B, device=device)  # chunk row of each batch row
+
+        for t in range(T):
+            # Stopped rows still in the batch keep decoding; their extra tokens are cut off below.
+            token, token_logp, step_topk_ids, step_topk_logp = sample_next(logits, params, generator)
+            tokens[active, t] = token
+            logprobs[active, t] = token_logp
+            if K:
+                topk_ids[active, t] = step_topk_ids
+                topk_logprobs[active, t] = step_topk_logp
+            new_stop = torch.isin(token, self.stop_token_ids) & ~stopped[active]  # (b,)
+            lengths[active[new_stop]] = t + 1
+            stopped[active[new_stop]] = True
+            done = stopped[active]  # (b,)
+            num_done = int(done.sum())
+            if t == T - 1 or num_done == len(active):
+                break
+            if num_done >= COMPACT_FRACTION * len(active):  # drop stopped rows and their cache
+                keep = (~done).nonzero().squeeze(1)  # (b',)
+                cache.batch_select_indices(keep)
+                active, token = active[keep], token[keep]
+                attention_mask, next_position = attention_mask[keep], next_position[keep]
+            attention_mask[:, P + t] = 1
+            out = self.model(
+                input_ids=token[:, None],  # (b, 1)
+                attention_mask=attention_mask[:, : P + t + 1],
+                position_ids=next_position[:, None],
+                past_key_values=cache,
+                use_cache=True,
+            )
+            logits = out.logits[:, -1]  # (b, V)
+            next_position = next_position + 1
+
+        tokens, logprobs, lengths = tokens.cpu().numpy(), logprobs.cpu().numpy(), lengths.tolist()
+        topk_ids, topk_logprobs = topk_ids.cpu().numpy(), topk_logprobs.cpu().numpy()
+        return [
+            Completion(
+                token_ids=tokens[row, :length],
+                logprobs=logprobs[row, :length],
+                topk_ids=topk_ids[row, :length] if K else None,
+                topk_logprobs=topk_logprobs[row, :length] if K else None,
+                finish_reason="stop" if is_stopped else "length",
+            )
+            for row, (length, is_stopped) in enumerate(zip(lengths, stopped.tolist()))
+        ]
+
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor | np.ndarray]) -> None:
+        """Loads a full state dict (tied weights included) into the model, keeping its dtype and device.
+
+        Args:
+            state_dict: Parameter name → torch tensor or numpy array, as ``model.state_dict()``.
+        """
+        tensors = {name: torch.as_tensor(value) for name, value in state_dict.items()}
+        with torch.no_grad():
+            self.model.load_state_dict(tensors)
+
+
+def check_sampling_params(params: SamplingParams) -> None:
+    """Raises ``ValueError`` naming the first field of ``params`` outside its range."""
+    rules = [
+        (params.n >= 1, f"n={params.n} must be >= 1"),
+        (params.temperature >= 0, f"temperature={params.temperature} must be >= 0 (0 = greedy)"),
+        (0 < params.top_p <= 1, f"top_p={params.top_p} must be in (0, 1] (1 disables it)"),
+        (params.max_new_tokens >= 1, f"max_new_tokens={params.max_new_tokens} must be >= 1"),
+        (
+            0 <= params.top_k_logprobs <= MAX_TOP_K_LOGPROBS,
+            f"top_k_logprobs={params.top_k_logprobs} must be in [0, {MAX_TOP_K_LOGPROBS}]",
+        ),
+    ]
+    for ok, message in rules:
+        if not ok:
+            raise ValueError(f"SamplingParams: {message}; fix the value passed to SamplingParams.")
+
+
+def sample_next(
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Samples one token per row and reports its μ log-prob and μ's top-K.
+
+    μ is softmax(logits / temperature) restricted to the nucleus (the smallest set of most likely
+    tokens with mass >= top_p) and renormalised; temperature 0 makes μ a point mass on the argmax.
+
+    Args:
+        logits: (B, V) next-token logits, any float dtype (computed in fp32 here).
+        params: Temperature, top-p and the number K of top log-probs (0 = none).
+        generator: The random stream of this ``generate`` call.
+
+    Returns:
+        token (B,) int64, its log-prob (B,) fp32, and when K > 0 the top-K ids (B, K) int64 and
+        log-probs (B, K) fp32 of μ, sorted descending, with the sampled token replacing the K-th
+        entry when it is not among them; (None, None) when K = 0.
+    """
+    logits = logits.float()
+    if params.temperature == 0:
+        token = logits.argmax(-1)  # (B,)
+        logp = torch.full_like(logits, -math.inf).scatter_(1, token[:, None], 0.0)  # (B, V)
+    else:
+        logp = torch.log_softmax(logits / params.temperature, dim=-1)  # (B, V)
+        if params.top_p < 1:
+            sorted_logp, order = logp.sort(dim=-1, descending=True)  # (B, V)
+            sorted_p = sorted_logp.exp()
+            outside = sorted_p.cumsum(-1) - sorted_p >= params.top_p  # mass before it already >= top_p
+            outside = outside.scatter(1, order, outside)  # back to vocabulary order
+            logp = torch.log_softmax(logp.masked_fill(outside, -math.inf), dim=-1)
+        # Inverse-CDF sampling: one uniform draw per row (per-element noise costs far more on CPU).
+        cdf = logp.exp().cumsum(-1)  # (B, V)
+        u = torch.rand(len(cdf), 1, generator=generator, device=cdf.device) * cdf[:, -1:]  # (B, 1)
+        token = torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_(max=cdf.shape[1] - 1)
+    token_logp = logp.gather(1, token[:, None]).squeeze(1)  # (B,)
+    K = params.top_k_logprobs
+    if K == 0:
+        return token, token_logp, None, None
+    topk_logp, topk_ids = logp.topk(K, dim=-1)  # (B, K)
+    missing = (topk_ids != token[:, None]).all(-1)  # (B,)
+    topk_ids[:, -1] = torch.where(missing, token, topk_ids[:, -1])
+    topk_logp[:, -1] = torch.where(missing, token_logp, topk_logp[:, -1])
+    return token, token_logp, topk_ids, topk_logp
+
+
+class PreallocatedLayer(DynamicLayer):
+    """A KV-cache layer with room for ``capacity`` positions, written in place.
+
+    ``DynamicLayer`` concatenates the whole cache with the new position at every step; on CPU
+    that fresh allocation dominates decoding time. ``keys``/``values`` here are views of the
+    first ``length`` positions of fixed buffers.
+
+    Args:
+        capacity: Most positions the layer will hold (prompt + response).
+    """
+
+    def __init__(self, capacity: int):
+        super().__init__()
+        self.capacity = capacity
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+            B, H, _, D = key_states.shape
+            self.key_buffer = key_states.new_empty(B, H, self.capacity, D)
+            self.value_buffer = value_states.new_empty(B, H, self.capacity, D)
+        start = self.get_seq_length()
+        end = start + key_states.shape[-2]
+        self.key_buffer[:, :, start:end] = key_states
+        self.value_buffer[:, :, start:end] = value_states
+        self.keys = self.key_buffer[:, :, :end]  # (B, H, end, D)
+        self.values = self.value_buffer[:, :, :end]
+        return self.keys, self.values
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        end = self.get_seq_length()
+        self.key_buffer = self.key_buffer[indices]  # (len(indices), H, capacity, D)
+        self.value_buffer = self.value_buffer[indices]
+        self.keys = self.key_buffer[:, :, :end]
+        self.values = self.value_buffer[:, :, :end]

@@ -1,0 +1,32 @@
+"""Builds a bundled tiny model: ``python -m rllib_dph.models build tiny-sql-math [--out DIR] [--force]``.
+
+Without ``--out`` the model goes to the cache directory that ``resolve_model`` uses
+(``$RLLIB_DPH_HOME/models/<name>``). Prints the directory, the build time and the measured
+base-policy metrics.
+"""
+
+import argparse
+import sys
+
+from rllib_dph.models.hub import build_model, model_fingerprint, rllib_dph_home
+from rllib_dph.models.tiny import TINY_MODELS, format_record
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m rllib_dph.models", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    build = sub.add_parser("build", help="build a bundled tiny model offline")
+    build.add_argument("name", choices=sorted(TINY_MODELS))
+    build.add_argument("--out", help="output directory (default: $RLLIB_DPH_HOME/models/<name>)")
+    build.add_argument("--force", action="store_true", help="rebuild even if the directory holds a build")
+    build.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    args = parser.parse_args(argv)
+
+    out = args.out or rllib_dph_home() / "models" / args.name
+    record = build_model(args.name, out, force=args.force, progress=not args.no_progress)
+    print(format_record(record))
+    print(f"saved to {out} (fingerprint {model_fingerprint(str(out))})")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

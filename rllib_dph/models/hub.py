@@ -1,0 +1,230 @@
+"""Where models come from: bundled tiny names, local directories and Hugging Face ids.
+
+Anywhere rllib_dph takes a model, it accepts three kinds of names and treats them alike:
+
+- a bundled tiny model (``"tiny-sql-math"``, ``"tiny-random"``): resolved to
+  ``$RLLIB_DPH_HOME/models/<name>`` (default ``~/.cache/rllib_dph``) and built offline there on
+  first use;
+- a local directory written by ``save_pretrained``: used as is;
+- anything else: a Hugging Face id, handed to ``transformers`` unchanged (it loads from the local
+  HF cache, or downloads when the environment allows it).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+
+from rllib_dph.models.tiny import BUILD_RECORD, TINY_MODELS, build_tiny_model
+
+#: Environment variable naming the cache root of rllib_dph.
+HOME_ENV_VAR = "RLLIB_DPH_HOME"
+#: Accepted ``dtype`` strings.
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+#: Files that determine a model's behaviour: weights and tokenizer (see ``model_fingerprint``).
+WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer.model",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+)
+
+
+def rllib_dph_home() -> Path:
+    """The cache root: ``$RLLIB_DPH_HOME`` when set, else ``~/.cache/rllib_dph``."""
+    return Path(os.environ.get(HOME_ENV_VAR) or Path.home() / ".cache" / "rllib_dph").expanduser()
+
+
+def resolve_model(name_or_path: str, *, build: bool = True, force: bool = False) -> str:
+    """Turns a model name into something ``from_pretrained`` loads.
+
+    Args:
+        name_or_path: A bundled tiny model name, a local ``save_pretrained`` directory or a
+            Hugging Face id.
+        build: Build a bundled tiny model that is not cached yet (minutes for ``tiny-sql-math``,
+            seconds for ``tiny-random``). When False, a missing one raises ``FileNotFoundError``.
+        force: Rebuild a bundled tiny model even when it is cached.
+
+    Returns:
+        The cached directory of a bundled name, the local directory, or the HF id unchanged.
+    """
+    if name_or_path in TINY_MODELS:
+        path = rllib_dph_home() / "models" / name_or_path
+        if force or not (path / BUILD_RECORD).exists():
+            if not build:
+                raise FileNotFoundError(
+                    f"tiny model {name_or_path!r} is not built yet at {path}; build it with "
+                    f"`python -m rllib_dph.models build {name_or_path}` or pass build=True."
+                )
+            build_model(name_or_path, path, force=force)
+        return str(path)
+    local = Path(name_or_path).expanduser()
+    if local.is_dir():
+        return str(local)
+    if name_or_path.startswith(("/", "./", "../", "~")) or local.exists():
+        raise FileNotFoundError(
+            f"model {name_or_path!r} looks like a local path but is not a directory; give a "
+            f"directory written by save_pretrained, a Hugging Face id, or one of {sorted(TINY_MODELS)}."
+        )
+    return name_or_path
+
+
+def build_model(name: str, out_dir: str | os.PathLike, *, force: bool = False, progress: bool = True) -> dict:
+    """Builds the bundled tiny model ``name`` into ``out_dir`` safely under concurrency.
+
+    A file lock next to ``out_dir`` lets one process build while others (e.g. Ray actors that all
+    resolve the name at start-up) wait and then reuse the result. The model is written to a
+    temporary sibling directory that is renamed to ``out_dir`` only when complete, so a reader
+    never sees a half-written model and a crashed build leaves nothing behind.
+
+    Args:
+        name: A key of ``TINY_MODELS``.
+        out_dir: Final directory of the model.
+        force: Rebuild even when ``out_dir`` already holds a build.
+        progress: Show progress bars.
+
+    Returns:
+        The build record (also in ``out_dir/rllib_dph_build.json``).
+    """
+    out_dir = Path(out_dir).expanduser().resolve()
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with open(out_dir.parent / f".{out_dir.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not force and (out_dir / BUILD_RECORD).exists():
+            return json.loads((out_dir / BUILD_RECORD).read_text())
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.building-", dir=out_dir.parent))
+        try:
+            record = build_tiny_model(name, tmp, progress=progress)
+            if out_dir.exists():
+                old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
+                os.rename(out_dir, old / out_dir.name)
+                os.rename(tmp, out_dir)
+                shutil.rmtree(old)
+            else:
+                os.rename(tmp, out_dir)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return record
+
+
+def as_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
+    """``"float32"``/``"bfloat16"``/``"float16"`` (or fp32/bf16/fp16, or a torch.dtype) as a torch.dtype.
+
+    ``None`` stays ``None`` (meaning: the dtype stored in the checkpoint).
+    """
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype={dtype!r} is not supported; use one of {sorted(DTYPES)} or a torch.dtype.")
+    return DTYPES[dtype]
+
+
+def load_tokenizer(name_or_path: str):
+    """Loads the tokenizer of a model (see ``resolve_model``), with a pad token set.
+
+    A tokenizer without a pad token gets its EOS token as pad token.
+    """
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(name_or_path))
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_causal_lm(
+    name_or_path: str, *, dtype: str | torch.dtype | None = None, device: str | torch.device = "cpu"
+) -> PreTrainedModel:
+    """Loads a causal LM (see ``resolve_model``) in eval mode.
+
+    Args:
+        name_or_path: Bundled tiny name, local directory or Hugging Face id.
+        dtype: Parameter dtype (``"float32"``, ``"bfloat16"``, ``"float16"`` or a torch.dtype);
+            ``None`` keeps the dtype stored in the checkpoint.
+        device: Where to put the model.
+
+    Returns:
+        The model; its ``config.pad_token_id`` and ``generation_config.pad_token_id`` are set
+        (to the EOS id when the checkpoint has no pad token).
+    """
+    torch_dtype = as_dtype(dtype)
+    model = AutoModelForCausalLM.from_pretrained(
+        resolve_model(name_or_path), dtype=torch_dtype if torch_dtype is not None else "auto"
+    )
+    if model.config.pad_token_id is None:
+        eos = model.config.eos_token_id
+        model.config.pad_token_id = eos[0] if isinstance(eos, (list, tuple)) else eos
+    if model.generation_config.pad_token_id is None:
+        model.generation_config.pad_token_id = model.config.pad_token_id
+    return model.to(device).eval()
+
+
+def encode_prompt(tokenizer, messages: Sequence[Mapping[str, str]]) -> list[int]:
+    """Token ids of a chat prompt, ready for generation, as a plain list.
+
+    With a chat template the messages are rendered with ``add_generation_prompt=True`` and the
+    text is tokenized without adding special tokens (the template already holds them). Without
+    one, the message contents are joined by blank lines and tokenized normally.
+
+    Args:
+        tokenizer: A Hugging Face tokenizer.
+        messages: Chat messages ``{"role", "content"}``.
+    """
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template([dict(m) for m in messages], add_generation_prompt=True, tokenize=False)
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    text = "\n\n".join(m["content"] for m in messages)
+    return list(tokenizer(text)["input_ids"])
+
+
+def model_fingerprint(name_or_path: str) -> str:
+    """A short sha256 over a model's weight and tokenizer files (names and bytes).
+
+    Two directories with the same fingerprint hold the same weights and tokenizer, so data made
+    with one (pre-sampled responses, reference log-probs) is valid for the other.
+
+    Args:
+        name_or_path: A local model directory, a bundled tiny name (must be built) or a Hugging
+            Face id present in the local HF cache.
+
+    Returns:
+        16 hex characters.
+    """
+    path = Path(resolve_model(name_or_path, build=False)).expanduser()
+    if not path.is_dir():
+        from huggingface_hub import snapshot_download
+
+        path = Path(snapshot_download(name_or_path, local_files_only=True))
+    files = sorted({p for pattern in WEIGHT_PATTERNS for p in path.glob(pattern)} | {path / f for f in TOKENIZER_FILES})
+    files = [p for p in files if p.is_file()]
+    if not any(p.suffix in (".safetensors", ".bin") for p in files):
+        raise FileNotFoundError(
+            f"no weight files ({', '.join(WEIGHT_PATTERNS)}) in {path}; give a directory written by "
+            "save_pretrained."
+        )
+    digest = hashlib.sha256()
+    for p in files:
+        digest.update(p.name.encode() + b"\0")
+        with open(p, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        digest.update(b"\0")
+    return digest.hexdigest()[:16]

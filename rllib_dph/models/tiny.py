@@ -1,0 +1,555 @@
+"""Tiny offline base models: a local tokenizer, a small Qwen2 causal LM and its SFT.
+
+Everything here runs on a laptop CPU with no download. ``build_tiny_model`` trains a byte-level
+BPE tokenizer on the bundled suites (``envs.suites``), builds a small ``Qwen2ForCausalLM`` from a
+seed, supervised-fine-tunes it on the suites' multi-style SQL and math solutions, measures the
+resulting base policy and saves everything with ``save_pretrained``. The schedule of
+``tiny-sql-math`` is tuned so that the base policy is *competent but imperfect and diverse*: it
+solves part of the SQL test split greedily, solves clearly more with 8 samples, and samples every
+SQL solution style — the starting point the DPH-RL experiments need. ``tiny-random`` has the same
+tokenizer and architecture with untrained weights, for fast tests.
+
+Usage::
+
+    python -m rllib_dph.models build tiny-sql-math     # or let resolve_model() build it on first use
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tqdm.auto import tqdm
+from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+PAD_TOKEN = "<|endoftext|>"
+IM_START = "<|im_start|>"
+EOS_TOKEN = "<|im_end|>"
+#: Special tokens, in id order (0, 1, 2).
+SPECIAL_TOKENS = (PAD_TOKEN, IM_START, EOS_TOKEN)
+#: Qwen-style chat template: ``<|im_start|>{role}\n{content}<|im_end|>\n`` per message.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+#: Name of the file in a built model directory that records its build config and metrics.
+BUILD_RECORD = "rllib_dph_build.json"
+#: The suites the tiny models are trained on.
+SUITES = ("sql_synth", "math_synth")
+
+
+@dataclass(frozen=True)
+class TinyModelSpec:
+    """How one bundled tiny model is built.
+
+    Args:
+        vocab_size: Target size of the BPE vocabulary (special tokens included).
+        hidden_size: Width of the transformer.
+        num_layers: Number of decoder layers.
+        num_heads: Attention heads (``hidden_size`` must be divisible by it).
+        num_kv_heads: Key/value heads (grouped-query attention when < ``num_heads``).
+        intermediate_size: Width of the SwiGLU MLP.
+        max_position_embeddings: Longest sequence (prompt + response) the model supports.
+        seed: Seed of the weight init, the batch order and the evaluation samples.
+        sft_steps: Optimizer steps of supervised fine-tuning; 0 keeps the random init.
+        batch_size: Sequences per SFT step.
+        lr: Peak AdamW learning rate.
+        warmup_steps: Linear warm-up steps before the cosine decay.
+        min_lr_ratio: Final learning rate as a fraction of ``lr``.
+        weight_decay: AdamW weight decay (on matrices only).
+        grad_clip: Maximum global gradient norm.
+        eval_samples: Samples per SQL test prompt to measure pass@k and style diversity
+            (temperature 1.0); 0 skips the evaluation of the built policy.
+        eval_max_new_tokens: Longest response generated during the evaluation.
+    """
+
+    vocab_size: int = 2048
+    hidden_size: int = 192
+    num_layers: int = 4
+    num_heads: int = 4
+    num_kv_heads: int = 4
+    intermediate_size: int = 768
+    max_position_embeddings: int = 1024
+    seed: int = 0
+    sft_steps: int = 0
+    batch_size: int = 32
+    lr: float = 3e-3
+    warmup_steps: int = 50
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    eval_samples: int = 0
+    eval_max_new_tokens: int = 160
+
+
+#: The bundled tiny models, by name.
+TINY_MODELS: dict[str, TinyModelSpec] = {
+    "tiny-sql-math": TinyModelSpec(sft_steps=600, eval_samples=8),
+    "tiny-random": TinyModelSpec(),
+}
+
+
+def sft_corpus() -> list[dict]:
+    """The SFT examples of every suite's train split, in a fixed order.
+
+    Returns:
+        Dicts with ``messages`` (the prompt as chat messages), ``completion``, ``style`` and
+        ``task_id`` (see ``envs.suites.sft_examples``).
+    """
+    from envs import suites
+
+    examples = []
+    for suite in SUITES:
+        examples.extend(suites.sft_examples(f"{suite}/train"))
+    return examples
+
+
+def corpus_texts(examples: Sequence[dict]) -> list[str]:
+    """The tokenizer's training texts: each chat turn as ``role\ncontent``, so role names get tokens too."""
+    texts = []
+    for ex in examples:
+        texts.extend(f"{m['role']}\n{m['content']}" for m in ex["messages"])
+        texts.append(f"assistant\n{ex['completion']}")
+    return texts
+
+
+def train_tokenizer(texts: Sequence[str], vocab_size: int, *, model_max_length: int = 1024) -> PreTrainedTokenizerFast:
+    """Trains a byte-level BPE tokenizer with the Qwen special tokens and chat template.
+
+    Training is deterministic: the same texts in the same order give the same vocabulary.
+
+    Args:
+        texts: Training texts (prompts and completions).
+        vocab_size: Target vocabulary size, special tokens included (>= 259: 256 bytes + 3).
+        model_max_length: Longest sequence the model takes (recorded in the tokenizer config).
+
+    Returns:
+        A fast tokenizer with ``<|endoftext|>`` as pad token (id 0), ``<|im_start|>`` (id 1) and
+        ``<|im_end|>`` as EOS token (id 2).
+    """
+    min_size = 256 + len(SPECIAL_TOKENS)
+    if vocab_size < min_size:
+        raise ValueError(
+            f"vocab_size={vocab_size} is too small: a byte-level BPE needs at least {min_size} "
+            f"entries (256 bytes + {len(SPECIAL_TOKENS)} special tokens); use e.g. 2048."
+        )
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    bpe.train_from_iterator(texts, trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=bpe,
+        pad_token=PAD_TOKEN,
+        eos_token=EOS_TOKEN,
+        extra_special_tokens=[IM_START],
+        chat_template=CHAT_TEMPLATE,
+        model_max_length=model_max_length,
+    )
+
+
+def build_model(tokenizer: PreTrainedTokenizerFast, spec: TinyModelSpec) -> Qwen2ForCausalLM:
+    """A freshly initialised Qwen2 causal LM with tied embeddings, seeded by ``spec.seed``.
+
+    Args:
+        tokenizer: Tokenizer from :func:`train_tokenizer`; fixes the vocabulary and special ids.
+        spec: Architecture and seed.
+    """
+    if spec.hidden_size % spec.num_heads or spec.num_heads % spec.num_kv_heads:
+        raise ValueError(
+            f"hidden_size={spec.hidden_size}, num_heads={spec.num_heads}, "
+            f"num_kv_heads={spec.num_kv_heads}: hidden_size must be divisible by num_heads and "
+            "num_heads by num_kv_heads; pick e.g. 192, 4, 4."
+        )
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads,
+        max_position_embeddings=spec.max_position_embeddings,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(spec.seed)
+    model = Qwen2ForCausalLM(config)
+    model.generation_config = GenerationConfig(
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
+    )
+    return model
+
+
+def encode_example(tokenizer, messages, completion: str) -> tuple[list[int], int]:
+    """Token ids of ``chat(prompt) + completion + <|im_end|>`` and the prompt length.
+
+    Args:
+        tokenizer: Tokenizer with a chat template.
+        messages: The prompt as chat messages.
+        completion: The assistant's answer text.
+
+    Returns:
+        ``(ids, num_prompt_tokens)``; the SFT loss covers ``ids[num_prompt_tokens:]``.
+    """
+    from rllib_dph.models.hub import encode_prompt
+
+    prompt = encode_prompt(tokenizer, messages)
+    response = tokenizer(completion, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    return prompt + response, len(prompt)
+
+
+def bucketed_batches(lengths: Sequence[int], batch_size: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """One epoch of batches of similar length, in random order.
+
+    Sequences are shuffled, stably sorted by length and cut into batches of ``batch_size``, so
+    each batch needs little padding; the batch order is then shuffled.
+
+    Args:
+        lengths: Length of every sequence.
+        batch_size: Sequences per batch (the last batch may be smaller).
+        rng: Source of randomness (seeded for determinism).
+
+    Returns:
+        Index arrays, one per batch.
+    """
+    order = rng.permutation(len(lengths))
+    order = order[np.argsort(np.asarray(lengths)[order], kind="stable")]
+    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    return [batches[i] for i in rng.permutation(len(batches))]
+
+
+def collate(encoded: Sequence[tuple[list[int], int]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-pads encoded examples into a training batch.
+
+    Args:
+        encoded: ``(ids, num_prompt_tokens)`` pairs from :func:`encode_example`.
+        pad_id: Padding token id.
+
+    Returns:
+        ``input_ids`` and ``attention_mask`` (B, T) and ``labels`` (B, T) holding the token id on
+        completion tokens and -100 on prompt and padding.
+    """
+    T = max(len(ids) for ids, _ in encoded)
+    input_ids = torch.full((len(encoded), T), pad_id, dtype=torch.long)  # (B, T)
+    attention_mask = torch.zeros((len(encoded), T), dtype=torch.long)  # (B, T)
+    labels = torch.full((len(encoded), T), -100, dtype=torch.long)  # (B, T)
+    for i, (ids, num_prompt) in enumerate(encoded):
+        input_ids[i, : len(ids)] = torch.tensor(ids)
+        attention_mask[i, : len(ids)] = 1
+        labels[i, num_prompt : len(ids)] = torch.tensor(ids[num_prompt:])
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+def lr_at(step: int, spec: TinyModelSpec) -> float:
+    """Learning rate of an optimizer step: linear warm-up, then cosine decay to ``min_lr_ratio``."""
+    if step < spec.warmup_steps:
+        return spec.lr * (step + 1) / spec.warmup_steps
+    progress = (step - spec.warmup_steps) / max(1, spec.sft_steps - spec.warmup_steps)
+    cosine = 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+    return spec.lr * (spec.min_lr_ratio + (1.0 - spec.min_lr_ratio) * cosine)
+
+
+def completion_loss(model: Qwen2ForCausalLM, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Mean next-token cross-entropy over the completion tokens of a batch (token-mean)."""
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits  # (B, T, V)
+    targets = batch["labels"][:, 1:]  # (B, T-1)
+    return F.cross_entropy(logits[:, :-1].flatten(0, 1), targets.flatten(), ignore_index=-100)
+
+
+def sft(
+    model: Qwen2ForCausalLM,
+    encoded: Sequence[tuple[list[int], int]],
+    spec: TinyModelSpec,
+    *,
+    pad_id: int,
+    progress: bool = True,
+) -> list[float]:
+    """Supervised fine-tuning on completion tokens with AdamW and warm-up + cosine decay.
+
+    Args:
+        model: The model to train in place.
+        encoded: ``(ids, num_prompt_tokens)`` training examples.
+        spec: Schedule (``sft_steps``, ``batch_size``, ``lr``, ...) and seed of the batch order.
+        pad_id: Padding token id.
+        progress: Show a tqdm progress bar.
+
+    Returns:
+        The training loss of every step.
+    """
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": spec.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=spec.lr,
+        betas=(0.9, 0.95),
+    )
+    rng = np.random.default_rng(spec.seed)
+    lengths = [len(ids) for ids, _ in encoded]
+    batches: list[np.ndarray] = []
+    losses = []
+    model.train()
+    bar = tqdm(range(spec.sft_steps), desc="SFT", disable=not progress, dynamic_ncols=True)
+    for step in bar:
+        if not batches:
+            batches = bucketed_batches(lengths, spec.batch_size, rng)
+        batch = collate([encoded[i] for i in batches.pop()], pad_id)
+        lr = lr_at(step, spec)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        loss = completion_loss(model, batch)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), spec.grad_clip)
+        optimizer.step()
+        losses.append(loss.item())
+        bar.set_postfix(loss=f"{losses[-1]:.3f}", lr=f"{lr:.1e}")
+    model.eval()
+    return losses
+
+
+@torch.no_grad()
+def generate(
+    model: Qwen2ForCausalLM,
+    tokenizer: PreTrainedTokenizerFast,
+    prompts: Sequence[Sequence[int]],
+    *,
+    n: int = 1,
+    temperature: float = 0.0,
+    max_new_tokens: int = 160,
+    batch_size: int = 64,
+    seed: int = 0,
+    progress: bool = False,
+    desc: str = "generate",
+) -> list[list[str]]:
+    """Decodes ``n`` completions per prompt with ``model.generate`` (KV cache, left padding).
+
+    Args:
+        model: A causal LM in eval mode.
+        tokenizer: Its tokenizer (pad and EOS ids, decoding).
+        prompts: Prompt token ids.
+        n: Completions per prompt.
+        temperature: 0 for greedy decoding, else plain sampling at this temperature (no top-k,
+            no top-p).
+        max_new_tokens: Longest completion.
+        batch_size: Sequences per ``generate`` call (prompts per call = batch_size // n).
+        seed: Seed of the sampler.
+        progress: Show a tqdm progress bar.
+        desc: Label of the progress bar.
+
+    Returns:
+        For every prompt, its ``n`` completion texts (special tokens removed).
+    """
+    torch.manual_seed(seed)
+    per_call = max(1, batch_size // n)
+    sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature > 0 else {"do_sample": False}
+    out: list[list[str]] = []
+    for start in tqdm(range(0, len(prompts), per_call), desc=desc, disable=not progress, dynamic_ncols=True):
+        chunk = prompts[start : start + per_call]
+        T = max(len(p) for p in chunk)
+        input_ids = torch.full((len(chunk), T), tokenizer.pad_token_id, dtype=torch.long)  # (P, T)
+        attention_mask = torch.zeros((len(chunk), T), dtype=torch.long)  # (P, T)
+        for i, p in enumerate(chunk):
+            input_ids[i, T - len(p) :] = torch.tensor(p)
+            attention_mask[i, T - len(p) :] = 1
+        sequences = model.generate(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            max_new_tokens=max_new_tokens,
+            num_return_sequences=n,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            **sampling,
+        )  # (P * n, T + new)
+        texts = tokenizer.batch_decode(sequences[:, T:], skip_special_tokens=True)
+        out.extend(texts[i * n : (i + 1) * n] for i in range(len(chunk)))
+    return out
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k estimate from ``n`` samples of which ``c`` are correct (Chen et al., 2021).
+
+    pass@k = 1 - C(n - c, k) / C(n, k).
+    """
+    if not 0 < k <= n:
+        raise ValueError(f"k={k} must be in 1..n={n}; draw at least k samples per prompt.")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def evaluate_base_policy(
+    model: Qwen2ForCausalLM,
+    tokenizer: PreTrainedTokenizerFast,
+    *,
+    samples: int = 8,
+    max_new_tokens: int = 160,
+    seed: int = 0,
+    progress: bool = True,
+) -> dict:
+    """Measures a policy on the bundled test splits.
+
+    Greedy accuracy on ``sql_synth/test``, ``sql_synth/test_cross`` and ``math_synth/test``;
+    pass@1 and pass@``samples`` (unbiased) and the count of each solution style among
+    ``samples`` completions per ``sql_synth/test`` prompt at temperature 1.0.
+
+    Args:
+        model: The policy (eval mode).
+        tokenizer: Its tokenizer.
+        samples: Completions per SQL test prompt for pass@k and the style counts.
+        max_new_tokens: Longest completion.
+        seed: Seed of the sampler.
+        progress: Show progress bars.
+
+    Returns:
+        A flat dict of metrics (JSON-serialisable).
+    """
+    from envs import suites
+    from envs.math import math_reward
+    from envs.sql import sql_reward
+    from rllib_dph.models.hub import encode_prompt
+
+    def sql_score(completion, task):
+        return sql_reward(completion, task.ground_truth["gold_sql"], task.ground_truth["db_path"])
+
+    def math_score(completion, task):
+        return math_reward(completion, task.ground_truth)
+
+    def run(split, score, n, temperature):
+        tasks = suites.load_split(split)
+        prompts = [encode_prompt(tokenizer, t.messages) for t in tasks]
+        completions = generate(
+            model, tokenizer, prompts, n=n, temperature=temperature, max_new_tokens=max_new_tokens,
+            seed=seed, progress=progress, desc=f"{split} n={n}",
+        )
+        correct = [[score(c, task) == 1.0 for c in group] for task, group in zip(tasks, completions)]
+        return completions, np.array(correct)  # (P, n)
+
+    metrics = {}
+    sql_greedy, correct = run("sql_synth/test", sql_score, 1, 0.0)
+    metrics["sql_test/greedy_acc"] = float(correct.mean())
+    metrics["sql_test/greedy_styles"] = _style_counts("sql_synth", [g[0] for g in sql_greedy])
+    if samples > 0:
+        sql_sampled, correct = run("sql_synth/test", sql_score, samples, 1.0)
+        num_correct = correct.sum(axis=1)
+        metrics["sql_test/pass@1"] = float(np.mean([pass_at_k(samples, c, 1) for c in num_correct]))
+        metrics[f"sql_test/pass@{samples}"] = float(np.mean([pass_at_k(samples, c, samples) for c in num_correct]))
+        metrics["sql_test/sample_styles"] = _style_counts("sql_synth", [c for g in sql_sampled for c in g])
+        metrics["sql_test/correct_sample_styles"] = _style_counts(
+            "sql_synth", [c for g, ok in zip(sql_sampled, correct) for c, y in zip(g, ok) if y]
+        )
+    _, correct = run("sql_synth/test_cross", sql_score, 1, 0.0)
+    metrics["sql_test_cross/greedy_acc"] = float(correct.mean())
+    _, correct = run("math_synth/test", math_score, 1, 0.0)
+    metrics["math_test/greedy_acc"] = float(correct.mean())
+    return metrics
+
+
+def _style_counts(suite: str, completions: Sequence[str]) -> dict[str, int]:
+    """How many completions show each style of ``suite`` (styles in their fixed order, then others)."""
+    from envs import suites
+
+    counts = {style: 0 for style in suites.STYLES[suite]}
+    for completion in completions:
+        style = suites.style_of(suite, completion)
+        counts[style] = counts.get(style, 0) + 1
+    return counts
+
+
+def build_tiny_model(name: str, out_dir: str | os.PathLike, *, progress: bool = True) -> dict:
+    """Builds the bundled tiny model ``name`` into ``out_dir`` and returns its build record.
+
+    Trains the tokenizer, initialises the model, runs SFT and the evaluation as ``TINY_MODELS[name]``
+    says, and writes ``save_pretrained`` files plus ``rllib_dph_build.json`` (the spec, the SFT
+    loss curve summary, the measured metrics and timings). Uses every CPU core for the duration.
+
+    Args:
+        name: A key of :data:`TINY_MODELS`.
+        out_dir: Directory to write into (created; existing files are overwritten).
+        progress: Show progress bars.
+    """
+    if name not in TINY_MODELS:
+        raise KeyError(f"unknown tiny model {name!r}; the bundled ones are {sorted(TINY_MODELS)}.")
+    spec = TINY_MODELS[name]
+    out_dir = Path(out_dir)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(len(os.sched_getaffinity(0)))
+    try:
+        start = time.perf_counter()
+        examples = sft_corpus()
+        tokenizer = train_tokenizer(
+            corpus_texts(examples), spec.vocab_size, model_max_length=spec.max_position_embeddings
+        )
+        model = build_model(tokenizer, spec)
+        record = {
+            "name": name,
+            "spec": asdict(spec),
+            "num_parameters": sum(p.numel() for p in model.parameters()),
+            "num_threads": torch.get_num_threads(),
+            "torch_version": torch.__version__,
+        }
+        if spec.sft_steps > 0:
+            encoded = [encode_example(tokenizer, ex["messages"], ex["completion"]) for ex in examples]
+            too_long = max(len(ids) for ids, _ in encoded)
+            if too_long > spec.max_position_embeddings:
+                raise ValueError(
+                    f"an SFT example has {too_long} tokens, more than max_position_embeddings="
+                    f"{spec.max_position_embeddings}; raise max_position_embeddings in the spec."
+                )
+            sft_start = time.perf_counter()
+            losses = sft(model, encoded, spec, pad_id=tokenizer.pad_token_id, progress=progress)
+            record["sft"] = {
+                "examples": len(encoded),
+                "epochs": round(spec.sft_steps * spec.batch_size / len(encoded), 2),
+                "first_loss": losses[0],
+                "final_loss": float(np.mean(losses[-20:])),
+                "seconds": round(time.perf_counter() - sft_start, 1),
+            }
+        model.eval()
+        if spec.eval_samples > 0:
+            eval_start = time.perf_counter()
+            record["metrics"] = evaluate_base_policy(
+                model, tokenizer, samples=spec.eval_samples, max_new_tokens=spec.eval_max_new_tokens,
+                seed=spec.seed, progress=progress,
+            )
+            record["eval_seconds"] = round(time.perf_counter() - eval_start, 1)
+        record["build_seconds"] = round(time.perf_counter() - start, 1)
+    finally:
+        torch.set_num_threads(threads)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer.save_pretrained(out_dir)
+    model.save_pretrained(out_dir)
+    (out_dir / BUILD_RECORD).write_text(json.dumps(record, indent=2) + "\n")
+    return record
+
+
+def format_record(record: dict) -> str:
+    """A short human-readable summary of a build record."""
+    lines = [f"{record['name']}: {record['num_parameters'] / 1e6:.2f}M parameters, built in {record['build_seconds']}s"]
+    if "sft" in record:
+        s = record["sft"]
+        lines.append(
+            f"  SFT: {s['examples']} examples, {s['epochs']} epochs, loss {s['first_loss']:.3f} -> "
+            f"{s['final_loss']:.3f} in {s['seconds']}s"
+        )
+    for key, value in record.get("metrics", {}).items():
+        lines.append(f"  {key:32s} {value:.3f}" if isinstance(value, float) else f"  {key:32s} {value}")
+    return "\n".join(lines)

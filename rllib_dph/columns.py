@@ -12,10 +12,12 @@ ATTENTION_MASK = "attention_mask"  # 1 on prompt and response tokens, 0 on paddi
 RESPONSE_MASK = "response_mask"  # 1 on response tokens only (the tokens the loss is taken over)
 BEHAVIOR_LOGP = "behavior_logp"  # μ: log-prob of each sampled token under the rollout engine
 REF_LOGP = "ref_logp"  # log π_ref of each token (stored for D_pef rows, computed for the KL penalty)
+ANCHOR_LOGP = "anchor_logp"  # trust-region anchor when it is not μ (the "recompute" ablation)
 
 # Top-K log-probs of the rollout distribution, shape (B, L, K).
 TOPK_IDS = "topk_ids"
 TOPK_BEHAVIOR_LOGP = "topk_behavior_logp"
+TOPK_ANCHOR_LOGP = "topk_anchor_logp"
 
 # Per-row columns, shape (B,).
 REWARDS = "rewards"

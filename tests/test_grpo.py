@@ -117,6 +117,21 @@ def test_learner_update_changes_parameters_and_logs_every_term(tiny_grpo_config,
     assert learner.ref_model is not None
 
 
+def test_recompute_anchor_ablation(tiny_grpo_config, env_runner):
+    """The "recompute" anchor adds π_old log-probs; mismatch metrics still compare with μ."""
+    config = tiny_grpo_config.copy(copy_frozen=False).training(
+        trust_region_anchor="recompute", trust_region="dppo_topk_tv", rollout_top_k=3
+    )
+    learner = config.build_learner(env=env_runner.env)
+    batch = _learner_batch(config, env_runner)
+    logged = learner.update(batch=batch, num_epochs=2, minibatch_size=8)[DEFAULT_MODULE_ID]
+    module_batch = batch.policy_batches[DEFAULT_MODULE_ID]
+    assert C.ANCHOR_LOGP in module_batch and C.TOPK_ANCHOR_LOGP in module_batch
+    mask = module_batch[C.RESPONSE_MASK].astype(bool)
+    np.testing.assert_allclose(module_batch[C.ANCHOR_LOGP][mask], module_batch[C.BEHAVIOR_LOGP][mask], atol=1e-4)
+    assert logged["abs_prob_diff_mean"].peek() > 0  # π moved away from μ during epoch 2
+
+
 def test_no_reference_model_without_kl(tiny_grpo_config, env_runner):
     learner = tiny_grpo_config.build_learner(env=env_runner.env)
     assert learner.ref_model is None

@@ -140,14 +140,12 @@ class HFEngine:
 
         # Left padding: the pad id (0) is never attended to.
         P = max(len(p) for p in prompts)
-        input_ids = torch.nn.utils.rnn.pad_sequence(
-            [torch.as_tensor(p, dtype=torch.long) for p in prompts],
-            batch_first=True,
-            padding_side="left",
-        ).to(device)  # (U, P)
-        attention_mask = torch.zeros(len(prompts), P + T, dtype=torch.long, device=device)
+        input_ids = torch.zeros(len(prompts), P, dtype=torch.long)  # (U, P)
+        attention_mask = torch.zeros(len(prompts), P + T, dtype=torch.long)  # (U, P + T)
         for u, prompt in enumerate(prompts):
+            input_ids[u, P - len(prompt) :] = torch.as_tensor(prompt)
             attention_mask[u, P - len(prompt) : P] = 1
+        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
         position_ids = (attention_mask[:, :P].cumsum(-1) - 1).clamp(min=0)  # (U, P)
         cache = Cache(layers=[PreallocatedLayer(P + T) for _ in range(self.num_layers)])
         out = self.model(

@@ -269,10 +269,16 @@ def lr_at(step: int, spec: TinyModelSpec) -> float:
 
 
 def completion_loss(model: Qwen2ForCausalLM, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Mean next-token cross-entropy over the completion tokens of a batch (token-mean)."""
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits  # (B, T, V)
+    """Mean next-token cross-entropy over the completion tokens of a batch (token-mean).
+
+    The output head runs only on the positions that predict a completion token, which saves
+    most of its cost (prompts are the larger part of each sequence).
+    """
+    hidden = model.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state  # (B, T, H)
     targets = batch["labels"][:, 1:]  # (B, T-1)
-    return F.cross_entropy(logits[:, :-1].flatten(0, 1), targets.flatten(), ignore_index=-100)
+    keep = targets != -100  # (B, T-1)
+    logits = model.lm_head(hidden[:, :-1][keep])  # (N, V)
+    return F.cross_entropy(logits.float(), targets[keep])
 
 
 def sft(

@@ -51,6 +51,7 @@ TRUST_REGIONS = {
 }
 #: Default thresholds δ of the DPPO divergence masks (DPPO paper, Appendix F).
 DEFAULT_DELTAS = {"binary_tv": 0.15, "topk_tv": 0.15, "binary_kl": 0.05, "topk_kl": 0.05}
+ANCHORS = ("behavior", "recompute")
 ENGINES = ("hf", "vllm")
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -98,6 +99,7 @@ class GRPOConfig(AlgorithmConfig):
         self.trust_region_delta_low = None
         self.trust_region_delta_high = None
         self.is_truncation = math.inf
+        self.trust_region_anchor = "behavior"
         self.rollout_top_k = 0
         self.loss_agg_mode = "token-mean"
         self.kl_coeff = 0.0
@@ -241,6 +243,7 @@ class GRPOConfig(AlgorithmConfig):
         trust_region_delta_low: Optional[float] = NotProvided,
         trust_region_delta_high: Optional[float] = NotProvided,
         is_truncation: Optional[float] = NotProvided,
+        trust_region_anchor: Optional[str] = NotProvided,
         rollout_top_k: Optional[int] = NotProvided,
         loss_agg_mode: Optional[str] = NotProvided,
         kl_coeff: Optional[float] = NotProvided,
@@ -274,6 +277,11 @@ class GRPOConfig(AlgorithmConfig):
             trust_region_delta_high: DPPO δ for positive advantages (default 0.15 TV, 0.05 KL).
             is_truncation: Truncation C of the importance weight min(π_θ/μ, C) (DPPO Eq. 23);
                 infinite by default; finite C with ``trust_region="none"`` gives CISPO.
+            trust_region_anchor: What the trust region and the importance weight are anchored
+                on: ``"behavior"`` (default), the rollout engine's μ, as DPPO prescribes (§5.2,
+                Takeaway 2); or ``"recompute"``, an ablation that recomputes π_old with the
+                learner's weights before the update (what PPO implementations usually do; it
+                hides the train-inference mismatch from the trust region).
             rollout_top_k: K log-probs per generated token returned by the engine (0..20);
                 the top-K DPPO masks need K >= 1.
             loss_agg_mode: ``"token-mean"`` (DAPO; default), ``"seq-mean-token-mean"`` (GRPO),
@@ -297,6 +305,7 @@ class GRPOConfig(AlgorithmConfig):
             trust_region_delta_low=trust_region_delta_low,
             trust_region_delta_high=trust_region_delta_high,
             is_truncation=is_truncation,
+            trust_region_anchor=trust_region_anchor,
             rollout_top_k=rollout_top_k,
             loss_agg_mode=loss_agg_mode,
             kl_coeff=kl_coeff,
@@ -327,6 +336,7 @@ class GRPOConfig(AlgorithmConfig):
         check_choice("trust_region", TRUST_REGIONS)
         check_choice("loss_agg_mode", AGGREGATIONS)
         check_choice("kl_estimator", KL_ESTIMATORS)
+        check_choice("trust_region_anchor", ANCHORS)
         if self.group_size < 2:
             err(
                 f"group_size={self.group_size}, but GRPO needs at least 2 completions per prompt "

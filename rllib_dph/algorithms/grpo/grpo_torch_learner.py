@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
+import numpy as np
 import torch
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
+from ray.rllib.core.learner.training_data import TrainingData
 from ray.rllib.utils.annotations import override
 from ray.rllib.utils.typing import ModuleID, TensorType
 
@@ -95,23 +97,31 @@ class GRPOTorchLearner(TorchLearner):
         return total
 
     def policy_loss(self, config, batch, fwd_out, metrics: Dict[str, Any]) -> torch.Tensor:
-        """The trust-region policy-gradient term on exploration rows (DPPO Eq. 23)."""
+        """The trust-region policy-gradient term on exploration rows (DPPO Eq. 23).
+
+        The mask and the importance weight are anchored on ``ANCHOR_LOGP`` when the batch has
+        it (the "recompute" ablation), else on the rollout engine's μ (``BEHAVIOR_LOGP``).
+        """
         logp = fwd_out[LOGP]  # (B, L)
         behavior_logp = batch[C.BEHAVIOR_LOGP].float()  # (B, L)
+        anchor_logp = batch.get(C.ANCHOR_LOGP, batch[C.BEHAVIOR_LOGP]).float()  # (B, L)
         advantages = batch[C.ADVANTAGES].float()[:, None]  # (B, 1)
         valid = self.exploration_mask(batch)  # (B, L)
         low, high = config.trust_region_bounds
-        topk = dict(topk_logp=fwd_out.get(TOPK_LOGP), topk_behavior_logp=batch.get(C.TOPK_BEHAVIOR_LOGP))
+        topk = dict(
+            topk_logp=fwd_out.get(TOPK_LOGP),
+            topk_behavior_logp=batch.get(C.TOPK_ANCHOR_LOGP, batch.get(C.TOPK_BEHAVIOR_LOGP)),
+        )
         keep = trust_region_mask(
-            logp.detach(), behavior_logp, advantages, kind=config.mask_kind, low=low, high=high, **topk
+            logp.detach(), anchor_logp, advantages, kind=config.mask_kind, low=low, high=high, **topk
         )  # (B, L)
         pg = policy_gradient_loss(
-            logp, behavior_logp, advantages, keep, truncation=config.is_truncation
+            logp, anchor_logp, advantages, keep, truncation=config.is_truncation
         )  # (B, L)
         loss = masked_aggregate(pg, valid, mode=config.loss_agg_mode, norm_length=config.max_response_length)
         metrics[POLICY_LOSS] = loss
         metrics[NUM_EXP_TOKENS] = valid.sum().float()
-        metrics.update(self._trust_region_metrics(logp.detach(), behavior_logp, advantages, keep, valid, config, topk))
+        metrics.update(self._trust_region_metrics(logp.detach(), behavior_logp, anchor_logp, advantages, keep, valid, config, topk))
         return loss
 
     def auxiliary_loss(self, config, batch, fwd_out, metrics: Dict[str, Any]) -> torch.Tensor:
@@ -130,8 +140,9 @@ class GRPOTorchLearner(TorchLearner):
             loss = loss - config.entropy_coeff * masked_aggregate(fwd_out[ENTROPY], valid, **agg)
         return loss
 
-    def _trust_region_metrics(self, logp, behavior_logp, advantages, keep, valid, config, topk):
-        """Masked fractions by advantage sign, |π − μ|, the mask's divergence, bad updates."""
+    def _trust_region_metrics(self, logp, behavior_logp, anchor_logp, advantages, keep, valid, config, topk):
+        """Masked fractions by advantage sign, the mask's divergence (to the anchor), and the
+        train-inference mismatch to the rollout policy μ: |π − μ|, KL, bad updates (DPPO §5.3)."""
         adv = advantages.expand_as(logp)  # (B, L)
         dropped = (~keep).float()
         prob_diff = (logp.exp() - behavior_logp.exp()).abs()  # (B, L)
@@ -146,6 +157,32 @@ class GRPOTorchLearner(TorchLearner):
             BAD_UPDATE_FRACTION: bad_update_fraction(logp, behavior_logp, advantages, valid),
         }
         if config.mask_kind not in ("ppo", "none"):
-            div = trust_region_divergence(logp, behavior_logp, kind=config.mask_kind, **topk)
+            div = trust_region_divergence(logp, anchor_logp, kind=config.mask_kind, **topk)
             out[TRUST_REGION_DIVERGENCE] = masked_mean(div, valid)
         return out
+
+    @override(TorchLearner)
+    def update(self, *args, training_data: TrainingData = None, batch=None, **kwargs):
+        """With ``trust_region_anchor="recompute"``, adds π_old log-probs before the update."""
+        if self.config.trust_region_anchor == "recompute":
+            training_data = training_data or TrainingData(batch=batch)
+            batch = None
+            for module_id, module_batch in training_data.batch.policy_batches.items():
+                self._add_recomputed_anchor(module_id, module_batch)
+        return super().update(*args, training_data=training_data, batch=batch, **kwargs)
+
+    @torch.no_grad()
+    def _add_recomputed_anchor(self, module_id, module_batch, chunk: int = 64) -> None:
+        """Sets ``ANCHOR_LOGP`` (and ``TOPK_ANCHOR_LOGP``) to the current weights' log-probs."""
+        module = self.module[module_id].unwrapped()
+        keys = [C.INPUT_IDS, C.ATTENTION_MASK] + ([C.TOPK_IDS] if C.TOPK_IDS in module_batch else [])
+        logps, topks = [], []
+        for start in range(0, len(module_batch[C.INPUT_IDS]), chunk):
+            part = {k: torch.as_tensor(module_batch[k][start : start + chunk], device=self._device) for k in keys}
+            out = module._forward_train(part)
+            logps.append(out[LOGP].float().cpu().numpy())
+            if TOPK_LOGP in out:
+                topks.append(out[TOPK_LOGP].float().cpu().numpy())
+        module_batch[C.ANCHOR_LOGP] = np.concatenate(logps)
+        if topks:
+            module_batch[C.TOPK_ANCHOR_LOGP] = np.concatenate(topks)

@@ -10,6 +10,7 @@ regions (``trust_region="dppo_*"``, Qi et al. 2025) in place of ratio clipping.
 from __future__ import annotations
 
 import math
+import time
 from typing import Optional, Type, Union
 
 import numpy as np
@@ -39,6 +40,9 @@ from rllib_dph.losses import (
     has_reward_variance,
     overlong_penalty,
 )
+
+#: Result key of the per-step phase times (seconds of this iteration, not smoothed).
+STEP_TIMES = "step_times"
 
 #: ``trust_region`` choices → the mask kind of ``losses.trust_region_mask``.
 TRUST_REGIONS = {
@@ -488,8 +492,10 @@ class GRPO(Algorithm):
     @override(Algorithm)
     def training_step(self) -> None:
         cfg = self.config
+        t0 = time.perf_counter()
         with self.metrics.log_time((TIMERS, ENV_RUNNER_SAMPLING_TIMER)):
             batch = self.build_train_batch()
+        t1 = time.perf_counter()
 
         rows = len(batch[C.INPUT_IDS])
         with self.metrics.log_time((TIMERS, LEARNER_UPDATE_TIMER)):
@@ -506,9 +512,14 @@ class GRPO(Algorithm):
                 shuffle_batch_per_epoch=cfg.shuffle_batch_per_epoch,
             )
             self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
+        t2 = time.perf_counter()
 
         with self.metrics.log_time((TIMERS, SYNCH_WORKER_WEIGHTS_TIMER)):
             self._sync_weights()
+        t3 = time.perf_counter()
+        # This step's own phase times (RLlib's timers above are smoothed over iterations).
+        for name, seconds in (("sampling_s", t1 - t0), ("learner_update_s", t2 - t1), ("weight_sync_s", t3 - t2)):
+            self.metrics.log_value((STEP_TIMES, name), seconds, window=1)
 
     def _sync_weights(self) -> None:
         self.env_runner_group.sync_weights(

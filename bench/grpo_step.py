@@ -1,0 +1,75 @@
+"""Where the time of one GRPO training step goes: generation, scoring, learner update, weight sync.
+
+Runs the tiny tuned example (tuned_examples/grpo/sql_tiny_grpo.py) for a warm-up iteration and
+then `--iterations` measured ones, and prints seconds and shares per phase, read from the
+algorithm's per-step phase times (`step_times/*`) and env-runner metrics.
+
+    python bench/grpo_step.py                      # tiny-sql-math, the tuned example's settings
+    python bench/grpo_step.py --model tiny-random --iterations 2
+"""
+
+import argparse
+import json
+import pathlib
+import time
+
+import numpy as np
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--example", default=str(REPO / "tuned_examples/grpo/sql_tiny_grpo.py"))
+    parser.add_argument("--model", default=None, help="override model_name (default: the example's)")
+    parser.add_argument("--iterations", type=int, default=3)
+    parser.add_argument("--config", default="{}", help="more config overrides as JSON")
+    args = parser.parse_args()
+
+    import ray
+
+    from rllib_dph.cli import load_tuned_example
+
+    config, _ = load_tuned_example(args.example)
+    overrides = json.loads(args.config)
+    if args.model:
+        overrides["model_name"] = args.model
+    config.update_from_dict(overrides)
+    ray.init(include_dashboard=False, log_to_driver=False)
+    algo = config.build_algo()
+    algo.train()  # warm-up: first-call overheads (allocations, caches)
+
+    phases = {"generation": [], "scoring": [], "batch + advantages": [], "learner update": [], "weight sync": []}
+    totals, tokens = [], []
+    for _ in range(args.iterations):
+        t0 = time.perf_counter()
+        result = algo.train()
+        totals.append(time.perf_counter() - t0)
+        runners, times = result["env_runners"], result["step_times"]
+        phases["generation"].append(runners["generation_time_s"])
+        phases["scoring"].append(runners["scoring_time_s"])
+        phases["batch + advantages"].append(
+            times["sampling_s"] - runners["generation_time_s"] - runners["scoring_time_s"]
+        )
+        phases["learner update"].append(times["learner_update_s"])
+        phases["weight sync"].append(times["weight_sync_s"])
+        tokens.append(runners["generation_tokens_per_s"])
+    algo.stop()
+
+    step = float(np.mean(totals))
+    rows = config.prompts_per_step * config.group_size
+    print(f"\nGRPO step on {config.model_name}: {config.prompts_per_step} prompts x {config.group_size} "
+          f"completions = {rows} rows, max {config.max_response_length} new tokens; "
+          f"mean of {args.iterations} iterations after 1 warm-up")
+    print(f"{'phase':<22}{'seconds':>10}{'share':>9}")
+    for name, values in phases.items():
+        sec = float(np.mean(values))
+        print(f"{name:<22}{sec:>10.2f}{100 * sec / step:>8.1f}%")
+    other = step - sum(float(np.mean(v)) for v in phases.values())
+    print(f"{'other (driver, metrics)':<22}{other:>10.2f}{100 * other / step:>8.1f}%")
+    print(f"{'total':<22}{step:>10.2f}{100.0:>8.1f}%")
+    print(f"generation throughput: {np.mean(tokens):.0f} tokens/s")
+
+
+if __name__ == "__main__":
+    main()

@@ -423,6 +423,11 @@ class GRPO(Algorithm):
 
     @override(Algorithm)
     def setup(self, config) -> None:
+        import envs
+
+        # Verifier envs registered in this (driver) process reach remote env runners through
+        # Ray Tune's registry.
+        envs.register_tune_envs()
         super().setup(config)
         # `setup` skipped RLlib's connector-state sync (there is none); push the learner's
         # initial weights so that env runners and learners start from the same policy.

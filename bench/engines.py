@@ -1,0 +1,157 @@
+"""Generation speed of the rollout engines: tokens/s at a few batch sizes, and weight-sync time.
+
+How to run::
+
+    python bench/engines.py                                  # HF engine, tiny and ~100M models
+    python bench/engines.py --sizes tiny --batch-sizes 1,16,64,128 --n 8
+    python bench/engines.py --model /path/to/saved/model     # any model saved with save_pretrained
+
+By default each model is a Qwen2 with random weights, saved to a temporary directory that every
+engine loads from. Random weights generate exactly as fast as trained ones, and as these models
+have no stop token every row runs for ``--max-new-tokens``. The tiny size is the architecture of
+the bundled ``tiny-sql-math`` model. tokens/s counts the generated tokens of one ``generate``
+call (prefill included) over its wall time. Weight sync is one ``update_weights`` with the
+model's full state dict. Another engine adds a row by adding a builder to ``ENGINES``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, models
+from transformers import (
+    AutoModelForCausalLM,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+from transformers.utils import logging as hf_logging
+
+from rllib_dph.engines.base import SamplingParams
+from rllib_dph.engines.hf import HFEngine
+
+# Qwen2 architectures with random weights, by name.
+SIZES = {
+    "tiny": dict(
+        vocab_size=2048,
+        hidden_size=192,
+        intermediate_size=768,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+    ),
+    "100m": dict(
+        vocab_size=32000,
+        hidden_size=768,
+        intermediate_size=2048,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        num_key_value_heads=4,
+    ),
+}
+
+
+def save_random_model(size: str, directory: Path) -> Path:
+    """Saves a random-weight Qwen2 of ``SIZES[size]`` and a word-level tokenizer without EOS."""
+    arch = SIZES[size]
+    config = Qwen2Config(**arch, max_position_embeddings=2048, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(config).save_pretrained(directory)
+    vocab = {f"w{i}": i for i in range(arch["vocab_size"])}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer).save_pretrained(directory)
+    return directory
+
+
+def hf_engine(path: Path, *, dtype: str, device: str, max_batch_size: int) -> HFEngine:
+    """The HF ``transformers`` engine on a saved model."""
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(path)
+    return HFEngine(model, tokenizer, device=device, max_batch_size=max_batch_size)
+
+
+# Engine name → builder(path, *, dtype, device, max_batch_size) -> RolloutEngine.
+ENGINES = {"hf": hf_engine}
+
+
+def measure(engine, *, rows: int, n: int, prompt_len: int, max_new_tokens: int, vocab_size: int):
+    """Generated tokens/s and seconds of one ``generate`` call with ``rows`` = prompts × n rows."""
+    generator = torch.Generator().manual_seed(0)
+    prompts = torch.randint(3, vocab_size, (max(1, rows // n), prompt_len), generator=generator)
+    params = SamplingParams(n=n, temperature=1.0, max_new_tokens=max_new_tokens, seed=0)
+    start = time.perf_counter()
+    groups = engine.generate(prompts.tolist(), params)
+    seconds = time.perf_counter() - start
+    num_tokens = sum(len(c.token_ids) for group in groups for c in group)
+    return num_tokens / seconds, seconds
+
+
+def weight_sync_ms(engine, repeats: int = 5) -> float:
+    """Median milliseconds of one ``update_weights`` with the engine's own full state dict."""
+    state = {k: v.detach().cpu().clone() for k, v in engine.model.state_dict().items()}
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        engine.update_weights(state)
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--engines", default="hf", help=f"comma-separated, of {sorted(ENGINES)}")
+    parser.add_argument("--sizes", default="tiny,100m", help=f"comma-separated, of {sorted(SIZES)}")
+    parser.add_argument("--model", default=None, help="a saved model directory instead of --sizes")
+    parser.add_argument("--batch-sizes", default="1,8,32,128", help="rows per generate call")
+    parser.add_argument("--n", type=int, default=1, help="completions per prompt (rows share a prompt)")
+    parser.add_argument("--prompt-len", type=int, default=64)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    hf_logging.disable_progress_bar()
+    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+
+    print(f"device={args.device} dtype={args.dtype} torch threads={torch.get_num_threads()} "
+          f"prompt={args.prompt_len} new tokens={args.max_new_tokens} n={args.n}")
+    header = f"{'engine':<6} {'model':<10} {'params':>7} {'rows':>5} {'tokens/s':>9} {'s/call':>7}"
+    print(header + "\n" + "-" * len(header))
+    syncs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.model:
+            models_to_run = [(Path(args.model).name, Path(args.model))]
+        else:
+            models_to_run = [
+                (size, save_random_model(size, Path(tmp) / size)) for size in args.sizes.split(",")
+            ]
+        for model_name, path in models_to_run:
+            for engine_name in args.engines.split(","):
+                engine = ENGINES[engine_name](
+                    path, dtype=args.dtype, device=args.device, max_batch_size=max(batch_sizes)
+                )
+                vocab_size = engine.model.config.vocab_size
+                num_params = sum(p.numel() for p in engine.model.parameters()) / 1e6
+                kwargs = dict(n=args.n, prompt_len=args.prompt_len, vocab_size=vocab_size)
+                measure(engine, rows=args.n, max_new_tokens=4, **kwargs)  # warm-up
+                for rows in batch_sizes:
+                    tokens_per_s, seconds = measure(
+                        engine, rows=rows, max_new_tokens=args.max_new_tokens, **kwargs
+                    )
+                    print(f"{engine_name:<6} {model_name:<10} {num_params:>6.1f}M {rows:>5} "
+                          f"{tokens_per_s:>9.0f} {seconds:>7.2f}", flush=True)
+                syncs.append((engine_name, model_name, weight_sync_ms(engine)))
+    print("\nweight sync (update_weights with the full state dict)")
+    for engine_name, model_name, ms in syncs:
+        print(f"{engine_name:<6} {model_name:<10} {ms:>8.1f} ms")
+
+
+if __name__ == "__main__":
+    main()

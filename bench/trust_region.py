@@ -1,0 +1,183 @@
+"""GRPO's ratio clip vs DPPO trust regions vs CISPO on the tiny SQL suite, same seeds and budget.
+
+For each variant it trains the tiny tuned example (tuned_examples/grpo/sql_tiny_grpo.py) for
+`--iterations` iterations per seed and records the training reward, |π − μ| and the masked
+fraction per iteration. It prints a table (final reward, steps to reach the target reward,
+final |π − μ|) and writes `trust_region.md`, `trust_region.json` and `trust_region.png`
+(reward curves) to `--out`. It also measures what computing each mask costs as a share of
+the learner's update time on a real batch (targets: binary ≤ 1 %, top-K ≤ 5 %).
+
+    python bench/trust_region.py                    # 5 variants x 1 seed x 15 iterations
+    python bench/trust_region.py --seeds 0 1 2 --iterations 30
+    python bench/trust_region.py --mask-cost-only
+"""
+
+import argparse
+import json
+import math
+import pathlib
+import time
+
+import numpy as np
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "tuned_examples/grpo/sql_tiny_grpo.py"
+
+#: Variant name → config overrides of the tuned example.
+VARIANTS = {
+    "GRPO clip": {"trust_region": "ppo", "clip_eps_low": 0.2, "clip_eps_high": 0.2},
+    "DPPO Binary-TV": {"trust_region": "dppo_binary_tv"},
+    "DPPO Binary-KL": {"trust_region": "dppo_binary_kl"},
+    "DPPO TopK-TV": {"trust_region": "dppo_topk_tv", "rollout_top_k": 20},
+    "CISPO (C=5)": {"trust_region": "none", "is_truncation": 5.0},
+}
+MASK_KINDS = {"ppo": {}, "binary_tv": {}, "binary_kl": {}, "topk_tv": {"topk": True}, "topk_kl": {"topk": True}}
+
+
+def _config(overrides: dict, seed: int, model: str | None):
+    from rllib_dph.cli import load_tuned_example
+
+    config, _ = load_tuned_example(str(EXAMPLE))
+    config.update_from_dict({**overrides, "seed": seed, **({"model_name": model} if model else {})})
+    return config
+
+
+def train_curves(name: str, overrides: dict, seed: int, iterations: int, model: str | None) -> dict:
+    """Per-iteration training reward, |π − μ| and masked fraction of one run."""
+    algo = _config(overrides, seed, model).build_algo()
+    curve = {"reward": [], "abs_prob_diff": [], "masked_fraction": [], "seconds": []}
+    for _ in range(iterations):
+        t0 = time.perf_counter()
+        result = algo.train()
+        learner = result["learners"]["default_policy"]
+        curve["reward"].append(float(result["env_runners"]["reward_mean"]))
+        curve["abs_prob_diff"].append(float(learner["abs_prob_diff_mean"]))
+        curve["masked_fraction"].append(float(learner["clip_fraction"]))
+        curve["seconds"].append(time.perf_counter() - t0)
+        print(f"  {name} seed {seed} it {len(curve['reward'])}: reward {curve['reward'][-1]:.3f}")
+    algo.stop()
+    return curve
+
+
+def steps_to(rewards: list[float], target: float) -> float:
+    """First iteration (1-based) whose training reward reaches ``target``; inf if none."""
+    return next((i + 1 for i, r in enumerate(rewards) if r >= target), math.inf)
+
+
+def mask_cost(model: str | None) -> dict[str, float]:
+    """Time of each trust-region mask over the learner update time on one real batch."""
+    import torch
+    from ray.rllib.core import DEFAULT_MODULE_ID
+    from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
+
+    from rllib_dph import columns as C
+    from rllib_dph.env_runner import LLMEnvRunner
+    from rllib_dph.losses import group_advantages, trust_region_mask
+
+    config = _config({"rollout_top_k": 20}, 0, model)
+    runner = LLMEnvRunner(config=config)
+    batch = runner.sample()
+    batch[C.ADVANTAGES] = group_advantages(
+        torch.as_tensor(batch[C.REWARDS]), torch.as_tensor(batch[C.GROUP_IDS])
+    ).numpy()
+    learner = config.build_learner(env=runner.env)
+    rows = len(batch[C.REWARDS])
+    ma_batch = MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(dict(batch))}, env_steps=rows)
+    learner.update(batch=ma_batch, num_epochs=1, minibatch_size=rows)  # warm-up
+    t0 = time.perf_counter()
+    repeats = 3
+    for _ in range(repeats):
+        learner.update(batch=ma_batch, num_epochs=1, minibatch_size=rows)
+    update_s = (time.perf_counter() - t0) / repeats
+
+    logp = torch.as_tensor(batch[C.BEHAVIOR_LOGP]) + 0.01 * torch.randn(batch[C.BEHAVIOR_LOGP].shape)
+    q = torch.as_tensor(batch[C.BEHAVIOR_LOGP])
+    topk_q = torch.as_tensor(batch[C.TOPK_BEHAVIOR_LOGP])
+    topk_p = topk_q + 0.01 * torch.randn(topk_q.shape)
+    adv = torch.as_tensor(batch[C.ADVANTAGES])[:, None]
+    shares = {"learner_update_s": update_s}
+    for kind, opts in MASK_KINDS.items():
+        kw = dict(topk_logp=topk_p, topk_behavior_logp=topk_q) if opts.get("topk") else {}
+        trust_region_mask(logp, q, adv, kind=kind, low=0.2, high=0.2, **kw)
+        t0 = time.perf_counter()
+        for _ in range(20):
+            trust_region_mask(logp, q, adv, kind=kind, low=0.2, high=0.2, **kw)
+        shares[kind] = (time.perf_counter() - t0) / 20 / update_s
+    return shares
+
+
+def plot(curves: dict, path: pathlib.Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, runs in curves.items():
+        rewards = np.array([run["reward"] for run in runs])
+        mean, std = rewards.mean(0), rewards.std(0)
+        x = np.arange(1, len(mean) + 1)
+        ax.plot(x, mean, label=name)
+        ax.fill_between(x, mean - std, mean + std, alpha=0.2)
+    ax.set_xlabel("training iteration")
+    ax.set_ylabel("training reward (env_runners/reward_mean)")
+    ax.set_title("Trust regions on the tiny SQL suite")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--iterations", type=int, default=15)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--model", default=None, help="override model_name (default tiny-sql-math)")
+    parser.add_argument("--target", type=float, default=None,
+                        help="reward target for 'steps to target' (default: first-iteration mean + 0.1)")
+    parser.add_argument("--out", default=str(REPO / "bench/out"))
+    parser.add_argument("--mask-cost-only", action="store_true")
+    args = parser.parse_args()
+
+    import ray
+
+    ray.init(include_dashboard=False, log_to_driver=False)
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    shares = mask_cost(args.model)
+    print(f"\nmask cost on one batch (learner update {shares['learner_update_s']:.2f} s):")
+    for kind in MASK_KINDS:
+        print(f"  {kind:<10} {100 * shares[kind]:6.2f} % of the update")
+    if args.mask_cost_only:
+        return
+
+    curves = {name: [train_curves(name, ov, s, args.iterations, args.model) for s in args.seeds] for name, ov in VARIANTS.items()}
+    first = np.mean([run["reward"][0] for runs in curves.values() for run in runs])
+    target = args.target if args.target is not None else first + 0.1
+    lines = [
+        f"Tiny SQL suite, {args.iterations} iterations, seeds {args.seeds}; target reward {target:.3f}.",
+        "",
+        "| variant | final reward | steps to target | final mean abs(pi - mu) | final masked fraction |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for name, runs in curves.items():
+        final = [run["reward"][-1] for run in runs]
+        steps = [steps_to(run["reward"], target) for run in runs]
+        diff = [run["abs_prob_diff"][-1] for run in runs]
+        masked = [run["masked_fraction"][-1] for run in runs]
+        lines.append(
+            f"| {name} | {np.mean(final):.3f} ± {np.std(final):.3f} | {np.mean(steps):.1f} | "
+            f"{np.mean(diff):.2e} | {np.mean(masked):.4f} |"
+        )
+    lines += ["", "Mask cost as a share of the learner update time (one batch):", ""]
+    lines += [f"- {kind}: {100 * shares[kind]:.2f} %" for kind in MASK_KINDS]
+    table = "\n".join(lines)
+    print("\n" + table)
+    (out / "trust_region.md").write_text(table + "\n")
+    (out / "trust_region.json").write_text(json.dumps({"curves": curves, "mask_cost": shares, "target": target}, indent=1))
+    plot(curves, out / "trust_region.png")
+    print(f"\nwrote {out / 'trust_region.md'}, {out / 'trust_region.json'}, {out / 'trust_region.png'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+"""Verifier text environments for RL with verifiable rewards.
+
+Importing this package registers the bundled envs with Gymnasium (lazily: their modules load on
+first ``gym.make``):
+
+- ``rllib_dph/SQL-v0``: text-to-SQL, reward from executing the last ```sql block (``envs.sql``);
+- ``rllib_dph/Math-v0``: math word problems, reward from the last ``\\boxed{}`` (``envs.math``).
+
+New tasks: :func:`register_verifier_env`. Ray Tune names: :func:`register_tune_envs` (automatic
+when ``ray.tune`` (e.g. via RLlib) was imported before ``envs``).
+"""
+
+from envs.base import Task, Verdict, VerifierEnv
+from envs.data import load_tasks
+from envs.registry import (
+    FunctionVerifierEnv,
+    register,
+    register_tune_envs,
+    register_verifier_env,
+    registered_env_ids,
+)
+
+register("rllib_dph/SQL-v0", entry_point="envs.sql:SQLEnv")
+register("rllib_dph/Math-v0", entry_point="envs.math:MathEnv")
+
+__all__ = [
+    "FunctionVerifierEnv",
+    "Task",
+    "Verdict",
+    "VerifierEnv",
+    "load_tasks",
+    "register",
+    "register_tune_envs",
+    "register_verifier_env",
+    "registered_env_ids",
+]

@@ -1,0 +1,404 @@
+"""Task loaders: parquet / jsonl files, bundled suite splits and in-memory lists → ``list[Task]``.
+
+Two row layouts are understood.
+
+**verl layout** (the original DPH-RL files load unchanged), used when no ``prompt_format`` is given:
+
+=================  ==========================================================================
+column             content
+=================  ==========================================================================
+``data_source``    name of the data set, e.g. ``"bird"``
+``prompt``         list of chat messages ``{"role", "content"}`` (a plain string is accepted and
+                   becomes one user message)
+``reward_model``   ``{"style": ..., "ground_truth": ...}``; the ground truth depends on the task:
+                   SQL ``{"db_id", "gold_sql", "cmp_method"}``, math the answer string (or number)
+``id``             optional; when absent ``extra_info.index`` is used, else the row number
+``extra_info``     optional; kept in ``Task.meta["extra_info"]``
+=================  ==========================================================================
+
+**flat layout**, used when a ``prompt_format`` is given (the registry's generic tasks): any columns;
+the prompt is ``prompt_format.format(**row)`` (or ``prompt_format(row)`` for a callable) and the
+ground truth is ``row[ground_truth_field]``. ``data_source`` and ``id`` are read when present
+(defaults: the file's stem, or ``"custom"`` for in-memory lists, and the row number).
+
+Rows are numbered from 0 in error messages.
+"""
+
+from __future__ import annotations
+
+import importlib
+import numbers
+import os
+import re
+import string
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from envs.base import Task
+
+#: Comparison methods of the SQL verifier (the keys of ``envs.sql.COMPARATORS``).
+SQL_CMP_METHODS = ("bird", "spider")
+DEFAULT_SQL_CMP_METHOD = "bird"
+#: File suffixes read by :func:`load_tasks`.
+FILE_SUFFIXES = (".parquet", ".jsonl")
+#: Columns every verl-layout file must have.
+VERL_COLUMNS = ("data_source", "prompt", "reward_model")
+
+PromptFormat = str | Callable[[Mapping[str, Any]], "str | Sequence[Mapping[str, str]]"]
+
+
+@dataclass
+class _Context:
+    """Everything row conversion needs to know about one ``load_tasks`` call."""
+
+    source: str  # how error messages name the data: a file path or "data (an in-memory list)"
+    task: str
+    db_root: str
+    default_data_source: str
+    prompt_format: PromptFormat | None
+    ground_truth_field: str
+    system_prompt: str | None
+    checked_db_paths: dict[str, str] = field(default_factory=dict)  # db_id -> absolute path
+
+    def error(self, row: int, column: str, expected: str, got: Any) -> ValueError:
+        """A data error naming the source, the row, the field and what was expected."""
+        shown = repr(got)
+        if len(shown) > 120:
+            shown = shown[:117] + "..."
+        return ValueError(
+            f"{self.source}: row {row}, field '{column}': expected {expected}, got {shown}."
+        )
+
+
+def load_tasks(
+    data: str | os.PathLike | Sequence[Task | Mapping[str, Any]],
+    *,
+    task: str,
+    db_root: str | os.PathLike | None = None,
+    prompt_format: PromptFormat | None = None,
+    ground_truth_field: str = "answer",
+    system_prompt: str | None = None,
+) -> list[Task]:
+    """Loads the tasks of a data set.
+
+    Args:
+        data: One of
+            - a path to a ``.parquet`` or ``.jsonl`` file (read with pyarrow);
+            - the name of a bundled suite split, e.g. ``"sql_synth/train"`` (see ``envs.suites``);
+            - a list of :class:`Task` objects (kept as they are) and/or row dicts (converted like
+              file rows).
+        task: How to read the ground truth: ``"sql"``, ``"math"`` or ``"generic"`` (kept as is).
+        db_root: SQL only: folder the ``db_id`` paths are relative to. Defaults to the data file's
+            folder (the current directory for in-memory lists). Ignored for suite splits, whose
+            tasks carry absolute database paths.
+        prompt_format: Selects the flat layout: a ``str.format`` template over the row's fields
+            (e.g. ``"Reverse: {question}"``) or a function ``row -> str | list of messages``.
+            ``None`` selects the verl layout.
+        ground_truth_field: Flat layout only: the field holding the ground truth.
+        system_prompt: When given, prepended to every prompt as a system message.
+
+    Returns:
+        The tasks in file order.
+
+    Raises:
+        ValueError: A missing column, a missing database file or a malformed row; the message names
+            the file, the row (from 0) and the field.
+        FileNotFoundError: ``data`` names a file that does not exist.
+    """
+    if task not in GROUND_TRUTH_READERS:
+        raise ValueError(
+            f"task={task!r} is not a known task type; use one of {sorted(GROUND_TRUTH_READERS)}."
+        )
+    if prompt_format is not None:
+        check_prompt_format(prompt_format)
+    if isinstance(data, (str, os.PathLike)):
+        path = os.fspath(data)
+        if not path.endswith(FILE_SUFFIXES):
+            return _load_suite(path)
+        columns, rows = _read_file(path, prompt_format, ground_truth_field)
+        ctx = _Context(
+            source=path,
+            task=task,
+            db_root=os.path.abspath(db_root or os.path.dirname(os.path.abspath(path))),
+            default_data_source=os.path.splitext(os.path.basename(path))[0],
+            prompt_format=prompt_format,
+            ground_truth_field=ground_truth_field,
+            system_prompt=system_prompt,
+        )
+        _check_columns(ctx, columns)
+        return [_row_to_task(ctx, i, row) for i, row in enumerate(rows)]
+    if isinstance(data, Sequence):
+        ctx = _Context(
+            source="data (an in-memory list)",
+            task=task,
+            db_root=os.path.abspath(db_root or os.getcwd()),
+            default_data_source="custom",
+            prompt_format=prompt_format,
+            ground_truth_field=ground_truth_field,
+            system_prompt=system_prompt,
+        )
+        return [_item_to_task(ctx, i, item) for i, item in enumerate(data)]
+    raise TypeError(
+        f"data must be a .parquet/.jsonl path, a suite split name or a list of tasks/dicts; "
+        f"got a {type(data).__name__}."
+    )
+
+
+def check_prompt_format(prompt_format: PromptFormat) -> tuple[str, ...]:
+    """Checks a prompt format and returns the row fields a template uses (empty for a callable).
+
+    Raises:
+        ValueError: A template with positional fields (``{}``, ``{0}``) or bad syntax.
+        TypeError: Neither a string nor a callable.
+    """
+    if callable(prompt_format):
+        return ()
+    if not isinstance(prompt_format, str):
+        raise TypeError(
+            f"prompt_format must be a str.format template or a function row -> prompt; "
+            f"got a {type(prompt_format).__name__}."
+        )
+    try:
+        parsed = list(string.Formatter().parse(prompt_format))
+    except ValueError as e:
+        raise ValueError(
+            f"prompt_format={prompt_format!r} is not a valid str.format template: {e}."
+        ) from e
+    fields = []
+    for _, name, _, _ in parsed:
+        if name is None:
+            continue
+        base = re.split(r"[.\[]", name, maxsplit=1)[0]
+        if base == "" or base.isdigit():
+            raise ValueError(
+                f"prompt_format={prompt_format!r} uses a positional field; name the row fields, "
+                "e.g. 'Reverse: {question}'."
+            )
+        fields.append(base)
+    return tuple(dict.fromkeys(fields))
+
+
+def _load_suite(name: str) -> list[Task]:
+    try:
+        suites = importlib.import_module("envs.suites")
+    except ModuleNotFoundError as e:
+        if e.name != "envs.suites":
+            raise
+        raise ValueError(
+            f"data={name!r} does not end in {' or '.join(FILE_SUFFIXES)}, so it was read as a "
+            "bundled suite split, but the bundled suites (envs.suites) are not installed."
+        ) from e
+    if name not in suites.SPLITS:
+        raise ValueError(
+            f"data={name!r} is neither a file path ending in {' or '.join(FILE_SUFFIXES)} nor a "
+            f"bundled suite split; bundled splits: {', '.join(suites.SPLITS)}."
+        )
+    return list(suites.load_split(name))
+
+
+def _read_file(
+    path: str, prompt_format: PromptFormat | None, ground_truth_field: str
+) -> tuple[list[str], list[dict]]:
+    """Reads the columns a conversion needs; returns (all column names, rows as dicts)."""
+    import pyarrow as pa
+    import pyarrow.json
+    import pyarrow.parquet
+
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"data file {path} does not exist.")
+    try:
+        if path.endswith(".parquet"):
+            table = pyarrow.parquet.read_table(path)
+        else:
+            table = pyarrow.json.read_json(path)
+    except pa.ArrowException as e:
+        raise ValueError(
+            f"{path}: pyarrow cannot read this file ({e}). Expected "
+            + ("a parquet file." if path.endswith(".parquet") else
+               "one JSON object per line, each field keeping one type across rows.")
+        ) from e
+    columns = table.column_names
+    if table.num_rows == 0:
+        raise ValueError(f"{path}: the file has no rows; give at least one task.")
+    if prompt_format is None:
+        wanted = [*VERL_COLUMNS, "id", "extra_info"]
+    elif callable(prompt_format):
+        wanted = columns
+    else:
+        wanted = [*check_prompt_format(prompt_format), ground_truth_field, "data_source", "id"]
+    selected = [c for c in dict.fromkeys(wanted) if c in columns]
+    return columns, table.select(selected).to_pylist()
+
+
+def _check_columns(ctx: _Context, columns: Sequence[str]) -> None:
+    if ctx.prompt_format is None:
+        required = list(VERL_COLUMNS)
+        layout = "the verl layout (data_source, prompt, reward_model[, id])"
+    else:
+        required = [*check_prompt_format(ctx.prompt_format), ctx.ground_truth_field]
+        layout = f"the fields of prompt_format={ctx.prompt_format!r} and ground_truth_field"
+    for name in required:
+        if name not in columns:
+            raise ValueError(
+                f"{ctx.source}: missing column '{name}', needed by {layout}; "
+                f"the file has columns {list(columns)}."
+            )
+
+
+def _item_to_task(ctx: _Context, i: int, item: Any) -> Task:
+    if isinstance(item, Task):
+        return item
+    if not isinstance(item, Mapping):
+        raise ctx.error(i, "<row>", "a Task or a dict", item)
+    return _row_to_task(ctx, i, item)
+
+
+def _required(ctx: _Context, i: int, row: Mapping[str, Any], name: str) -> Any:
+    if name not in row:
+        raise ValueError(
+            f"{ctx.source}: row {i}: missing field '{name}'; the row has fields {list(row)}."
+        )
+    return row[name]
+
+
+def _row_to_task(ctx: _Context, i: int, row: Mapping[str, Any]) -> Task:
+    if ctx.prompt_format is None:
+        return _verl_row_to_task(ctx, i, row)
+    return _flat_row_to_task(ctx, i, row)
+
+
+def _verl_row_to_task(ctx: _Context, i: int, row: Mapping[str, Any]) -> Task:
+    data_source = _required(ctx, i, row, "data_source")
+    if not isinstance(data_source, str) or not data_source:
+        raise ctx.error(i, "data_source", "a non-empty string", data_source)
+    messages = _messages(ctx, i, "prompt", _required(ctx, i, row, "prompt"))
+    reward_model = _required(ctx, i, row, "reward_model")
+    if not isinstance(reward_model, Mapping) or "ground_truth" not in reward_model:
+        raise ctx.error(i, "reward_model", 'a struct {"style", "ground_truth"}', reward_model)
+    read_truth = GROUND_TRUTH_READERS[ctx.task]
+    ground_truth = read_truth(ctx, i, "reward_model.ground_truth", reward_model["ground_truth"])
+    extra_info = row.get("extra_info")
+    task_id = row.get("id")
+    if task_id is None and isinstance(extra_info, Mapping):
+        task_id = extra_info.get("index")
+    meta: dict[str, Any] = {}
+    if reward_model.get("style") is not None:
+        meta["reward_style"] = reward_model["style"]
+    if extra_info is not None:
+        meta["extra_info"] = extra_info
+    return Task(
+        id=str(i if task_id is None else task_id),
+        data_source=data_source,
+        messages=messages,
+        ground_truth=ground_truth,
+        meta=meta,
+    )
+
+
+def _flat_row_to_task(ctx: _Context, i: int, row: Mapping[str, Any]) -> Task:
+    fmt = ctx.prompt_format
+    if callable(fmt):
+        try:
+            prompt = fmt(row)
+        except Exception as e:
+            raise ValueError(
+                f"{ctx.source}: row {i}: prompt_format(row) raised {type(e).__name__}: {e}"
+            ) from e
+    else:
+        for name in check_prompt_format(fmt):
+            _required(ctx, i, row, name)
+        try:
+            prompt = fmt.format_map(row)
+        except (KeyError, IndexError, AttributeError, ValueError) as e:
+            raise ValueError(
+                f"{ctx.source}: row {i}: prompt_format={fmt!r} cannot format this row: {e!r}"
+            ) from e
+    messages = _messages(ctx, i, "prompt_format(row)", prompt)
+    raw_truth = _required(ctx, i, row, ctx.ground_truth_field)
+    ground_truth = GROUND_TRUTH_READERS[ctx.task](ctx, i, ctx.ground_truth_field, raw_truth)
+    data_source = row.get("data_source") or ctx.default_data_source
+    task_id = row.get("id")
+    return Task(
+        id=str(i if task_id is None else task_id),
+        data_source=str(data_source),
+        messages=messages,
+        ground_truth=ground_truth,
+    )
+
+
+def _messages(ctx: _Context, i: int, column: str, prompt: Any) -> tuple[dict[str, str], ...]:
+    """Validates a prompt (a string or a list of chat messages) and returns it as messages."""
+    if isinstance(prompt, str):
+        messages = [{"role": "user", "content": prompt}]
+    elif isinstance(prompt, Iterable) and not isinstance(prompt, Mapping):
+        messages = list(prompt)
+        if not messages:
+            raise ctx.error(i, column, "at least one chat message", prompt)
+        for k, m in enumerate(messages):
+            if not isinstance(m, Mapping):
+                raise ctx.error(i, f"{column}[{k}]", 'a message {"role": str, "content": str}', m)
+            role, content = m.get("role"), m.get("content")
+            if not isinstance(role, str) or not role:
+                raise ctx.error(i, f"{column}[{k}].role", "a non-empty string", role)
+            if not isinstance(content, str):
+                raise ctx.error(i, f"{column}[{k}].content", "a string", content)
+        messages = [{"role": m["role"], "content": m["content"]} for m in messages]
+    else:
+        raise ctx.error(i, column, "a string or a list of chat messages {role, content}", prompt)
+    if ctx.system_prompt is not None:
+        messages.insert(0, {"role": "system", "content": ctx.system_prompt})
+    return tuple(messages)
+
+
+def _math_ground_truth(ctx: _Context, i: int, column: str, value: Any) -> str:
+    """The gold answer as a non-empty string (numbers are accepted: ``42.0`` becomes ``"42"``)."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return str(int(value))
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        value = float(value)
+        return str(int(value)) if value.is_integer() else repr(value)
+    if not isinstance(value, str) or not value.strip():
+        raise ctx.error(i, column, "the gold answer as a non-empty string or a number", value)
+    return value
+
+
+def _sql_ground_truth(ctx: _Context, i: int, column: str, value: Any) -> dict[str, str]:
+    """``{"db_id", "gold_sql", "cmp_method"}`` → the same plus ``db_path`` (absolute, exists)."""
+    if not isinstance(value, Mapping):
+        raise ctx.error(i, column, 'a struct {"db_id", "gold_sql", "cmp_method"}', value)
+    db_id = value.get("db_id")
+    if not isinstance(db_id, str) or not db_id:
+        raise ctx.error(i, f"{column}.db_id", "the SQLite file's path relative to db_root", db_id)
+    gold_sql = value.get("gold_sql")
+    if not isinstance(gold_sql, str) or not gold_sql.strip():
+        raise ctx.error(i, f"{column}.gold_sql", "a non-empty SQL string", gold_sql)
+    cmp_method = value.get("cmp_method") or DEFAULT_SQL_CMP_METHOD
+    if cmp_method not in SQL_CMP_METHODS:
+        expected = f"one of {SQL_CMP_METHODS} (or null for {DEFAULT_SQL_CMP_METHOD!r})"
+        raise ctx.error(i, f"{column}.cmp_method", expected, cmp_method)
+    db_path = ctx.checked_db_paths.get(db_id)
+    if db_path is None:
+        db_path = os.path.join(ctx.db_root, db_id)
+        if not os.path.isfile(db_path):
+            raise ValueError(
+                f"{ctx.source}: row {i}, field '{column}.db_id': database file {db_path} does not "
+                f"exist (db_id {db_id!r} resolved against db_root {ctx.db_root}); pass db_root= "
+                "the folder that holds the databases."
+            )
+        ctx.checked_db_paths[db_id] = db_path
+    return {"db_id": db_id, "db_path": db_path, "gold_sql": gold_sql, "cmp_method": cmp_method}
+
+
+def _generic_ground_truth(ctx: _Context, i: int, column: str, value: Any) -> Any:
+    """Any non-null value; the registered verifier function interprets it."""
+    if value is None:
+        raise ctx.error(i, column, "a ground truth value", value)
+    return value
+
+
+#: How each task type reads and validates its ground truth: ``(ctx, row, field, value) -> truth``.
+GROUND_TRUTH_READERS: dict[str, Callable[[_Context, int, str, Any], Any]] = {
+    "math": _math_ground_truth,
+    "sql": _sql_ground_truth,
+    "generic": _generic_ground_truth,
+}

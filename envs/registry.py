@@ -1,0 +1,235 @@
+"""One place to register verifier envs with Gymnasium and Ray Tune.
+
+A new task is a verifier function, a data set and a prompt format::
+
+    import gymnasium as gym
+    import envs
+
+    words = ["ray", "rllib", "policy", "gradient"]
+    envs.register_verifier_env(
+        "demo/Reverse-v0",
+        verifier=lambda completion, answer: completion.strip() == answer,
+        data=[{"question": w, "answer": w[::-1]} for w in words],
+        prompt_format="Reverse the word: {question}",
+    )
+    env = gym.make("demo/Reverse-v0")      # or AlgorithmConfig().environment("demo/Reverse-v0")
+
+Ids are versioned, ``namespace/Name-vN``. Every env registered here is a Gymnasium env at once and
+a Ray Tune env name once :func:`register_tune_envs` has run: that is done at registration time
+when ``ray.tune`` is already imported (importing RLlib does it), else call it yourself (it is
+idempotent) before building an algorithm. Keeping Ray out of ``import envs`` keeps it fast.
+The Tune creator builds the env class directly from its entry point (no gymnasium wrappers), so it
+also works in Ray workers where the registration code never ran.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import numbers
+import re
+import sys
+from typing import Any, Callable, Mapping, Sequence
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.envs.registration import load_env_creator
+
+from envs.base import Task, Verdict, VerifierEnv
+from envs.data.loaders import PromptFormat, check_prompt_format, load_tasks
+
+logger = logging.getLogger(__name__)
+
+_ENV_ID = re.compile(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+?-v\d+")  # namespace/Name-vN
+
+#: Ids registered through this module, in registration order (builtins first).
+_REGISTERED: dict[str, None] = {}
+
+
+def check_env_id(env_id: str) -> None:
+    """Raises ValueError unless ``env_id`` looks like ``namespace/Name-vN``."""
+    if not isinstance(env_id, str) or _ENV_ID.fullmatch(env_id) is None:
+        raise ValueError(
+            f"env id {env_id!r} is not versioned as 'namespace/Name-vN' (letters, digits, '_', "
+            "'.', '-'); e.g. 'demo/Reverse-v0'. Bump the version when the task changes."
+        )
+
+
+def register(env_id: str, *, entry_point: str, kwargs: Mapping[str, Any] | None = None) -> None:
+    """Registers an env class with Gymnasium (and with Ray Tune when ``ray.tune`` is imported).
+
+    Registering an id again replaces the earlier registration silently.
+
+    Args:
+        env_id: Versioned id ``namespace/Name-vN``.
+        entry_point: ``"module:Class"`` of the env, imported on first use.
+        kwargs: Default constructor arguments; ``gym.make(env_id, **kw)`` and a Tune
+            ``env_config`` override them.
+    """
+    check_env_id(env_id)
+    gym.registry.pop(env_id, None)  # re-registration (module reload, notebook cell) is quiet
+    gym.register(id=env_id, entry_point=entry_point, kwargs=dict(kwargs or {}))
+    _REGISTERED[env_id] = None
+    if "ray.tune.registry" in sys.modules:  # already imported (e.g. by RLlib): cheap
+        _register_with_tune(env_id)
+
+
+def register_verifier_env(
+    env_id: str,
+    *,
+    verifier: Callable[..., float | bool | Verdict],
+    data: str | Sequence[Task | Mapping[str, Any]],
+    prompt_format: PromptFormat | None = None,
+    ground_truth_field: str = "answer",
+    system_prompt: str | None = None,
+    **defaults: Any,
+) -> None:
+    """Registers a verifier task as a Gymnasium env and a Ray Tune env name (see module docstring).
+
+    Args:
+        env_id: Versioned id ``namespace/Name-vN``.
+        verifier: ``verifier(completion, ground_truth, **defaults) -> float | bool | Verdict``.
+            A bool becomes reward 1.0 / 0.0; a number is the reward and counts as correct when
+            >= 1.0; return a :class:`Verdict` to set ``correct`` and ``error`` yourself. Should it
+            raise, the step gets reward 0 and the exception in ``info["error"]``. Pass a plain
+            function (Gymnasium deep-copies kwargs and Ray pickles them).
+        data: A ``.parquet`` / ``.jsonl`` path, a list of row dicts (or :class:`Task` objects), or
+            a bundled suite split name (see :func:`envs.data.load_tasks`).
+        prompt_format: ``str.format`` template over a row's fields (``"Reverse: {question}"``) or
+            a function ``row -> str | list of chat messages``. ``None``: the rows are in the verl
+            layout (``prompt``, ``reward_model.ground_truth``, ``data_source``).
+        ground_truth_field: The row field passed to the verifier as ``ground_truth`` (with a
+            ``prompt_format``).
+        system_prompt: Optional system message put before every prompt.
+        **defaults: Keyword arguments of ``verifier``; ``gym.make(env_id, name=value)`` or a Tune
+            ``env_config`` overrides them, like ``data``.
+
+    Raises:
+        ValueError / TypeError: A malformed id, a non-callable verifier or a bad prompt format.
+    """
+    check_env_id(env_id)
+    if not callable(verifier):
+        raise TypeError(
+            f"{env_id}: verifier must be a function (completion, ground_truth) -> float | bool | "
+            f"Verdict; got a {type(verifier).__name__}."
+        )
+    if prompt_format is not None:
+        check_prompt_format(prompt_format)
+    kwargs = dict(
+        data=data,
+        verifier=verifier,
+        prompt_format=prompt_format,
+        ground_truth_field=ground_truth_field,
+        system_prompt=system_prompt,
+        name=env_id,
+        **defaults,
+    )
+    register(env_id, entry_point="envs.registry:FunctionVerifierEnv", kwargs=kwargs)
+
+
+def registered_env_ids() -> list[str]:
+    """Ids registered through this module (bundled envs first, then user envs)."""
+    return list(_REGISTERED)
+
+
+def register_tune_envs() -> list[str]:
+    """Registers every env of :func:`registered_env_ids` with Ray Tune; returns their ids.
+
+    Call it after registering envs in a process that imported ``envs`` before ``ray`` (it imports
+    ``ray.tune``). Idempotent. Afterwards ``AlgorithmConfig().environment("<id>")`` resolves the
+    id through ``ray.tune.registry``, in the driver and in every Ray worker.
+    """
+    for env_id in _REGISTERED:
+        _register_with_tune(env_id)
+    return list(_REGISTERED)
+
+
+def make_env(entry_point: str, kwargs: Mapping[str, Any], env_config: Mapping | None) -> gym.Env:
+    """The Tune env creator: builds ``entry_point(**kwargs, **env_config)``."""
+    return load_env_creator(entry_point)(**{**kwargs, **dict(env_config or {})})
+
+
+def _register_with_tune(env_id: str) -> None:
+    from ray.tune.registry import register_env
+
+    spec = gym.spec(env_id)
+    register_env(env_id, functools.partial(make_env, spec.entry_point, dict(spec.kwargs)))
+
+
+def as_verdict(result: Any, env_id: str) -> Verdict:
+    """Turns a verifier's return value (Verdict, bool or number) into a :class:`Verdict`."""
+    if isinstance(result, Verdict):
+        return result
+    if isinstance(result, (bool, np.bool_)):
+        return Verdict(1.0 if result else 0.0, bool(result))
+    if isinstance(result, numbers.Real):
+        reward = float(result)
+        return Verdict(reward, reward >= 1.0)
+    raise TypeError(
+        f"{env_id}: the verifier returned a {type(result).__name__} ({result!r:.80}); "
+        "return a float reward, a bool or an envs.base.Verdict."
+    )
+
+
+class FunctionVerifierEnv(VerifierEnv):
+    """A verifier text env around a plain verifier function (made by :func:`register_verifier_env`).
+
+    ## Description
+    Each episode is one row of the data set: the prompt is built from the row with the prompt
+    format, the completion is scored with ``verifier(completion, ground_truth, **defaults)``.
+
+    ## Action Space
+    ``spaces.Text`` over printable characters: the model's complete answer.
+
+    ## Observation Space
+    ``spaces.Text``: the prompt text (chat message contents joined by blank lines).
+
+    ## Rewards
+    The verifier's reward: a bool gives 1.0 / 0.0, a number is used as is, a Verdict's ``reward``.
+
+    ## Starting State
+    A row drawn uniformly with ``self.np_random``, or the one given by ``options={"index": i}``.
+
+    ## Episode End
+    Always terminated after one step; never truncated.
+
+    ## Info
+    ``task_id``, ``data_source``, ``index``, ``messages``; after ``step`` also ``correct`` and, when
+    the verifier said so or raised, ``error``.
+
+    ## Arguments
+    See :func:`register_verifier_env`; extra keyword arguments go to the verifier.
+    """
+
+    def __init__(
+        self,
+        data: str | Sequence[Task | Mapping[str, Any]],
+        *,
+        verifier: Callable[..., float | bool | Verdict],
+        prompt_format: PromptFormat | None = None,
+        ground_truth_field: str = "answer",
+        system_prompt: str | None = None,
+        name: str = "custom",
+        **verifier_kwargs: Any,
+    ):
+        tasks = load_tasks(
+            data,
+            task="generic",
+            prompt_format=prompt_format,
+            ground_truth_field=ground_truth_field,
+            system_prompt=system_prompt,
+        )
+        super().__init__(tasks, self._verify, name=name)
+        self.verifier_fn = verifier
+        self.verifier_kwargs = verifier_kwargs
+        self._warned = False
+
+    def _verify(self, completion: str, task: Task) -> Verdict:
+        try:
+            result = self.verifier_fn(completion, task.ground_truth, **self.verifier_kwargs)
+        except Exception as e:  # a step never raises; the first failure is logged in full
+            if not self._warned:
+                logger.warning("%s: verifier raised on task %s", self.name, task.id, exc_info=True)
+                self._warned = True
+            return Verdict(0.0, False, f"verifier raised {type(e).__name__}: {e}")
+        return as_verdict(result, self.name)

@@ -1,0 +1,762 @@
+"""Text-to-SQL: a sandboxed execution verifier and the SQL environment.
+
+A completion is scored by running SQL, never by comparing text:
+
+1. **Extract** the last ```sql fenced block of the completion (:func:`extract_sql`).
+2. **Execute** it on the task's SQLite database in a read-only sandbox (:func:`execute_sql`).
+3. **Compare** its result with the gold query's result (``cmp_method="bird"`` or ``"spider"``).
+
+Sandbox. Each query runs on a connection that
+
+- opens the database file read-only (``file:...?mode=ro`` URI) with ``PRAGMA query_only``;
+- has an authorizer that allows only ``SELECT``, column reads, recursive CTEs and functions, and
+  denies everything else: writes, ``CREATE``/``DROP``/``ALTER``, ``ATTACH``/``DETACH`` (hence also
+  ``VACUUM INTO``, which attaches its target), every ``PRAGMA``, transactions, ``VACUUM``,
+  ``ANALYZE``, ``REINDEX``, and the functions that can reach files or memory
+  (``load_extension``, ``fts3_tokenizer``, ``readfile``, ``writefile``, ``edit``). Table-valued
+  functions (``json_each``, ``pragma_table_info``) are denied too: setting one up needs an
+  internal schema update or a PRAGMA;
+- disables extension loading and allows no attached databases (``SQLITE_LIMIT_ATTACHED = 0``);
+- caps the length of any string or blob (:data:`MAX_VALUE_BYTES`), of the SQL text and of
+  ``LIKE``/``GLOB`` patterns, so that no single function call (``zeroblob(10**9)``, ``instr`` or
+  ``LIKE`` on huge strings) can take much memory or time (about 0.2 s at most), and guards
+  ``printf``/``format``, whose ``%c`` conversion would otherwise spin for seconds on a huge
+  precision (``printf('%.*c', 10**9, 'x')`` gives NULL at once, as SQLite would after spinning);
+- stops at the deadline with SQLite's progress handler (wall clock, checked every
+  :data:`PROGRESS_STEPS` virtual-machine instructions, i.e. every few rows), and fetches rows one
+  at a time, stopping past :data:`MAX_ROWS` rows or :data:`MAX_RESULT_BYTES` bytes (one row holds
+  at most its number of columns times :data:`MAX_VALUE_BYTES`).
+
+Only one statement may run (trailing semicolons and comments are fine). A bad, slow or hostile
+query gets reward 0 and a short reason; the verifier never raises because of the completion or the
+database, and returns within the timeout plus a little: SQLite checks the deadline between
+instructions, so the overrun is the few costly function calls of a few rows (a fraction of a
+second even for maximal values; only a single row crafted to call hundreds of them on maximal
+values could overrun by more). Sorts that outgrow memory use SQLite's anonymous temporary files,
+which are deleted when the query ends.
+
+Comparison. Values are made comparable first: floats are rounded to :data:`FLOAT_DIGITS`
+significant digits, so that results differing only in the last bits of float arithmetic
+(``AVG(x)`` vs ``SUM(x) * 1.0 / COUNT(x)``) compare equal; an integer and a float of the same
+value (``1`` and ``1.0``) are equal; a number never equals a string (``5`` vs ``'5'``); ``NULL``
+equals ``NULL``.
+
+- ``"bird"``: equal as **sets** of row tuples. Column order matters; row order and duplicates
+  do not (BIRD's official metric).
+- ``"spider"``: equal as **multisets** of rows under some permutation of the predicted columns
+  (same number of columns and rows). When the gold query has a top-level ``ORDER BY`` (not one
+  inside a sub-query, CTE or window) the rows must also come in the same order; the original
+  DPH-RL code meant to do this but its check never fired. Both empty results are equal.
+
+Partial credit (off by default) reproduces the original DPH-RL scorer: when the query ran but
+its result differs, the reward is ``0.8 * min(count**2 / (gold_cols * pred_cols), 1)`` where
+``count`` is the number of gold columns whose **set** of values equals the set of values of some
+predicted column (the original de-duplicates rows, then compares per-column value sets; the count
+runs over gold columns). Either result empty gives 0.
+
+Caches (per process): a read-only connection per database file and per thread (``sqlite3``
+connections must stay in their thread), and the gold results per (database file, gold query),
+both bounded LRU caches. A database file that changes on disk (new inode, size or mtime) is
+reopened and its gold results recomputed. Connections are dropped in a forked child.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import sqlite3
+import threading
+import time
+from collections import Counter, OrderedDict
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+from envs.base import Task, Verdict, VerifierEnv
+
+#: Most rows a query may return; more is an error ("result too large").
+MAX_ROWS = 100_000
+#: Most bytes (strings and blobs by length, other values 8 bytes) a query result may hold.
+MAX_RESULT_BYTES = 32 * 2**20
+#: Longest string or blob SQLite may build (``SQLITE_LIMIT_LENGTH``).
+MAX_VALUE_BYTES = 128 * 2**10
+#: Longest SQL text (``SQLITE_LIMIT_SQL_LENGTH``).
+MAX_SQL_BYTES = 100_000
+#: Longest ``LIKE``/``GLOB`` pattern (``SQLITE_LIMIT_LIKE_PATTERN_LENGTH``).
+MAX_LIKE_PATTERN_BYTES = 500
+#: SQLite virtual-machine instructions between two checks of the deadline.
+PROGRESS_STEPS = 100
+#: Significant digits floats are rounded to before comparing.
+FLOAT_DIGITS = 12
+#: Gold results kept per process.
+GOLD_CACHE_SIZE = 1_024
+#: Open connections kept per thread.
+CONNECTIONS_PER_THREAD = 64
+#: Most search steps spent looking for a column permutation in spider mode; past it the results
+#: count as different.
+MAX_PERMUTATION_STEPS = 10_000
+#: Scale of the partial-credit reward (keeps it below a correct answer's 1.0).
+PARTIAL_CREDIT_SCALE = 0.8
+
+Row = tuple[Any, ...]
+#: Decides whether a predicted result equals the gold one: ``(pred_rows, gold_rows, gold_sql)``.
+Comparator = Callable[[Sequence[Row], Sequence[Row], str], bool]
+
+
+class SQLExecutionError(Exception):
+    """A query could not run to completion in the sandbox. ``str(error)`` is a short reason."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Extraction and light parsing
+# ---------------------------------------------------------------------------------------------
+
+_SQL_BLOCK_RE = re.compile(r"```sql\b[ \t]*\n?(.*?)```", re.IGNORECASE | re.DOTALL)
+
+# One SQL token per match. Whitespace and comments match unnamed groups and are skipped; quoted
+# strings and identifiers are single tokens so that their content is never read as SQL.
+_TOKEN_RE = re.compile(
+    r"""
+      \s+
+    | --[^\n]*
+    | /\*.*?(?:\*/|\Z)
+    | (?P<quoted>'(?:[^']|'')*'?|"(?:[^"]|"")*"?|`(?:[^`]|``)*`?|\[[^\]]*\]?)
+    | (?P<word>[^\W\d]\w*)
+    | (?P<symbol>\S)
+    """,
+    re.VERBOSE | re.DOTALL,
+)
+
+
+def extract_sql(completion: str) -> str | None:
+    """Returns the content of the last closed ```sql fenced block, stripped, or None.
+
+    The tag is case-insensitive (```SQL works, ```sqlite does not). A block must be closed by
+    ```: an unclosed one at the end of the text (e.g. a completion cut at the length limit) is not
+    an answer, as in the original DPH-RL code; an earlier closed block is still found.
+
+    Args:
+        completion: The model's whole completion.
+    """
+    blocks = _SQL_BLOCK_RE.findall(completion)
+    return blocks[-1].strip() if blocks else None
+
+
+def _code_tokens(sql: str) -> Iterator[re.Match]:
+    """Yields the tokens of ``sql`` that are not whitespace or comments."""
+    for match in _TOKEN_RE.finditer(sql):
+        if match.lastgroup is not None:
+            yield match
+
+
+def has_top_level_order_by(sql: str) -> bool:
+    """Whether ``sql`` has an ``ORDER BY`` outside all parentheses, strings and comments.
+
+    ``ORDER BY`` inside a sub-query, a CTE body, a window (``OVER (ORDER BY ...)``) or an
+    aggregate's argument list does not order the final result and does not count.
+
+    Args:
+        sql: One SQL statement.
+    """
+    depth = 0
+    previous = ""
+    for match in _code_tokens(sql):
+        token = match.group().upper()
+        if token == "(":
+            depth += 1
+        elif token == ")":
+            depth = max(depth - 1, 0)
+        elif token == "BY" and previous == "ORDER" and depth == 0:
+            return True
+        previous = token
+    return False
+
+
+def _single_statement(sql: str) -> str:
+    """Returns ``sql`` without its trailing semicolons.
+
+    Raises:
+        SQLExecutionError: ``sql`` holds no statement, or more than one.
+    """
+    end = None  # offset of the first ';'
+    has_code = False
+    for match in _code_tokens(sql):
+        if match.group() == ";":
+            end = match.start() if end is None else end
+        elif end is not None:
+            raise SQLExecutionError(
+                "more than one SQL statement; the ```sql block must hold a single SELECT query"
+            )
+        else:
+            has_code = True
+    if not has_code:
+        raise SQLExecutionError("empty SQL: the ```sql block holds no statement")
+    return sql if end is None else sql[:end]
+
+
+# ---------------------------------------------------------------------------------------------
+# The sandbox
+# ---------------------------------------------------------------------------------------------
+
+_ALLOWED_ACTIONS = frozenset(
+    {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE}
+)
+_DENIED_FUNCTIONS = frozenset({"load_extension", "fts3_tokenizer", "readfile", "writefile", "edit"})
+_ACTION_NAMES = {
+    getattr(sqlite3, f"SQLITE_{name}"): name.replace("_", " ")
+    for name in (
+        "ALTER_TABLE ANALYZE ATTACH CREATE_INDEX CREATE_TABLE CREATE_TEMP_INDEX CREATE_TEMP_TABLE "
+        "CREATE_TEMP_TRIGGER CREATE_TEMP_VIEW CREATE_TRIGGER CREATE_VIEW CREATE_VTABLE DELETE "
+        "DETACH DROP_INDEX DROP_TABLE DROP_TEMP_INDEX DROP_TEMP_TABLE DROP_TEMP_TRIGGER "
+        "DROP_TEMP_VIEW DROP_TRIGGER DROP_VIEW DROP_VTABLE FUNCTION INSERT PRAGMA READ RECURSIVE "
+        "REINDEX SAVEPOINT SELECT TRANSACTION UPDATE"
+    ).split()
+}
+_LIMITS = (
+    (sqlite3.SQLITE_LIMIT_ATTACHED, 0),
+    (sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES),
+    (sqlite3.SQLITE_LIMIT_SQL_LENGTH, MAX_SQL_BYTES),
+    (sqlite3.SQLITE_LIMIT_LIKE_PATTERN_LENGTH, MAX_LIKE_PATTERN_BYTES),
+    (sqlite3.SQLITE_LIMIT_WORKER_THREADS, 0),
+)
+
+
+# SQLite's printf (alias format) repeats a %c conversion once per unit of precision even after
+# the text is over the length cap: printf('%.*c', 2000000000, 'x') spins for seconds inside one
+# call, where no deadline check can stop it. The sandbox overrides both names with a wrapper that
+# answers NULL -- SQLite's own answer for a too-long text -- for such a conversion, and hands
+# every other call to the built-in printf of a private in-memory connection.
+_PRINTF_SPEC_RE = re.compile(r"%[-+ 0#!,]*(\*|\d*)(?:\.(\*|\d*))?l{0,2}(.)", re.DOTALL)
+_PRINTF_TYPES = frozenset("dsgzqQwcouxXfeEGinp%TSr")
+
+
+def _as_int32(value: Any) -> int:
+    """An SQL value read as a C int, as printf reads its ``*`` arguments."""
+    try:
+        number = int(float(value))
+    except (TypeError, ValueError, OverflowError):
+        return 0
+    return (number + 2**31) % 2**32 - 2**31
+
+
+def _printf_repeats_too_long(fmt: str, args: Sequence[Any]) -> bool:
+    """Whether a %c conversion of ``fmt`` repeats its character more than MAX_VALUE_BYTES times."""
+    arg = 0  # index of the next argument
+    for width, precision, kind in _PRINTF_SPEC_RE.findall(fmt):
+        if kind not in _PRINTF_TYPES:
+            return False  # printf stops at an unknown conversion
+        if kind == "%":
+            continue
+        arg += width == "*"
+        if precision == "*":
+            repeats = abs(_as_int32(args[arg])) if arg < len(args) else 0
+            arg += 1
+        else:
+            repeats = int(precision or 0) % 2**32 & 0x7FFFFFFF
+        if kind == "c" and repeats > MAX_VALUE_BYTES:
+            return True
+        arg += kind != "n"  # %n takes no argument in SQL printf
+    return False
+
+
+def _decode_text(data: bytes) -> str:
+    """Text factory: invalid UTF-8 in a database becomes U+FFFD instead of an error."""
+    return data.decode("utf-8", errors="replace")
+
+
+def _value_bytes(value: Any) -> int:
+    return len(value) if isinstance(value, (str, bytes)) else 8
+
+
+def _normalize(value: Any) -> Any:
+    """Rounds floats to FLOAT_DIGITS significant digits; other values are returned unchanged."""
+    if isinstance(value, float) and math.isfinite(value):
+        return float(f"{value:.{FLOAT_DIGITS}g}")
+    return value
+
+
+class _Sandbox:
+    """A read-only connection to one database file, used by one thread.
+
+    Args:
+        path: Absolute path of the database file.
+        identity: ``(inode, size, mtime_ns)`` of the file when opened.
+    """
+
+    def __init__(self, path: str, identity: tuple[int, int, int]):
+        self.identity = identity
+        self.deadline = 0.0
+        self.denied: str | None = None  # what the authorizer refused in the current statement
+        uri = Path(path).as_uri() + "?mode=ro"
+        # isolation_level=None: no implicit BEGIN; cached_statements=0: every statement is
+        # prepared, hence authorized, anew.
+        self.conn = sqlite3.connect(uri, uri=True, isolation_level=None, cached_statements=0)
+        self.conn.text_factory = _decode_text
+        if hasattr(self.conn, "enable_load_extension"):  # absent when Python omits extensions
+            self.conn.enable_load_extension(False)
+        self.conn.execute("PRAGMA query_only = ON")  # before the authorizer, which denies PRAGMAs
+        for category, limit in _LIMITS:
+            self.conn.setlimit(category, limit)
+        self.printf_conn = sqlite3.connect(":memory:", isolation_level=None)
+        self.printf_conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
+        for name in ("printf", "format"):
+            self.conn.create_function(name, -1, self._printf, deterministic=True)
+        self.conn.set_authorizer(self._authorize)
+
+    def close(self) -> None:
+        self.conn.close()
+        self.printf_conn.close()
+
+    def _printf(self, *args: Any) -> Any:
+        fmt = args[0] if args else None
+        if isinstance(fmt, bytes):
+            fmt = fmt.decode("utf-8", "replace")
+        if isinstance(fmt, str) and _printf_repeats_too_long(fmt, args[1:]):
+            return None
+        placeholders = ", ".join("?" * len(args))
+        return self.printf_conn.execute(f"SELECT printf({placeholders})", args).fetchone()[0]
+
+    def _authorize(self, action: int, arg1, arg2, db_name, source) -> int:
+        if action in _ALLOWED_ACTIONS and not (
+            action == sqlite3.SQLITE_FUNCTION and arg2.lower() in _DENIED_FUNCTIONS
+        ):
+            return sqlite3.SQLITE_OK
+        # SQLite stops at the first denial. Name the action and its object (table, pragma,
+        # function, file), e.g. "INSERT sqlite_master" for CREATE TABLE.
+        detail = arg2 if action == sqlite3.SQLITE_FUNCTION else arg1
+        name = _ACTION_NAMES.get(action, f"action {action}")
+        self.denied = f"{name} {detail}" if detail else name
+        return sqlite3.SQLITE_DENY
+
+    def _past_deadline(self) -> bool:
+        return time.monotonic() > self.deadline  # a true value makes SQLite interrupt the query
+
+    def run(self, sql: str, deadline: float) -> list[Row]:
+        """Runs one statement and returns its rows (floats normalized).
+
+        Raises:
+            SQLExecutionError: The statement was denied, failed, timed out or returned too much.
+        """
+        self.deadline = deadline
+        self.denied = None
+        self.conn.set_progress_handler(self._past_deadline, PROGRESS_STEPS)
+        cursor = None
+        try:
+            cursor = self.conn.execute(sql)
+            rows: list[Row] = []
+            size = 0
+            for row in cursor:  # one row at a time: the caps overshoot by one row at most
+                rows.append(row)
+                size += sum(map(_value_bytes, row))
+                if len(rows) > MAX_ROWS:
+                    raise SQLExecutionError(f"result too large: more than {MAX_ROWS} rows")
+                if size > MAX_RESULT_BYTES:
+                    raise SQLExecutionError(f"result too large: more than {MAX_RESULT_BYTES} bytes")
+            return [tuple(map(_normalize, row)) for row in rows]
+        except (sqlite3.Error, sqlite3.Warning) as error:
+            raise SQLExecutionError(self._reason(error)) from None
+        finally:
+            if cursor is not None:
+                cursor.close()
+            self.conn.set_progress_handler(None, 0)
+
+    def _reason(self, error: Exception) -> str:
+        if self.denied is not None:
+            return f"not allowed in the read-only sandbox: {self.denied} (only SELECT may run)"
+        if str(error) == "interrupted" and time.monotonic() > self.deadline:
+            return "timed out: the query ran past its time limit"
+        return f"SQL error: {error}"
+
+
+_local = threading.local()  # .sandboxes: OrderedDict[path, _Sandbox] of this thread
+os.register_at_fork(after_in_child=lambda: _local.__dict__.clear())
+
+
+def _file_identity(db_path: str) -> tuple[str, tuple[int, int, int]]:
+    """Returns the absolute path of the database file and its (inode, size, mtime_ns)."""
+    path = os.path.abspath(db_path)
+    try:
+        stat = os.stat(path)
+    except OSError:
+        raise SQLExecutionError(f"database file not found: {path}") from None
+    return path, (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+
+
+def _sandbox(path: str, identity: tuple[int, int, int]) -> _Sandbox:
+    """This thread's connection to ``path``, reopened when the file changed (LRU-bounded)."""
+    sandboxes = _local.__dict__.setdefault("sandboxes", OrderedDict())
+    sandbox = sandboxes.get(path)
+    if sandbox is not None and sandbox.identity != identity:
+        sandboxes.pop(path).close()
+        sandbox = None
+    if sandbox is None:
+        try:
+            sandbox = _Sandbox(path, identity)
+        except sqlite3.Error as error:
+            raise SQLExecutionError(f"cannot open database {path}: {error}") from None
+        sandboxes[path] = sandbox
+        if len(sandboxes) > CONNECTIONS_PER_THREAD:
+            sandboxes.popitem(last=False)[1].close()
+    sandboxes.move_to_end(path)
+    return sandbox
+
+
+def _execute(sql: str, db_path: str, deadline: float) -> list[Row]:
+    path, identity = _file_identity(db_path)
+    return _sandbox(path, identity).run(_single_statement(sql), deadline)
+
+
+def execute_sql(sql: str, db_path: str, *, timeout_s: float = 15.0) -> list[Row]:
+    """Runs one read-only SQL statement in the sandbox and returns its rows.
+
+    Args:
+        sql: A single statement (trailing semicolons and comments allowed).
+        db_path: Path of the SQLite database file.
+        timeout_s: Wall-clock limit in seconds.
+
+    Returns:
+        The result rows as tuples, floats rounded to FLOAT_DIGITS significant digits.
+
+    Raises:
+        SQLExecutionError: The statement is not a single read-only query, failed, timed out or
+            returned more than MAX_ROWS rows or MAX_RESULT_BYTES bytes; ``str(error)`` says which.
+    """
+    return _execute(sql, db_path, time.monotonic() + timeout_s)
+
+
+class _LRUCache:
+    """A small thread-safe least-recently-used mapping."""
+
+    def __init__(self, maxsize: int):
+        self.maxsize = maxsize
+        self._data: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key):
+        with self._lock:
+            value = self._data.get(key)
+            if value is not None:
+                self._data.move_to_end(key)
+            return value
+
+    def put(self, key, value) -> None:
+        with self._lock:
+            self._data[key] = value
+            self._data.move_to_end(key)
+            if len(self._data) > self.maxsize:
+                self._data.popitem(last=False)
+
+
+_gold_cache = _LRUCache(GOLD_CACHE_SIZE)
+
+
+def _gold_rows(gold_sql: str, db_path: str, deadline: float) -> tuple[Row, ...]:
+    """The gold query's rows, from the cache when the same file and query were run before."""
+    key = (*_file_identity(db_path), gold_sql)
+    rows = _gold_cache.get(key)
+    if rows is None:
+        rows = tuple(_execute(gold_sql, db_path, deadline))
+        _gold_cache.put(key, rows)
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# Comparison
+# ---------------------------------------------------------------------------------------------
+
+
+def _same_row_set(pred: Sequence[Row], gold: Sequence[Row], gold_sql: str) -> bool:
+    """BIRD: equal as sets of rows (column order matters; row order and duplicates do not)."""
+    return set(pred) == set(gold)
+
+
+def _same_rows_up_to_column_order(pred: Sequence[Row], gold: Sequence[Row], gold_sql: str) -> bool:
+    """Spider: equal as row multisets under a column permutation; ordered if the gold query is."""
+    if len(pred) != len(gold):
+        return False
+    if not gold:
+        return True
+    if len(pred[0]) != len(gold[0]):
+        return False
+    pred_cols = list(zip(*pred))  # columns as tuples of values, in row order
+    gold_cols = list(zip(*gold))
+    if has_top_level_order_by(gold_sql):
+        # Rows in the same order: each gold column must equal some predicted column, one to one.
+        return Counter(pred_cols) == Counter(gold_cols)
+    if Counter(pred) == Counter(gold):
+        return True
+    return _permutation_exists(pred_cols, gold_cols)
+
+
+def _permutation_exists(pred_cols: list[tuple], gold_cols: list[tuple]) -> bool:
+    """Whether some permutation of ``pred_cols`` gives the same row multiset as ``gold_cols``.
+
+    Gold column ``i`` may only take a predicted column with the same value multiset. Gold
+    columns are assigned one at a time (fewest candidates first); after each assignment the rows
+    projected on the columns assigned so far must match as multisets, which prunes wrong branches
+    early. Identical predicted columns are interchangeable and tried once per step.
+    """
+    num_cols = len(gold_cols)
+    pred_counts = [Counter(col) for col in pred_cols]
+    gold_counts = [Counter(col) for col in gold_cols]
+    candidates = [[j for j, p in enumerate(pred_counts) if p == g] for g in gold_counts]
+    order = sorted(range(num_cols), key=lambda i: len(candidates[i]))
+    gold_prefix: dict[int, Counter] = {}  # depth -> multiset of gold rows on order[: depth + 1]
+    steps = 0
+
+    def search(depth: int, assigned: list[int]) -> bool:
+        nonlocal steps
+        if depth == num_cols:
+            return True
+        if depth not in gold_prefix:
+            gold_prefix[depth] = Counter(zip(*(gold_cols[i] for i in order[: depth + 1])))
+        tried: set[tuple] = set()
+        for j in candidates[order[depth]]:
+            if j in assigned or pred_cols[j] in tried:
+                continue
+            tried.add(pred_cols[j])
+            steps += 1
+            if steps > MAX_PERMUTATION_STEPS:
+                return False
+            columns = assigned + [j]
+            if Counter(zip(*(pred_cols[k] for k in columns))) == gold_prefix[depth] and search(
+                depth + 1, columns
+            ):
+                return True
+        return False
+
+    return search(0, [])
+
+
+#: Result comparison per ``cmp_method``.
+COMPARATORS: dict[str, Comparator] = {
+    "bird": _same_row_set,
+    "spider": _same_rows_up_to_column_order,
+}
+
+
+def column_overlap_score(pred: Sequence[Row], gold: Sequence[Row]) -> float:
+    """Partial credit of the original DPH-RL scorer for a result that differs from the gold one.
+
+    ``0.8 * min(count**2 / (gold_cols * pred_cols), 1)``, where ``count`` is the number of gold
+    columns whose set of values equals the set of values of some predicted column. 0 when either
+    result is empty.
+
+    Args:
+        pred: Rows of the predicted query.
+        gold: Rows of the gold query.
+    """
+    if not pred or not gold:
+        return 0.0
+    pred_sets = [set(col) for col in zip(*pred)]
+    gold_sets = [set(col) for col in zip(*gold)]
+    count = sum(any(g == p for p in pred_sets) for g in gold_sets)
+    return PARTIAL_CREDIT_SCALE * min(count**2 / (len(gold_sets) * len(pred_sets)), 1.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Verifier
+# ---------------------------------------------------------------------------------------------
+
+
+def verify_sql(
+    completion: str,
+    gold_sql: str,
+    db_path: str,
+    *,
+    cmp_method: str = "bird",
+    timeout_s: float = 15.0,
+    partial_credit: bool = False,
+    format_penalty: float = 0.0,
+) -> Verdict:
+    """Scores a completion by executing its last ```sql block against the gold query.
+
+    Args:
+        completion: The model's whole completion.
+        gold_sql: The reference query.
+        db_path: Path of the SQLite database file both queries run on.
+        cmp_method: ``"bird"`` (row sets, column order matters) or ``"spider"`` (row multisets up
+            to a column permutation, ordered when the gold query has a top-level ORDER BY).
+        timeout_s: Wall-clock limit in seconds for the whole call (gold query included when it is
+            not cached yet).
+        partial_credit: Give the original code's column-overlap score (< 1) to a query that ran
+            but whose result differs.
+        format_penalty: Reward ``-format_penalty`` (instead of 0) when there is no ```sql block.
+
+    Returns:
+        ``Verdict(1.0, True)`` when the results are equal; otherwise reward 0 (or the partial
+        credit, or the format penalty) with ``correct=False`` and, when the query could not be
+        checked, a short ``error``.
+
+    Raises:
+        ValueError: ``cmp_method`` is unknown or ``timeout_s`` is not positive (caller errors).
+            Nothing about the completion or the database ever raises.
+    """
+    compare = COMPARATORS.get(cmp_method)
+    if compare is None:
+        raise ValueError(
+            f"cmp_method={cmp_method!r} is unknown; use one of {sorted(COMPARATORS)}."
+        )
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s={timeout_s} must be > 0 seconds.")
+    sql = extract_sql(completion)
+    if sql is None:
+        return Verdict(0.0 - format_penalty, False, "no ```sql block")
+    deadline = time.monotonic() + timeout_s
+    try:
+        try:
+            gold = _gold_rows(gold_sql, db_path, deadline)
+        except SQLExecutionError as error:
+            return Verdict(0.0, False, f"gold query failed on {db_path}: {error}")
+        try:
+            pred = _execute(sql, db_path, deadline)
+        except SQLExecutionError as error:
+            return Verdict(0.0, False, str(error))
+        if compare(pred, gold, gold_sql):
+            return Verdict(1.0, True)
+        return Verdict(column_overlap_score(pred, gold) if partial_credit else 0.0, False)
+    except Exception as error:  # never raise into the training loop
+        return Verdict(0.0, False, f"verifier error: {type(error).__name__}: {error}")
+
+
+def sql_reward(
+    completion: str,
+    gold_sql: str,
+    db_path: str,
+    *,
+    cmp_method: str = "bird",
+    timeout_s: float = 15.0,
+) -> float:
+    """1.0 when the last ```sql block of ``completion`` gives the gold query's result, else 0.0.
+
+    See :func:`verify_sql` for the arguments; this is its reward with the default options.
+    """
+    verdict = verify_sql(completion, gold_sql, db_path, cmp_method=cmp_method, timeout_s=timeout_s)
+    return verdict.reward
+
+
+# ---------------------------------------------------------------------------------------------
+# Environment
+# ---------------------------------------------------------------------------------------------
+
+_GROUND_TRUTH_KEYS = ("db_path", "gold_sql")
+
+
+class SQLEnv(VerifierEnv):
+    """Text-to-SQL: write one SQLite query that answers a question about a database.
+
+    ## Description
+    Each episode is one question about one SQLite database (schema and question in the prompt).
+    The model answers with a completion whose last ```sql fenced block is executed read-only on
+    the database and compared with the gold query's result (see :func:`verify_sql`).
+
+    ## Action Space
+    ``spaces.Text`` over printable characters: the whole completion. ``step`` accepts any ``str``.
+
+    ## Observation Space
+    ``spaces.Text``: the prompt text (printable ASCII plus every character of the prompts).
+
+    ## Rewards
+    1.0 when the query's result equals the gold result under ``cmp_method``; otherwise 0.0, or
+    the column-overlap partial credit in [0, 0.8] when ``partial_credit=True``, or
+    ``-format_penalty`` when the completion has no ```sql block.
+
+    ## Starting State
+    A question drawn uniformly with ``self.np_random``, or the one chosen by
+    ``options={"index": i}``.
+
+    ## Episode End
+    Terminated after one step; never truncated.
+
+    ## Info
+    ``reset``: ``task_id``, ``data_source``, ``index``, ``messages``. ``step``: the same plus
+    ``correct`` and, when the query could not be checked (no block, SQL error, denied statement,
+    timeout, result too large), ``error``.
+
+    ## Arguments
+    Args:
+        data: A bundled suite split (``"sql_synth/train"``), a parquet or jsonl file, or a list
+            of row dicts, all read by ``envs.data.load_tasks``; or a list of already-loaded
+            :class:`~envs.base.Task` (used as they are, ``db_root`` unused).
+        db_root: Directory the ``db_id`` paths of a data file are relative to.
+        cmp_method: ``"bird"`` or ``"spider"`` for every task; None uses each task's own.
+        timeout_s: Wall-clock limit per verification in seconds.
+        partial_credit: Give the original column-overlap partial credit to wrong results.
+        format_penalty: Reward ``-format_penalty`` for a completion without a ```sql block.
+    """
+
+    def __init__(
+        self,
+        data: str | os.PathLike | Sequence[Task | Mapping[str, Any]] = "sql_synth/train",
+        *,
+        db_root: str | None = None,
+        cmp_method: str | None = None,
+        timeout_s: float = 15.0,
+        partial_credit: bool = False,
+        format_penalty: float = 0.0,
+    ):
+        if isinstance(data, Sequence) and all(isinstance(t, Task) for t in data):
+            tasks = list(data)
+        else:
+            # Imported here so that the verifier and from_tasks work without the data loaders.
+            from envs.data import load_tasks
+
+            tasks = load_tasks(data, task="sql", db_root=db_root)
+        if cmp_method is not None and cmp_method not in COMPARATORS:
+            raise ValueError(
+                f"SQLEnv: cmp_method={cmp_method!r} is unknown; use one of "
+                f"{sorted(COMPARATORS)}, or None to use each task's own."
+            )
+        if not timeout_s > 0:
+            raise ValueError(f"SQLEnv: timeout_s={timeout_s} must be > 0 seconds.")
+        for task in tasks:
+            _check_ground_truth(task, needs_cmp_method=cmp_method is None)
+        self.cmp_method = cmp_method
+        self.timeout_s = timeout_s
+        self.partial_credit = partial_credit
+        self.format_penalty = format_penalty
+        super().__init__(tasks, self._verify, name="SQLEnv")
+
+    @classmethod
+    def from_tasks(cls, tasks: Sequence[Task], **kwargs) -> "SQLEnv":
+        """Builds the env on already-loaded tasks; ``kwargs`` as for ``SQLEnv`` (not ``data``)."""
+        return cls(list(tasks), **kwargs)
+
+    def _verify(self, completion: str, task: Task) -> Verdict:
+        truth = task.ground_truth
+        return verify_sql(
+            completion,
+            truth["gold_sql"],
+            truth["db_path"],
+            cmp_method=self.cmp_method or truth["cmp_method"],
+            timeout_s=self.timeout_s,
+            partial_credit=self.partial_credit,
+            format_penalty=self.format_penalty,
+        )
+
+
+def _check_ground_truth(task: Task, *, needs_cmp_method: bool) -> None:
+    """Raises ValueError naming the task and field when its ground truth cannot be verified."""
+    where = f"SQLEnv: task {task.id!r} (data_source {task.data_source!r})"
+    truth = task.ground_truth
+    if not isinstance(truth, Mapping):
+        raise ValueError(
+            f"{where}: ground_truth is a {type(truth).__name__}; SQL tasks need a dict with "
+            f"'db_path', 'gold_sql' and 'cmp_method' (as built by envs.data.load_tasks)."
+        )
+    for key in _GROUND_TRUTH_KEYS + (("cmp_method",) if needs_cmp_method else ()):
+        if not truth.get(key):
+            raise ValueError(
+                f"{where}: ground_truth[{key!r}] is missing or empty; SQL tasks need 'db_path', "
+                f"'gold_sql' and 'cmp_method' (or pass cmp_method= to SQLEnv)."
+            )
+    if needs_cmp_method and truth["cmp_method"] not in COMPARATORS:
+        raise ValueError(
+            f"{where}: ground_truth['cmp_method']={truth['cmp_method']!r} is unknown; use one of "
+            f"{sorted(COMPARATORS)}."
+        )
+    if not os.path.isfile(truth["db_path"]):
+        raise ValueError(
+            f"{where}: ground_truth['db_path']={truth['db_path']!r} is not a file; check db_root "
+            f"and the task's db_id."
+        )

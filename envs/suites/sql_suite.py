@@ -1,0 +1,490 @@
+"""The synthetic text-to-SQL suite: templated questions with gold SQL in several styles.
+
+Splits
+------
+``train`` (3000 questions) and ``test`` (300) are drawn from the six :data:`TRAIN_DOMAINS`
+databases with the *train phrasings* of every template; a question instance (database, template
+and slot values) lands in exactly one of them, so no test question appears in training under any
+wording. ``test_cross`` (300) plays the role Spider plays against BIRD in the paper: it uses the
+three :data:`CROSS_DOMAINS` databases, never seen in training, and a separate set of *cross
+phrasings* of the same templates, never seen in training either. The SQL skills are the same, so
+a model can transfer what it learnt; only the schema vocabulary and the wording are new.
+
+Every question carries one solution per style of :data:`~envs.suites.sql_query.SQL_STYLES`,
+all returning the gold rows (same set of rows, same column order).
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+import sqlite3
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+from .sql_domains import ALL_DOMAINS, CROSS_DOMAINS, TRAIN_DOMAINS, Column, Domain, Table, build_database
+from .sql_query import SQL_STYLES, Agg, Col, Cond, Join, Query, render
+
+SPLIT_SIZES = {"train": 3000, "test": 300, "test_cross": 300}
+#: Seed of the split sampling (instances, phrasings, order).
+SPLIT_SEED = 7
+INSTRUCTION = "Answer with one SQLite query in a ```sql block."
+
+_OP_WORDS = {">": "more than", "<": "less than"}
+_AGG_WORDS = {"MAX": "maximum", "MIN": "minimum", "AVG": "average", "SUM": "total"}
+_ORDER_WORDS = {True: "highest", False: "lowest"}
+_COUNT_WORDS = {True: "most", False: "fewest"}
+_COUNT = Agg("COUNT")
+
+#: One question instance before phrasing: the slot values and the query.
+Instance = tuple[dict[str, object], Query]
+
+
+@dataclass(frozen=True)
+class SqlQuestion:
+    """One generated question, independent of where the databases are stored.
+
+    Attributes:
+        domain: The database's domain.
+        template: Name of the question template.
+        phrasing: Index of the phrasing within the template's train or cross phrasings.
+        question: The natural-language question.
+        styles: SQL solution per style name; ``styles["plain"]`` is the gold SQL.
+    """
+
+    domain: Domain
+    template: str
+    phrasing: int
+    question: str
+    styles: dict[str, str]
+
+    @property
+    def prompt(self) -> str:
+        """The user message: compact schema, question and answer-format instruction."""
+        lines = ["Schema:", *self.domain.schema_lines(), f"Question: {self.question}", INSTRUCTION]
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Template:
+    """A question template.
+
+    Attributes:
+        name: Template name (the SQL skill), stored in each task's ``meta["template"]``.
+        train_phrasings: Wordings used by the train and in-domain test splits.
+        cross_phrasings: Wordings used only by the cross-domain test split.
+        instances: Enumerates ``(slots, query)`` pairs of a domain; the slots fill the phrasing.
+    """
+
+    name: str
+    train_phrasings: tuple[str, ...]
+    cross_phrasings: tuple[str, ...]
+    instances: Callable[[Domain, sqlite3.Connection], Iterator[Instance]]
+
+
+# ---------------------------------------------------------------------------------------------
+# Slot helpers
+
+
+def _table_slots(table: Table) -> dict[str, object]:
+    return {"t": table.singular, "ts": table.plural}
+
+
+def _join_slots(domain: Domain) -> dict[str, object]:
+    return {"c": domain.child.singular, "cs": domain.child.plural,
+            "p": domain.parent.singular, "ps": domain.parent.plural}
+
+
+def _col(table: Table, column: Column | str) -> Col:
+    return Col(table.name, column if isinstance(column, str) else column.name)
+
+
+def _join(domain: Domain) -> Join:
+    return Join(domain.parent.name, domain.fk, domain.parent.key)
+
+
+def _thresholds(conn: sqlite3.Connection, table: Table, column: Column) -> list[int]:
+    """Round thresholds spread over the column's values (two significant digits)."""
+    values = sorted(v for (v,) in conn.execute(f"SELECT {column.name} FROM {table.name}"))
+    picks = []
+    for q in (0.15, 0.3, 0.45, 0.6, 0.75, 0.9):
+        v = values[int(q * (len(values) - 1))]
+        digits = max(len(str(abs(v))) - 2, 0)
+        rounded = round(v, -digits)
+        if rounded not in picks:
+            picks.append(rounded)
+    return picks
+
+
+def _names(conn: sqlite3.Connection, table: Table) -> list[str]:
+    return [n for (n,) in conn.execute(f"SELECT {table.name_col} FROM {table.name} ORDER BY {table.key}")]
+
+
+def _both(domain: Domain) -> tuple[Table, Table]:
+    return (domain.child, domain.parent)
+
+
+# ---------------------------------------------------------------------------------------------
+# Instance generators, one per template
+
+
+def _count_cat(domain: Domain, conn: sqlite3.Connection) -> Iterator[Instance]:
+    for table in _both(domain):
+        cat = table.category
+        for v in cat.values:
+            q = Query((_COUNT,), table.name, table.key, where=(Cond(_col(table, cat), "=", v),))
+            yield {**_table_slots(table), "k": cat.nl, "v": v}, q
+
+
+def _count_num(domain: Domain, conn: sqlite3.Connection) -> Iterator[Instance]:
+    for table in _both(domain):
+        for num in table.numbers:
+            for x in _thresholds(conn, table, num):
+                for op, words in _OP_WORDS.items():
+                    q = Query((_COUNT,), table.name, table.key, where=(Cond(_col(table, num), op, x),))
+                    yield {**_table_slots(table), "n": num.nl, "op": words, "x": x}, q
+
+
+def _list_cat(domain: Domain, conn: sqlite3.Connection) -> Iterator[Instance]:
+    for table in _both(domain):
+        cat = table.category
+        for v in cat.values:
+            q = Query((_col(table, table.name_col),), table.name, table.key,
+                      where=(Cond(_col(table, cat), "=", v),))
+            yield {**_table_slots(table), "k": cat.nl, "v": v}, q
+
+
+def _list_num(domain: Domain, conn: sqlite3.Connection) -> Iterator[Instance]:
+    for table in _both(domain):
+        for num in table.numbers:
+            for x in _thresholds(conn, table, num):
+                for op, words in _OP_WORDS.items():
+                    q = Query((_col(table, table.name_col), _col(table, num)), table.name, table.key,
+                              where=(Cond(_col(table, num), op, x),))
+                    yield {**_table_slots(table), "n": num.nl, "op": words, "x": x}, q
+
+
+def _aggregate(domain: Domain, conn: sqlite3.Connection) -> Iterator[Instance]:
+    for table in _both(domain):
+        for num in table.numbers:
+            for func, words in _AGG_WORDS.items():
+                if func == "SUM" and not num.summable:
+                    continue
+                q = Query((Agg(func, _col(table, num)),), table.name, table.key)
+                yield {**_table_slots(table), "n": num.nl, "f": words}, q
+
+
+def _aggregate_cat(domain: Domain, conn: sqlite3.Connection) -> Iterator[Instance]:
+    for table in _both(domain):
+        cat = table.category
+        for num in table.numbers:
+            for func, words in _AGG_WORDS.items():
+                if func == "SUM" and not num.summable:
+                    continue
+                for v in cat.values:
+                    q = Query((Agg(func, _col(table, num)),), table.name, table.key,
+                              where=(Cond(_col(table, cat), "=", v),))
+                    yield {**_table_slots(table), "n": num.nl, "f": words, "k": cat.nl, "v": v}, q
+
+
+def _top(domain: Domain, conn: sqlite3.Connection, counts: tuple[int, ...]) -> Iterator[Instance]:
+    for table in _both(domain):
+        for num in table.numbers:
+            if not num.unique:
+                continue
+            for descending, words in _ORDER_WORDS.items():
+                for m in counts:
+                    q = Query((_col(table, table.name_col),), table.name, table.key,
+                              order_by=_col(table, num), descending=descending, limit=m)
+                    yield {**_table_slots(table), "n": num.nl, "dir": words, "m": m}, q
+
+
+def _argmax(domain: Domain, conn: sqlite3.Connection) -> Iterator[Instance]:
+    return _top(domain, conn, (1,))
+
+
+def _top_k(domain: Domain, conn: sqlite3.Connection) -> Iterator[Instance]:
+    return _top(domain, conn, (2, 3, 4))
+
+
+def _lookup(domain: Domain, conn: sqlite3.Connection) -> Iterator[Instance]:
+    for table in _both(domain):
+        for name in _names(conn, table):
+            for column in (table.category, *table.numbers):
+                q = Query((_col(table, column),), table.name, table.key,
+                          where=(Cond(_col(table, table.name_col), "=", name),))
+                yield {**_table_slots(table), "n": column.nl, "name": name}, q
+
+
+def _group_count(domain: Domain, conn: sqlite3.Connection) -> Iterator[Instance]:
+    for table in _both(domain):
+        cat = _col(table, table.category)
+        q = Query((cat, _COUNT), table.name, table.key, group_by=cat)
+        yield {**_table_slots(table), "k": table.category.nl}, q
+
+
+def _having(domain: Domain, conn: sqlite3.Connection) -> Iterator[Instance]:
+    for table in _both(domain):
+        cat = _col(table, table.category)
+        for c in range(1, 9):
+            q = Query((cat,), table.name, table.key, group_by=cat, having=(_COUNT, ">", c))
+            yield {**_table_slots(table), "k": table.category.nl, "c": c}, q
+
+
+def _argmax_group(domain: Domain, conn: sqlite3.Connection) -> Iterator[Instance]:
+    for table in _both(domain):
+        cat = _col(table, table.category)
+        for descending, words in _COUNT_WORDS.items():
+            q = Query((cat,), table.name, table.key, group_by=cat, order_by=_COUNT,
+                      descending=descending, limit=1)
+            yield {**_table_slots(table), "k": table.category.nl, "most": words}, q
+
+
+def _distinct_num(domain: Domain, conn: sqlite3.Connection) -> Iterator[Instance]:
+    for table in _both(domain):
+        for num in table.numbers:
+            for x in _thresholds(conn, table, num):
+                for op, words in _OP_WORDS.items():
+                    q = Query((_col(table, table.category),), table.name, table.key, distinct=True,
+                              where=(Cond(_col(table, num), op, x),))
+                    yield {**_table_slots(table), "k": table.category.nl, "n": num.nl,
+                           "op": words, "x": x}, q
+
+
+def _count_distinct(domain: Domain, conn: sqlite3.Connection) -> Iterator[Instance]:
+    for table in _both(domain):
+        for num in table.numbers:
+            for x in _thresholds(conn, table, num):
+                for op, words in _OP_WORDS.items():
+                    q = Query((Agg("COUNT", _col(table, table.category), distinct=True),), table.name,
+                              table.key, where=(Cond(_col(table, num), op, x),))
+                    yield {**_table_slots(table), "k": table.category.nl, "n": num.nl,
+                           "op": words, "x": x}, q
+
+
+def _two_conditions(domain: Domain, conn: sqlite3.Connection) -> Iterator[Instance]:
+    for table in _both(domain):
+        cat = table.category
+        for num in table.numbers:
+            for x in _thresholds(conn, table, num):
+                for op, words in _OP_WORDS.items():
+                    for v in cat.values:
+                        where = (Cond(_col(table, cat), "=", v), Cond(_col(table, num), op, x))
+                        q = Query((_col(table, table.name_col),), table.name, table.key, where=where)
+                        yield {**_table_slots(table), "k": cat.nl, "v": v, "n": num.nl,
+                               "op": words, "x": x}, q
+
+
+def _join_cat(domain: Domain, conn: sqlite3.Connection) -> Iterator[Instance]:
+    child, parent = domain.child, domain.parent
+    for v in parent.category.values:
+        q = Query((_col(child, child.name_col),), child.name, child.key, join=_join(domain),
+                  where=(Cond(_col(parent, parent.category), "=", v),))
+        yield {**_join_slots(domain), "pk": parent.category.nl, "v": v}, q
+
+
+def _join_num(domain: Domain, conn: sqlite3.Connection) -> Iterator[Instance]:
+    child, parent = domain.child, domain.parent
+    for num in parent.numbers:
+        for x in _thresholds(conn, parent, num):
+            for op, words in _OP_WORDS.items():
+                q = Query((_col(child, child.name_col),), child.name, child.key, join=_join(domain),
+                          where=(Cond(_col(parent, num), op, x),))
+                yield {**_join_slots(domain), "pn": num.nl, "op": words, "x": x}, q
+
+
+def _join_lookup(domain: Domain, conn: sqlite3.Connection) -> Iterator[Instance]:
+    child, parent = domain.child, domain.parent
+    for name in _names(conn, child):
+        q = Query((_col(parent, parent.name_col),), child.name, child.key, join=_join(domain),
+                  where=(Cond(_col(child, child.name_col), "=", name),))
+        yield {**_join_slots(domain), "name": name}, q
+
+
+def _join_count(domain: Domain, conn: sqlite3.Connection) -> Iterator[Instance]:
+    child, parent = domain.child, domain.parent
+    for name in _names(conn, parent):
+        q = Query((_COUNT,), child.name, child.key, join=_join(domain),
+                  where=(Cond(_col(parent, parent.name_col), "=", name),))
+        yield {**_join_slots(domain), "name": name}, q
+
+
+def _join_group(domain: Domain, conn: sqlite3.Connection) -> Iterator[Instance]:
+    child, parent = domain.child, domain.parent
+    pname = _col(parent, parent.name_col)
+    q = Query((pname, _COUNT), child.name, child.key, join=_join(domain), group_by=pname)
+    yield _join_slots(domain), q
+
+
+def _join_argmax(domain: Domain, conn: sqlite3.Connection) -> Iterator[Instance]:
+    child, parent = domain.child, domain.parent
+    pname = _col(parent, parent.name_col)
+    for descending, words in _COUNT_WORDS.items():
+        q = Query((pname,), child.name, child.key, join=_join(domain), group_by=pname,
+                  order_by=_COUNT, descending=descending, limit=1)
+        yield {**_join_slots(domain), "most": words}, q
+
+
+TEMPLATES: tuple[Template, ...] = (
+    Template("count_filter",
+             ("How many {ts} have {k} {v}?", "Count the {ts} whose {k} is {v}."),
+             ("What is the number of {ts} with {k} equal to {v}?",), _count_cat),
+    Template("count_compare",
+             ("How many {ts} have {n} {op} {x}?", "Count the {ts} with {n} {op} {x}."),
+             ("What is the number of {ts} whose {n} is {op} {x}?",), _count_num),
+    Template("list_filter",
+             ("List the names of {ts} whose {k} is {v}.", "Which {ts} have {k} {v}? Give their names."),
+             ("Show the name of every {t} with {k} equal to {v}.",), _list_cat),
+    Template("list_compare",
+             ("Give the name and {n} of each {t} with {n} {op} {x}.",
+              "Which {ts} have {n} {op} {x}? Show their names and {n}."),
+             ("For every {t} whose {n} is {op} {x}, return its name and {n}.",), _list_num),
+    Template("aggregate",
+             ("What is the {f} {n} of all {ts}?", "Find the {f} {n} over all {ts}."),
+             ("Compute the {f} {n} across every {t}.",), _aggregate),
+    Template("aggregate_filter",
+             ("What is the {f} {n} of {ts} whose {k} is {v}?",
+              "Among {ts} with {k} {v}, what is the {f} {n}?"),
+             ("Report the {f} {n} for the {ts} that have {k} equal to {v}.",), _aggregate_cat),
+    Template("argmax",
+             ("Which {t} has the {dir} {n}?", "What is the name of the {t} with the {dir} {n}?"),
+             ("Find the {t} whose {n} is the {dir} of all.",), _argmax),
+    Template("top_k",
+             ("List the names of the {m} {ts} with the {dir} {n}.",
+              "Which {m} {ts} have the {dir} {n}? Give their names."),
+             ("Show the names of {m} {ts} that have the {dir} {n} values.",), _top_k),
+    Template("lookup",
+             ("What is the {n} of the {t} named {name}?", "Give the {n} of {t} {name}."),
+             ("Find the {n} for the {t} called {name}.",), _lookup),
+    Template("group_count",
+             ("For each {k}, how many {ts} are there?", "Count the {ts} per {k}."),
+             ("Show each {k} together with the number of {ts} that have it.",), _group_count),
+    Template("group_having",
+             ("Which {k} values have more than {c} {ts}?", "List each {k} shared by more than {c} {ts}."),
+             ("Find the {k} values that occur for over {c} {ts}.",), _having),
+    Template("group_argmax",
+             ("Which {k} has the {most} {ts}?", "Name the {k} with the {most} {ts}."),
+             ("Find the {k} shared by the {most} {ts}.",), _argmax_group),
+    Template("distinct",
+             ("List the distinct {k} values of {ts} with {n} {op} {x}.",
+              "Which different {k} values appear among {ts} with {n} {op} {x}?"),
+             ("Show the unique {k} of {ts} whose {n} is {op} {x}.",), _distinct_num),
+    Template("count_distinct",
+             ("How many different {k} values do {ts} with {n} {op} {x} have?",
+              "Count the distinct {k} values among {ts} with {n} {op} {x}."),
+             ("What is the number of unique {k} values of {ts} whose {n} is {op} {x}?",), _count_distinct),
+    Template("two_filters",
+             ("List the names of {ts} with {k} {v} and {n} {op} {x}.",
+              "Which {ts} have {k} {v} and {n} {op} {x}? Give their names."),
+             ("Show the name of each {t} whose {k} is {v} and whose {n} is {op} {x}.",), _two_conditions),
+    Template("join_filter",
+             ("List the names of {cs} whose {p} has {pk} {v}.",
+              "Which {cs} belong to a {p} with {pk} {v}? Give their names."),
+             ("Show the name of every {c} linked to a {p} whose {pk} is {v}.",), _join_cat),
+    Template("join_compare",
+             ("List the names of {cs} whose {p} has {pn} {op} {x}.",
+              "Which {cs} belong to a {p} with {pn} {op} {x}? Give their names."),
+             ("Show the name of every {c} linked to a {p} whose {pn} is {op} {x}.",), _join_num),
+    Template("join_lookup",
+             ("What is the name of the {p} of the {c} named {name}?",
+              "Which {p} does the {c} {name} belong to?"),
+             ("Find the {p} linked to the {c} called {name}.",), _join_lookup),
+    Template("join_count",
+             ("How many {cs} belong to the {p} named {name}?", "Count the {cs} of {p} {name}."),
+             ("What is the number of {cs} linked to the {p} called {name}?",), _join_count),
+    Template("join_group",
+             ("For each {p}, give its name and the number of {cs}.",
+              "How many {cs} does each {p} have? Show the {p} name and the count."),
+             ("Show every {p} name together with its count of {cs}.",), _join_group),
+    Template("join_argmax",
+             ("Which {p} has the {most} {cs}? Give its name.", "Name the {p} with the {most} {cs}."),
+             ("Find the {p} linked to the {most} {cs}.",), _join_argmax),
+)
+
+#: Most instances of one template kept per domain, so that no skill dominates a split.
+MAX_PER_TEMPLATE = 45
+
+
+# ---------------------------------------------------------------------------------------------
+# Split construction
+
+
+def _informative(conn: sqlite3.Connection, query: Query) -> bool:
+    """Whether the gold result is worth asking for: non-empty, not zero, no ORDER BY tie at LIMIT."""
+    rows = conn.execute(render(query, "plain")).fetchall()
+    if not rows or rows in ([(0,)], [(None,)]):
+        return False
+    if query.limit is not None:
+        ranking = query.with_select((query.order_by,), query.limit + 1)
+        keys = [r[0] for r in conn.execute(render(ranking, "plain"))]
+        if len(keys) > query.limit and keys[query.limit - 1] == keys[query.limit]:
+            return False
+    return True
+
+
+@functools.lru_cache(maxsize=None)
+def database_bytes(domain: Domain) -> bytes:
+    """The file content of the domain's database."""
+    conn = build_database(domain)
+    try:
+        return conn.serialize()
+    finally:
+        conn.close()
+
+
+def _domain_instances(domain: Domain, rng: random.Random) -> list[tuple[Template, dict, Query]]:
+    """Informative instances of every template on a domain, at most MAX_PER_TEMPLATE of each."""
+    conn = sqlite3.connect(":memory:")
+    try:
+        conn.deserialize(database_bytes(domain))
+        kept = []
+        for template in TEMPLATES:
+            good = [(slots, q) for slots, q in template.instances(domain, conn) if _informative(conn, q)]
+            rng.shuffle(good)
+            kept += [(template, slots, q) for slots, q in good[:MAX_PER_TEMPLATE]]
+        return kept
+    finally:
+        conn.close()
+
+
+def _phrase(domain: Domain, template: Template, slots: dict, query: Query, index: int,
+            cross: bool) -> SqlQuestion:
+    """Word an instance with phrasing ``index`` (taken modulo the number of phrasings)."""
+    phrasings = template.cross_phrasings if cross else template.train_phrasings
+    index = index % len(phrasings)
+    styles = {style: render(query, style) for style in SQL_STYLES}
+    return SqlQuestion(domain, template.name, index, phrasings[index].format(**slots), styles)
+
+
+@functools.lru_cache(maxsize=None)
+def questions(split: str) -> tuple[SqlQuestion, ...]:
+    """All questions of a split, in their fixed order.
+
+    Args:
+        split: ``"train"``, ``"test"`` or ``"test_cross"``.
+
+    Returns:
+        The questions; the same objects on every call within a process.
+    """
+    if split not in SPLIT_SIZES:
+        raise ValueError(f"Unknown SQL split {split!r}; use one of {tuple(SPLIT_SIZES)}.")
+    rng = random.Random(SPLIT_SEED)
+    cross = split == "test_cross"
+    pool = []
+    for domain in CROSS_DOMAINS if cross else TRAIN_DOMAINS:
+        pool += [(domain, *item) for item in _domain_instances(domain, rng)]
+    rng.shuffle(pool)
+    if split != "train":
+        # Test questions cycle through the phrasings.
+        return tuple(_phrase(d, t, s, q, i, cross) for i, (d, t, s, q) in
+                     enumerate(pool[: SPLIT_SIZES[split]]))
+    # Training asks each remaining instance under every train phrasing, then keeps a sample.
+    phrased = [(d, t, s, q, i) for d, t, s, q in pool[SPLIT_SIZES["test"]:]
+               for i in range(len(t.train_phrasings))]
+    rng.shuffle(phrased)
+    return tuple(_phrase(d, t, s, q, i, cross) for d, t, s, q, i in phrased[: SPLIT_SIZES["train"]])
+
+
+def database_files() -> dict[str, bytes]:
+    """File bytes of every suite database, keyed by ``db_id``."""
+    return {domain.db_id: database_bytes(domain) for domain in ALL_DOMAINS}

@@ -1,0 +1,190 @@
+"""Math answer extraction and checking (envs.math): equivalences, hostile inputs, the env."""
+
+import os
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from envs.base import Task
+from envs.math import (
+    CHECKER_KILL_GRACE_S,
+    MathEnv,
+    extract_answer,
+    math_reward,
+    start_checker,
+    verify_math,
+)
+from envs.math import _POOL
+
+
+@pytest.mark.parametrize(
+    "gold,pred,expected",
+    [
+        # integers, decimals, fractions
+        ("42", "42", True),
+        ("42", "43", False),
+        ("-3", "- 3", True),
+        ("10", "10.0", True),
+        ("3/4", "0.75", True),
+        ("\\frac{3}{4}", "\\dfrac{3}{4}", True),
+        ("\\frac{1}{2}", "\\frac12", True),
+        ("1/3", "0.333333", True),
+        ("1/3", "0.3", False),
+        ("2/3", "3/2", False),
+        ("1000", "1,000", True),
+        # percentages
+        ("50\\%", "0.5", True),
+        ("50\\%", "50", True),
+        ("25\\%", "0.75", False),
+        # radicals and symbolic forms
+        ("\\frac{\\sqrt{2}}{2}", "\\frac{1}{\\sqrt{2}}", True),
+        ("2\\sqrt{3}", "\\sqrt{12}", True),
+        ("\\sqrt{2}", "\\sqrt{3}", False),
+        ("x+1", "1+x", True),
+        ("\\pi", "3.14159265", True),
+        # tuples, intervals and sets
+        ("(1,2)", "(1, 2)", True),
+        ("(1,2)", "(2,1)", False),
+        ("\\{1,2\\}", "\\{2,1\\}", True),
+        # LaTeX variants
+        ("\\left(1,2\\right)", "(1,2)", True),
+        ("\\text{(A)}", "A", True),
+        ("5", "\\text{5 apples}", False),
+    ],
+)
+def test_answer_pairs(gold, pred, expected):
+    verdict = verify_math(f"Some work first. So the result is \\boxed{{{pred}}}.", gold)
+    assert verdict.correct is expected
+    assert verdict.reward == (1.0 if expected else 0.0)
+
+
+@pytest.mark.parametrize(
+    "completion,answer",
+    [
+        ("\\boxed{1} then \\boxed{2}", "2"),  # the last box counts
+        ("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),  # nested braces
+        ("\\boxed{\\{1, 2\\}}", "\\{1, 2\\}"),  # escaped braces are not braces
+        ("\\fbox{7}", "7"),
+        ("\\boxed {8}", "8"),
+        ("\\boxed{3} and a cut-off \\boxed{4", "3"),  # last *complete* box
+        ("So the answer is 12.", "12"),
+        ("The answer is: $\\frac{1}{2}$.", "\\frac{1}{2}"),
+        ("the answer is 3\nno wait, The final answer is **5**", "5"),
+        ("I do not know.", None),
+        ("\\boxed{", None),
+    ],
+)
+def test_extract_answer(completion, answer):
+    assert extract_answer(completion) == answer
+
+
+@pytest.mark.parametrize(
+    "completion,gold,reason",
+    [
+        ("no boxed answer here", "1", "no answer found"),
+        ("\\boxed{1}", "", "gold answer is empty"),
+        (None, "1", "not a str"),
+    ],
+)
+def test_unusable_inputs_give_zero_and_a_reason(completion, gold, reason):
+    verdict = verify_math(completion, gold)
+    assert verdict.reward == 0.0 and not verdict.correct
+    assert reason in verdict.error
+
+
+def test_numeric_gold_and_boxed_gold():
+    assert math_reward("\\boxed{0.5}", 0.5) == 1.0
+    assert math_reward("\\boxed{12}", 12) == 1.0
+    assert math_reward("\\boxed{12}", "$\\boxed{12}$") == 1.0
+
+
+HOSTILE = {
+    "tower of powers": "9^{9^{9^9}}",
+    "huge power": "2^{10^{10}}",
+    "deep fractions": "\\frac{" * 300 + "1" + "}{2}" * 300,
+    "deep parentheses": "(" * 2000 + "1" + ")" * 2000,
+    "deep radicals": "\\sqrt{" * 500 + "2" + "}" * 500,
+    "long sum": "+".join(["x"] * 5000),
+    "malformed": "\\frac{\\sqrt{}{}}^{^{_}}\\left(\\right]",
+}
+TIMEOUT_S = 0.5
+
+
+def _timed_check(pred: str) -> tuple[float, object]:
+    start = time.monotonic()
+    verdict = verify_math(f"\\boxed{{{pred}}}", "3", timeout_s=TIMEOUT_S)
+    return time.monotonic() - start, verdict
+
+
+@pytest.mark.parametrize("in_thread", [False, True], ids=["main thread", "worker thread"])
+def test_hostile_answers_return_within_the_timeout(in_thread):
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        for name, pred in HOSTILE.items():
+            start_checker()  # start-up (after a kill) is not part of timeout_s
+            if in_thread:
+                elapsed, verdict = pool.submit(_timed_check, pred).result()
+            else:
+                elapsed, verdict = _timed_check(pred)
+            assert verdict.reward == 0.0, name
+            assert elapsed < TIMEOUT_S + 1.0, f"{name} took {elapsed:.2f} s"
+    assert verify_math("\\boxed{1+x}", "x+1").correct  # the checker still works afterwards
+
+
+def test_stuck_checker_is_killed_and_replaced():
+    start_checker()
+    stuck = _POOL._idle[-1].proc  # the checker the next call will use
+    os.kill(stuck.pid, signal.SIGSTOP)  # frozen, as if stuck in C code: only a kill ends it
+    start = time.monotonic()
+    verdict = verify_math("\\boxed{x^{2}}", "x^2", timeout_s=0.5)
+    elapsed = time.monotonic() - start
+    assert verdict.reward == 0.0 and "timed out" in verdict.error
+    assert elapsed < 0.5 + CHECKER_KILL_GRACE_S + 0.5
+    assert stuck.poll() is not None  # killed
+    assert verify_math("\\boxed{x^{2}}", "x^2").correct  # served by the replacement
+
+
+def test_concurrent_threads_get_their_own_checkers():
+    pairs = [("\\boxed{x+1}", "1+x", True), ("\\boxed{\\sqrt{8}}", "2\\sqrt{2}", True),
+             ("\\boxed{x-1}", "1+x", False)] * 4
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        results = list(pool.map(lambda p: verify_math(p[0], p[1]).correct, pairs))
+    assert results == [p[2] for p in pairs]
+
+
+def _math_task(i: int, question: str, answer: str) -> Task:
+    return Task(
+        id=f"q{i}",
+        data_source="unit",
+        messages=({"role": "user", "content": question},),
+        ground_truth=answer,
+    )
+
+
+def test_math_env_scores_completions():
+    env = MathEnv.from_tasks([_math_task(0, "What is 1/2 + 1/4?", "\\frac{3}{4}"),
+                              _math_task(1, "What is 2 + 2?", "4")])
+    obs, info = env.reset(options={"index": 0})
+    assert obs == "What is 1/2 + 1/4?" and info["task_id"] == "q0"
+    _, reward, terminated, truncated, info = env.step("1/2 + 1/4 = \\boxed{0.75}")
+    assert (reward, terminated, truncated, info["correct"]) == (1.0, True, False, True)
+    env.reset(options={"index": 1})
+    _, reward, _, _, info = env.step("I think it is 5")
+    assert reward == 0.0 and not info["correct"] and "no answer found" in info["error"]
+
+
+def test_math_env_rejects_a_bad_timeout():
+    with pytest.raises(ValueError, match="timeout_s=0"):
+        MathEnv.from_tasks([_math_task(0, "q", "1")], timeout_s=0)
+
+
+def test_reference_solutions_of_the_bundled_suite_are_correct():
+    env = MathEnv("math_synth/test")
+    for index, task in enumerate(env.tasks[:100]):
+        for style, solution in task.meta["styles"].items():
+            env.reset(options={"index": index})
+            _, reward, _, _, info = env.step(solution)
+            assert reward == 1.0, (task.id, style, info.get("error"))
+        env.reset(options={"index": index})
+        assert env.step("\\boxed{" + task.ground_truth + " + 1}")[1] == 0.0  # a wrong answer

@@ -1,0 +1,271 @@
+"""Tiny models: tokenizer, chat template, SFT pieces, name resolution, loading and fingerprints.
+
+Fast: only the untrained ``tiny-random`` model is built (seconds), into a temporary
+``$RLLIB_DPH_HOME``. The full ``tiny-sql-math`` build is exercised by the ``learning`` test.
+"""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from envs import suites
+from rllib_dph.models import __main__ as models_cli
+from rllib_dph.models.hub import (
+    build_model,
+    encode_prompt,
+    load_causal_lm,
+    load_tokenizer,
+    model_fingerprint,
+    resolve_model,
+)
+from rllib_dph.models.tiny import (
+    BUILD_RECORD,
+    CHAT_TEMPLATE,
+    TINY_MODELS,
+    TinyModelSpec,
+    bucketed_batches,
+    collate,
+    completion_loss,
+    encode_example,
+    lr_at,
+    pass_at_k,
+    sft,
+    train_tokenizer,
+)
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory):
+    """A private RLLIB_DPH_HOME for this module."""
+    path = tmp_path_factory.mktemp("rllib_dph_home")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RLLIB_DPH_HOME", str(path))
+        yield path
+
+
+@pytest.fixture(scope="module")
+def tiny_random(home):
+    """Path of the ``tiny-random`` model built into the temporary home."""
+    return resolve_model("tiny-random")
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_random):
+    return load_tokenizer(tiny_random)
+
+
+def _suite_texts():
+    rows = suites.sft_examples("sql_synth/train")[:50:7] + suites.sft_examples("math_synth/train")[:30:4]
+    return [r["messages"][0]["content"] for r in rows] + [r["completion"] for r in rows]
+
+
+def test_tokenizer_round_trips_suite_texts(tokenizer):
+    texts = _suite_texts() + ["unicode ünïcödé — 数学 \t tabs  and   spaces\n\n"]
+    for text in texts:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        assert tokenizer.decode(ids) == text
+    # The BPE learned the suites' vocabulary: SQL is far shorter than one token per byte.
+    sql = "SELECT singer_name FROM singer WHERE age > 30"
+    assert len(tokenizer(sql)["input_ids"]) < len(sql) / 3
+
+
+def test_special_tokens(tokenizer):
+    assert tokenizer.convert_ids_to_tokens([0, 1, 2]) == ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    assert tokenizer.pad_token == "<|endoftext|>" and tokenizer.pad_token_id == 0
+    assert tokenizer.eos_token == "<|im_end|>" and tokenizer.eos_token_id == 2
+    assert tokenizer("<|im_start|>user")["input_ids"][0] == 1  # never split into characters
+    assert len(tokenizer) <= TINY_MODELS["tiny-random"].vocab_size
+
+
+def test_chat_template_and_encode_prompt(tokenizer):
+    messages = [{"role": "user", "content": "How many singers?"}]
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert text == "<|im_start|>user\nHow many singers?<|im_end|>\n<|im_start|>assistant\n"
+    no_prompt = tokenizer.apply_chat_template(messages, tokenize=False)
+    assert no_prompt == "<|im_start|>user\nHow many singers?<|im_end|>\n"
+
+    ids = encode_prompt(tokenizer, tuple(messages))  # Task.messages is a tuple of mappings
+    assert type(ids) is list and all(type(i) is int for i in ids)
+    assert tokenizer.decode(ids) == text
+    assert ids.count(tokenizer.eos_token_id) == 1 and ids[0] == 1
+    # transformers 5 returns a BatchEncoding from tokenize=True; encode_prompt gives the same ids.
+    encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    assert list(encoded["input_ids"]) == ids
+
+
+def test_encode_prompt_without_chat_template(tokenizer):
+    plain = load_tokenizer(tokenizer.name_or_path)
+    plain.chat_template = None
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}]
+    assert plain.decode(encode_prompt(plain, messages)) == "Be brief.\n\n2+2?"
+
+
+def test_tokenizer_training_is_deterministic():
+    texts = _suite_texts()
+    a = train_tokenizer(texts, 400)
+    b = train_tokenizer(texts, 400)
+    assert a.backend_tokenizer.to_str() == b.backend_tokenizer.to_str()
+    assert a.chat_template == CHAT_TEMPLATE
+    with pytest.raises(ValueError, match="vocab_size=100 is too small"):
+        train_tokenizer(texts, 100)
+
+
+def test_encode_example_and_collate_mask_the_prompt(tokenizer):
+    messages = [{"role": "user", "content": "Count singers."}]
+    short = encode_example(tokenizer, messages, "```sql\nSELECT 1\n```")
+    long = encode_example(tokenizer, messages, "```sql\nSELECT COUNT(*) FROM singer\n```")
+    ids, num_prompt = long
+    assert ids[:num_prompt] == encode_prompt(tokenizer, messages)
+    assert ids[-1] == tokenizer.eos_token_id
+    assert tokenizer.decode(ids[num_prompt:]) == "```sql\nSELECT COUNT(*) FROM singer\n```<|im_end|>"
+
+    batch = collate([short, long], pad_id=tokenizer.pad_token_id)
+    B, T = batch["input_ids"].shape
+    assert (B, T) == (2, len(long[0]))
+    assert batch["attention_mask"].sum(1).tolist() == [len(short[0]), len(long[0])]
+    # Labels are the token ids on completion tokens (EOS included), -100 on prompt and padding.
+    assert (batch["labels"] != -100).sum(1).tolist() == [len(short[0]) - short[1], len(ids) - num_prompt]
+    assert batch["labels"][1, num_prompt:].tolist() == ids[num_prompt:]
+    assert (batch["labels"][0, len(short[0]) :] == -100).all()
+
+
+def test_bucketed_batches_cover_every_example_once():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(10, 200, size=103)
+    batches = bucketed_batches(lengths, 8, rng)
+    assert sorted(np.concatenate(batches).tolist()) == list(range(103))
+    assert sorted(len(b) for b in batches)[1:] == [8] * 12
+    spread = np.mean([np.ptp(lengths[b]) for b in batches])
+    assert spread < 0.2 * np.ptp(lengths)  # batches group similar lengths
+    again = bucketed_batches(lengths, 8, np.random.default_rng(0))
+    assert [b.tolist() for b in again] != [b.tolist() for b in batches]  # the rng moved on
+
+
+def test_lr_schedule():
+    spec = TinyModelSpec(sft_steps=100, warmup_steps=10, lr=1e-3, min_lr_ratio=0.1)
+    assert lr_at(0, spec) == pytest.approx(1e-4)
+    assert lr_at(9, spec) == pytest.approx(1e-3)
+    assert lr_at(55, spec) == pytest.approx(0.55e-3)  # half-way through the cosine
+    assert lr_at(100, spec) == pytest.approx(1e-4)
+    assert all(lr_at(s, spec) >= lr_at(s + 1, spec) for s in range(10, 100))
+
+
+@pytest.mark.parametrize(
+    "n,c,k,expected",
+    [(8, 0, 1, 0.0), (8, 2, 1, 0.25), (8, 2, 8, 1.0), (8, 1, 4, 0.5), (4, 2, 2, 1 - 1 / 6), (8, 8, 1, 1.0)],
+)
+def test_pass_at_k(n, c, k, expected):
+    assert pass_at_k(n, c, k) == pytest.approx(expected)
+
+
+def test_pass_at_k_rejects_k_above_n():
+    with pytest.raises(ValueError, match="k=9 must be in 1..n=8"):
+        pass_at_k(8, 1, 9)
+
+
+def test_sft_learns_completions(tokenizer, tiny_random):
+    torch.manual_seed(0)
+    examples = [
+        encode_example(tokenizer, [{"role": "user", "content": f"Echo {w}."}], f"```sql\nSELECT '{w}'\n```")
+        for w in ["Dale", "Boston", "Spain", "Japan"]
+    ]
+    spec = TinyModelSpec(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=2, intermediate_size=64,
+                         sft_steps=40, batch_size=4, lr=1e-2, warmup_steps=5)
+    from rllib_dph.models.tiny import build_model as build_qwen2
+
+    model = build_qwen2(tokenizer, spec)
+    batch = collate(examples, tokenizer.pad_token_id)
+    with torch.no_grad():
+        before = completion_loss(model, batch).item()
+    losses = sft(model, examples, spec, pad_id=tokenizer.pad_token_id, progress=False)
+    with torch.no_grad():
+        after = completion_loss(model, batch).item()
+    assert len(losses) == 40 and losses[0] == pytest.approx(before, rel=1e-4)
+    assert after < 0.3 * before
+    assert not model.training
+
+
+def test_resolve_model(home, tiny_random, tmp_path):
+    assert tiny_random == str(home / "models" / "tiny-random")
+    record = json.loads((home / "models" / "tiny-random" / BUILD_RECORD).read_text())
+    assert record["name"] == "tiny-random" and record["spec"]["sft_steps"] == 0 and "metrics" not in record
+    stamp = (home / "models" / "tiny-random" / "model.safetensors").stat().st_mtime_ns
+    assert resolve_model("tiny-random") == tiny_random  # cached: not rebuilt
+    assert (home / "models" / "tiny-random" / "model.safetensors").stat().st_mtime_ns == stamp
+    assert not [p for p in (home / "models").iterdir() if p.name.startswith(".") and p.is_dir()]
+
+    assert resolve_model(str(tmp_path)) == str(tmp_path)  # a local directory, as is
+    assert resolve_model("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"  # an HF id, unchanged
+    with pytest.raises(FileNotFoundError, match="python -m rllib_dph.models build tiny-sql-math"):
+        resolve_model("tiny-sql-math", build=False)
+    with pytest.raises(FileNotFoundError, match="looks like a local path"):
+        resolve_model(str(tmp_path / "missing"))
+
+
+@pytest.mark.parametrize(
+    "dtype,expected",
+    [(None, torch.float32), ("float32", torch.float32), ("bfloat16", torch.bfloat16),
+     ("bf16", torch.bfloat16), (torch.float16, torch.float16)],
+)
+def test_load_causal_lm_dtype(tiny_random, dtype, expected):
+    model = load_causal_lm("tiny-random", dtype=dtype)
+    assert {p.dtype for p in model.parameters()} == {expected}
+    assert not model.training
+    assert model.config.pad_token_id == 0 and model.generation_config.eos_token_id == 2
+    assert model.get_input_embeddings().weight is model.get_output_embeddings().weight  # tied
+    logits = model(input_ids=torch.tensor([[1, 5, 9, 2]])).logits  # (1, 4, V)
+    assert logits.shape == (1, 4, model.config.vocab_size) and logits.dtype == expected
+    assert torch.isfinite(logits).all()
+
+
+def test_load_causal_lm_rejects_unknown_dtype(tiny_random):
+    with pytest.raises(ValueError, match="dtype='float8' is not supported; use one of"):
+        load_causal_lm(tiny_random, dtype="float8")
+
+
+def test_fingerprint_stable_and_sensitive(tiny_random, tmp_path):
+    fingerprint = model_fingerprint(tiny_random)
+    assert len(fingerprint) == 16 and fingerprint == model_fingerprint("tiny-random")
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_random, copy)
+    (copy / BUILD_RECORD).write_text("{}")  # not a weight or tokenizer file
+    assert model_fingerprint(str(copy)) == fingerprint
+
+    model = load_causal_lm(str(copy))
+    with torch.no_grad():
+        model.model.norm.weight[0] += 1e-3
+    model.save_pretrained(copy)
+    assert model_fingerprint(str(copy)) != fingerprint
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(FileNotFoundError, match="no weight files"):
+        model_fingerprint(str(empty))
+
+
+def test_build_is_deterministic_and_cli_prints_summary(tiny_random, tmp_path, capsys):
+    out = tmp_path / "again"
+    models_cli.main(["build", "tiny-random", "--out", str(out), "--no-progress"])
+    printed = capsys.readouterr().out
+    assert "tiny-random:" in printed and f"fingerprint {model_fingerprint(tiny_random)}" in printed
+    assert model_fingerprint(str(out)) == model_fingerprint(tiny_random)
+
+    record = build_model("tiny-random", out, progress=False)  # already built: returns its record
+    assert record == json.loads((out / BUILD_RECORD).read_text())
+    build_model("tiny-random", out, force=True, progress=False)  # rebuilt in place, atomically
+    assert model_fingerprint(str(out)) == model_fingerprint(tiny_random)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".again.lock", "again"]
+
+
+@pytest.mark.learning
+def test_tiny_sql_math_is_competent_imperfect_and_diverse(tmp_path):
+    """The full build (minutes): the base policy the DPH-RL experiments start from."""
+    record = build_model("tiny-sql-math", tmp_path / "tiny-sql-math", progress=False)
+    m = record["metrics"]
+    assert 0.3 <= m["sql_test/greedy_acc"] <= 0.7
+    assert m["sql_test/pass@8"] >= m["sql_test/pass@1"] + 0.1
+    assert all(m["sql_test/sample_styles"][style] > 0 for style in suites.STYLES["sql_synth"])
+    assert m["math_test/greedy_acc"] > 0

@@ -1,0 +1,168 @@
+"""The env registry: a new task in a few lines, gymnasium.make, Ray Tune names, check_env."""
+
+import subprocess
+import sys
+import warnings
+
+import gymnasium as gym
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+import envs
+from envs.base import Verdict
+from envs.registry import FunctionVerifierEnv, register_verifier_env
+
+WORDS = ["ray", "rllib", "policy", "gradient", "reward"]
+
+
+def _register_reverse(env_id="test/Reverse-v0", **kwargs):
+    # The README example: an exact-match string task registered in one call.
+    envs.register_verifier_env(
+        env_id,
+        verifier=lambda completion, answer: completion.strip() == answer,
+        data=[{"question": w, "answer": w[::-1]} for w in WORDS],
+        prompt_format="Reverse the word: {question}",
+        **kwargs,
+    )
+
+
+def test_register_make_and_step_a_new_task():
+    _register_reverse()
+    env = gym.make("test/Reverse-v0")
+    obs, info = env.reset(seed=0, options={"index": 1})
+    assert obs == "Reverse the word: rllib" and info["task_id"] == "1"
+    _, reward, terminated, truncated, info = env.step(" billr\n")
+    assert (reward, terminated, truncated, info["correct"]) == (1.0, True, False, True)
+    env.reset(options={"index": 1})
+    _, reward, _, _, info = env.step("rllib")
+    assert reward == 0.0 and not info["correct"] and "error" not in info
+
+
+@pytest.mark.parametrize(
+    "result,reward,correct,error",
+    [
+        (True, 1.0, True, None),
+        (False, 0.0, False, None),
+        (0.5, 0.5, False, None),
+        (1, 1.0, True, None),
+        (Verdict(0.25, True, "partial"), 0.25, True, "partial"),
+    ],
+)
+def test_verifier_results_become_verdicts(result, reward, correct, error):
+    rows = [{"q": "x", "answer": "y"}]
+    env = FunctionVerifierEnv(rows, verifier=lambda c, gt: result, prompt_format="{q}")
+    env.reset()
+    _, got_reward, _, _, info = env.step("anything")
+    assert (got_reward, info["correct"], info.get("error")) == (reward, correct, error)
+
+
+def test_a_raising_verifier_gives_zero_and_the_reason():
+    def verifier(completion, ground_truth):
+        raise KeyError("boom")
+
+    env = FunctionVerifierEnv([{"q": "x", "answer": "y"}], verifier=verifier, prompt_format="{q}")
+    env.reset()
+    _, reward, _, _, info = env.step("z")
+    assert reward == 0.0 and info["error"] == "verifier raised KeyError: 'boom'"
+
+
+def test_a_verifier_returning_the_wrong_type_is_a_clear_error():
+    rows = [{"q": "x", "answer": "y"}]
+    env = FunctionVerifierEnv(
+        rows, verifier=lambda c, gt: "yes", prompt_format="{q}", name="test/Bad-v0"
+    )
+    env.reset()
+    with pytest.raises(TypeError, match="test/Bad-v0: the verifier returned a str"):
+        env.step("z")
+
+
+def test_extra_registration_kwargs_go_to_the_verifier_and_can_be_overridden():
+    register_verifier_env(
+        "test/Echo-v0",
+        verifier=lambda completion, answer, case_sensitive: (
+            completion == answer if case_sensitive else completion.lower() == answer.lower()
+        ),
+        data=[{"question": "Ray", "answer": "Ray"}],
+        prompt_format="Echo: {question}",
+        case_sensitive=False,
+    )
+    for overrides, reward in [({}, 1.0), ({"case_sensitive": True}, 0.0)]:
+        env = gym.make("test/Echo-v0", **overrides)
+        env.reset()
+        assert env.step("RAY")[1] == reward
+
+
+@pytest.mark.parametrize(
+    "env_id", ["Reverse-v0", "test/Reverse", "test/Reverse-vX", "a/b/c-v0", ""]
+)
+def test_unversioned_ids_are_rejected(env_id):
+    with pytest.raises(ValueError, match="namespace/Name-vN"):
+        _register_reverse(env_id)
+
+
+def test_bad_registrations_fail_early():
+    with pytest.raises(TypeError, match="verifier must be a function"):
+        register_verifier_env("test/X-v0", verifier="exact", data=[{"a": 1}], prompt_format="{a}")
+    with pytest.raises(ValueError, match="positional field"):
+        register_verifier_env("test/X-v0", verifier=len, data=[{"a": 1}], prompt_format="{0}")
+
+
+def test_registering_again_is_quiet():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _register_reverse()
+        _register_reverse()
+    assert envs.registered_env_ids().count("test/Reverse-v0") == 1
+
+
+def test_import_registers_the_bundled_envs_without_importing_ray():
+    code = (
+        "import sys, envs, gymnasium as g; "
+        "print('ray' in sys.modules, 'rllib_dph/Math-v0' in g.registry)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "True"]
+
+
+def test_tune_env_names_resolve_through_rllib():
+    from ray.rllib.algorithms.algorithm import Algorithm
+    from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+    from ray.rllib.env.env_context import EnvContext
+
+    _register_reverse("test/TuneReverse-v0")
+    assert "test/TuneReverse-v0" in envs.register_tune_envs()
+    assert "rllib_dph/Math-v0" in envs.register_tune_envs()
+    rows = [{"question": "abc", "answer": "cba"}]
+    config = AlgorithmConfig().environment("test/TuneReverse-v0", env_config={"data": rows})
+    env_id, creator = Algorithm._get_env_id_and_creator(config.env, config)
+    # The creator was pickled into Tune's registry and loaded back, as in a remote worker.
+    env = creator(EnvContext(config.env_config, worker_index=1))
+    assert isinstance(env, FunctionVerifierEnv) and env_id == "test/TuneReverse-v0"
+    assert env.reset()[0] == "Reverse the word: abc"
+    assert env.step("cba")[1] == 1.0
+
+
+def test_registration_after_ray_tune_is_imported_reaches_tune_at_once():
+    from ray.tune.registry import ENV_CREATOR, _global_registry
+
+    _register_reverse("test/LateReverse-v0")
+    assert _global_registry.contains(ENV_CREATOR, "test/LateReverse-v0")
+
+
+#: Bundled envs and a small split for each (their default, the train split, is larger).
+BUNDLED = {"rllib_dph/SQL-v0": "sql_synth/test", "rllib_dph/Math-v0": "math_synth/test"}
+
+
+def test_bundled_envs_are_registered_first():
+    assert envs.registered_env_ids()[:2] == list(BUNDLED)
+
+
+@pytest.mark.parametrize("env_id", list(BUNDLED))
+def test_check_env_on_bundled_envs(env_id):
+    env = gym.make(env_id, data=BUNDLED[env_id])
+    check_env(env.unwrapped, skip_render_check=True)
+
+
+def test_check_env_on_a_registered_task():
+    _register_reverse()
+    check_env(gym.make("test/Reverse-v0").unwrapped, skip_render_check=True)

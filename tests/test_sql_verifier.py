@@ -1,0 +1,351 @@
+"""The SQL verifier: extraction, result comparison, partial credit and the read-only sandbox."""
+
+import hashlib
+import os
+import sqlite3
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from envs.sql import (
+    MAX_ROWS,
+    column_overlap_score,
+    execute_sql,
+    extract_sql,
+    has_top_level_order_by,
+    sql_reward,
+    verify_sql,
+)
+
+SINGERS = [
+    # id, name, country, age, net_worth
+    (1, "Ann", "FR", 30, 1.5),
+    (2, "Bob", "US", 25, 2.0),
+    (3, "Cid", "US", 41, None),
+    (4, "Dee", "DE", 25, 3.25),
+    (5, "Eve", None, 35, 2.0),
+]
+
+
+def make_db(path, singers=SINGERS):
+    """Writes a small music database: singer(5 rows) and numbers(0..199) for big joins."""
+    conn = sqlite3.connect(path)
+    conn.execute(
+        "CREATE TABLE singer (id INTEGER PRIMARY KEY, name TEXT, country TEXT, age INTEGER, "
+        "net_worth REAL)"
+    )
+    conn.executemany("INSERT INTO singer VALUES (?, ?, ?, ?, ?)", singers)
+    conn.execute("CREATE TABLE numbers (n INTEGER)")
+    conn.executemany("INSERT INTO numbers VALUES (?)", [(i,) for i in range(200)])
+    conn.commit()
+    conn.close()
+
+
+def sha256(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory):
+    path = tmp_path_factory.mktemp("sqldb") / "music.sqlite"
+    make_db(path)
+    return str(path)
+
+
+def fenced(sql):
+    return f"Let me think.\n```sql\n{sql}\n```"
+
+
+@pytest.mark.parametrize(
+    "completion,expected",
+    [
+        ("```sql\nSELECT 1\n```", "SELECT 1"),
+        ("```sql\nSELECT 1\n```\nBetter:\n```sql\nSELECT 2;\n```", "SELECT 2;"),
+        ("```SQL\nSELECT 3\n```", "SELECT 3"),
+        ("```sql SELECT 4 ```", "SELECT 4"),
+        ("```sql\nSELECT 5\n```\n```sql\nSELECT 6", "SELECT 5"),  # last block unclosed
+        ("```sql\nSELECT 7", None),  # truncated: no closed block
+        ("```sqlite\nSELECT 8\n```", None),
+        ("```python\nprint(9)\n```", None),
+        ("SELECT 10", None),
+        ("```sql\n```", ""),
+    ],
+)
+def test_extract_sql(completion, expected):
+    assert extract_sql(completion) == expected
+
+
+@pytest.mark.parametrize(
+    "sql,expected",
+    [
+        ("SELECT name FROM singer ORDER BY age", True),
+        ("select name from singer order\n  by age desc limit 2", True),
+        ("SELECT name FROM singer ORDER/* c */BY age", True),
+        ("SELECT a FROM t UNION SELECT b FROM u ORDER BY 1", True),
+        ("SELECT name FROM singer", False),
+        ("SELECT name FROM (SELECT name FROM singer ORDER BY age)", False),
+        ("WITH s AS (SELECT * FROM singer ORDER BY age) SELECT name FROM s", False),
+        ("SELECT name, ROW_NUMBER() OVER (ORDER BY age) FROM singer", False),
+        ("SELECT 'ORDER BY' FROM singer", False),
+        ('SELECT "order" FROM t -- ORDER BY x', False),
+        ("SELECT [order by] FROM t", False),
+    ],
+)
+def test_has_top_level_order_by(sql, expected):
+    assert has_top_level_order_by(sql) is expected
+
+
+@pytest.mark.parametrize(
+    "gold,pred,cmp_method,expected",
+    [
+        # Same query, and equivalent queries in other surface styles.
+        ("SELECT name FROM singer WHERE age > 30", "SELECT name FROM singer WHERE age > 30",
+         "bird", 1.0),
+        ("SELECT name FROM singer WHERE age > 30",
+         "SELECT s.name FROM singer AS s WHERE NOT s.age <= 30", "bird", 1.0),
+        ("SELECT name FROM singer WHERE age > 30",
+         "WITH old AS (SELECT * FROM singer WHERE age > 30) SELECT name FROM old", "spider", 1.0),
+        ("SELECT name FROM singer WHERE age > 30", "SELECT name FROM singer WHERE age >= 30",
+         "bird", 0.0),
+        # Duplicates: sets in bird, multisets in spider.
+        ("SELECT country FROM singer WHERE country IS NOT NULL",
+         "SELECT DISTINCT country FROM singer WHERE country IS NOT NULL", "bird", 1.0),
+        ("SELECT country FROM singer WHERE country IS NOT NULL",
+         "SELECT DISTINCT country FROM singer WHERE country IS NOT NULL", "spider", 0.0),
+        # Row order: ignored by bird, and by spider unless the gold query orders at top level.
+        ("SELECT name FROM singer ORDER BY age", "SELECT name FROM singer ORDER BY name",
+         "bird", 1.0),
+        ("SELECT name FROM singer ORDER BY age, id", "SELECT name FROM singer ORDER BY name",
+         "spider", 0.0),
+        ("SELECT name FROM singer ORDER BY age, id",
+         "SELECT name FROM singer ORDER BY age ASC, id ASC", "spider", 1.0),
+        ("SELECT name FROM singer", "SELECT name FROM singer ORDER BY name DESC", "spider", 1.0),
+        ("SELECT name FROM (SELECT name FROM singer ORDER BY age)",
+         "SELECT name FROM singer ORDER BY name DESC", "spider", 1.0),
+        # Column permutations: only spider allows them, also together with ORDER BY.
+        ("SELECT name, age FROM singer", "SELECT age, name FROM singer", "bird", 0.0),
+        ("SELECT name, age FROM singer", "SELECT age, name FROM singer", "spider", 1.0),
+        ("SELECT name, age FROM singer ORDER BY age DESC, name",
+         "SELECT age, name FROM singer ORDER BY age DESC, name", "spider", 1.0),
+        ("SELECT name, age FROM singer ORDER BY age DESC, name",
+         "SELECT age, name FROM singer ORDER BY name", "spider", 0.0),
+        # Same values per column, but paired differently in the rows.
+        ("SELECT name, country FROM singer WHERE id IN (1, 2)",
+         "SELECT 'Ann', 'US' UNION ALL SELECT 'Bob', 'FR'", "spider", 0.0),
+        ("SELECT name, country, age FROM singer", "SELECT age, country, name FROM singer",
+         "spider", 1.0),
+        # Column count and extra columns.
+        ("SELECT name FROM singer", "SELECT name, age FROM singer", "bird", 0.0),
+        ("SELECT name FROM singer", "SELECT name, age FROM singer", "spider", 0.0),
+        # NULLs.
+        ("SELECT country FROM singer", "SELECT country FROM singer WHERE country IS NOT NULL",
+         "bird", 0.0),
+        ("SELECT net_worth FROM singer WHERE id = 3", "SELECT NULL", "spider", 1.0),
+        # Numbers: int vs float, float rounding, number vs string.
+        ("SELECT COUNT(*) FROM singer", "SELECT 5.0", "bird", 1.0),
+        ("SELECT AVG(age) FROM singer", "SELECT SUM(age) * 1.0 / COUNT(*) FROM singer",
+         "bird", 1.0),
+        ("SELECT 0.3", "SELECT 0.1 + 0.2", "spider", 1.0),
+        ("SELECT 0.3", "SELECT 0.30001", "bird", 0.0),
+        ("SELECT COUNT(*) FROM singer", "SELECT '5'", "bird", 0.0),
+        # Empty results are equal.
+        ("SELECT name FROM singer WHERE age > 100", "SELECT id FROM singer WHERE age < 0",
+         "bird", 1.0),
+        ("SELECT name FROM singer WHERE age > 100", "SELECT id FROM singer WHERE age < 0",
+         "spider", 1.0),
+        # Trailing semicolons and comments are fine.
+        ("SELECT COUNT(*) FROM singer;", "SELECT COUNT(*) FROM singer; -- done", "bird", 1.0),
+        ("SELECT COUNT(*) FROM singer", "SELECT COUNT(*) FROM singer;;", "spider", 1.0),
+    ],
+)
+def test_equivalence(db, gold, pred, cmp_method, expected):
+    assert sql_reward(fenced(pred), gold, db, cmp_method=cmp_method) == expected
+
+
+@pytest.mark.parametrize(
+    "gold,pred,expected",
+    [
+        ("SELECT name, age FROM singer", "SELECT name FROM singer", 0.8 * 1 / 2),
+        ("SELECT name, age FROM singer", "SELECT name, age, country FROM singer", 0.8 * 4 / 6),
+        ("SELECT name FROM singer", "SELECT country, name FROM singer", 0.8 * 1 / 2),
+        # Value sets, not multisets: DISTINCT loses duplicates but keeps the set.
+        ("SELECT age, id FROM singer", "SELECT DISTINCT age FROM singer", 0.8 * 1 / 2),
+        ("SELECT name FROM singer", "SELECT id FROM singer", 0.0),
+        ("SELECT name FROM singer", "SELECT name FROM singer WHERE age > 30", 0.0),
+        ("SELECT name FROM singer", "SELECT name FROM singer WHERE 0", 0.0),
+        ("SELECT name FROM singer", "SELECT name FROM singer ORDER BY age", 1.0),
+    ],
+)
+def test_partial_credit(db, gold, pred, expected):
+    verdict = verify_sql(fenced(pred), gold, db, partial_credit=True)
+    assert verdict.reward == pytest.approx(expected)
+    assert verdict.correct is (expected == 1.0)
+    assert verdict.error is None
+    # Off by default.
+    assert sql_reward(fenced(pred), gold, db) == (1.0 if expected == 1.0 else 0.0)
+
+
+def test_column_overlap_score_is_capped():
+    gold = [(1, 1)]  # both gold columns match the single predicted column: count 2
+    assert column_overlap_score([(1,)], gold) == pytest.approx(0.8 * min(4 / 2, 1))
+
+
+@pytest.mark.parametrize(
+    "completion,format_penalty,reward,error",
+    [
+        ("I don't know.", 0.0, 0.0, "no ```sql block"),
+        ("I don't know.", 0.5, -0.5, "no ```sql block"),
+        ("```sql\nSELECT 1", 0.5, -0.5, "no ```sql block"),
+        ("```sql\n-- nothing\n```", 0.5, 0.0, "empty SQL"),
+        (fenced("SELEC name FROM singer"), 0.5, 0.0, "syntax error"),
+        (fenced("SELECT nope FROM singer"), 0.0, 0.0, "no such column"),
+        (fenced("SELECT COUNT(*) FROM singer WHERE id = ?"), 0.0, 0.0, "binding"),
+    ],
+)
+def test_format_and_sql_errors(db, completion, format_penalty, reward, error):
+    verdict = verify_sql(
+        completion, "SELECT COUNT(*) FROM singer", db, format_penalty=format_penalty
+    )
+    assert verdict.reward == reward
+    assert verdict.correct is False
+    assert error in verdict.error
+
+
+def test_bad_gold_query_and_missing_database(db, tmp_path):
+    verdict = verify_sql(fenced("SELECT 1"), "SELECT nope FROM singer", db)
+    assert (verdict.reward, verdict.correct) == (0.0, False)
+    assert verdict.error.startswith("gold query failed") and "no such column" in verdict.error
+
+    missing = str(tmp_path / "missing.sqlite")
+    verdict = verify_sql(fenced("SELECT 1"), "SELECT 1", missing)
+    assert verdict.reward == 0.0 and "database file not found" in verdict.error
+    assert not os.path.exists(missing)
+
+    garbage = tmp_path / "garbage.sqlite"
+    garbage.write_bytes(b"not a database" * 100)
+    verdict = verify_sql(fenced("SELECT 5"), "SELECT COUNT(*) FROM singer", str(garbage))
+    assert verdict.reward == 0.0 and "not a database" in verdict.error
+
+
+@pytest.mark.parametrize("kwargs", [{"cmp_method": "exact"}, {"timeout_s": 0}])
+def test_caller_errors_raise(db, kwargs):
+    with pytest.raises(ValueError, match=next(iter(kwargs))):
+        verify_sql(fenced("SELECT 1"), "SELECT 1", db, **kwargs)
+
+
+def test_gold_cache_follows_database_changes(tmp_path):
+    path = tmp_path / "changing.sqlite"
+    make_db(path)
+    gold = "SELECT COUNT(*) FROM singer"
+    assert sql_reward(fenced("SELECT 5"), gold, str(path)) == 1.0
+    path.unlink()
+    make_db(path, SINGERS[:2])
+    assert sql_reward(fenced("SELECT 5"), gold, str(path)) == 0.0
+    assert sql_reward(fenced("SELECT 2"), gold, str(path)) == 1.0
+
+
+def test_execute_sql_returns_normalized_rows(db):
+    rows = execute_sql("SELECT id, net_worth, 0.1 + 0.2 FROM singer WHERE id <= 3 ORDER BY id", db)
+    assert rows == [(1, 1.5, 0.3), (2, 2.0, 0.3), (3, None, 0.3)]
+
+
+# Hostile queries: (SQL, timeout_s, words expected in the error). The gold query is cheap.
+ADVERSARIAL = [
+    ("DROP TABLE singer", 15.0, "not allowed"),
+    ("DELETE FROM singer", 15.0, "not allowed"),
+    ("UPDATE singer SET age = 0", 15.0, "not allowed"),
+    ("INSERT INTO singer (name) VALUES ('x')", 15.0, "not allowed"),
+    ("REPLACE INTO singer (id, name) VALUES (1, 'x')", 15.0, "not allowed"),
+    ("CREATE TABLE evil (x)", 15.0, "not allowed"),
+    ("CREATE TEMP TABLE evil AS SELECT * FROM singer", 15.0, "not allowed"),
+    ("CREATE VIEW evil AS SELECT 1", 15.0, "not allowed"),
+    ("ALTER TABLE singer RENAME TO evil", 15.0, "not allowed"),
+    ("SELECT 1; DROP TABLE singer", 15.0, "more than one SQL statement"),
+    ("SELECT 1; SELECT 2", 15.0, "more than one SQL statement"),
+    ("ATTACH DATABASE '{dir}/attached.sqlite' AS evil", 15.0, "not allowed"),
+    ("ATTACH DATABASE 'file:{dir}/uri.sqlite?mode=rwc' AS evil", 15.0, "not allowed"),
+    ("VACUUM INTO '{dir}/copy.sqlite'", 15.0, "not allowed"),
+    ("VACUUM", 15.0, "not allowed"),
+    ("PRAGMA writable_schema = ON", 15.0, "not allowed"),
+    ("PRAGMA journal_mode = WAL", 15.0, "not allowed"),
+    ("PRAGMA query_only = OFF", 15.0, "not allowed"),
+    ("BEGIN IMMEDIATE", 15.0, "not allowed"),
+    ("ANALYZE", 15.0, "not allowed"),
+    ("EXPLAIN DELETE FROM singer", 15.0, "not allowed"),
+    ("SELECT load_extension('{dir}/evil.so')", 15.0, "not allowed"),
+    ("SELECT fts3_tokenizer('simple')", 15.0, "not allowed"),
+    ("SELECT zeroblob(1000000000)", 15.0, "too big"),
+    ("SELECT randomblob(1000000000)", 15.0, "too big"),
+    ("SELECT hex(randomblob(200000))", 15.0, "too big"),
+    ("SELECT zeroblob(100000) FROM numbers a, numbers b", 15.0, "result too large"),
+    ("SELECT * FROM numbers a, numbers b, numbers c", 15.0, f"more than {MAX_ROWS} rows"),
+    ("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT x FROM c",
+     15.0, "result too large"),
+    ("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c",
+     1.0, "timed out"),
+    ("SELECT count(*) FROM numbers a, numbers b, numbers c, numbers d", 1.0, "timed out"),
+    ("SELECT a.n FROM numbers a, numbers b, numbers c ORDER BY random()", 1.0, "timed out"),
+]
+
+
+@pytest.mark.parametrize("sql,timeout_s,reason", ADVERSARIAL)
+def test_hostile_queries_are_contained(db, sql, timeout_s, reason):
+    directory = os.path.dirname(db)
+    files_before = sorted(os.listdir(directory))
+    digest_before = sha256(db)
+    start = time.monotonic()
+    verdict = verify_sql(
+        fenced(sql.format(dir=directory)), "SELECT COUNT(*) FROM singer", db, timeout_s=timeout_s
+    )
+    elapsed = time.monotonic() - start
+    assert verdict.reward == 0.0 and verdict.correct is False
+    assert verdict.error is not None and reason in verdict.error
+    assert elapsed < min(timeout_s, 5.0) + 1.0
+    assert sha256(db) == digest_before
+    assert sorted(os.listdir(directory)) == files_before
+    # The connection is still usable afterwards.
+    assert sql_reward(fenced("SELECT 5"), "SELECT COUNT(*) FROM singer", db) == 1.0
+
+
+@pytest.mark.parametrize(
+    "sql,expected",
+    [
+        # Too long for the length cap: NULL, as SQLite itself answers, but at once.
+        ("SELECT printf('%.*c', 1000000000, 'x')", None),
+        ("SELECT format('%.2000000000c', 'x')", None),
+        ("SELECT printf('%d%.*c', 7, -2000000000, 'x')", None),
+        # Everything else behaves as SQLite's printf.
+        ("SELECT printf('%.*c|%5.2f|%%|%s', 3, 'x', 3.14159, 'end')", "xxx| 3.14|%|end"),
+        ("SELECT printf('%*d|%.*c', 5, 42, 4, 'z')", "   42|zzzz"),
+        ("SELECT format('%q', 'it''s')", "it''s"),
+        ("SELECT printf(123)", "123"),
+        ("SELECT printf(NULL)", None),
+    ],
+)
+def test_printf_is_guarded(db, sql, expected):
+    start = time.monotonic()
+    assert execute_sql(sql, db, timeout_s=1.0) == [(expected,)]
+    assert time.monotonic() - start < 0.5
+
+
+def test_verifier_from_worker_threads(db):
+    gold = "SELECT name, age FROM singer WHERE age > 26"
+    cases = [
+        ("SELECT name, age FROM singer WHERE age > 26", "bird", 1.0),
+        ("SELECT age, name FROM singer WHERE age >= 27", "spider", 1.0),
+        ("SELECT age, name FROM singer WHERE age > 26", "bird", 0.0),
+        ("SELECT name, age FROM singer", "bird", 0.0),
+        ("DELETE FROM singer", "bird", 0.0),
+    ] * 8
+
+    def score(case):
+        pred, cmp_method, _ = case
+        return sql_reward(fenced(pred), gold, db, cmp_method=cmp_method)
+
+    digest_before = sha256(db)
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        rewards = list(pool.map(score, cases))
+    assert rewards == [expected for _, _, expected in cases]
+    assert sha256(db) == digest_before

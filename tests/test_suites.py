@@ -1,0 +1,281 @@
+"""Tests of the bundled synthetic suites (envs/suites): sizes, determinism, leakage, gold styles."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sqlite3
+import string
+import subprocess
+import sys
+from fractions import Fraction
+
+import pytest
+
+import envs.suites as suites
+from envs.suites import SPLITS, STYLES, load_split, sft_examples, style_of
+from envs.suites import sql_suite
+from envs.suites.sql_domains import ALL_DOMAINS, CROSS_DOMAINS, TRAIN_DOMAINS
+
+ALLOWED_CHARS = set(string.printable) - set("\t\r\x0b\x0c")
+BOXED = re.compile(r"\\boxed\{(.*)\}\s*$")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def data_dir(tmp_path_factory):
+    """Generate the suite databases into a fresh directory instead of the user's cache."""
+    root = tmp_path_factory.mktemp("suites")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RLLIB_DPH_DATA", str(root))
+        yield root
+
+
+def _sql_completion(sql: str) -> str:
+    return f"```sql\n{sql}\n```"
+
+
+@pytest.mark.parametrize("name,size", [
+    ("sql_synth/train", 3000), ("sql_synth/test", 300), ("sql_synth/test_cross", 300),
+    ("math_synth/train", 3000), ("math_synth/test", 300),
+])
+def test_split_sizes_and_ids(name, size):
+    tasks = load_split(name)
+    assert len(tasks) == size
+    assert len({t.id for t in tasks}) == size
+    assert all(t.id.startswith(name + "/") for t in tasks)
+    assert sorted(SPLITS) == sorted(["sql_synth/train", "sql_synth/test", "sql_synth/test_cross",
+                                     "math_synth/train", "math_synth/test"])
+
+
+@pytest.mark.parametrize("name", ["sql_synth", "sql_synth/dev", "math/train", ""])
+def test_unknown_split_names_valid_ones(name):
+    with pytest.raises(ValueError) as err:
+        load_split(name)
+    for valid in SPLITS:
+        assert valid in str(err.value)
+
+
+def test_sql_task_contract(data_dir):
+    for name in ("sql_synth/train", "sql_synth/test_cross"):
+        for task in load_split(name):
+            gt = task.ground_truth
+            assert task.data_source == ("sql_synth_cross" if name.endswith("cross") else "sql_synth")
+            assert len(task.messages) == 1 and task.messages[0]["role"] == "user"
+            assert gt["cmp_method"] == "bird"
+            assert gt["db_path"] == str(suites.sql_db_root() / gt["db_id"])
+            assert os.path.isfile(gt["db_path"])
+            assert suites.sql_db_root() == data_dir / "sql"
+            assert gt["gold_sql"] == task.meta["styles"]["plain"]
+            assert set(task.meta["styles"]) == set(STYLES["sql_synth"])
+            assert task.meta["split"] == name.split("/")[1]
+            assert len(task.prompt_text.split()) < 80
+
+
+def test_math_task_contract():
+    for task in load_split("math_synth/train"):
+        assert task.data_source == "math_synth"
+        assert isinstance(task.ground_truth, str)
+        assert set(task.meta["styles"]) == set(STYLES["math_synth"])
+        assert "\\boxed{}" in task.prompt_text
+
+
+def _fraction(latex: str) -> Fraction:
+    match = re.fullmatch(r"(-?)\\frac\{(\d+)\}\{(\d+)\}", latex)
+    if match:
+        sign = -1 if match.group(1) else 1
+        return sign * Fraction(int(match.group(2)), int(match.group(3)))
+    return Fraction(int(latex))
+
+
+@pytest.mark.parametrize("name", ["math_synth/train", "math_synth/test"])
+def test_math_solutions_box_the_gold_answer(name):
+    for task in load_split(name):
+        gold = _fraction(task.ground_truth)  # the gold string is an int or a reduced \frac
+        assert task.ground_truth in (str(gold.numerator), suites.math_suite.latex(gold))
+        for style, solution in task.meta["styles"].items():
+            assert BOXED.search(solution).group(1) == task.ground_truth, (task.id, style)
+            assert style_of("math_synth", solution) == style
+            assert solution.count("\n") <= 4  # short enough for a tiny model
+
+
+def test_math_answers_cover_integers_negatives_and_fractions():
+    answers = [_fraction(t.ground_truth) for t in load_split("math_synth/train")]
+    assert any(a.denominator > 1 for a in answers)
+    assert any(a < 0 and a.denominator == 1 for a in answers)
+    assert any(a < 0 and a.denominator > 1 for a in answers)
+    assert sum(a.denominator == 1 for a in answers) > len(answers) / 3
+
+
+@pytest.mark.parametrize("name", ["sql_synth/train", "sql_synth/test", "sql_synth/test_cross"])
+def test_every_sql_style_returns_the_gold_rows(name):
+    """Each style's query gives the gold result as a set of row tuples (bird comparison)."""
+    connections: dict[str, sqlite3.Connection] = {}
+    for task in load_split(name):
+        path = task.ground_truth["db_path"]
+        if path not in connections:
+            connections[path] = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        conn = connections[path]
+        gold = set(conn.execute(task.ground_truth["gold_sql"]).fetchall())
+        assert gold and gold not in ({(0,)}, {(None,)}), task.id
+        for style, sql in task.meta["styles"].items():
+            assert set(conn.execute(sql).fetchall()) == gold, (task.id, style, sql)
+            assert style_of("sql_synth", _sql_completion(sql)) == style, (task.id, style, sql)
+    for conn in connections.values():
+        conn.close()
+
+
+def test_train_and_test_do_not_overlap():
+    train, test = load_split("sql_synth/train"), load_split("sql_synth/test")
+    train_questions = {t.prompt_text for t in train}
+    train_instances = {(t.ground_truth["db_id"], t.ground_truth["gold_sql"]) for t in train}
+    assert not train_questions & {t.prompt_text for t in test}
+    # Not even another wording of a training question: the (database, query) pairs differ too.
+    assert not train_instances & {(t.ground_truth["db_id"], t.ground_truth["gold_sql"]) for t in test}
+    math_train = {t.prompt_text for t in load_split("math_synth/train")}
+    assert not math_train & {t.prompt_text for t in load_split("math_synth/test")}
+
+
+def _phrasing_pattern(phrasing: str) -> re.Pattern:
+    parts = re.split(r"\{\w+\}", phrasing)
+    return re.compile(".+".join(re.escape(p) for p in parts) + r"$")
+
+
+def test_cross_split_uses_unseen_databases_and_phrasings():
+    in_domain = load_split("sql_synth/train") + load_split("sql_synth/test")
+    cross = load_split("sql_synth/test_cross")
+    assert {t.ground_truth["db_id"] for t in in_domain} == {d.db_id for d in TRAIN_DOMAINS}
+    assert {t.ground_truth["db_id"] for t in cross} == {d.db_id for d in CROSS_DOMAINS}
+    train_phrasings = {p for tpl in sql_suite.TEMPLATES for p in tpl.train_phrasings}
+    assert not train_phrasings & {p for tpl in sql_suite.TEMPLATES for p in tpl.cross_phrasings}
+    patterns = {tpl.name: [_phrasing_pattern(p) for p in tpl.train_phrasings] for tpl in sql_suite.TEMPLATES}
+    for task in cross:
+        # No cross question could have been written with a train wording of its own template.
+        question = task.prompt_text.split("Question: ")[1].splitlines()[0]
+        assert not any(p.match(question) for p in patterns[task.meta["template"]]), question
+    # The SQL skills are shared: every cross template is also trained on.
+    assert {t.meta["template"] for t in cross} <= {t.meta["template"] for t in in_domain}
+
+
+def test_styles_are_all_used_and_phrasings_vary():
+    train = load_split("sql_synth/train")
+    assert len({t.meta["template"] for t in train}) == len(sql_suite.TEMPLATES)
+    assert {t.meta["phrasing"] for t in train} == {0, 1}
+
+
+@pytest.mark.parametrize("name", SPLITS)
+def test_sft_examples_one_row_per_question_and_style(name):
+    suite = name.split("/")[0]
+    rows = sft_examples(name)
+    tasks = load_split(name)
+    assert len(rows) == len(tasks) * len(STYLES[suite])
+    by_id = {t.id: t for t in tasks}
+    for row in rows:
+        task = by_id[row["task_id"]]
+        assert row["messages"] == [dict(m) for m in task.messages]
+        assert style_of(suite, row["completion"]) == row["style"]
+        if suite == "sql_synth":
+            assert row["completion"] == _sql_completion(task.meta["styles"][row["style"]])
+        else:
+            assert row["completion"].endswith("\\boxed{" + task.ground_truth + "}")
+        for text in (row["completion"], row["messages"][0]["content"]):
+            assert set(text) <= ALLOWED_CHARS, text
+
+
+@pytest.mark.parametrize("suite,completion,expected", [
+    ("sql_synth", "```sql\nSELECT name FROM singer\n```", "plain"),
+    ("sql_synth", "```sql\nselect t1.name from singer as t1\n```", "alias"),
+    ("sql_synth", "```sql\nSELECT COUNT(*) FROM (SELECT id FROM singer)\n```", "subquery"),
+    ("sql_synth", "```sql\nWITH t AS (SELECT name FROM singer) SELECT name FROM t\n```", "cte"),
+    ("sql_synth", "```sql\nSELECT name FROM singer WHERE NOT age <= 3\n```", "negated"),
+    ("sql_synth", "```sql\nSELECT 1\n```\nBetter:\n```sql\nWITH t AS (SELECT 1) SELECT * FROM t\n```", "cte"),
+    ("sql_synth_cross", "```sql\nSELECT T1.name FROM singer AS T1\n```", "alias"),
+    # Mixed styles and garbage are "other"; no sql block at all is "none".
+    ("sql_synth", "```sql\nWITH t AS (SELECT T1.a FROM x AS T1) SELECT a FROM t\n```", "other"),
+    ("sql_synth", "```sql\nSELECT T1.a FROM x AS T1 WHERE NOT T1.a <> 1\n```", "other"),
+    ("sql_synth", "```sql\nhello world\n```", "other"),
+    ("sql_synth", "```sql\n\n```", "other"),
+    ("sql_synth", "SELECT name FROM singer", "none"),
+    ("sql_synth", "```\nSELECT name FROM singer\n```", "none"),
+    ("math_synth", "We compute 2 + 2 = 4.\n\\boxed{4}", "direct"),
+    ("math_synth", "Step 1: 2 + 2 = 4.\n\\boxed{4}", "stepwise"),
+    ("math_synth", "  Let x be the sum. Then x = 4.\n\\boxed{4}", "equation"),
+    ("math_synth", "The answer is \\boxed{4}", "other"),
+    ("math_synth", "We compute 2 + 2 = 4.", "none"),
+])
+def test_style_of(suite, completion, expected):
+    assert style_of(suite, completion) == expected
+
+
+def test_style_of_rejects_unknown_suite():
+    with pytest.raises(ValueError, match="sql_synth"):
+        style_of("spider", "```sql\nSELECT 1\n```")
+
+
+def test_databases_have_foreign_keys_and_consistent_rows():
+    for domain in ALL_DOMAINS:
+        conn = sqlite3.connect(f"file:{suites.sql_db_root() / domain.db_id}?mode=ro", uri=True)
+        fks = conn.execute(f"PRAGMA foreign_key_list({domain.child.name})").fetchall()
+        assert [(fk[2], fk[3], fk[4]) for fk in fks] == [(domain.parent.name, domain.fk, domain.parent.key)]
+        orphans = conn.execute(
+            f"SELECT COUNT(*) FROM {domain.child.name} WHERE {domain.fk} NOT IN "
+            f"(SELECT {domain.parent.key} FROM {domain.parent.name})").fetchone()[0]
+        assert orphans == 0
+        for table in (domain.parent, domain.child):
+            sql = f"SELECT COUNT(*), COUNT(DISTINCT {table.name_col}) FROM {table.name}"
+            rows = conn.execute(sql).fetchone()
+            assert rows == (table.rows, table.rows)
+        columns = [c[1] for t in (domain.parent, domain.child)
+                   for c in conn.execute(f"PRAGMA table_info({t.name})") if c[1] != domain.fk]
+        assert len(columns) == len(set(columns)), domain.name  # wrapping a join needs unique names
+        conn.close()
+
+
+def test_damaged_database_is_rewritten_and_no_temp_files_remain(data_dir):
+    load_split("sql_synth/test")
+    path = suites.sql_db_root() / TRAIN_DOMAINS[0].db_id
+    expected = path.read_bytes()
+    path.write_bytes(b"garbage")
+    load_split("sql_synth/test")
+    assert path.read_bytes() == expected
+    assert not [p for p in (data_dir / "sql").rglob("*") if p.name.endswith(".tmp")]
+
+
+_DIGEST_SCRIPT = """
+import hashlib, json, sys
+import envs.suites as s
+digest = hashlib.sha256()
+for name in s.SPLITS:
+    for t in s.load_split(name):
+        gt = dict(t.ground_truth) if isinstance(t.ground_truth, dict) else t.ground_truth
+        if isinstance(gt, dict):
+            gt.pop("db_path")
+        digest.update(json.dumps([t.id, t.data_source, t.messages, gt, t.meta], sort_keys=True).encode())
+    digest.update(json.dumps(s.sft_examples(name)).encode())
+print(digest.hexdigest())
+"""
+
+
+def test_generation_is_deterministic_across_processes(tmp_path):
+    """Two fresh processes (different hash seeds, different data dirs) give identical suites."""
+    digests, files = [], []
+    for i in (1, 2):
+        root = tmp_path / f"run{i}"
+        env = {**os.environ, "RLLIB_DPH_DATA": str(root), "PYTHONHASHSEED": str(i)}
+        out = subprocess.run([sys.executable, "-c", _DIGEST_SCRIPT], env=env, check=True,
+                             capture_output=True, text=True,
+                             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        digests.append(out.stdout.strip())
+        files.append({p.relative_to(root): p.read_bytes() for p in sorted(root.rglob("*.sqlite"))})
+    assert digests[0] == digests[1]
+    assert files[0] == files[1]
+    assert len(files[0]) == len(ALL_DOMAINS)
+    assert {str(k) for k in files[0]} == {f"sql/{d.db_id}" for d in ALL_DOMAINS}
+
+
+def test_suite_root_default_and_override(monkeypatch, tmp_path):
+    monkeypatch.setenv("RLLIB_DPH_DATA", str(tmp_path))
+    assert suites.suite_root() == tmp_path.resolve()
+    assert suites.sql_db_root() == tmp_path.resolve() / "sql"
+    monkeypatch.delenv("RLLIB_DPH_DATA")
+    assert suites.suite_root().parts[-4:] == (".cache", "rllib_dph", "suites", "v1")

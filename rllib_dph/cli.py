@@ -6,6 +6,7 @@ Ray removed RLlib's own command line after Ray 2.41; this one keeps its interfac
     rllib train --algo GRPO --env rllib_dph/SQL-v0 --config JSON --stop JSON
     rllib build-model tiny-sql-math
     rllib presample --model tiny-sql-math --env rllib_dph/SQL-v0 --out presample/sql_tiny
+    rllib evaluate <checkpoint | model> --env rllib_dph/SQL-v0 --env-config '{"data": "sql_synth/test"}'
 
 ``train`` runs the experiment through Ray Tune, so results, checkpoints and TensorBoard files
 land in the usual Tune output directory (``--storage-path``, default ``~/ray_results``).
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import runpy
 import sys
 from typing import Any, Optional
@@ -207,6 +209,71 @@ def _presample(args) -> None:
     )
 
 
+def _slug(text: str) -> str:
+    """``text`` as a folder name: runs of characters other than letters, digits, ``_.-`` become ``_``."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_.")[-80:]
+
+
+def _default_eval_out(policy: str, env: str, env_config: dict) -> str:
+    """``eval_results/<policy>__<env>[_<data>]``, slugged (see ``_slug``)."""
+    target = env + (f"_{env_config['data']}" if isinstance(env_config.get("data"), str) else "")
+    return os.path.join("eval_results", f"{_slug(policy)}__{_slug(target)}")
+
+
+def _evaluate(args) -> None:
+    from rllib_dph.evaluation import (
+        EvalResult,
+        compare,
+        evaluate,
+        finite_or_none,
+        format_summary,
+        plot_pass_at_k,
+    )
+
+    env_config = _json(args.env_config, "--env-config")
+    result = evaluate(
+        args.policy,
+        args.env,
+        env_config,
+        n=args.n,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        max_new_tokens=args.max_new_tokens,
+        ks=args.ks,
+        greedy=not args.no_greedy,
+        seed=args.seed,
+        style_suite=args.style_suite,
+        limit=args.limit,
+        batch_prompts=args.batch_prompts,
+        keep_completions=args.keep_completions,
+        engine=args.engine,
+        dtype=args.dtype,
+        device=args.device,
+        engine_kwargs=_json(args.engine_kwargs, "--engine-kwargs"),
+        name=args.name or "",
+    )
+    out = args.out or _default_eval_out(args.policy, args.env, env_config)
+    others = list(args.plot)  # the baseline is drawn too
+    if args.baseline and args.baseline not in others:
+        others.insert(0, args.baseline)
+    written = [
+        result.to_json(os.path.join(out, "results.json")),
+        result.to_csv(os.path.join(out, "results.csv")),
+        plot_pass_at_k([result, *others], os.path.join(out, "pass_at_k.png")),
+    ]
+    comparisons = {}
+    if args.baseline:
+        baseline = EvalResult.from_json(args.baseline)
+        comparisons = {k: compare(result, baseline, k) for k in result.ks if k <= baseline.n}
+        path = os.path.join(out, "compare.json")
+        by_k = {k: finite_or_none(c) for k, c in comparisons.items()}
+        with open(path, "w") as f:
+            json.dump({"baseline": args.baseline, "by_k": by_k}, f, indent=1)
+        written.append(path)
+    print(format_summary(result, comparisons))
+    print("wrote " + ", ".join(str(p) for p in written))
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(prog="rllib", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -241,6 +308,36 @@ def main(argv: Optional[list[str]] = None) -> None:
     pre.add_argument("--engine-kwargs", help="engine kwargs as JSON")
     pre.add_argument("--dtype", default="float32")
     pre.set_defaults(func=_presample)
+
+    ev = sub.add_parser(
+        "evaluate",
+        help="pass@k / greedy / maj@k / styles of a checkpoint or model on an env split",
+        description="Evaluate a policy: n samples and one greedy completion per prompt. Writes "
+        "results.json, results.csv (one row per prompt) and pass_at_k.png into --out.",
+    )
+    ev.add_argument("policy", help="Algorithm checkpoint folder, bundled model name, model folder or HF id")
+    ev.add_argument("--env", default="rllib_dph/SQL-v0", help="env id (default rllib_dph/SQL-v0)")
+    ev.add_argument("--env-config", help='env kwargs as JSON, e.g. \'{"data": "sql_synth/test"}\'')
+    ev.add_argument("--n", type=int, default=16, help="samples per prompt (default 16)")
+    ev.add_argument("--temperature", type=float, default=1.0)
+    ev.add_argument("--top-p", type=float, default=1.0)
+    ev.add_argument("--max-new-tokens", type=int, default=128)
+    ev.add_argument("--ks", type=int, nargs="+", help="k of pass@k / maj@k (default 1, 2, 4, ... <= n)")
+    ev.add_argument("--no-greedy", action="store_true", help="skip the greedy completion")
+    ev.add_argument("--seed", type=int, default=0)
+    ev.add_argument("--style-suite", help="suite whose style function names the styles (default: the task's)")
+    ev.add_argument("--limit", type=int, help="evaluate only the first N prompts")
+    ev.add_argument("--batch-prompts", type=int, default=16, help="prompts per generate call (default 16)")
+    ev.add_argument("--keep-completions", action="store_true", help="store completion texts in the JSON")
+    ev.add_argument("--baseline", help="results.json of the base model: keep / exploration rates, and plotted")
+    ev.add_argument("--plot", nargs="+", default=[], help="more results.json files to draw on the same plot")
+    ev.add_argument("--out", help="output folder (default eval_results/<policy>__<env>_<data>)")
+    ev.add_argument("--name", help="label of this run in plots (default: the policy argument)")
+    ev.add_argument("--engine", default="hf", help="rollout engine (default hf)")
+    ev.add_argument("--engine-kwargs", help="engine kwargs as JSON")
+    ev.add_argument("--dtype", help="weight dtype (default: the checkpoint's)")
+    ev.add_argument("--device", default="cpu", help="device of the engine (default cpu)")
+    ev.set_defaults(func=_evaluate)
 
     args = parser.parse_args(argv)
     args.func(args)

@@ -152,7 +152,8 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             columns when ``rollout_top_k > 0``), per-row ``REWARDS``, ``CORRECT``, ``TRUNCATED``,
             ``GROUP_IDS`` (unique across runners and calls), ``ROW_TYPE`` (exploration).
         """
-        num_prompts = num_prompts or self.config.prompts_per_step
+        if num_prompts is None:
+            num_prompts = self.config.prompts_per_step
         indices = self._next_prompts(num_prompts)
         prompts = [self._encode(i) for i in indices]
         params = self.sampling_params()

@@ -222,3 +222,20 @@ def test_two_ddp_learners(ray_session, tiny_grpo_config):
     for k in w0:
         assert math.isclose(w0[k], w1[k], rel_tol=1e-5, abs_tol=1e-5)
     algo.stop()
+
+
+def test_two_remote_env_runners_sample_and_receive_weights(ray_session, tiny_grpo_config):
+    """Remote env runners split the prompts and get the learner's weights after each update."""
+    config = tiny_grpo_config.copy(copy_frozen=False).env_runners(
+        num_env_runners=2, num_cpus_per_env_runner=0.5
+    ).training(prompts_per_step=3)
+    algo = config.build_algo()
+    result = algo.train()
+    assert result["env_runners"]["num_env_steps_sampled"] == 3 * config.group_size
+    learner_w = algo.learner_group.get_state()["learner"]["rl_module"][DEFAULT_MODULE_ID]
+    key = next(iter(learner_w))
+    runner_w = algo.env_runner_group.foreach_env_runner(
+        lambda r: r.engine.model.state_dict()[key].sum().item(), local_env_runner=False
+    )
+    assert all(math.isclose(w, float(learner_w[key].sum()), rel_tol=1e-5, abs_tol=1e-5) for w in runner_w)
+    algo.stop()

@@ -9,6 +9,7 @@ from rllib_dph.engines.base import Completion, RolloutEngine, SamplingParams
 # config.engine → "module:class" with a ``from_pretrained(name, *, dtype, device, **engine_kwargs)``.
 ENGINE_CLASSES = {
     "hf": "rllib_dph.engines.hf:HFEngine",
+    "vllm": "rllib_dph.engines.vllm:VLLMEngine",
 }
 
 

@@ -434,7 +434,8 @@ def evaluate_base_policy(
     from rllib_dph.models.hub import encode_prompt
 
     def sql_score(completion, task):
-        return sql_reward(completion, task.ground_truth["gold_sql"], task.ground_truth["db_path"])
+        truth = task.ground_truth
+        return sql_reward(completion, truth["gold_sql"], truth["db_path"], cmp_method=truth.get("cmp_method", "bird"))
 
     def math_score(completion, task):
         return math_reward(completion, task.ground_truth)

@@ -346,8 +346,11 @@ class GRPOConfig(AlgorithmConfig):
                 f"group_size={self.group_size}, but GRPO needs at least 2 completions per prompt "
                 "to compute group-relative advantages; set group_size >= 2 (e.g. 8)."
             )
-        if self.prompts_per_step < 1:
-            err(f"prompts_per_step={self.prompts_per_step} must be >= 1.")
+        if self.prompts_per_step < max(1, self.num_env_runners):
+            err(
+                f"prompts_per_step={self.prompts_per_step} must be >= 1 and >= num_env_runners="
+                f"{self.num_env_runners} (every env runner samples at least one prompt per step)."
+            )
         if not self.temperature > 0:
             err(
                 f"temperature={self.temperature} must be > 0 for RL sampling (0 would be greedy "
@@ -435,13 +438,15 @@ class GRPO(Algorithm):
 
     # ------------------------------------------------------------------ sampling
     def _sample_round(self, num_prompts: int) -> dict[str, np.ndarray]:
-        """One parallel sampling round over all env runners, metrics aggregated."""
+        """One parallel sampling round: ``num_prompts`` split evenly over the env runners."""
         group = self.env_runner_group
         remote = group.num_healthy_remote_workers()
-        per_runner = math.ceil(num_prompts / max(1, remote))
 
         def sample(runner):
-            return runner.sample(num_prompts=per_runner), runner.get_metrics()
+            # Remote runners have worker_index 1..R; the local runner (no remote ones) has 0.
+            rank, size = max(0, runner.worker_index - 1), max(1, remote)
+            share = num_prompts // size + (rank < num_prompts % size)
+            return runner.sample(num_prompts=share), runner.get_metrics()
 
         results = group.foreach_env_runner(sample, local_env_runner=remote == 0)
         self.metrics.aggregate([m for _, m in results], key=ENV_RUNNER_RESULTS)

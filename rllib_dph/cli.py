@@ -231,6 +231,7 @@ def _evaluate(args) -> None:
     )
 
     env_config = _json(args.env_config, "--env-config")
+    baseline = EvalResult.from_json(args.baseline) if args.baseline else None  # fail before evaluating
     result = evaluate(
         args.policy,
         args.env,
@@ -262,9 +263,11 @@ def _evaluate(args) -> None:
         plot_pass_at_k([result, *others], os.path.join(out, "pass_at_k.png")),
     ]
     comparisons = {}
-    if args.baseline:
-        baseline = EvalResult.from_json(args.baseline)
-        comparisons = {k: compare(result, baseline, k) for k in result.ks if k <= baseline.n}
+    if baseline is not None:
+        try:
+            comparisons = {k: compare(result, baseline, k) for k in result.ks if k <= baseline.n}
+        except ValueError as e:
+            raise SystemExit(f"rllib evaluate: wrote {', '.join(map(str, written))}, but --baseline: {e}")
         path = os.path.join(out, "compare.json")
         by_k = {k: finite_or_none(c) for k, c in comparisons.items()}
         with open(path, "w") as f:

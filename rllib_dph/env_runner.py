@@ -88,6 +88,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         self._rng = np.random.default_rng((self.config.seed or 0) + 1000 * self.worker_index)
         self._queue: list[int] = []
         self._prompt_ids: dict[int, list[int]] = {}
+        self._eval_envs: dict[str, gym.Env] = {}
 
     # ------------------------------------------------------------------ building
     @override(EnvRunner)
@@ -219,6 +220,28 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
     @override(EnvRunner)
     def get_metrics(self) -> ResultDict:
         return self.metrics.reduce()
+
+    def evaluate(self, env_config: dict, *, n: int, limit: Optional[int] = None, seed: int = 0) -> dict:
+        """pass@k, greedy accuracy, mean@n, style shares of the current weights on an env split.
+
+        Returns the flat float metrics of :func:`rllib_dph.evaluation.evaluate_engine`.
+        """
+        from rllib_dph.evaluation import evaluate_engine
+
+        key = repr(sorted(env_config.items()))
+        if key not in self._eval_envs:
+            self._eval_envs[key] = make_env(self.config.env, env_config)
+        result = evaluate_engine(
+            self.engine,
+            self._eval_envs[key],
+            n=n,
+            temperature=self.config.temperature,
+            top_p=self.config.top_p,
+            max_new_tokens=self.config.max_response_length,
+            seed=seed,
+            limit=limit,
+        )
+        return result.flat_metrics()
 
     # ------------------------------------------------------------------ state
     @override(Checkpointable)

@@ -239,3 +239,15 @@ def test_two_remote_env_runners_sample_and_receive_weights(ray_session, tiny_grp
     )
     assert all(math.isclose(w, float(learner_w[key].sum()), rel_tol=1e-5, abs_tol=1e-5) for w in runner_w)
     algo.stop()
+
+
+def test_validation_during_training_reports_pass_at_k(ray_session, tiny_grpo_config):
+    config = tiny_grpo_config.copy(copy_frozen=False).validation(
+        val_interval=2, val_env_config={"data": "sql_synth/test_cross"}, val_n=2, val_limit=3
+    )
+    algo = config.build_algo()
+    assert "evaluation" not in algo.train()
+    result = algo.train()
+    for key in ("pass@1", "pass@2", "greedy_accuracy"):
+        assert 0.0 <= result["evaluation"][key] <= 1.0
+    algo.stop()

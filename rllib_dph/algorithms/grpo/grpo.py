@@ -24,6 +24,7 @@ from ray.rllib.utils.annotations import override
 from ray.rllib.utils.metrics import (
     ENV_RUNNER_RESULTS,
     ENV_RUNNER_SAMPLING_TIMER,
+    EVALUATION_RESULTS,
     LEARNER_RESULTS,
     LEARNER_UPDATE_TIMER,
     NUM_ENV_STEPS_SAMPLED_LIFETIME,
@@ -117,6 +118,11 @@ class GRPOConfig(AlgorithmConfig):
         self.minibatch_size = None
         self.shuffle_batch_per_epoch = True
         self.num_env_runners = 0
+        # Validation during training.
+        self.val_interval = 0
+        self.val_env_config = None
+        self.val_n = 8
+        self.val_limit = None
         # Weights go to env runners through `sync_weights`; there are no connector states.
         self.merge_env_runner_states = False
         self.broadcast_env_runner_states = False
@@ -320,6 +326,40 @@ class GRPOConfig(AlgorithmConfig):
                 setattr(self, name, value)
         return self
 
+    def validation(
+        self,
+        *,
+        val_interval: Optional[int] = NotProvided,
+        val_env_config: Optional[dict] = NotProvided,
+        val_n: Optional[int] = NotProvided,
+        val_limit: Optional[int] = NotProvided,
+    ) -> "GRPOConfig":
+        """Sets the pass@k evaluation on a validation split during training.
+
+        Every ``val_interval`` iterations (after the weight sync) one env runner samples
+        ``val_n`` completions per validation prompt at the training temperature / top-p, plus
+        one greedy completion, and the results land under ``evaluation/`` in the iteration's
+        results (``evaluation/pass@1``, ``evaluation/pass@<n>``, ``evaluation/greedy_accuracy``,
+        ``evaluation/mean@<n>``, ``evaluation/style_entropy_bits``, ...), so Tune and TensorBoard
+        show pass@k curves over training.
+
+        Args:
+            val_interval: Evaluate every N training iterations; 0 (default) disables it.
+            val_env_config: Env kwargs of the validation split, e.g.
+                ``{"data": "sql_synth/test"}``; merged over the training ``env_config``.
+            val_n: Samples per validation prompt (default 8); pass@k for k = 1, 2, 4, ... ≤ n.
+            val_limit: Evaluate only the first N validation prompts (None: all).
+        """
+        for name, value in dict(
+            val_interval=val_interval,
+            val_env_config=val_env_config,
+            val_n=val_n,
+            val_limit=val_limit,
+        ).items():
+            if value is not NotProvided:
+                setattr(self, name, value)
+        return self
+
     @property
     def train_rows_per_step(self) -> int:
         """Rows (completions) per training iteration."""
@@ -398,6 +438,13 @@ class GRPOConfig(AlgorithmConfig):
             )
         if self.max_dynamic_sampling_rounds < 1:
             err(f"max_dynamic_sampling_rounds={self.max_dynamic_sampling_rounds} must be >= 1.")
+        if self.val_interval < 0 or (self.val_interval and self.val_n < 1):
+            err(f"val_interval={self.val_interval} must be >= 0 and val_n={self.val_n} >= 1.")
+        if self.val_interval and self.val_env_config is None:
+            err(
+                f"val_interval={self.val_interval} but no validation split: set "
+                ".validation(val_env_config={'data': 'sql_synth/test'}) (or val_interval=0)."
+            )
         rows = self.train_rows_per_step
         if self.minibatch_size is not None and not 0 < self.minibatch_size <= rows:
             err(
@@ -530,6 +577,26 @@ class GRPO(Algorithm):
         # This step's own phase times (RLlib's timers above are smoothed over iterations).
         for name, seconds in (("sampling_s", t1 - t0), ("learner_update_s", t2 - t1), ("weight_sync_s", t3 - t2)):
             self.metrics.log_value((STEP_TIMES, name), seconds, window=1)
+        if cfg.val_interval and (self.iteration + 1) % cfg.val_interval == 0:
+            self.validate_policy()
+
+    def validate_policy(self) -> dict[str, float]:
+        """pass@k & co. of the current policy on the validation split (see ``validation()``)."""
+        cfg = self.config
+        env_config = {**cfg.sampling_env_config, **cfg.val_env_config}
+        seed = self.iteration
+
+        def evaluate(runner):
+            return runner.evaluate(env_config, n=cfg.val_n, limit=cfg.val_limit, seed=seed)
+
+        group = self.env_runner_group
+        if group.num_healthy_remote_workers():
+            metrics = group.foreach_env_runner(evaluate, local_env_runner=False, remote_worker_ids=[1])[0]
+        else:
+            metrics = evaluate(self.env_runner)
+        for key, value in metrics.items():
+            self.metrics.log_value((EVALUATION_RESULTS, key), value, window=1)
+        return metrics
 
     def _sync_weights(self) -> None:
         self.env_runner_group.sync_weights(

@@ -1,0 +1,386 @@
+"""Evaluation: pass@k against enumeration, mean@k / maj@k / keep / exploration / style entropy on
+hand-made data, scoring through a scripted engine, `rllib evaluate` files, and checkpoints."""
+
+import csv
+import itertools
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from envs.suites import load_split
+from rllib_dph.cli import main
+from rllib_dph.engines.base import Completion
+from rllib_dph.engines.hf import HFEngine
+from rllib_dph.evaluation import (
+    EvalResult,
+    PromptRecord,
+    answer_key,
+    compare,
+    default_ks,
+    evaluate,
+    evaluate_engine,
+    find_module_checkpoint,
+    keep_and_exploration_rates,
+    maj_at_k,
+    majority_vote,
+    mean_at_k,
+    mean_pass_at_k,
+    pass_at_k,
+    plot_pass_at_k,
+    style_entropy,
+)
+from rllib_dph.models.hub import encode_prompt, load_tokenizer
+
+SQL_ENV = "rllib_dph/SQL-v0"
+SQL_TEST = {"data": "sql_synth/test"}
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+# ------------------------------------------------------------------------------ pure metrics
+def brute_force_pass_at_k(n: int, c: int, k: int) -> float:
+    """Share of the k-subsets of n samples (the first c correct) holding a correct sample."""
+    subsets = list(itertools.combinations(range(n), k))
+    return sum(any(i < c for i in subset) for subset in subsets) / len(subsets)
+
+
+@pytest.mark.parametrize("n", range(1, 11))
+def test_pass_at_k_equals_enumeration_over_all_subsets(n):
+    for c in range(n + 1):
+        for k in range(1, n + 1):
+            assert pass_at_k(n, c, k) == pytest.approx(brute_force_pass_at_k(n, c, k), abs=1e-12)
+
+
+def test_pass_at_k_is_stable_for_large_n():
+    # C(200, 100) overflows a float; the product form does not.
+    assert pass_at_k(200, 1, 100) == pytest.approx(0.5)
+    assert pass_at_k(200, 0, 100) == 0.0
+    assert pass_at_k(200, 150, 100) == 1.0
+
+
+@pytest.mark.parametrize("n,c,k,match", [(4, 5, 1, "c=5"), (4, 2, 5, "k=5"), (4, 2, 0, "k=0"), (4, -1, 1, "c=-1")])
+def test_pass_at_k_rejects_impossible_arguments(n, c, k, match):
+    with pytest.raises(ValueError, match=match):
+        pass_at_k(n, c, k)
+
+
+def test_mean_pass_at_k_averages_prompts():
+    # pass@2: 1 - C(2,2)/C(4,2) = 5/6 ; 0 ; 1  ->  mean 11/18
+    assert mean_pass_at_k([4, 4, 4], [2, 0, 4], 2) == pytest.approx(11 / 18)
+    with pytest.raises(ValueError, match="3 entries"):
+        mean_pass_at_k([4, 4, 4], [1, 2], 1)
+
+
+@pytest.mark.parametrize("n,expected", [(1, [1]), (2, [1, 2]), (12, [1, 2, 4, 8, 12]), (16, [1, 2, 4, 8, 16])])
+def test_default_ks(n, expected):
+    assert default_ks(n) == expected
+
+
+def test_mean_at_k_uses_disjoint_blocks_of_k_samples():
+    correct = [[1, 0, 1, 1], [0, 0, 0, 1]]
+    assert mean_at_k(correct, 4) == pytest.approx((3 / 4 + 1 / 4) / 2)
+    assert mean_at_k(correct, 2) == pytest.approx(0.5)
+    # k=3: one block, the first three samples: 2/3 and 0.
+    assert mean_at_k(correct, 3) == pytest.approx(1 / 3)
+    with pytest.raises(ValueError, match="k=5 with 4 samples"):
+        mean_at_k(correct, 5)
+
+
+@pytest.mark.parametrize(
+    "answers,correct,expected",
+    [
+        (["a", "a", "b", None], [1, 1, 0, 0], 1.0),
+        (["a", "b", "b"], [1, 0, 0], 0.0),
+        (["a", "b"], [1, 0], 0.5),  # tie: a random pick among the tied answers
+        ([None, None], [0, 0], 0.0),  # nobody votes
+        (["a", "a", None, None, None], [1, 1, 0, 0, 0], 1.0),  # no-answer samples do not vote
+    ],
+)
+def test_majority_vote(answers, correct, expected):
+    assert majority_vote(answers, correct) == expected
+
+
+def test_maj_at_k_on_hand_made_prompts():
+    answers = [["a", "b", "b", None], ["x", "x", "x", "y"]]
+    correct = [[1, 0, 0, 0], [0, 0, 0, 1]]
+    # k=4: b beats a (0), x beats y (0).
+    assert maj_at_k(answers, correct, 4) == 0.0
+    # k=2: prompt 1 blocks [a,b] tie 0.5, [b,None] 0 -> 0.25 ; prompt 2 [x,x] 0, [x,y] 0.5 -> 0.25.
+    assert maj_at_k(answers, correct, 2) == pytest.approx(0.25)
+    # k=1: plain sample accuracy.
+    assert maj_at_k(answers, correct, 1) == pytest.approx(0.25)
+
+
+def test_keep_and_exploration_rates_on_hand_made_example():
+    # Base solved prompts 0, 1, 4; failed 2, 3. New solves 0, 2, 4.
+    keep, exploration = keep_and_exploration_rates([1, 1, 0, 0, 1], [1, 0, 1, 0, 1])
+    assert keep == pytest.approx(2 / 3) and exploration == pytest.approx(1 / 2)
+    # Fractional pass@k: expected shares.
+    keep, exploration = keep_and_exploration_rates([0.5, 1.0, 0.0], [1.0, 0.5, 0.25])
+    assert keep == pytest.approx((0.5 * 1.0 + 1.0 * 0.5) / 1.5)
+    assert exploration == pytest.approx((0.5 * 1.0 + 1.0 * 0.25) / 1.5)
+    # Undefined when the base solved everything.
+    keep, exploration = keep_and_exploration_rates([1, 1], [1, 0])
+    assert keep == 0.5 and math.isnan(exploration)
+
+
+@pytest.mark.parametrize(
+    "counts,bits",
+    [
+        ({"plain": 4}, 0.0),
+        ({"plain": 2, "cte": 2}, 1.0),
+        ({"a": 1, "b": 1, "c": 1, "d": 1, "none": 10}, 2.0),  # "none" is no style
+        ({"plain": 3, "other": 1}, -(0.75 * math.log2(0.75) + 0.25 * math.log2(0.25))),
+        ({}, 0.0),
+    ],
+)
+def test_style_entropy_in_bits(counts, bits):
+    assert style_entropy(counts) == pytest.approx(bits)
+
+
+# ------------------------------------------------------------------------------ results
+def record(task_id, correct, *, answers=None, styles=(), greedy=None, index=0):
+    return PromptRecord(
+        task_id=task_id,
+        index=index,
+        correct=[bool(c) for c in correct],
+        answers=answers or [None] * len(correct),
+        styles=list(styles),
+        num_truncated=0,
+        greedy_correct=greedy,
+    )
+
+
+def result_of(records, n=4):
+    return EvalResult(records=records, n=n, temperature=1.0, top_p=1.0, max_new_tokens=8, seed=0, ks=default_ks(n))
+
+
+def test_compare_matches_prompts_by_task_id():
+    # Baseline at pass@4 (k = n, binary): solved t0, t1, t3; failed t2, t4.
+    baseline = result_of([
+        record("t4", [0, 0, 0, 0]),
+        record("t0", [1, 0, 0, 0]),
+        record("t1", [0, 1, 1, 0]),
+        record("t2", [0, 0, 0, 0]),
+        record("t3", [1, 1, 1, 1]),
+        record("t5", [1, 1, 1, 1]),  # not evaluated by the tuned policy: ignored
+    ])
+    tuned = result_of([
+        record("t0", [1, 1, 1, 1]),  # kept
+        record("t1", [0, 0, 0, 0]),  # forgotten
+        record("t2", [0, 0, 1, 0]),  # explored
+        record("t3", [0, 0, 0, 1]),  # kept
+        record("t4", [0, 0, 0, 0]),  # still failed
+    ])
+    out = compare(tuned, baseline, k=4)
+    expected = {"keep_rate": 2 / 3, "exploration_rate": 1 / 2, "base_solved": 3, "base_failed": 2}
+    assert out == pytest.approx(expected)
+    with pytest.raises(ValueError, match="1 of 1 prompts are not in the baseline"):
+        compare(result_of([record("t9", [1, 1, 1, 1])]), baseline, k=4)
+
+
+def test_summary_flat_metrics_and_files(tmp_path):
+    result = result_of([
+        record(
+            "t0", [1, 1, 0, 0], answers=["a", "a", "b", None], styles=["plain", "cte", "plain", "none"], greedy=True
+        ),
+        record("t1", [0, 0, 0, 1], answers=["x", "x", "y", "z"], styles=["plain"] * 4, greedy=False, index=1),
+    ])
+    summary = result.summary()
+    assert summary["greedy_accuracy"] == 0.5
+    assert summary["pass@1"] == pytest.approx((2 / 4 + 1 / 4) / 2)
+    assert summary["pass@4"] == 1.0
+    assert summary["mean@4"] == pytest.approx(3 / 8)
+    assert summary["maj@4"] == pytest.approx((1.0 + 0.0) / 2)
+    assert summary["style_counts"] == {"plain": 6, "cte": 1, "none": 1}
+    assert summary["style_entropy_bits"] == pytest.approx(style_entropy({"plain": 6, "cte": 1}))
+
+    flat = result.flat_metrics(prefix="eval/")
+    assert set(flat) == {
+        "eval/greedy_accuracy", "eval/pass@1", "eval/pass@2", "eval/pass@4", "eval/mean@4", "eval/maj@1",
+        "eval/maj@2", "eval/maj@4", "eval/truncation_rate", "eval/style_entropy_bits", "eval/style/plain",
+        "eval/style/cte", "eval/style/none",
+    }
+    assert all(isinstance(v, float) for v in flat.values())
+    assert flat["eval/style/plain"] == pytest.approx(6 / 8)
+
+    restored = EvalResult.from_json(result.to_json(tmp_path / "r.json"))
+    assert restored.summary() == summary and restored.records == result.records
+
+    with open(result.to_csv(tmp_path / "r.csv")) as f:
+        rows = list(csv.DictReader(f))
+    assert [r["task_id"] for r in rows] == ["t0", "t1"]
+    assert rows[0]["num_correct"] == "2" and rows[0]["greedy_correct"] == "1" and rows[0]["style/cte"] == "1"
+    assert float(rows[1]["pass@2"]) == pytest.approx(0.5)
+
+    png = plot_pass_at_k([result, tmp_path / "r.json"], tmp_path / "plot" / "p.png")
+    assert png.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_from_json_rejects_other_files(tmp_path):
+    path = tmp_path / "x.json"
+    path.write_text(json.dumps({"foo": 1}))
+    with pytest.raises(ValueError, match="no evaluation result"):
+        EvalResult.from_json(path)
+
+
+# ------------------------------------------------------------------------------ scoring
+class ScriptedEngine:
+    """A rollout engine that answers each prompt with fixed texts (samples in order, greedy text)."""
+
+    def __init__(self, tokenizer, script):
+        self.tokenizer = tokenizer
+        self.script = script  # prompt ids (tuple) -> (sample texts, greedy text)
+
+    def _completion(self, text):
+        ids = np.array(self.tokenizer(text, add_special_tokens=False)["input_ids"], dtype=np.int64)
+        return Completion(token_ids=ids, logprobs=np.zeros(len(ids), dtype=np.float32))
+
+    def generate(self, prompts, params):
+        groups = []
+        for prompt in prompts:
+            samples, greedy = self.script[tuple(prompt)]
+            texts = [greedy] if params.temperature == 0 else samples[: params.n]
+            groups.append([self._completion(t) for t in texts])
+        return groups
+
+
+@pytest.fixture(scope="module")
+def sql_env():
+    from envs.sql import SQLEnv
+
+    return SQLEnv(load_split("sql_synth/test")[:3])
+
+
+def sql_block(query):
+    return f"```sql\n{query}\n```"
+
+
+def test_evaluate_engine_scores_votes_and_styles(sql_env):
+    tokenizer = load_tokenizer("tiny-random")
+    gold = [t.meta["styles"] for t in sql_env.tasks]
+    wrong = sql_block("SELECT 123456789")
+    samples = [
+        [sql_block(gold[0]["plain"]), sql_block(gold[0]["cte"]), "no query here", wrong],
+        [wrong, wrong, wrong, sql_block(gold[1]["subquery"])],
+        [sql_block("SELEC nonsense"), wrong, "", sql_block(gold[2]["alias"])],
+    ]
+    greedy = [sql_block(gold[0]["plain"]), wrong, wrong]
+    script = {
+        tuple(encode_prompt(tokenizer, [dict(m) for m in task.messages])): (s, g)
+        for task, s, g in zip(sql_env.tasks, samples, greedy)
+    }
+    engine = ScriptedEngine(tokenizer, script)
+    result = evaluate_engine(engine, sql_env, n=4, batch_prompts=2, keep_completions=True)
+
+    assert [r.correct for r in result.records] == [
+        [True, True, False, False],
+        [False, False, False, True],
+        [False, False, False, True],
+    ]
+    assert [r.greedy_correct for r in result.records] == [True, False, False]
+    first = result.records[0]
+    # Two queries with the same result rows share one answer; no block or a failing query: None.
+    assert first.answers[0] == first.answers[1] and first.answers[2] is None
+    assert first.answers[3] not in first.answers[:3]
+    assert result.records[2].answers[:3] == [None, result.records[1].answers[0], None]
+    assert [r.styles for r in result.records][0] == ["plain", "cte", "none", "plain"]
+    assert result.records[1].completions == samples[1] and result.records[0].greedy_completion == greedy[0]
+
+    summary = result.summary()
+    assert summary["greedy_accuracy"] == pytest.approx(1 / 3)
+    assert summary["pass@1"] == pytest.approx((2 / 4 + 1 / 4 + 1 / 4) / 3)
+    assert summary["pass@4"] == 1.0
+    # maj@4: gold wins prompt 0 (2 vs 1); wrong wins prompt 1 (3 vs 1); prompt 2 ties 1-1.
+    assert summary["maj@4"] == pytest.approx((1 + 0 + 0.5) / 3)
+    assert summary["style_counts"]["cte"] == 1 and summary["style_counts"]["subquery"] == 1
+
+
+def test_evaluate_engine_checks_its_settings(sql_env):
+    engine = ScriptedEngine(load_tokenizer("tiny-random"), {})
+    with pytest.raises(ValueError, match=r"ks=\[8\] must all be in \[1, n=4\]"):
+        evaluate_engine(engine, sql_env, n=4, ks=[8])
+    with pytest.raises(ValueError, match="style_suite='spider'"):
+        evaluate_engine(engine, sql_env, n=4, style_suite="spider")
+    with pytest.raises(ValueError, match="temperature=0"):
+        evaluate_engine(engine, sql_env, n=4, temperature=0)
+
+
+def test_math_answer_key_is_the_final_answer():
+    from envs.math import MathEnv
+
+    env = MathEnv(load_split("math_synth/test")[:1])
+    task = env.tasks[0]
+    assert answer_key(env, task, "so x = 2.\n\\boxed{ -22 }") == "-22"
+    assert answer_key(env, task, "I do not know") is None
+
+
+# ------------------------------------------------------------------------------ CLI and checkpoints
+def test_rllib_evaluate_writes_results_plot_and_comparison(tmp_path, capsys):
+    common = ["--env", SQL_ENV, "--env-config", json.dumps(SQL_TEST), "--n", "4", "--limit", "3"]
+    common += ["--max-new-tokens", "8"]
+    base_dir, tuned_dir = tmp_path / "base", tmp_path / "tuned"
+    main(["evaluate", "tiny-random", *common, "--out", str(base_dir), "--name", "base"])
+    main([
+        "evaluate", "tiny-random", *common, "--seed", "1", "--out", str(tuned_dir),
+        "--baseline", str(base_dir / "results.json"), "--plot", str(base_dir / "results.json"),
+    ])
+    printed = capsys.readouterr().out
+    assert "pass@k" in printed and "keep" in printed and "greedy accuracy" in printed
+
+    data = json.loads((tuned_dir / "results.json").read_text())
+    assert {"settings", "summary", "records"} <= set(data) and len(data["records"]) == 3
+    assert data["settings"]["env_config"] == SQL_TEST and data["settings"]["seed"] == 1
+    for key in ("greedy_accuracy", "pass@1", "pass@2", "pass@4", "mean@4", "maj@4", "style_entropy_bits"):
+        assert key in data["summary"]
+    with open(tuned_dir / "results.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 3 and {"task_id", "num_correct", "greedy_correct", "pass@4"} <= set(rows[0])
+    assert (tuned_dir / "pass_at_k.png").read_bytes()[:8] == PNG_MAGIC
+    comparison = json.loads((tuned_dir / "compare.json").read_text())
+    assert set(comparison["by_k"]) == {"1", "2", "4"}
+    assert set(comparison["by_k"]["4"]) == {"keep_rate", "exploration_rate", "base_solved", "base_failed"}
+
+
+def test_trial_folders_and_partial_checkpoints_are_refused(tmp_path):
+    (tmp_path / "trial" / "checkpoint_000001").mkdir(parents=True)
+    with pytest.raises(ValueError, match="Tune trial folder.*checkpoint_000001"):
+        find_module_checkpoint(tmp_path / "trial")
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "rllib_checkpoint.json").write_text("{}")
+    with pytest.raises(ValueError, match="without learner_group"):
+        find_module_checkpoint(tmp_path / "ckpt")
+    assert find_module_checkpoint(tmp_path) is None
+    (tmp_path / "trial" / "config.json").write_text("{}")  # a model folder, whatever else it holds
+    assert find_module_checkpoint(tmp_path / "trial") is None
+
+
+def test_checkpoint_evaluates_like_the_weights_it_was_saved_with(ray_session, tiny_grpo_config, tmp_path):
+    from ray.rllib.core import DEFAULT_MODULE_ID
+
+    algo = tiny_grpo_config.build_algo()
+    weights = algo.learner_group.get_weights()[DEFAULT_MODULE_ID]
+    generator = torch.Generator().manual_seed(0)
+    # Perturb the decoder layers (not the tied embeddings) so that the outputs change.
+    saved = {
+        name: value + 0.1 * torch.randn(value.shape, generator=generator) if ".layers." in name else value
+        for name, value in weights.items()
+    }
+    algo.learner_group.set_weights({DEFAULT_MODULE_ID: saved})
+    algo.save_to_path(str(tmp_path / "ckpt"))
+    algo.stop()
+
+    kwargs = dict(n=2, limit=3, max_new_tokens=12, keep_completions=True, progress=False)
+    from_checkpoint = evaluate(str(tmp_path / "ckpt"), SQL_ENV, SQL_TEST, **kwargs)
+    engine = HFEngine.from_pretrained("tiny-random")
+    base = evaluate(engine, SQL_ENV, SQL_TEST, **kwargs)
+    engine.update_weights(saved)
+    expected = evaluate(engine, SQL_ENV, SQL_TEST, **kwargs)
+
+    greedy = [r.greedy_completion for r in from_checkpoint.records]
+    assert greedy == [r.greedy_completion for r in expected.records]
+    assert [r.completions for r in from_checkpoint.records] == [r.completions for r in expected.records]
+    assert greedy != [r.greedy_completion for r in base.records]
+    assert from_checkpoint.policy == str(tmp_path / "ckpt")

@@ -1,0 +1,212 @@
+"""The DPH-RL paper's comparison (Tables 1-2, Figure 4) reproduced on the tiny suites.
+
+From the same tiny base model, with the same budget and seeds, trains GRPO, DAPO, RKL, DPH-F,
+DPH-JS and α=0.5 (their tuned examples) on the SQL suite, then evaluates the base model and every
+result on the in-domain SQL test split, the cross-domain SQL split and out-of-domain math:
+greedy accuracy, pass@k (n samples), keep / exploration rates against the base model (paper
+§6.1) and the entropy of the SQL solution styles. Writes to `--out`:
+
+- `results.md`: Markdown tables in the layout of the paper's Tables 1 and 2 (mean ± std over seeds);
+- `pass_at_k.png`: pass@k curves (in-domain) of the base model and each method;
+- `styles.png`: solution-style distributions (in-domain), like the paper's Figure 4;
+- `runs/<method>_seed<s>/...`: checkpoints and per-split evaluation JSON;
+- `summary.json`: every number in the tables.
+
+    python bench/reproduce_dph.py --quick        # 1 seed, short budget: ~15 min on 2 cores
+    python bench/reproduce_dph.py                # 3 seeds, the documented budget: ~90 min
+
+Budget (full): `--iterations` training iterations per run with the tuned examples' batch
+(16 prompts x 8 completions), evaluation on the first `--eval-limit` prompts of each split with
+`--n` samples per prompt.
+"""
+
+import argparse
+import json
+import pathlib
+import time
+
+import numpy as np
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+METHODS = {
+    "GRPO": "tuned_examples/grpo/sql_tiny_grpo.py",
+    "DAPO": "tuned_examples/grpo/sql_tiny_dapo.py",
+    "RKL": "tuned_examples/grpo/sql_tiny_rkl.py",
+    "DPH-F": "tuned_examples/dph/sql_tiny_dph_f.py",
+    "DPH-JS": "tuned_examples/dph/sql_tiny_dph_js.py",
+    "alpha=0.5": "tuned_examples/dph/sql_tiny_dph_alpha.py",
+}
+SPLITS = {
+    "in-domain": ("rllib_dph/SQL-v0", {"data": "sql_synth/test"}),
+    "cross-domain": ("rllib_dph/SQL-v0", {"data": "sql_synth/test_cross"}),
+    "math (OOD)": ("rllib_dph/Math-v0", {"data": "math_synth/test"}),
+}
+BUDGETS = {
+    "full": dict(seeds=[0, 1, 2], iterations=25, eval_limit=100, n=16),
+    "quick": dict(seeds=[0], iterations=8, eval_limit=40, n=8),
+}
+
+
+def evaluate_all(policy, name: str, out: pathlib.Path, args) -> dict:
+    """Evaluates ``policy`` on every split; caches the JSON files under ``out``."""
+    from rllib_dph.evaluation import EvalResult, evaluate
+
+    results = {}
+    for split, (env_id, env_config) in SPLITS.items():
+        path = out / f"eval_{split.split()[0]}.json"
+        if path.exists():
+            results[split] = EvalResult.from_json(path)
+            continue
+        result = evaluate(
+            str(policy), env_id, env_config, n=args.n, temperature=1.0, max_new_tokens=64,
+            limit=args.eval_limit, seed=0, progress=False, name=name,
+        )
+        result.to_json(path)
+        results[split] = result
+    return results
+
+
+def train(method: str, seed: int, out: pathlib.Path, args) -> pathlib.Path:
+    """Trains one method/seed for the budget; returns its checkpoint directory."""
+    from rllib_dph.cli import load_tuned_example
+
+    ckpt = out / "checkpoint"
+    if (ckpt / "learner_group").exists():
+        return ckpt
+    config, _ = load_tuned_example(str(REPO / METHODS[method]))
+    config.update_from_dict({"seed": seed, **json.loads(args.config)})
+    algo = config.build_algo()
+    curve = []
+    for _ in range(args.iterations):
+        curve.append(float(algo.train()["env_runners"]["reward_mean"]))
+    algo.save_to_path(str(ckpt))
+    algo.stop()
+    (out / "train_reward.json").write_text(json.dumps(curve))
+    return ckpt
+
+
+def fmt(values: list[float], pct: bool = True) -> str:
+    values = [v for v in values if v is not None and np.isfinite(v)]
+    if not values:
+        return "n/a"
+    scale = 100 if pct else 1
+    mean, std = scale * np.mean(values), scale * np.std(values)
+    return f"{mean:.1f} ± {std:.1f}" if len(values) > 1 else f"{mean:.1f}"
+
+
+def tables(base: dict, runs: dict, args) -> tuple[str, dict]:
+    """Markdown tables (paper Tables 1-2 layout) and the numbers behind them."""
+    from rllib_dph.evaluation import compare
+
+    k_mid, k_max = max(1, args.n // 2), args.n
+    numbers: dict = {"base": {}, "methods": {}}
+    header = (
+        f"| method | greedy | pass@{k_mid} | pass@{k_max} | cross greedy | cross pass@{k_max} | "
+        f"math greedy | math pass@{k_max} | keep@{k_max} | explore@{k_max} | style entropy (bits) |"
+    )
+    lines = [header, "|" + " --- |" * 11]
+
+    def row(name: str, per_seed: list[dict]) -> None:
+        cells = {
+            "greedy": [r["in-domain"].summary()["greedy_accuracy"] for r in per_seed],
+            f"pass@{k_mid}": [r["in-domain"].summary()[f"pass@{k_mid}"] for r in per_seed],
+            f"pass@{k_max}": [r["in-domain"].summary()[f"pass@{k_max}"] for r in per_seed],
+            "cross greedy": [r["cross-domain"].summary()["greedy_accuracy"] for r in per_seed],
+            f"cross pass@{k_max}": [r["cross-domain"].summary()[f"pass@{k_max}"] for r in per_seed],
+            "math greedy": [r["math (OOD)"].summary()["greedy_accuracy"] for r in per_seed],
+            f"math pass@{k_max}": [r["math (OOD)"].summary()[f"pass@{k_max}"] for r in per_seed],
+        }
+        rates = [compare(r["in-domain"], base["in-domain"], k_max) for r in per_seed]
+        cells["keep"] = [x["keep_rate"] for x in rates]
+        cells["explore"] = [x["exploration_rate"] for x in rates]
+        cells["style entropy"] = [r["in-domain"].summary().get("style_entropy_bits") for r in per_seed]
+        numbers["methods" if name != "Base model" else "base"][name] = cells
+        values = [fmt(v) for k, v in cells.items() if k != "style entropy"]
+        if name == "Base model":
+            values[-2:] = ["—", "—"]
+        lines.append(f"| {name} | " + " | ".join(values) + f" | {fmt(cells['style entropy'], pct=False)} |")
+
+    row("Base model", [base])
+    for method, per_seed in runs.items():
+        row(method, per_seed)
+    return "\n".join(lines), numbers
+
+
+def plots(base: dict, runs: dict, out: pathlib.Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from rllib_dph.evaluation import plot_pass_at_k
+
+    plot_pass_at_k([base["in-domain"]] + [seeds[0]["in-domain"] for seeds in runs.values()], out / "pass_at_k.png")
+    labels = ["Base model"] + list(runs)
+    counts = [base["in-domain"].style_counts()] + [seeds[0]["in-domain"].style_counts() for seeds in runs.values()]
+    styles = sorted({s for c in counts for s in c if s != "none"})
+    if not styles:
+        return  # no completion had an answer block: nothing to draw
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    width = 0.8 / len(styles)
+    for j, style in enumerate(styles):
+        shares = [c.get(style, 0) / max(1, sum(v for s, v in c.items() if s != "none")) for c in counts]
+        ax.bar(np.arange(len(labels)) + j * width, shares, width, label=style)
+    ax.set_xticks(np.arange(len(labels)) + 0.4 - width / 2, labels)
+    ax.set_ylabel("share of sampled SQL solutions")
+    ax.set_title("Solution styles on the in-domain test split (seed 0)")
+    ax.legend(ncol=3, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "styles.png", dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="1 seed, short budget (~15 min)")
+    parser.add_argument("--seeds", type=int, nargs="+")
+    parser.add_argument("--iterations", type=int)
+    parser.add_argument("--eval-limit", type=int)
+    parser.add_argument("--n", type=int)
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--config", default="{}", help="config overrides for every run, as JSON")
+    parser.add_argument("--out", default=str(REPO / "bench/out/reproduce_dph"))
+    args = parser.parse_args()
+    for key, value in BUDGETS["quick" if args.quick else "full"].items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+
+    import ray
+
+    from rllib_dph.models.hub import resolve_model
+
+    ray.init(include_dashboard=False, log_to_driver=False)
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    base_model = json.loads(args.config).get("model_name", "tiny-sql-math")
+    base = evaluate_all(resolve_model(base_model), "Base model", out / "base", args)
+    print(f"[{time.perf_counter() - t0:6.0f}s] base model evaluated")
+    runs = {}
+    for method in args.methods:
+        runs[method] = []
+        for seed in args.seeds:
+            run_dir = out / "runs" / f"{method}_seed{seed}"
+            ckpt = train(method, seed, run_dir, args)
+            runs[method].append(evaluate_all(ckpt, method, run_dir, args))
+            print(f"[{time.perf_counter() - t0:6.0f}s] {method} seed {seed} trained and evaluated")
+
+    table, numbers = tables(base, runs, args)
+    budget = (
+        f"Budget: {args.iterations} iterations x 16 prompts x 8 completions per run, seeds {args.seeds}; "
+        f"evaluation on the first {args.eval_limit} prompts of each split, n={args.n} samples at "
+        f"temperature 1.0 plus one greedy sample. Total time {time.perf_counter() - t0:.0f} s."
+    )
+    text = f"{budget}\n\nAll numbers in %, except the style entropy.\n\n{table}\n"
+    (out / "results.md").write_text(text)
+    (out / "summary.json").write_text(json.dumps({"args": vars(args), "numbers": numbers}, indent=1, default=str))
+    plots(base, runs, out)
+    print("\n" + text)
+    print(f"wrote {out / 'results.md'}, {out / 'pass_at_k.png'}, {out / 'styles.png'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -6,17 +6,25 @@ How to run::
     python bench/engines.py --sizes tiny --batch-sizes 1,16,64,128 --n 8
     python bench/engines.py --model /path/to/saved/model     # any model saved with save_pretrained
 
+    # HF and vLLM side by side: run with a python that has vLLM (on CPU the environment of
+    # .ci/vllm, by default ~/.cache/rllib_dph/vllm-venv):
+    ~/.cache/rllib_dph/vllm-venv/bin/python bench/engines.py --engines hf,vllm
+
 By default each model is a Qwen2 with random weights, saved to a temporary directory that every
 engine loads from. Random weights generate exactly as fast as trained ones, and as these models
 have no stop token every row runs for ``--max-new-tokens``. The tiny size is the architecture of
 the bundled ``tiny-sql-math`` model. tokens/s counts the generated tokens of one ``generate``
 call (prefill included) over its wall time. Weight sync is one ``update_weights`` with the
-model's full state dict. Another engine adds a row by adding a builder to ``ENGINES``.
+model's full state dict (for vLLM: ``reload_weights`` plus the prefix-cache reset). Engines run
+one after the other (all rows of the first engine, then the next), so that vLLM's in-process
+thread binding cannot slow down the rows of another engine. Another engine adds rows by adding
+a builder to ``ENGINES``.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import tempfile
 import time
@@ -75,8 +83,15 @@ def hf_engine(path: Path, *, dtype: str, device: str, max_batch_size: int) -> HF
     return HFEngine(model, tokenizer, device=device, max_batch_size=max_batch_size)
 
 
+def vllm_engine(path: Path, *, dtype: str, device: str, max_batch_size: int):
+    """The vLLM engine (in-process) on a saved model; ``max_batch_size`` caps its running rows."""
+    from rllib_dph.engines.vllm import VLLMEngine
+
+    return VLLMEngine.from_pretrained(str(path), dtype=dtype, device=device, max_num_seqs=max_batch_size)
+
+
 # Engine name → builder(path, *, dtype, device, max_batch_size) -> RolloutEngine.
-ENGINES = {"hf": hf_engine}
+ENGINES = {"hf": hf_engine, "vllm": vllm_engine}
 
 
 def measure(engine, *, rows: int, n: int, prompt_len: int, max_new_tokens: int, vocab_size: int):
@@ -91,9 +106,8 @@ def measure(engine, *, rows: int, n: int, prompt_len: int, max_new_tokens: int, 
     return num_tokens / seconds, seconds
 
 
-def weight_sync_ms(engine, repeats: int = 5) -> float:
-    """Median milliseconds of one ``update_weights`` with the engine's own full state dict."""
-    state = {k: v.detach().cpu().clone() for k, v in engine.model.state_dict().items()}
+def weight_sync_ms(engine, state: dict[str, torch.Tensor], repeats: int = 5) -> float:
+    """Median milliseconds of one ``update_weights`` with a full state dict (CPU tensors)."""
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -132,13 +146,19 @@ def main():
             models_to_run = [
                 (size, save_random_model(size, Path(tmp) / size)) for size in args.sizes.split(",")
             ]
+        # The learner's view of each model: size, vocabulary and the state dict a sync sends.
+        references = {}
         for model_name, path in models_to_run:
-            for engine_name in args.engines.split(","):
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, args.dtype))
+            state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            references[model_name] = (model.num_parameters() / 1e6, model.config.vocab_size, state)
+            del model
+        for engine_name in args.engines.split(","):
+            for model_name, path in models_to_run:
+                num_params, vocab_size, state = references[model_name]
                 engine = ENGINES[engine_name](
                     path, dtype=args.dtype, device=args.device, max_batch_size=max(batch_sizes)
                 )
-                vocab_size = engine.model.config.vocab_size
-                num_params = sum(p.numel() for p in engine.model.parameters()) / 1e6
                 kwargs = dict(n=args.n, prompt_len=args.prompt_len, vocab_size=vocab_size)
                 measure(engine, rows=args.n, max_new_tokens=4, **kwargs)  # warm-up
                 for rows in batch_sizes:
@@ -147,7 +167,9 @@ def main():
                     )
                     print(f"{engine_name:<6} {model_name:<10} {num_params:>6.1f}M {rows:>5} "
                           f"{tokens_per_s:>9.0f} {seconds:>7.2f}", flush=True)
-                syncs.append((engine_name, model_name, weight_sync_ms(engine)))
+                syncs.append((engine_name, model_name, weight_sync_ms(engine, state)))
+                del engine
+                gc.collect()
     print("\nweight sync (update_weights with the full state dict)")
     for engine_name, model_name, ms in syncs:
         print(f"{engine_name:<6} {model_name:<10} {ms:>8.1f} ms")

@@ -91,7 +91,7 @@ class DPHConfig(GRPOConfig):
             presample_k: Samples per prompt for an automatic pre-sampling run (default 8).
             presample_min_correct: m of k correct for D_pef (default 7).
         """
-        for name, value in dict(
+        self._set_provided(
             divergence=divergence,
             pef_coeff=pef_coeff,
             alpha=alpha,
@@ -102,9 +102,7 @@ class DPHConfig(GRPOConfig):
             presample_dir=presample_dir,
             presample_k=presample_k,
             presample_min_correct=presample_min_correct,
-        ).items():
-            if value is not NotProvided:
-                setattr(self, name, value)
+        )
         return self
 
     @property

@@ -130,6 +130,12 @@ class GRPOConfig(AlgorithmConfig):
 
         self.env_runner_cls = LLMEnvRunner
 
+    def _set_provided(self, **values) -> None:
+        """Sets the builder arguments that were given (not ``NotProvided``)."""
+        for name, value in values.items():
+            if value is not NotProvided:
+                setattr(self, name, value)
+
     @override(AlgorithmConfig)
     def get_default_learner_class(self) -> Union[Type, str]:
         from rllib_dph.algorithms.grpo.grpo_torch_learner import GRPOTorchLearner
@@ -222,7 +228,7 @@ class GRPOConfig(AlgorithmConfig):
                 (the KL penalty, DPH's JS-definition variant): ``"initial"`` (default, a copy of
                 ``model_name``), another model name or path, or None to forbid loading one.
         """
-        for name, value in dict(
+        self._set_provided(
             model_name=model_name,
             dtype=dtype,
             engine=engine,
@@ -232,9 +238,7 @@ class GRPOConfig(AlgorithmConfig):
             max_response_length=max_response_length,
             gradient_checkpointing=gradient_checkpointing,
             reference_model=reference_model,
-        ).items():
-            if value is not NotProvided:
-                setattr(self, name, value)
+        )
         return self
 
     @override(AlgorithmConfig)
@@ -302,7 +306,7 @@ class GRPOConfig(AlgorithmConfig):
             entropy_coeff: Weight of an entropy bonus (default 0).
         """
         super().training(**kwargs)
-        for name, value in dict(
+        self._set_provided(
             group_size=group_size,
             prompts_per_step=prompts_per_step,
             dynamic_sampling=dynamic_sampling,
@@ -321,9 +325,7 @@ class GRPOConfig(AlgorithmConfig):
             kl_coeff=kl_coeff,
             kl_estimator=kl_estimator,
             entropy_coeff=entropy_coeff,
-        ).items():
-            if value is not NotProvided:
-                setattr(self, name, value)
+        )
         return self
 
     def validation(
@@ -350,14 +352,12 @@ class GRPOConfig(AlgorithmConfig):
             val_n: Samples per validation prompt (default 8); pass@k for k = 1, 2, 4, ... ≤ n.
             val_limit: Evaluate only the first N validation prompts (None: all).
         """
-        for name, value in dict(
+        self._set_provided(
             val_interval=val_interval,
             val_env_config=val_env_config,
             val_n=val_n,
             val_limit=val_limit,
-        ).items():
-            if value is not NotProvided:
-                setattr(self, name, value)
+        )
         return self
 
     @property

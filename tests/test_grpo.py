@@ -1,6 +1,7 @@
 """GRPO end to end: config validation, env runner batches, learner updates, checkpoints, CLI."""
 
 import json
+import os
 import math
 import subprocess
 import sys
@@ -251,3 +252,40 @@ def test_validation_during_training_reports_pass_at_k(ray_session, tiny_grpo_con
     for key in ("pass@1", "pass@2", "greedy_accuracy"):
         assert 0.0 <= result["evaluation"][key] <= 1.0
     algo.stop()
+
+
+def test_rllib_train_resumes_an_interrupted_experiment(tmp_path):
+    """Kill `rllib train` after its first checkpoint; `--resume` continues to the stop criterion."""
+    import signal
+    import time
+
+    args = [
+        sys.executable, "-m", "rllib_dph.cli", "train", "--algo", "GRPO", "--env", "rllib_dph/SQL-v0",
+        "--config", json.dumps({
+            "model_name": "tiny-random", "max_response_length": 16, "group_size": 2,
+            "prompts_per_step": 2, "env_config": {"data": "sql_synth/test"},
+        }),
+        "--stop", json.dumps({"training_iteration": 30}), "--checkpoint-freq", "1",
+        "--storage-path", str(tmp_path), "--name", "resumable", "-v", "0",
+    ]
+    proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.time() + 300
+
+    def first_iteration_saved():
+        trials = list(tmp_path.glob("resumable/GRPO_*"))
+        return trials and (trials[0] / "checkpoint_000000").is_dir() and (trials[0] / "result.json").is_file() \
+            and (trials[0] / "result.json").read_text().strip()
+
+    while not first_iteration_saved() and time.time() < deadline:
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    trial = next((tmp_path / "resumable").glob("GRPO_*"))
+    done_before = len((trial / "result.json").read_text().splitlines())
+    assert done_before < 30
+
+    out = subprocess.run(args + ["--resume"], capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert "training_iteration=30" in out.stdout
+    iterations = [json.loads(line)["training_iteration"] for line in (trial / "result.json").read_text().splitlines()]
+    assert iterations[-1] == 30 and iterations[done_before] > 1  # continued, not restarted

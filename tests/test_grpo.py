@@ -13,7 +13,6 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 
 from rllib_dph import columns as C
-from rllib_dph.algorithms.grpo import GRPOConfig
 
 REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
 

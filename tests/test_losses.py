@@ -7,7 +7,6 @@ import torch
 
 from rllib_dph.losses import (
     AGGREGATIONS,
-    F_DIVERGENCES,
     TRUST_REGION_DIVERGENCES,
     TRUST_REGION_KINDS,
     bad_update_fraction,

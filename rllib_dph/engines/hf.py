@@ -102,10 +102,7 @@ class HFEngine:
         Returns:
             One list of ``params.n`` completions per prompt, in prompt order.
         """
-        check_sampling_params(params)
-        for i, prompt in enumerate(prompts):
-            if len(prompt) == 0:
-                raise ValueError(f"prompt {i} is empty; every prompt needs at least one token.")
+        check_generate_args(prompts, params)
         generator = torch.Generator(device=self.device)
         if params.seed is None:
             generator.seed()
@@ -223,6 +220,14 @@ class HFEngine:
         tensors = {name: torch.as_tensor(value) for name, value in state_dict.items()}
         with torch.no_grad():
             self.model.load_state_dict(tensors)
+
+
+def check_generate_args(prompts: Sequence[Sequence[int]], params: SamplingParams) -> None:
+    """The argument checks every engine's ``generate`` shares: valid params, no empty prompt."""
+    check_sampling_params(params)
+    for i, prompt in enumerate(prompts):
+        if len(prompt) == 0:
+            raise ValueError(f"prompt {i} is empty; every prompt needs at least one token.")
 
 
 def check_sampling_params(params: SamplingParams) -> None:

@@ -68,7 +68,7 @@ import numpy as np
 import torch
 
 from rllib_dph.engines.base import Completion, SamplingParams
-from rllib_dph.engines.hf import check_sampling_params
+from rllib_dph.engines.hf import check_generate_args
 
 #: μ: log-probs after temperature and top-p, i.e. of the distribution actually sampled from.
 LOGPROBS_MODE = "processed_logprobs"
@@ -208,10 +208,8 @@ class VLLMEngine:
         from vllm import SamplingParams as VLLMSamplingParams
         from vllm.inputs import TokensPrompt
 
-        check_sampling_params(params)
+        check_generate_args(prompts, params)
         for i, prompt in enumerate(prompts):
-            if len(prompt) == 0:
-                raise ValueError(f"prompt {i} is empty; every prompt needs at least one token.")
             if len(prompt) + params.max_new_tokens > self.max_model_len:
                 raise ValueError(
                     f"prompt {i} has {len(prompt)} tokens; with max_new_tokens="

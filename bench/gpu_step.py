@@ -1,0 +1,453 @@
+"""The learner update and HF-engine generation on one device (GPU or CPU), in bf16 and fp32.
+
+Part 1, learner: builds the real GRPO learner (``GRPOConfig.build_learner``, as the tests do,
+with ``.learners(num_gpus_per_learner=1)`` on a GPU) on a synthetic batch of exploration rows
+whose μ is the model's own teacher-forced log-prob (an on-policy first epoch), then reports per
+model, dtype and batch shape: whether the loss is finite, whether the parameters changed, the
+parameter dtype and device, whether the module's weights survive ``get_state``/``set_state``
+in their dtype, whether the learner's full ``get_state()`` (optimizer included) works, and
+seconds per update (median of ``--iters`` after one warm-up), tokens/s and peak GPU memory.
+
+Part 2, generation: the HF rollout engine (``HFEngine.from_pretrained``) samples
+``--gen-rows`` rows (prompts × ``--n``) of ``--max-new-tokens`` tokens; it reports generated
+tokens/s (median of ``--gen-iters`` calls after a warm-up) and the gap between the engine's μ
+and a teacher-forced recompute of the same tokens by the learner's code path
+(``rl_module.next_token_logits`` + ``sequence_logprobs``, right-padded, no KV cache) with the
+same weights in the same dtype, and for bf16 also with those weights in fp32.
+
+Models: ``tiny-sql-math`` (the bundled model, resolved through ``$RLLIB_DPH_HOME``), the
+random-weight Qwen2 sizes of ``bench/engines.py`` (``tiny``, ``100m``), or a model directory.
+Nothing is asserted; the tables are the output.
+
+    python bench/gpu_step.py                                     # GPU: tiny-sql-math and 100m
+    python bench/gpu_step.py --device cpu --models tiny-sql-math --shapes 16x16+16 \\
+        --iters 1 --gen-rows 16 --max-new-tokens 8 --dtypes float32
+    python bench/gpu_step.py --json out.json --ray-init          # also start a local Ray first
+
+On a GPU, RLlib finds the local learner's device through ``ray.air``'s device manager, which
+starts a local Ray instance just to read this process's accelerator ids (and then, outside a
+Ray actor, uses ``local_gpu_idx`` anyway). Unless ``--ray-init`` is given, that lookup is
+answered with ``cuda:0`` directly so no Ray processes are needed; the learner itself is built
+and updated exactly as without the shortcut.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import json
+import math
+import pathlib
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+
+import numpy as np
+import torch
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+
+# --------------------------------------------------------------------------------------------
+# Helpers
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def peak_mib(device: torch.device) -> float:
+    return torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else float("nan")
+
+
+def reset_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def free(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def value(x) -> float:
+    """A logged metric (RLlib ``Stats``, tensor or number) as a float."""
+    if hasattr(x, "peek"):
+        x = x.peek()
+    if torch.is_tensor(x):
+        x = x.detach().float().cpu().item()
+    return float(x)
+
+
+def model_dirs(names: list[str], tmp: pathlib.Path) -> dict[str, str]:
+    """Model name → something ``resolve_model`` loads (random sizes are saved under ``tmp``)."""
+    from engines import SIZES, save_random_model  # bench/engines.py
+
+    out = {}
+    for name in names:
+        if name in SIZES:
+            out[name] = str(save_random_model(name, tmp / name))
+        else:
+            out[name] = name  # bundled tiny name, local directory or HF id
+    return out
+
+
+def parse_shape(text: str) -> tuple[int, int, int]:
+    """``"64x48+64"`` → (rows, prompt tokens, response tokens)."""
+    rows, rest = text.split("x")
+    prompt, response = rest.split("+")
+    return int(rows), int(prompt), int(response)
+
+
+def use_local_gpu_without_ray(device: torch.device) -> None:
+    """Answers RLlib's accelerator lookup for the local learner without starting Ray.
+
+    ``ray.rllib.utils.framework.get_device`` imports ``get_devices`` at call time; outside a Ray
+    actor it only checks the list's length and then uses ``config.local_gpu_idx``.
+    """
+    import ray.air._internal.torch_utils as torch_utils
+
+    torch_utils.get_devices = lambda: [device]
+
+
+# --------------------------------------------------------------------------------------------
+# Part 1: learner update
+
+
+def synthetic_batch(rows: int, prompt: int, response: int, vocab: int, seed: int = 0) -> dict:
+    """Exploration rows of random tokens, groups of 8, random advantages; μ is filled in later."""
+    from rllib_dph import columns as C
+
+    rng = np.random.default_rng(seed)
+    length = prompt + response
+    response_mask = np.zeros((rows, length), dtype=np.int64)
+    response_mask[:, prompt:] = 1
+    return {
+        C.INPUT_IDS: rng.integers(3, vocab, (rows, length)),
+        C.ATTENTION_MASK: np.ones((rows, length), dtype=np.int64),
+        C.RESPONSE_MASK: response_mask,
+        C.BEHAVIOR_LOGP: np.zeros((rows, length), dtype=np.float32),
+        C.ADVANTAGES: rng.standard_normal(rows).astype(np.float32),
+        C.REWARDS: np.zeros(rows, dtype=np.float32),
+        C.CORRECT: np.zeros(rows, dtype=bool),
+        C.TRUNCATED: np.zeros(rows, dtype=bool),
+        C.GROUP_IDS: np.arange(rows) // 8,
+        C.PROMPT_LENGTH: np.full(rows, prompt),
+        C.RESPONSE_LENGTH: np.full(rows, response),
+        C.ROW_TYPE: np.full(rows, C.ROW_TYPE_EXP),
+    }
+
+
+@torch.no_grad()
+def on_policy_behavior_logp(module, batch: dict, device: torch.device, chunk: int = 32) -> np.ndarray:
+    """(B, L) teacher-forced log-probs of the module's current weights, 0 outside responses."""
+    from rllib_dph import columns as C
+    from rllib_dph.rl_module import LOGP
+
+    out = []
+    for s in range(0, len(batch[C.INPUT_IDS]), chunk):
+        part = {k: torch.as_tensor(batch[k][s : s + chunk], device=device) for k in (C.INPUT_IDS, C.ATTENTION_MASK)}
+        out.append(module._forward_train(part)[LOGP].float().cpu().numpy())
+    return (np.concatenate(out) * batch[C.RESPONSE_MASK]).astype(np.float32)
+
+
+def learner_case(model: str, dtype: str, shape: tuple[int, int, int], device: torch.device, iters: int) -> dict:
+    from envs.base import Task, Verdict, VerifierEnv
+    from ray.rllib.core import DEFAULT_MODULE_ID
+    from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
+    from transformers import AutoConfig
+
+    from rllib_dph import columns as C
+    from rllib_dph.algorithms.grpo import GRPOConfig
+    from rllib_dph.models.hub import resolve_model
+
+    rows, prompt, response = shape
+    config = (
+        GRPOConfig()
+        .llm(model_name=model, dtype=dtype, max_response_length=response)
+        .training(group_size=8, prompts_per_step=max(1, rows // 8), minibatch_size=rows, lr=1e-5)
+        .learners(num_gpus_per_learner=1 if device.type == "cuda" else 0)
+        .debugging(seed=0)
+    )
+    env = VerifierEnv([Task("t", "x", ({"role": "user", "content": "q"},), "a")], lambda c, t: Verdict(0.0, False))
+    reset_peak(device)
+    learner = config.build_learner(env=env)
+    module = learner.module[DEFAULT_MODULE_ID]
+    hf = module.model
+    vocab = AutoConfig.from_pretrained(resolve_model(model)).vocab_size
+    first = next(hf.parameters())
+    r = {
+        "model": model, "dtype": dtype, "rows": rows, "prompt": prompt, "response": response,
+        "learner_device": str(learner._device), "param_device": str(first.device),
+        "param_dtype": str(first.dtype).replace("torch.", ""),
+        "params_m": sum(p.numel() for p in hf.parameters()) / 1e6,
+    }
+    batch = synthetic_batch(rows, prompt, response, vocab)
+    batch[C.BEHAVIOR_LOGP] = on_policy_behavior_logp(module, batch, learner._device)
+    ma = MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(batch)}, env_steps=rows)
+
+    def update():
+        out = learner.update(batch=ma, num_epochs=1, minibatch_size=rows)
+        sync(device)
+        return out[DEFAULT_MODULE_ID]
+
+    # Warm-up update, with the checks.
+    before = {k: v.detach().clone() for k, v in hf.state_dict().items()}
+    logged = update()
+    after = hf.state_dict()
+    r["total_loss"] = value(logged["total_loss"])
+    r["loss_finite"] = math.isfinite(r["total_loss"])
+    r["grad_norm"] = value(logged["gradients_default_optimizer_global_norm"])
+    r["clip_fraction"] = value(logged["clip_fraction"])
+    r["abs_prob_diff_max"] = value(logged["abs_prob_diff_max"])
+    changed = [k for k in before if not torch.equal(before[k], after[k])]
+    r["params_changed"] = f"{len(changed)}/{len(before)}"
+    moved = sum(int((before[k] != after[k]).sum()) for k in before)
+    r["elements_changed"] = moved / sum(v.numel() for v in before.values())
+    r["param_dtype_after"] = str(next(hf.parameters()).dtype).replace("torch.", "")
+    del before
+
+    # Module weights through get_state / set_state, in their dtype.
+    state = learner.get_state(components="rl_module")["rl_module"][DEFAULT_MODULE_ID]
+    state = {k: v.clone() for k, v in state.items()}
+    r["state_dtypes"] = ",".join(sorted({str(v.dtype).replace("torch.", "") for v in state.values()}))
+    update()  # move the weights away from `state`
+    learner.set_state({"rl_module": {DEFAULT_MODULE_ID: state}})
+    restored = hf.state_dict()
+    r["set_state_roundtrip"] = all(
+        torch.equal(restored[k].cpu(), state[k]) and restored[k].dtype == state[k].dtype for k in state
+    ) and all(v.device == first.device for v in restored.values())
+    del state, restored
+
+    # The learner's full state (module + optimizer), as a checkpoint takes it.
+    try:
+        full = learner.get_state()
+        r["full_get_state"] = "ok (" + ",".join(sorted(full)) + ")"
+        del full
+    except Exception as err:  # noqa: BLE001 - reported, not raised
+        r["full_get_state"] = f"FAILED {type(err).__name__}: {str(err).splitlines()[0][:80]}"
+
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        update()
+        times.append(time.perf_counter() - t0)
+    sec = statistics.median(times)
+    r["update_s"] = sec
+    r["tokens_per_s"] = rows * (prompt + response) / sec
+    r["response_tokens_per_s"] = rows * response / sec
+    r["peak_mib"] = peak_mib(device)
+    del learner, module, hf, ma, first, after
+    free(device)
+    return r
+
+
+# --------------------------------------------------------------------------------------------
+# Part 2: HF-engine generation
+
+
+@torch.no_grad()
+def recompute(model, prompts, completions, temperature: float, device, chunk: int = 16):
+    """Teacher-forced log-probs of each completion's tokens by the learner's code path."""
+    from rllib_dph import columns as C
+    from rllib_dph.rl_module import next_token_logits, sequence_logprobs
+
+    out = []
+    for s in range(0, len(completions), chunk):
+        part = list(zip(prompts[s : s + chunk], completions[s : s + chunk]))
+        length = max(len(p) + len(c.token_ids) for p, c in part)
+        ids = torch.zeros(len(part), length, dtype=torch.long)
+        mask = torch.zeros(len(part), length, dtype=torch.long)
+        for i, (p, c) in enumerate(part):
+            seq = list(p) + c.token_ids.tolist()
+            ids[i, : len(seq)] = torch.tensor(seq)
+            mask[i, : len(seq)] = 1
+        batch = {C.INPUT_IDS: ids.to(device), C.ATTENTION_MASK: mask.to(device)}
+        logp = sequence_logprobs(next_token_logits(model, batch), batch, temperature).float().cpu()
+        for i, (p, c) in enumerate(part):
+            out.append(logp[i, len(p) : len(p) + len(c.token_ids)].numpy())
+    return out
+
+
+def gaps(mu: list[np.ndarray], ref: list[np.ndarray]) -> tuple[float, float]:
+    diff = np.abs(np.concatenate(mu) - np.concatenate(ref))
+    return float(diff.max()), float(diff.mean())
+
+
+def generation_case(model: str, dtype: str, device: torch.device, args) -> dict:
+    from rllib_dph.engines.base import SamplingParams
+    from rllib_dph.engines.hf import HFEngine
+
+    engine = HFEngine.from_pretrained(model, dtype=dtype, device=device, max_batch_size=args.gen_rows)
+    hf = engine.model
+    vocab = hf.config.vocab_size
+    num_prompts = max(1, args.gen_rows // args.n)
+    gen = torch.Generator().manual_seed(0)
+    prompts = torch.randint(3, vocab, (num_prompts, args.prompt_len), generator=gen).tolist()
+    params = SamplingParams(n=args.n, temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=0)
+    engine.generate(prompts[:1], SamplingParams(n=args.n, max_new_tokens=4, seed=0))  # warm-up
+    sync(device)
+    reset_peak(device)
+    times, tokens = [], []
+    for i in range(args.gen_iters):
+        t0 = time.perf_counter()
+        groups = engine.generate(prompts, params)
+        sync(device)
+        times.append(time.perf_counter() - t0)
+        tokens.append(sum(len(c.token_ids) for g in groups for c in g))
+    sec = statistics.median(times)
+    rows = [(prompts[i], c) for i, g in enumerate(groups) for c in g]
+    row_prompts, comps = [p for p, _ in rows], [c for _, c in rows]
+    mu = [c.logprobs for c in comps]
+    r = {
+        "model": model, "dtype": dtype, "rows": len(rows), "prompt": args.prompt_len,
+        "max_new_tokens": args.max_new_tokens,
+        "params_m": sum(p.numel() for p in hf.parameters()) / 1e6,
+        "param_dtype": str(next(hf.parameters()).dtype).replace("torch.", ""),
+        "gen_s": sec, "gen_tokens": int(statistics.median(tokens)),
+        "tokens_per_s": statistics.median(t / s for t, s in zip(tokens, times)),
+        "stopped_rows": sum(c.finish_reason == "stop" for c in comps),
+        "peak_mib": peak_mib(device),
+    }
+    r["mu_vs_same_dtype_max"], r["mu_vs_same_dtype_mean"] = gaps(mu, recompute(hf, row_prompts, comps, args.temperature, device))
+    if hf.dtype != torch.float32:
+        hf32 = copy.deepcopy(hf).float()
+        r["mu_vs_fp32_max"], r["mu_vs_fp32_mean"] = gaps(mu, recompute(hf32, row_prompts, comps, args.temperature, device))
+        del hf32
+    del engine, hf
+    free(device)
+    return r
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--models", default="tiny-sql-math,100m", help="comma-separated (see module doc)")
+    parser.add_argument("--dtypes", default="bfloat16,float32")
+    parser.add_argument("--parts", default="learner,generation")
+    parser.add_argument(
+        "--shapes", default="64x48+64,128x64+192",
+        help="learner batches ROWSxPROMPT+RESPONSE (100m fp32 at 128x64+448 ran out of an H100's 80 GB)",
+    )
+    parser.add_argument("--iters", type=int, default=5, help="timed learner updates after 1 warm-up")
+    parser.add_argument("--gen-rows", type=int, default=128)
+    parser.add_argument("--n", type=int, default=8, help="completions per prompt")
+    parser.add_argument("--prompt-len", type=int, default=64)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--gen-iters", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--ray-init", action="store_true", help="start a local Ray instance first")
+    parser.add_argument("--json", default=None, help="also write all results to this file")
+    args = parser.parse_args()
+
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", 0)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    print(f"device={device} ({name}) torch={torch.__version__} threads={torch.get_num_threads()}", flush=True)
+
+    parts = args.parts.split(",")
+    if "learner" in parts:
+        import ray
+
+        if args.ray_init:
+            t0 = time.perf_counter()
+            ray.init(include_dashboard=False, log_to_driver=False, num_gpus=1 if device.type == "cuda" else 0)
+            print(f"ray.init: {time.perf_counter() - t0:.1f}s, resources {ray.cluster_resources()}", flush=True)
+        elif device.type == "cuda":
+            use_local_gpu_without_ray(device)
+        print(f"ray={ray.__version__}", flush=True)
+
+    results = {"device": name, "learner": [], "generation": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        dirs = model_dirs(args.models.split(","), pathlib.Path(tmp))
+        if "learner" in parts:
+            for label, path in dirs.items():
+                for dtype in args.dtypes.split(","):
+                    for shape in args.shapes.split(","):
+                        try:
+                            r = learner_case(path, dtype, parse_shape(shape), device, args.iters)
+                        except Exception as err:  # noqa: BLE001 - one failed case must not hide the others
+                            traceback.print_exc()
+                            r = {"model": path, "dtype": dtype, "shape": shape, "error": f"{type(err).__name__}: {err}"}
+                            free(device)
+                        r["model"] = label
+                        results["learner"].append(r)
+                        print("learner", json.dumps(r), flush=True)
+        if "generation" in parts:
+            for label, path in dirs.items():
+                for dtype in args.dtypes.split(","):
+                    try:
+                        r = generation_case(path, dtype, device, args)
+                    except Exception as err:  # noqa: BLE001
+                        traceback.print_exc()
+                        r = {"model": path, "dtype": dtype, "error": f"{type(err).__name__}: {err}"}
+                        free(device)
+                    r["model"] = label
+                    results["generation"].append(r)
+                    print("generation", json.dumps(r), flush=True)
+
+    if "learner" in parts:
+        print_learner(results["learner"], name, args)
+    if "generation" in parts:
+        print_generation(results["generation"], name, args)
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+def print_learner(rows: list[dict], name: str, args) -> None:
+    print(f"\n== learner update ({name}); median of {args.iters} updates after 1 warm-up, one mini-batch each")
+    header = (f"{'model':<14}{'dtype':<9}{'params':>7}{'rows':>5}{'P+R':>8}{'s/update':>10}{'tok/s':>10}"
+              f"{'resp tok/s':>11}{'peak MiB':>9}  {'loss':>8} finite changed  st.dtype roundtrip full get_state")
+    print(header)
+    for r in rows:
+        if "error" in r:
+            print(f"{r['model']:<14}{r['dtype']:<9} {r['shape']}: {r['error'][:150]}")
+            continue
+        print(f"{r['model']:<14}{r['dtype']:<9}{r['params_m']:>6.1f}M{r['rows']:>5}{r['prompt']:>4}+{r['response']:<3}"
+              f"{r['update_s']:>10.4f}{r['tokens_per_s']:>10.0f}{r['response_tokens_per_s']:>11.0f}{r['peak_mib']:>9.0f}"
+              f"  {r['total_loss']:>8.4f} {str(r['loss_finite']):<6} {r['params_changed']:<8}{r['state_dtypes']:<9}"
+              f"{str(r['set_state_roundtrip']):<10}{r['full_get_state']}")
+        print(f"{'':<14}  on {r['learner_device']} (params {r['param_device']}, {r['param_dtype']}); grad norm "
+              f"{r['grad_norm']:.3g}, clip fraction {r['clip_fraction']:.3g}, |π−μ| max {r['abs_prob_diff_max']:.3g}, "
+              f"share of parameter elements changed by the first update {r['elements_changed']:.3f}")
+
+
+def print_generation(rows: list[dict], name: str, args) -> None:
+    print(f"\n== HF engine generation ({name}); {args.gen_rows} rows = prompts x n={args.n}, prompt {args.prompt_len}, "
+          f"max {args.max_new_tokens} new tokens, T={args.temperature}; median of {args.gen_iters} calls")
+    print(f"{'model':<14}{'dtype':<9}{'params':>7}{'rows':>5}{'tokens':>7}{'stopped':>8}{'s/call':>8}{'tok/s':>9}"
+          f"{'peak MiB':>9}{'|μ−recompute| max/mean':>26}{'|μ−fp32 recompute| max/mean':>30}")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['model']:<14}{r['dtype']:<9} {r['error'][:150]}")
+            continue
+        fp32 = f"{r['mu_vs_fp32_max']:.2e}/{r['mu_vs_fp32_mean']:.2e}" if "mu_vs_fp32_max" in r else "-"
+        print(f"{r['model']:<14}{r['dtype']:<9}{r['params_m']:>6.1f}M{r['rows']:>5}{r['gen_tokens']:>7}{r['stopped_rows']:>8}"
+              f"{r['gen_s']:>8.3f}{r['tokens_per_s']:>9.0f}{r['peak_mib']:>9.0f}"
+              f"{r['mu_vs_same_dtype_max']:>15.2e}/{r['mu_vs_same_dtype_mean']:.2e}{fp32:>30}")
+
+
+if __name__ == "__main__":
+    main()

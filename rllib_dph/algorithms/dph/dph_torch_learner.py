@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Dict
 
 import pyarrow.parquet as pq
@@ -64,7 +65,11 @@ class DPHTorchLearner(GRPOTorchLearner):
 
     @override(GRPOTorchLearner)
     def update(self, *args, training_data: TrainingData = None, batch: MultiAgentBatch = None, **kwargs):
-        """Mixes D_pef rows into the batch, then runs RLlib's epoch and mini-batch loop."""
+        """Mixes D_pef rows into the batch, then runs RLlib's epoch and mini-batch loop.
+
+        A given ``minibatch_size`` (exploration rows) grows by the same factor as the batch, so
+        an epoch takes as many optimizer steps as GRPO's would on the exploration rows alone.
+        """
         if training_data is None:
             training_data = TrainingData(batch=batch)
         if training_data.batch is not None:
@@ -72,11 +77,14 @@ class DPHTorchLearner(GRPOTorchLearner):
                 mid: dict(sample_batch)
                 for mid, sample_batch in training_data.batch.policy_batches.items()
             }
+            exp_rows = max(len(c[C.INPUT_IDS]) for c in columns.values())
             mixed = self.pef_connector(batch=columns)
             rows = max(len(c[C.INPUT_IDS]) for c in mixed.values())
             training_data.batch = MultiAgentBatch(
                 {mid: SampleBatch(c) for mid, c in mixed.items()}, env_steps=rows
             )
+            if kwargs.get("minibatch_size"):
+                kwargs["minibatch_size"] = math.ceil(kwargs["minibatch_size"] * rows / exp_rows)
         return super().update(*args, training_data=training_data, **kwargs)
 
     def pef_mask(self, batch: Dict[str, Any]) -> torch.Tensor:

@@ -565,7 +565,7 @@ class GRPO(Algorithm):
                     )
                 },
                 num_epochs=cfg.num_epochs,
-                minibatch_size=cfg.minibatch_size or rows,
+                minibatch_size=cfg.minibatch_size,
                 shuffle_batch_per_epoch=cfg.shuffle_batch_per_epoch,
             )
             self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)

@@ -25,8 +25,7 @@ config = (
     .training(
         group_size=8,
         prompts_per_step=16,
-        lr=1e-4,
-        minibatch_size=64,
+        lr=3e-4,
         loss_agg_mode="token-mean",
         clip_eps_high=0.28,
         dynamic_sampling=True,

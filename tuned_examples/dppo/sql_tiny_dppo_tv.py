@@ -23,8 +23,11 @@ config = (
     .training(
         group_size=8,
         prompts_per_step=16,
-        lr=1e-4,
-        minibatch_size=64,
+        lr=3e-4,
+        # 8 optimizer steps per rollout batch (4 mini-batches x 2 epochs): the later ones
+        # update a policy that has moved away from μ, which is where a trust region acts.
+        minibatch_size=32,
+        num_epochs=2,
         loss_agg_mode="token-mean",
         trust_region="dppo_binary_tv",
         trust_region_delta_low=0.15,

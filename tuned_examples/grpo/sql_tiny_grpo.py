@@ -30,9 +30,8 @@ config = (
     .training(
         group_size=8,
         prompts_per_step=16,
-        lr=1e-4,
+        lr=3e-4,
         num_epochs=1,
-        minibatch_size=64,
         clip_eps_low=0.2,
         clip_eps_high=0.2,
         loss_agg_mode="token-mean",
@@ -41,7 +40,7 @@ config = (
     .debugging(seed=0)
 )
 
-stop = {"training_iteration": 40, "time_total_s": 600}
+stop = {"training_iteration": 100, "time_total_s": 600}
 
 if __name__ == "__main__":
     from rllib_dph.cli import run_tuned_example

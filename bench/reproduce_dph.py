@@ -12,18 +12,22 @@ greedy accuracy, pass@k (n samples), keep / exploration rates against the base m
 - `runs/<method>_seed<s>/...`: checkpoints and per-split evaluation JSON;
 - `summary.json`: every number in the tables.
 
-    python bench/reproduce_dph.py --quick        # 1 seed, short budget: ~15 min on 2 cores
-    python bench/reproduce_dph.py                # 3 seeds, the documented budget: ~90 min
+    python bench/reproduce_dph.py --quick        # 1 seed, 40 iterations: within 15 min on 2 cores
+    python bench/reproduce_dph.py                # 3 seeds, 60 iterations: within 90 min on 2 cores
 
-Budget (full): `--iterations` training iterations per run with the tuned examples' batch
-(16 prompts x 8 completions), evaluation on the first `--eval-limit` prompts of each split with
-`--n` samples per prompt.
+Budget: `--iterations` training iterations per run with the tuned examples' batch (16 prompts x
+8 completions, one optimizer step each), evaluation on the first `--eval-limit` prompts of each
+split with `--n` samples per prompt (quick: 60 prompts, n=8; full: 100 prompts, n=16). Runs go
+to `--workers` processes at once (default 2: one per core, one torch thread each); the DPH
+pre-sampling stage runs once before them.
 """
 
 import argparse
 import json
+import multiprocessing
 import pathlib
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 
 import numpy as np
 
@@ -42,28 +46,32 @@ SPLITS = {
     "math (OOD)": ("rllib_dph/Math-v0", {"data": "math_synth/test"}),
 }
 BUDGETS = {
-    "full": dict(seeds=[0, 1, 2], iterations=25, eval_limit=100, n=16),
-    "quick": dict(seeds=[0], iterations=8, eval_limit=40, n=8),
+    "full": dict(seeds=[0, 1, 2], iterations=60, eval_limit=100, n=16),
+    "quick": dict(seeds=[0], iterations=40, eval_limit=60, n=8),
 }
 
 
-def evaluate_all(policy, name: str, out: pathlib.Path, args) -> dict:
-    """Evaluates ``policy`` on every split; caches the JSON files under ``out``."""
-    from rllib_dph.evaluation import EvalResult, evaluate
+def eval_path(out: pathlib.Path, split: str) -> pathlib.Path:
+    return out / f"eval_{split.split()[0]}.json"
 
-    results = {}
+
+def evaluate_all(policy, name: str, out: pathlib.Path, args) -> None:
+    """Evaluates ``policy`` on every split into JSON files under ``out`` (kept when present)."""
+    from rllib_dph.evaluation import evaluate
+
     for split, (env_id, env_config) in SPLITS.items():
-        path = out / f"eval_{split.split()[0]}.json"
-        if path.exists():
-            results[split] = EvalResult.from_json(path)
-            continue
-        result = evaluate(
-            str(policy), env_id, env_config, n=args.n, temperature=1.0, max_new_tokens=64,
-            limit=args.eval_limit, seed=0, progress=False, name=name,
-        )
-        result.to_json(path)
-        results[split] = result
-    return results
+        if not eval_path(out, split).exists():
+            evaluate(
+                str(policy), env_id, env_config, n=args.n, temperature=1.0, max_new_tokens=64,
+                limit=args.eval_limit, seed=0, progress=False, name=name,
+            ).to_json(eval_path(out, split))
+
+
+def load_results(out: pathlib.Path) -> dict:
+    """The per-split evaluation results that ``evaluate_all`` wrote under ``out``."""
+    from rllib_dph.evaluation import EvalResult
+
+    return {split: EvalResult.from_json(eval_path(out, split)) for split in SPLITS}
 
 
 def train(method: str, seed: int, out: pathlib.Path, args) -> pathlib.Path:
@@ -159,6 +167,40 @@ def plots(base: dict, runs: dict, out: pathlib.Path) -> None:
     fig.savefig(out / "styles.png", dpi=120)
 
 
+def prepare(methods: list[str], args) -> None:
+    """Runs the DPH pre-sampling stage once, before parallel jobs would race to write it."""
+    from rllib_dph.algorithms.dph import DPH
+    from rllib_dph.cli import load_tuned_example
+    from rllib_dph.presample import presample
+
+    for method in methods:
+        config, _ = load_tuned_example(str(REPO / METHODS[method]))
+        config.update_from_dict(json.loads(args.config))
+        if isinstance(config.algo_class, type) and issubclass(config.algo_class, DPH) and config.needs_presampling:
+            presample(config.presample_config())
+
+
+def _init_worker() -> None:
+    """One torch thread and a one-CPU Ray instance per worker process (2 workers on 2 cores)."""
+    import ray
+    import torch
+
+    torch.set_num_threads(1)
+    ray.init(include_dashboard=False, log_to_driver=False, num_cpus=1)
+
+
+def run_job(method: str | None, seed: int, out: str, args) -> str:
+    """Trains (unless ``method`` is None: the base model) and evaluates one run; returns its name."""
+    from rllib_dph.models.hub import resolve_model
+
+    out = pathlib.Path(out)
+    if method is None:
+        evaluate_all(resolve_model(json.loads(args.config).get("model_name", "tiny-sql-math")), "Base model", out, args)
+        return "base model"
+    evaluate_all(train(method, seed, out, args), method, out, args)
+    return f"{method} seed {seed}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="1 seed, short budget (~15 min)")
@@ -168,37 +210,37 @@ def main() -> None:
     parser.add_argument("--n", type=int)
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--config", default="{}", help="config overrides for every run, as JSON")
-    parser.add_argument("--out", default=str(REPO / "bench/out/reproduce_dph"))
+    parser.add_argument("--workers", type=int, default=2,
+                        help="runs trained and evaluated at once, each in its own process with one thread")
+    parser.add_argument("--out", help="output folder (default bench/out/reproduce_dph[_quick]); "
+                        "runs and evaluations already there are reused")
     args = parser.parse_args()
     for key, value in BUDGETS["quick" if args.quick else "full"].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
 
-    import ray
-
-    from rllib_dph.models.hub import resolve_model
-
-    ray.init(include_dashboard=False, log_to_driver=False)
-    out = pathlib.Path(args.out)
+    out = pathlib.Path(args.out or REPO / ("bench/out/reproduce_dph" + ("_quick" if args.quick else "")))
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    base_model = json.loads(args.config).get("model_name", "tiny-sql-math")
-    base = evaluate_all(resolve_model(base_model), "Base model", out / "base", args)
-    print(f"[{time.perf_counter() - t0:6.0f}s] base model evaluated")
-    runs = {}
-    for method in args.methods:
-        runs[method] = []
-        for seed in args.seeds:
-            run_dir = out / "runs" / f"{method}_seed{seed}"
-            ckpt = train(method, seed, run_dir, args)
-            runs[method].append(evaluate_all(ckpt, method, run_dir, args))
-            print(f"[{time.perf_counter() - t0:6.0f}s] {method} seed {seed} trained and evaluated")
+    prepare(args.methods, args)
+    jobs = [(None, 0, out / "base")] + [
+        (method, seed, out / "runs" / f"{method}_seed{seed}") for method in args.methods for seed in args.seeds
+    ]
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(args.workers, mp_context=context, initializer=_init_worker) as pool:
+        futures = [pool.submit(run_job, method, seed, str(run_dir), args) for method, seed, run_dir in jobs]
+        for future in as_completed(futures):
+            print(f"[{time.perf_counter() - t0:6.0f}s] {future.result()} trained and evaluated", flush=True)
 
+    # Every run's evaluation is cached on disk now: read them back.
+    base = load_results(out / "base")
+    runs = {method: [load_results(run_dir) for m, _, run_dir in jobs if m == method] for method in args.methods}
     table, numbers = tables(base, runs, args)
     budget = (
         f"Budget: {args.iterations} iterations x 16 prompts x 8 completions per run, seeds {args.seeds}; "
         f"evaluation on the first {args.eval_limit} prompts of each split, n={args.n} samples at "
-        f"temperature 1.0 plus one greedy sample. Total time {time.perf_counter() - t0:.0f} s."
+        f"temperature 1.0 plus one greedy sample; {args.workers} worker processes. "
+        f"Total time {time.perf_counter() - t0:.0f} s."
     )
     text = f"{budget}\n\nAll numbers in %, except the style entropy.\n\n{table}\n"
     (out / "results.md").write_text(text)

@@ -3,10 +3,15 @@
 Part 1, learner: builds the real GRPO learner (``GRPOConfig.build_learner``, as the tests do,
 with ``.learners(num_gpus_per_learner=1)`` on a GPU) on a synthetic batch of exploration rows
 whose μ is the model's own teacher-forced log-prob (an on-policy first epoch), then reports per
-model, dtype and batch shape: whether the loss is finite, whether the parameters changed, the
-parameter dtype and device, whether the module's weights survive ``get_state``/``set_state``
-in their dtype, whether the learner's full ``get_state()`` (optimizer included) works, and
-seconds per update (median of ``--iters`` after one warm-up), tokens/s and peak GPU memory.
+model, dtype and batch shape: whether the loss is finite, which parameter tensors and which
+share of their elements the first update changed (at lr 1e-5), the master-weight and Adam-state
+dtypes and the parameters' device, the compute dtype (the dtype of the logits the forward pass
+produced, bfloat16 under ``dtype="bfloat16"``'s autocast), whether the module's weights survive
+``get_state``/``set_state`` in their dtype, whether the learner's full ``get_state()``
+(optimizer included) works, and seconds per update (median of ``--iters`` after one warm-up),
+tokens/s and peak GPU memory. ``--dtypes`` are ``GRPOConfig.llm(dtype=...)`` values: with
+``bfloat16`` the learner trains in mixed precision (float32 master weights and Adam state, the
+forward pass under bf16 autocast); the rollout engine of part 2 holds pure bf16 weights.
 
 Part 2, generation: the HF rollout engine (``HFEngine.from_pretrained``) samples
 ``--gen-rows`` rows (prompts × ``--n``) of ``--max-new-tokens`` tokens; it reports generated
@@ -99,6 +104,11 @@ def model_dirs(names: list[str], tmp: pathlib.Path) -> dict[str, str]:
     return out
 
 
+def dtype_names(tensors) -> str:
+    """``"float32"``, ``"bfloat16,float32"``, ...: the dtypes among ``tensors`` (or dtypes)."""
+    return ",".join(sorted({str(getattr(t, "dtype", t)).replace("torch.", "") for t in tensors}))
+
+
 def parse_shape(text: str) -> tuple[int, int, int]:
     """``"64x48+64"`` → (rows, prompt tokens, response tokens)."""
     rows, rest = text.split("x")
@@ -186,7 +196,7 @@ def learner_case(model: str, dtype: str, shape: tuple[int, int, int], device: to
     r = {
         "model": model, "dtype": dtype, "rows": rows, "prompt": prompt, "response": response,
         "learner_device": str(learner._device), "param_device": str(first.device),
-        "param_dtype": str(first.dtype).replace("torch.", ""),
+        "master_dtype": dtype_names(hf.parameters()),
         "params_m": sum(p.numel() for p in hf.parameters()) / 1e6,
     }
     batch = synthetic_batch(rows, prompt, response, vocab)
@@ -198,10 +208,16 @@ def learner_case(model: str, dtype: str, shape: tuple[int, int, int], device: to
         sync(device)
         return out[DEFAULT_MODULE_ID]
 
-    # Warm-up update, with the checks.
+    # Warm-up update, with the checks; the hook sees the logits of the learner's forward pass.
+    logits_dtypes = set()
+    hook = hf.get_output_embeddings().register_forward_hook(lambda mod, args, out: logits_dtypes.add(out.dtype))
     before = {k: v.detach().clone() for k, v in hf.state_dict().items()}
     logged = update()
+    hook.remove()
     after = hf.state_dict()
+    r["compute_dtype"] = dtype_names(logits_dtypes)
+    adam = learner.get_optimizer().state.values()
+    r["adam_dtype"] = dtype_names(t for st in adam for k, t in st.items() if k != "step")
     r["total_loss"] = value(logged["total_loss"])
     r["loss_finite"] = math.isfinite(r["total_loss"])
     r["grad_norm"] = value(logged["gradients_default_optimizer_global_norm"])
@@ -211,13 +227,13 @@ def learner_case(model: str, dtype: str, shape: tuple[int, int, int], device: to
     r["params_changed"] = f"{len(changed)}/{len(before)}"
     moved = sum(int((before[k] != after[k]).sum()) for k in before)
     r["elements_changed"] = moved / sum(v.numel() for v in before.values())
-    r["param_dtype_after"] = str(next(hf.parameters()).dtype).replace("torch.", "")
+    r["master_dtype_after"] = dtype_names(hf.parameters())
     del before
 
     # Module weights through get_state / set_state, in their dtype.
     state = learner.get_state(components="rl_module")["rl_module"][DEFAULT_MODULE_ID]
     state = {k: v.clone() for k, v in state.items()}
-    r["state_dtypes"] = ",".join(sorted({str(v.dtype).replace("torch.", "") for v in state.values()}))
+    r["state_dtypes"] = dtype_names(state.values())
     update()  # move the weights away from `state`
     learner.set_state({"rl_module": {DEFAULT_MODULE_ID: state}})
     restored = hf.state_dict()
@@ -244,7 +260,7 @@ def learner_case(model: str, dtype: str, shape: tuple[int, int, int], device: to
     r["tokens_per_s"] = rows * (prompt + response) / sec
     r["response_tokens_per_s"] = rows * response / sec
     r["peak_mib"] = peak_mib(device)
-    del learner, module, hf, ma, first, after
+    del learner, module, hf, ma, first, after, adam
     free(device)
     return r
 
@@ -417,7 +433,8 @@ def main() -> None:
 
 
 def print_learner(rows: list[dict], name: str, args) -> None:
-    print(f"\n== learner update ({name}); median of {args.iters} updates after 1 warm-up, one mini-batch each")
+    print(f"\n== learner update ({name}); median of {args.iters} updates after 1 warm-up, one mini-batch each;"
+          " dtype = GRPOConfig.llm(dtype), bfloat16 = fp32 master weights + bf16 autocast")
     header = (f"{'model':<14}{'dtype':<9}{'params':>7}{'rows':>5}{'P+R':>8}{'s/update':>10}{'tok/s':>10}"
               f"{'resp tok/s':>11}{'peak MiB':>9}  {'loss':>8} finite changed  st.dtype roundtrip full get_state")
     print(header)
@@ -429,7 +446,8 @@ def print_learner(rows: list[dict], name: str, args) -> None:
               f"{r['update_s']:>10.4f}{r['tokens_per_s']:>10.0f}{r['response_tokens_per_s']:>11.0f}{r['peak_mib']:>9.0f}"
               f"  {r['total_loss']:>8.4f} {str(r['loss_finite']):<6} {r['params_changed']:<8}{r['state_dtypes']:<9}"
               f"{str(r['set_state_roundtrip']):<10}{r['full_get_state']}")
-        print(f"{'':<14}  on {r['learner_device']} (params {r['param_device']}, {r['param_dtype']}); grad norm "
+        print(f"{'':<14}  on {r['learner_device']} (params {r['param_device']}; master {r['master_dtype']}, Adam "
+              f"{r['adam_dtype']}, logits {r['compute_dtype']}); grad norm "
               f"{r['grad_norm']:.3g}, clip fraction {r['clip_fraction']:.3g}, |π−μ| max {r['abs_prob_diff_max']:.3g}, "
               f"share of parameter elements changed by the first update {r['elements_changed']:.3f}")
 

@@ -739,7 +739,8 @@ def load_engine(
             checkpoint folder (``algo.save_to_path`` / Tune ``checkpoint_00000N``).
         engine: Engine name, a key of ``rllib_dph.engines.ENGINE_CLASSES``.
         dtype: Weight dtype (``"float32"``, ``"bfloat16"``, ...); None keeps the checkpoint's
-            (for an RLlib checkpoint: the learner's dtype).
+            (for an RLlib checkpoint: the learner's compute dtype, ``GRPOConfig.llm(dtype=...)``;
+            its float32 master weights are cast to it).
         device: Where to run the engine.
         engine_kwargs: More keyword arguments of the engine's ``from_pretrained``.
     """

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Collection, Dict, Optional, Union
 
 import torch
@@ -30,6 +31,17 @@ def next_token_logits(model, batch: Dict[str, Any]) -> torch.Tensor:
     return out.logits[:, :-1]  # (B, L-1, V)
 
 
+def autocast(device: torch.device, dtype: torch.dtype):
+    """``torch.autocast`` to ``dtype`` on ``device``'s type; no autocast for ``float32``.
+
+    Mixed precision: matmuls run in ``dtype`` while the parameters keep their own dtype (fp32
+    master weights on the learner); gradients flow back to the parameters in their dtype.
+    """
+    if dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
 def sequence_logprobs(logits: torch.Tensor, batch: Dict[str, Any], temperature: float) -> torch.Tensor:
     """(B, L) log-prob of every token given its prefix at ``temperature``; 0 at position 0."""
     targets = batch[C.INPUT_IDS][:, 1:].long()  # (B, L-1)
@@ -42,7 +54,11 @@ class LLMRLModule(TorchRLModule):
 
     ``model_config`` keys:
         model: Name or path of the model (see ``rllib_dph.models.hub.resolve_model``).
-        dtype: Parameter dtype on the learner (``"float32"``, ``"bfloat16"``, ``"float16"``).
+        dtype: Compute dtype of the forward pass (``"float32"``, ``"bfloat16"``, ``"float16"``).
+            The parameters are always float32 (master weights, so the optimizer state is fp32
+            too and small updates are not rounded away); below float32 the model runs under
+            ``torch.autocast(dtype=...)`` (mixed precision). Log-probs and entropies are
+            computed from the logits in float32 either way.
         temperature: Sampling temperature; log-probs are those of softmax(logits / temperature),
             the distribution the rollout engine sampled from.
         gradient_checkpointing: Trade compute for memory on long sequences.
@@ -56,19 +72,21 @@ class LLMRLModule(TorchRLModule):
 
     @override(TorchRLModule)
     def setup(self):
-        from rllib_dph.models.hub import load_causal_lm
+        from rllib_dph.models.hub import as_dtype, load_causal_lm
 
         cfg = self.model_config
         self.temperature = float(cfg.get("temperature", 1.0))
         self.entropy_with_grad = bool(cfg.get("entropy_with_grad", False))
-        self.model = load_causal_lm(cfg["model"], dtype=cfg.get("dtype", "float32"))
+        self.compute_dtype = as_dtype(cfg.get("dtype", "float32"))
+        self.model = load_causal_lm(cfg["model"], dtype=torch.float32)
         if cfg.get("gradient_checkpointing") and not self.inference_only:
             self.model.gradient_checkpointing_enable()
         self.model.train(not self.inference_only)
 
     @override(TorchRLModule)
     def _forward_train(self, batch: Dict[str, Any], **kwargs) -> Dict[str, Any]:
-        logits = next_token_logits(self.model, batch)  # (B, L-1, V)
+        with autocast(self.model.device, self.compute_dtype):
+            logits = next_token_logits(self.model, batch)  # (B, L-1, V), compute dtype
         out = {LOGP: sequence_logprobs(logits, batch, self.temperature)}  # (B, L)
         with torch.set_grad_enabled(self.entropy_with_grad and torch.is_grad_enabled()):
             entropy = token_entropy(logits, temperature=self.temperature)  # (B, L-1)
@@ -98,15 +116,17 @@ class LLMRLModule(TorchRLModule):
         inference_only: bool = False,
         **kwargs,
     ) -> StateDict:
-        """The HF model's state dict as CPU tensors in their own dtype (bf16 included).
+        """The HF model's state dict as CPU torch tensors in the parameters' dtype (float32).
 
-        RLlib's default converts to numpy, which fails on bfloat16. Keys are the HF model's own
-        (e.g. ``model.layers.0.mlp.up_proj.weight``), so a rollout engine loads them directly.
+        Keys are the HF model's own (e.g. ``model.layers.0.mlp.up_proj.weight``, not RLlib's
+        default ``model.``-prefixed numpy arrays), so a rollout engine loads them directly; the
+        engines cast floating tensors to their own dtype (e.g. bfloat16) on load.
         """
         return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
 
     @override(TorchRLModule)
     def set_state(self, state: StateDict) -> None:
+        """Loads a :meth:`get_state` dict (tensors or numpy arrays); floats are cast to float32."""
         device = next(self.model.parameters()).device
         self.model.load_state_dict(
             {k: torch.as_tensor(v).to(device) for k, v in state.items()}, strict=True

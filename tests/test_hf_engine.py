@@ -258,8 +258,10 @@ def test_bfloat16_model(model, tokenizer):
         logp = recompute_logp(bf16, prompt, c.token_ids, 0.7)
         expected = logp.gather(1, torch.from_numpy(c.token_ids)[:, None]).squeeze(1)
         np.testing.assert_allclose(c.logprobs, expected.numpy(), atol=0.05)
-    engine.update_weights({k: v.float() for k, v in model.state_dict().items()})
+    fp32 = {k: v + 0.01 for k, v in model.state_dict().items()}  # a mixed-precision learner's weights
+    engine.update_weights(fp32)
     assert engine.model.model.embed_tokens.weight.dtype == torch.bfloat16
+    assert torch.equal(engine.model.model.embed_tokens.weight, fp32["model.embed_tokens.weight"].bfloat16())
 
 
 @pytest.mark.parametrize(

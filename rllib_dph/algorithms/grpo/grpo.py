@@ -58,7 +58,8 @@ TRUST_REGIONS = {
 DEFAULT_DELTAS = {"binary_tv": 0.15, "topk_tv": 0.15, "binary_kl": 0.05, "topk_kl": 0.05}
 ANCHORS = ("behavior", "recompute")
 ENGINES = ("hf", "vllm")
-DTYPES = ("float32", "bfloat16", "float16")
+#: Learner compute dtypes (``float16`` is refused: see ``GRPOConfig.validate``).
+DTYPES = ("float32", "bfloat16")
 
 
 class GRPOConfig(AlgorithmConfig):
@@ -215,7 +216,16 @@ class GRPOConfig(AlgorithmConfig):
             model_name: The policy: a bundled tiny model name (``"tiny-sql-math"``, built offline on
                 first use), a local directory, or a Hugging Face id (``"Qwen/Qwen2.5-3B"``,
                 loaded from the local HF cache). Default ``"tiny-sql-math"``.
-            dtype: Learner parameter dtype: ``"float32"`` (default), ``"bfloat16"``, ``"float16"``.
+            dtype: Compute dtype: ``"float32"`` (default) or ``"bfloat16"``. With
+                ``"bfloat16"`` the learner trains in mixed precision (as FSDP, verl and TRL do):
+                parameters and Adam state stay float32 (master weights; checkpoints hold them)
+                and the forward pass runs under ``torch.autocast(dtype=torch.bfloat16)``;
+                log-probs, entropies and losses are computed in float32. The frozen reference
+                model (``kl_coeff > 0``) runs the same way, so the KL starts at exactly 0. The
+                rollout engine holds its weights in this dtype unless ``engine_kwargs`` names
+                one. ``"float16"`` is refused: fp16 training needs loss scaling, which this
+                learner does not do; an fp16 rollout engine is ``engine_kwargs={"dtype":
+                "float16"}``.
             engine: Rollout engine: ``"hf"`` (transformers, CPU or GPU; default) or ``"vllm"``.
             engine_kwargs: Passed to the engine (e.g. ``{"dtype": "bfloat16",
                 "gpu_memory_utilization": 0.5}`` for vLLM, ``{"max_batch_size": 128}`` for HF).
@@ -376,6 +386,13 @@ class GRPOConfig(AlgorithmConfig):
                 err(f"{name}={value!r} is not one of {list(choices)}; pick one of those.")
 
         check_choice("engine", ENGINES)
+        if self.dtype == "float16":
+            err(
+                "dtype='float16' would train the learner under fp16 autocast, which needs loss "
+                "scaling (a GradScaler) against gradient underflow, and this learner has none; "
+                "set dtype='bfloat16' (fp32's exponent range: no scaling needed) or 'float32'. "
+                "For an fp16 rollout engine only, set engine_kwargs={'dtype': 'float16'}."
+            )
         check_choice("dtype", DTYPES)
         check_choice("trust_region", TRUST_REGIONS)
         check_choice("loss_agg_mode", AGGREGATIONS)

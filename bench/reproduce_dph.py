@@ -12,12 +12,12 @@ greedy accuracy, pass@k (n samples), keep / exploration rates against the base m
 - `runs/<method>_seed<s>/...`: checkpoints and per-split evaluation JSON;
 - `summary.json`: every number in the tables.
 
-    python bench/reproduce_dph.py --quick        # 1 seed, 40 iterations: within 15 min on 2 cores
+    python bench/reproduce_dph.py --quick        # 1 seed, 36 iterations: within 15 min on 2 cores
     python bench/reproduce_dph.py                # 3 seeds, 60 iterations: within 90 min on 2 cores
 
 Budget: `--iterations` training iterations per run with the tuned examples' batch (16 prompts x
 8 completions, one optimizer step each), evaluation on the first `--eval-limit` prompts of each
-split with `--n` samples per prompt (quick: 60 prompts, n=8; full: 100 prompts, n=16). Runs go
+split with `--n` samples per prompt (quick: 50 prompts, n=8; full: 100 prompts, n=16). Runs go
 to `--workers` processes at once (default 2: one per core, one torch thread each); the DPH
 pre-sampling stage runs once before them.
 """
@@ -47,7 +47,7 @@ SPLITS = {
 }
 BUDGETS = {
     "full": dict(seeds=[0, 1, 2], iterations=60, eval_limit=100, n=16),
-    "quick": dict(seeds=[0], iterations=40, eval_limit=60, n=8),
+    "quick": dict(seeds=[0], iterations=36, eval_limit=50, n=8),
 }
 
 
@@ -109,14 +109,15 @@ def tables(base: dict, runs: dict, args) -> tuple[str, dict]:
     k_mid, k_max = max(1, args.n // 2), args.n
     numbers: dict = {"base": {}, "methods": {}}
     header = (
-        f"| method | greedy | pass@{k_mid} | pass@{k_max} | cross greedy | cross pass@{k_max} | "
+        f"| method | greedy | pass@1 | pass@{k_mid} | pass@{k_max} | cross greedy | cross pass@{k_max} | "
         f"math greedy | math pass@{k_max} | keep@{k_max} | explore@{k_max} | style entropy (bits) |"
     )
-    lines = [header, "|" + " --- |" * 11]
+    lines = [header, "|" + " --- |" * 12]
 
     def row(name: str, per_seed: list[dict]) -> None:
         cells = {
             "greedy": [r["in-domain"].summary()["greedy_accuracy"] for r in per_seed],
+            "pass@1": [r["in-domain"].summary()["pass@1"] for r in per_seed],
             f"pass@{k_mid}": [r["in-domain"].summary()[f"pass@{k_mid}"] for r in per_seed],
             f"pass@{k_max}": [r["in-domain"].summary()[f"pass@{k_max}"] for r in per_seed],
             "cross greedy": [r["cross-domain"].summary()["greedy_accuracy"] for r in per_seed],

@@ -10,16 +10,18 @@ mean of the reward reaches the target, final |π − μ| and masked fraction) an
 `trust_region.md`, `trust_region.json` and `trust_region.png` (reward curves) to `--out`. It also measures what computing each mask costs as a share of
 the learner's update time on a real batch (targets: binary ≤ 1 %, top-K ≤ 5 %).
 
-    python bench/trust_region.py                    # 5 variants x 1 seed x 15 iterations
-    python bench/trust_region.py --seeds 0 1 2 --iterations 30
+    python bench/trust_region.py                    # 5 variants x 1 seed x 30 iterations
+    python bench/trust_region.py --seeds 0 1 2 --iterations 40 --workers 15
     python bench/trust_region.py --mask-cost-only
 """
 
 import argparse
 import json
 import math
+import multiprocessing
 import pathlib
 import time
+from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 
@@ -70,6 +72,15 @@ def running_mean(values: list[float], window: int = 5) -> np.ndarray:
     cumsum = np.cumsum(np.insert(np.asarray(values, dtype=float), 0, 0.0))
     counts = np.minimum(np.arange(1, len(values) + 1), window)
     return (cumsum[1:] - cumsum[np.arange(1, len(values) + 1) - counts]) / counts
+
+
+def _init_worker() -> None:
+    """One torch thread and a one-CPU Ray instance per worker process."""
+    import ray
+    import torch
+
+    torch.set_num_threads(1)
+    ray.init(include_dashboard=False, log_to_driver=False, num_cpus=1)
 
 
 def steps_to(rewards: list[float], target: float) -> float:
@@ -142,7 +153,9 @@ def plot(curves: dict, path: pathlib.Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--iterations", type=int, default=15)
+    parser.add_argument("--iterations", type=int, default=30)
+    parser.add_argument("--workers", type=int, default=2,
+                        help="runs at once, each in its own process with one torch thread")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--model", default=None, help="override model_name (default tiny-sql-math)")
     parser.add_argument("--target", type=float, default=None,
@@ -164,7 +177,13 @@ def main() -> None:
     if args.mask_cost_only:
         return
 
-    curves = {name: [train_curves(name, ov, s, args.iterations, args.model) for s in args.seeds] for name, ov in VARIANTS.items()}
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(args.workers, mp_context=context, initializer=_init_worker) as pool:
+        futures = {
+            name: [pool.submit(train_curves, name, ov, s, args.iterations, args.model) for s in args.seeds]
+            for name, ov in VARIANTS.items()
+        }
+        curves = {name: [f.result() for f in runs] for name, runs in futures.items()}
     first = np.mean([run["reward"][:5] for runs in curves.values() for run in runs])
     target = args.target if args.target is not None else first + 0.1
     lines = [

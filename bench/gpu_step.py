@@ -131,30 +131,6 @@ def use_local_gpu_without_ray(device: torch.device) -> None:
 # Part 1: learner update
 
 
-def synthetic_batch(rows: int, prompt: int, response: int, vocab: int, seed: int = 0) -> dict:
-    """Exploration rows of random tokens, groups of 8, random advantages; μ is filled in later."""
-    from rllib_dph import columns as C
-
-    rng = np.random.default_rng(seed)
-    length = prompt + response
-    response_mask = np.zeros((rows, length), dtype=np.int64)
-    response_mask[:, prompt:] = 1
-    return {
-        C.INPUT_IDS: rng.integers(3, vocab, (rows, length)),
-        C.ATTENTION_MASK: np.ones((rows, length), dtype=np.int64),
-        C.RESPONSE_MASK: response_mask,
-        C.BEHAVIOR_LOGP: np.zeros((rows, length), dtype=np.float32),
-        C.ADVANTAGES: rng.standard_normal(rows).astype(np.float32),
-        C.REWARDS: np.zeros(rows, dtype=np.float32),
-        C.CORRECT: np.zeros(rows, dtype=bool),
-        C.TRUNCATED: np.zeros(rows, dtype=bool),
-        C.GROUP_IDS: np.arange(rows) // 8,
-        C.PROMPT_LENGTH: np.full(rows, prompt),
-        C.RESPONSE_LENGTH: np.full(rows, response),
-        C.ROW_TYPE: np.full(rows, C.ROW_TYPE_EXP),
-    }
-
-
 @torch.no_grad()
 def on_policy_behavior_logp(module, batch: dict, device: torch.device, chunk: int = 32) -> np.ndarray:
     """(B, L) teacher-forced log-probs of the module's current weights, 0 outside responses."""
@@ -199,7 +175,9 @@ def learner_case(model: str, dtype: str, shape: tuple[int, int, int], device: to
         "master_dtype": dtype_names(hf.parameters()),
         "params_m": sum(p.numel() for p in hf.parameters()) / 1e6,
     }
-    batch = synthetic_batch(rows, prompt, response, vocab)
+    from reference_model_cost import synthetic_batch  # bench/reference_model_cost.py
+
+    batch = synthetic_batch(rows, vocab, prompt=prompt, response=response)
     batch[C.BEHAVIOR_LOGP] = on_policy_behavior_logp(module, batch, learner._device)
     ma = MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(batch)}, env_steps=rows)
 

@@ -30,26 +30,27 @@ VARIANTS = {
 }
 
 
-def synthetic_batch(rows: int, vocab: int, seed: int = 0) -> dict:
-    """Exploration rows of random tokens (timing does not depend on the token values)."""
+def synthetic_batch(rows: int, vocab: int, seed: int = 0, prompt: int = PROMPT, response: int = RESPONSE) -> dict:
+    """Exploration rows of random tokens in groups of 8 with random advantages (timing does not
+    depend on the token values)."""
     from rllib_dph import columns as C
 
     rng = np.random.default_rng(seed)
-    length = PROMPT + RESPONSE
-    response = np.zeros((rows, length), dtype=np.int64)
-    response[:, PROMPT:] = 1
+    length = prompt + response
+    response_mask = np.zeros((rows, length), dtype=np.int64)
+    response_mask[:, prompt:] = 1
     return {
         C.INPUT_IDS: rng.integers(1, vocab, (rows, length)),
         C.ATTENTION_MASK: np.ones((rows, length), dtype=np.int64),
-        C.RESPONSE_MASK: response,
+        C.RESPONSE_MASK: response_mask,
         C.BEHAVIOR_LOGP: np.full((rows, length), -5.0, dtype=np.float32),
         C.ADVANTAGES: rng.standard_normal(rows).astype(np.float32),
         C.REWARDS: np.zeros(rows, dtype=np.float32),
         C.CORRECT: np.zeros(rows, dtype=bool),
         C.TRUNCATED: np.zeros(rows, dtype=bool),
         C.GROUP_IDS: np.arange(rows) // 8,
-        C.PROMPT_LENGTH: np.full(rows, PROMPT),
-        C.RESPONSE_LENGTH: np.full(rows, RESPONSE),
+        C.PROMPT_LENGTH: np.full(rows, prompt),
+        C.RESPONSE_LENGTH: np.full(rows, response),
         C.ROW_TYPE: np.full(rows, C.ROW_TYPE_EXP),
     }
 

@@ -19,13 +19,18 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 VALIDATION = dict(val_env_config={"data": "sql_synth/test"}, val_n=4, val_limit=150)
 
 
-def _build(example: str, tmp_path, **overrides):
+def _train(example: str, iterations: int, tmp_path) -> tuple[dict, list[dict], dict]:
+    """Validation metrics before training, the iterations' results, validation metrics after."""
     config, _ = load_tuned_example(str(REPO / example))
-    config.update_from_dict(overrides)
     config.validation(**VALIDATION)
     if hasattr(config, "presample_dir"):
         config.dph(presample_dir=str(tmp_path / "presample"))
-    return config.build_algo()
+    algo = config.build_algo()
+    before = algo.validate_policy()
+    results = [algo.train() for _ in range(iterations)]
+    after = algo.validate_policy()
+    algo.stop()
+    return before, results, after
 
 
 def _rolling(values: list[float], window: int) -> list[float]:
@@ -33,11 +38,7 @@ def _rolling(values: list[float], window: int) -> list[float]:
 
 
 def test_grpo_raises_pass_at_1_and_training_reward(ray_session, tmp_path):
-    algo = _build("tuned_examples/grpo/sql_tiny_grpo.py", tmp_path)
-    before = algo.validate_policy()
-    results = [algo.train() for _ in range(80)]
-    after = algo.validate_policy()
-    algo.stop()
+    before, results, after = _train("tuned_examples/grpo/sql_tiny_grpo.py", 80, tmp_path)
     rewards = [r["env_runners"]["reward_mean"] for r in results]
     print("GRPO training reward, 10-iteration means:", np.round(_rolling(rewards, 10), 3).tolist())
     print(f"validation pass@1 {before['pass@1']:.3f} -> {after['pass@1']:.3f}, "
@@ -47,11 +48,7 @@ def test_grpo_raises_pass_at_1_and_training_reward(ray_session, tmp_path):
 
 
 def test_dph_js_learns_on_d_exp_and_stays_close_on_d_pef(ray_session, tmp_path):
-    algo = _build("tuned_examples/dph/sql_tiny_dph_js.py", tmp_path)
-    before = algo.validate_policy()
-    results = [algo.train() for _ in range(40)]
-    after = algo.validate_policy()
-    algo.stop()
+    before, results, after = _train("tuned_examples/dph/sql_tiny_dph_js.py", 40, tmp_path)
     learner = [r["learners"]["default_policy"] for r in results]
     u = [x["pef_u_mean"] for x in learner]
     print("DPH-JS pef_u_mean, 10-iteration means:", np.round(_rolling(u, 10), 3).tolist())

@@ -15,8 +15,13 @@ cores, cached afterwards). On a GPU cluster set
 num_gpus_per_env_runner=1)` and `.llm(engine="vllm", dtype="bfloat16")`.
 
 Results to expect:
-    See README.md ("Results"): on 2 CPU cores the training reward
-    (`env_runners/reward_mean`) rises clearly within the 10-minute budget below.
+    About 4-5 s per iteration on 2 CPU cores (100 iterations in the 10-minute stop). The
+    training reward (`env_runners/reward_mean`) swings by +-0.1 with the 16 prompts drawn; its
+    10-iteration mean rises from about 0.38 to 0.52 by iteration 80, and pass@1 on the first 150
+    prompts of sql_synth/test from about 0.37 to 0.48 with greedy accuracy there about unchanged
+    (0.63 -> 0.65; bench/reproduce_dph.py finds it lower over 3 seeds on 100 prompts):
+    GRPO sharpens the sampling distribution (token entropy 0.27 -> 0.19 nats). Checked by
+    `python -m pytest -m learning -k grpo`; more in README.md ("Results").
 """
 
 from rllib_dph.algorithms.grpo import GRPOConfig

@@ -12,8 +12,11 @@ Same base model, budget and seed as tuned_examples/grpo/sql_tiny_grpo.py; eta=0.
 0.28 and dynamic sampling as in the paper's Table 6.
 
 Results to expect:
-    See README.md ("Results"): training reward rises like GRPO's while the D_pef loss stays
-    near zero; pass@k is compared in bench/reproduce_dph.py.
+    The training reward (on D_exp, which leaves out the near-perfect prompts, so lower than
+    GRPO's) rises from about 0.37 to 0.45 (20-iteration means) over 60 iterations while
+    `pef_u_mean` (π_θ/π_ref on the reference answers) stays near 1. After 60 iterations
+    (bench/reproduce_dph.py, 3 seeds) DPH-JS has greedy accuracy 67.7 % (base 70.0, GRPO 63.3)
+    and pass@1 47.1 % (base 36.9, GRPO 44.3) on sql_synth/test; README.md ("Results") has the rest.
 """
 
 import os

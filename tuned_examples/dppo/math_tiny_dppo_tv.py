@@ -10,8 +10,10 @@ How to run:
     python tuned_examples/dppo/math_tiny_dppo_tv.py --stop '{"training_iteration": 5}'
 
 Results to expect:
-    The tiny model starts weaker on math than on SQL; the training reward
-    (`env_runners/reward_mean`) rises within the budget below (see README.md).
+    Not measured as a learning curve: the tiny model solves few math problems (greedy 3 %,
+    pass@16 19 % on the first 100 prompts of math_synth/test), so most groups have all-zero
+    rewards and no advantage signal. The example shows the DPPO mask on the math env; use a
+    stronger model (`--config '{"model_name": ...}'`) to see it learn.
 """
 
 from rllib_dph.algorithms.grpo import GRPOConfig

@@ -10,8 +10,10 @@ How to run:
     python tuned_examples/dppo/sql_tiny_dppo_kl.py --stop '{"training_iteration": 5}'
 
 Results to expect:
-    See README.md ("Results") and bench/trust_region.py for the comparison with GRPO's clip,
-    Binary-TV, Top-K TV and CISPO at the same budget.
+    In bench/trust_region.py (this off-policy regime, 3 seeds x 40 iterations) Binary-KL's
+    training reward rose 0.376 -> 0.421 (10-iteration means) against 0.391 -> 0.455 with GRPO's
+    ratio clip: no DPPO advantage on the tiny model, whose μ and π_θ agree closely (README.md,
+    "Trust regions").
 """
 
 from rllib_dph.algorithms.grpo import GRPOConfig

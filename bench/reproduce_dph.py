@@ -170,14 +170,14 @@ def plots(base: dict, runs: dict, out: pathlib.Path) -> None:
 
 def prepare(methods: list[str], args) -> None:
     """Runs the DPH pre-sampling stage once, before parallel jobs would race to write it."""
-    from rllib_dph.algorithms.dph import DPH
+    from rllib_dph.algorithms.dph import DPHConfig
     from rllib_dph.cli import load_tuned_example
     from rllib_dph.presample import presample
 
     for method in methods:
         config, _ = load_tuned_example(str(REPO / METHODS[method]))
         config.update_from_dict(json.loads(args.config))
-        if isinstance(config.algo_class, type) and issubclass(config.algo_class, DPH) and config.needs_presampling:
+        if isinstance(config, DPHConfig) and config.needs_presampling:
             presample(config.presample_config())
 
 

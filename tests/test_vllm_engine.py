@@ -217,8 +217,12 @@ def test_seed_determinism_and_independent_groups(engines):
             np.testing.assert_array_equal(a.token_ids, b.token_ids)
             np.testing.assert_array_equal(a.logprobs, b.logprobs)
             np.testing.assert_array_equal(a.topk_ids, b.topk_ids)
+    # The repeated prompt's two groups: rows are sampled independently, not copied. (Only there:
+    # the trained tiny model answers PROMPTS[2] with a 2-3 token completion that independent
+    # samples do repeat.)
+    repeated = [tuple(c.token_ids) for group in first[:2] for c in group]
+    assert len(set(repeated)) == len(repeated)
     flat = [tuple(c.token_ids) for group in first for c in group]
-    assert len(set(flat)) == len(flat)  # equal prompts and a group's rows are sampled independently
     assert flat != [tuple(c.token_ids) for group in other for c in group]
 
 

@@ -12,8 +12,8 @@ greedy accuracy, pass@k (n samples), keep / exploration rates against the base m
 - `runs/<method>_seed<s>/...`: checkpoints and per-split evaluation JSON;
 - `summary.json`: every number in the tables.
 
-    python bench/reproduce_dph.py --quick        # 1 seed, 36 iterations: within 15 min on 2 cores
-    python bench/reproduce_dph.py                # 3 seeds, 60 iterations: within 90 min on 2 cores
+    python bench/reproduce_dph.py --quick        # 1 seed, 36 iterations: 13 min on 2 cores (+2 min pre-sampling once)
+    python bench/reproduce_dph.py                # 3 seeds, 60 iterations: 58 min on 2 cores
 
 Budget: `--iterations` training iterations per run with the tuned examples' batch (16 prompts x
 8 completions, one optimizer step each), evaluation on the first `--eval-limit` prompts of each

@@ -24,12 +24,13 @@ pre-sampling stage runs once before them.
 
 import argparse
 import json
-import multiprocessing
 import pathlib
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import as_completed
 
 import numpy as np
+
+from workers import worker_pool  # bench/workers.py
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 METHODS = {
@@ -181,15 +182,6 @@ def prepare(methods: list[str], args) -> None:
             presample(config.presample_config())
 
 
-def _init_worker() -> None:
-    """One torch thread and a one-CPU Ray instance per worker process (2 workers on 2 cores)."""
-    import ray
-    import torch
-
-    torch.set_num_threads(1)
-    ray.init(include_dashboard=False, log_to_driver=False, num_cpus=1)
-
-
 def run_job(method: str | None, seed: int, out: str, args) -> str:
     """Trains (unless ``method`` is None: the base model) and evaluates one run; returns its name."""
     from rllib_dph.models.hub import resolve_model
@@ -227,8 +219,7 @@ def main() -> None:
     jobs = [(None, 0, out / "base")] + [
         (method, seed, out / "runs" / f"{method}_seed{seed}") for method in args.methods for seed in args.seeds
     ]
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(args.workers, mp_context=context, initializer=_init_worker) as pool:
+    with worker_pool(args.workers) as pool:
         futures = [pool.submit(run_job, method, seed, str(run_dir), args) for method, seed, run_dir in jobs]
         for future in as_completed(futures):
             print(f"[{time.perf_counter() - t0:6.0f}s] {future.result()} trained and evaluated", flush=True)

@@ -7,8 +7,9 @@ equals μ when each token is scored and no trust region ever acts; this benchmar
 runs it off-policy (`OFF_POLICY`: several mini-batches and epochs per batch), the regime the
 trust regions are for. It prints a table (final reward, steps until the 5-iteration running
 mean of the reward reaches the target, final |π − μ| and masked fraction) and writes
-`trust_region.md`, `trust_region.json` and `trust_region.png` (reward curves) to `--out`. It also measures what computing each mask costs as a share of
-the learner's update time on a real batch (targets: binary ≤ 1 %, top-K ≤ 5 %).
+`trust_region.md`, `trust_region.json` and `trust_region.png` (reward curves) to `--out`.
+It also measures what computing each mask costs as a share of the learner's update time on a
+real batch (targets: binary ≤ 1 %, top-K ≤ 5 %).
 
     python bench/trust_region.py                    # 5 variants x 1 seed x 30 iterations
     python bench/trust_region.py --seeds 0 1 2 --iterations 40 --workers 15
@@ -18,12 +19,12 @@ the learner's update time on a real batch (targets: binary ≤ 1 %, top-K ≤ 5 
 import argparse
 import json
 import math
-import multiprocessing
 import pathlib
 import time
-from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
+
+from workers import worker_pool  # bench/workers.py
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "tuned_examples/grpo/sql_tiny_grpo.py"
@@ -72,15 +73,6 @@ def running_mean(values: list[float], window: int = 5) -> np.ndarray:
     cumsum = np.cumsum(np.insert(np.asarray(values, dtype=float), 0, 0.0))
     counts = np.minimum(np.arange(1, len(values) + 1), window)
     return (cumsum[1:] - cumsum[np.arange(1, len(values) + 1) - counts]) / counts
-
-
-def _init_worker() -> None:
-    """One torch thread and a one-CPU Ray instance per worker process."""
-    import ray
-    import torch
-
-    torch.set_num_threads(1)
-    ray.init(include_dashboard=False, log_to_driver=False, num_cpus=1)
 
 
 def steps_to(rewards: list[float], target: float) -> float:
@@ -177,8 +169,7 @@ def main() -> None:
     if args.mask_cost_only:
         return
 
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(args.workers, mp_context=context, initializer=_init_worker) as pool:
+    with worker_pool(args.workers) as pool:
         futures = {
             name: [pool.submit(train_curves, name, ov, s, args.iterations, args.model) for s in args.seeds]
             for name, ov in VARIANTS.items()

@@ -113,3 +113,87 @@ def concat_batches(batches: Sequence[dict[str, np.ndarray]]) -> dict[str, np.nda
 def select_rows(batch: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
     """The rows ``rows`` (indices or a boolean mask) of every column."""
     return {k: v[rows] for k, v in batch.items()}
+
+
+def group_units(group_ids: np.ndarray, row_type: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
+    """The rows an update must keep together, and the rows it spreads out.
+
+    Args:
+        group_ids: (B,) group of each row (``GROUP_IDS``).
+        row_type: (B,) ``ROW_TYPE`` of each row.
+
+    Returns:
+        (groups, pef): the row indices of each exploration group, in order of first appearance
+        (the rows of one prompt's completions), and the indices of the D_pef rows.
+    """
+    exp = np.flatnonzero(row_type != C.ROW_TYPE_PEF)  # (E,)
+    _, first, inverse = np.unique(group_ids[exp], return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")  # groups in order of first appearance
+    groups = [exp[inverse == g] for g in order]
+    return groups, np.flatnonzero(row_type == C.ROW_TYPE_PEF)
+
+
+def minibatch_plan(
+    group_ids: np.ndarray,
+    row_type: np.ndarray,
+    num_minibatches: int,
+    rng: np.random.Generator | None = None,
+) -> list[np.ndarray]:
+    """Row indices of each mini-batch of one epoch: whole groups, and D_pef rows in every one.
+
+    The exploration groups (shuffled by ``rng``; None keeps their order) are dealt into
+    ``num_minibatches`` consecutive bins of ⌊G/M⌋ or ⌈G/M⌉ groups, so the rows of one GRPO
+    group are never split. The D_pef rows (shuffled likewise) are dealt the same way, so
+    each mini-batch carries ⌊P/M⌋ or ⌈P/M⌉ of them: its share of 1/(ratio + 1) within a
+    row. (RLlib's own mini-batching cuts rows in order and shuffles only when
+    ``num_epochs > 1``, which put every appended D_pef row into the last mini-batch.)
+
+    Args:
+        group_ids: (B,) group of each row.
+        row_type: (B,) ``ROW_TYPE`` of each row.
+        num_minibatches: M >= 1 optimizer steps per epoch.
+        rng: Shuffles groups and D_pef rows (a new order per call: per epoch).
+
+    Returns:
+        M arrays of row indices; an array is empty when there are fewer groups and D_pef rows
+        than mini-batches.
+    """
+    if num_minibatches < 1:
+        raise ValueError(f"num_minibatches={num_minibatches} must be >= 1.")
+    groups, pef = group_units(np.asarray(group_ids), np.asarray(row_type))
+    if rng is not None:
+        groups = [groups[i] for i in rng.permutation(len(groups))]
+        pef = rng.permutation(pef)
+    group_bins = np.array_split(np.arange(len(groups)), num_minibatches)
+    pef_bins = np.array_split(pef, num_minibatches)
+    return [
+        np.concatenate([groups[g] for g in bin_groups] + [pef_rows]).astype(np.int64)
+        for bin_groups, pef_rows in zip(group_bins, pef_bins)
+    ]
+
+
+def shard_groups(batch: dict[str, np.ndarray], num_shards: int) -> list[dict[str, np.ndarray]]:
+    """Splits a batch over learners by whole groups: ⌊G/N⌋ or ⌈G/N⌉ groups per shard.
+
+    A shard that would get no group (fewer groups than learners, e.g. after dynamic sampling)
+    gets one :func:`padding_row` instead, so every learner takes part in every collective.
+    """
+    groups, _ = group_units(batch[C.GROUP_IDS], batch[C.ROW_TYPE])
+    shards = []
+    for bin_groups in np.array_split(np.arange(len(groups)), num_shards):
+        rows = np.concatenate([groups[g] for g in bin_groups]).astype(np.int64) if len(bin_groups) else None
+        shards.append(padding_row(batch) if rows is None else select_rows(batch, rows))
+    return shards
+
+
+def padding_row(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """One row of ``batch`` with no response token (``RESPONSE_MASK`` 0) and advantage 0.
+
+    It adds nothing to any loss term, token count or sequence count, and keeps the forward
+    pass and the gradient all-reduce of a learner (or mini-batch) without rows working.
+    """
+    row = {k: v[:1] for k, v in batch.items()}  # numpy arrays or torch tensors alike
+    row[C.RESPONSE_MASK] = row[C.RESPONSE_MASK] * 0
+    row[C.ADVANTAGES] = row[C.ADVANTAGES] * 0
+    row[C.ROW_TYPE] = row[C.ROW_TYPE] * 0 + C.ROW_TYPE_EXP
+    return row

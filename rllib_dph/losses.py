@@ -30,6 +30,12 @@ import torch.nn.functional as F
 
 # Smallest probability mass used where a mass enters a logarithm (DPPO binary / top-K divergences).
 _MIN_MASS = 1e-12
+#: Bound on the magnitude of one token's divergence term (KL penalty, DPH f-divergences): verl's
+#: ``kl_penalty(..., "low_var_kl")``, which the original DPH-RL code uses, clamps to [-10, 10].
+#: Beyond it the term is constant and the token has no gradient, so one token that π_θ or
+#: π_ref finds near-impossible cannot dominate the update (π_ref = 1e-6, π_θ = 0.5 would give a
+#: forward-KL term and gradient of ~5e5 unclamped).
+MAX_TERM = 10.0
 
 
 def _upcast(x: torch.Tensor) -> torch.Tensor:
@@ -144,7 +150,9 @@ def _k3(d: torch.Tensor) -> torch.Tensor:
 KL_ESTIMATORS: Dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"k1": _k1, "k2": _k2, "k3": _k3}
 
 
-def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, *, kind: str = "k3") -> torch.Tensor:
+def kl_estimate(
+    logp: torch.Tensor, ref_logp: torch.Tensor, *, kind: str = "k3", max_term: float = MAX_TERM
+) -> torch.Tensor:
     """Per-token sample estimate of KL(π_θ‖π_ref) (Schulman 2020; the RKL penalty of GRPO).
 
     With d = log π_θ(a) − log π_ref(a) for a token a sampled from π_θ:
@@ -155,62 +163,66 @@ def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, *, kind: str = "k3")
 
     Used as a loss with samples held fixed, the k3 term's gradient is that of KL(π_ref‖π_θ)
     in expectation, not of KL(π_θ‖π_ref) (the usual "k3 as loss" behaviour of GRPO/verl).
-    No clamping: a token far from the reference keeps its (large) gradient.
+    Each estimate is clamped to [−max_term, max_term] as verl's ``low_var_kl`` does: a token
+    far from the reference contributes a bounded term and no gradient.
 
     Args:
         logp: (B, T) log π_θ of the sampled tokens.
         ref_logp: (B, T) log π_ref of the same tokens.
         kind: "k1", "k2" or "k3".
+        max_term: bound on |estimate| (default :data:`MAX_TERM`).
 
     Returns:
         (B, T) float32 per-token estimates.
     """
     _check_kind(kind, KL_ESTIMATORS, "kind")
-    return KL_ESTIMATORS[kind](_upcast(logp) - _upcast(ref_logp))
+    return KL_ESTIMATORS[kind](_upcast(logp) - _upcast(ref_logp)).clamp(-max_term, max_term)
 
 
 # -------------------------------------------------------------------------------- aggregation
-def _token_mean(values: torch.Tensor, mask: torch.Tensor, norm_length: float) -> torch.Tensor:
-    return values.sum() / mask.sum().clamp_min(1)
+def _token_mean_parts(values: torch.Tensor, mask: torch.Tensor, norm_length: float):
+    return values.sum(), mask.sum()
 
 
-def _seq_mean_token_mean(values: torch.Tensor, mask: torch.Tensor, norm_length: float) -> torch.Tensor:
+def _seq_mean_token_mean_parts(values: torch.Tensor, mask: torch.Tensor, norm_length: float):
     counts = mask.sum(-1)  # (B,)
     per_seq = values.sum(-1) / counts.clamp_min(1)  # (B,)
-    return per_seq.sum() / (counts > 0).sum().clamp_min(1)
+    return per_seq.sum(), (counts > 0).sum()
 
 
-def _seq_mean_token_sum_norm(values: torch.Tensor, mask: torch.Tensor, norm_length: float) -> torch.Tensor:
+def _seq_mean_token_sum_norm_parts(values: torch.Tensor, mask: torch.Tensor, norm_length: float):
     per_seq = values.sum(-1) / norm_length  # (B,)
-    return per_seq.sum() / (mask.sum(-1) > 0).sum().clamp_min(1)
+    return per_seq.sum(), (mask.sum(-1) > 0).sum()
 
 
-#: Loss aggregation modes (verl's ``loss_agg_mode``), functions of (zeroed values, mask, norm).
-AGGREGATIONS: Dict[str, Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]] = {
-    "token-mean": _token_mean,
-    "seq-mean-token-mean": _seq_mean_token_mean,
-    "seq-mean-token-sum-norm": _seq_mean_token_sum_norm,
+#: Loss aggregation modes (verl's ``loss_agg_mode``): functions of (zeroed values, mask, norm)
+#: returning (numerator, denominator), so that shards of one mini-batch (DDP learners,
+#: micro-batches) aggregate exactly as the whole: Σ numerators / Σ denominators.
+AGGREGATIONS: Dict[str, Callable[[torch.Tensor, torch.Tensor, float], tuple]] = {
+    "token-mean": _token_mean_parts,
+    "seq-mean-token-mean": _seq_mean_token_mean_parts,
+    "seq-mean-token-sum-norm": _seq_mean_token_sum_norm_parts,
 }
 
 
-def masked_aggregate(
+def aggregate_parts(
     values: torch.Tensor,
     mask: torch.Tensor,
     *,
     mode: str,
     norm_length: Optional[float] = None,
-) -> torch.Tensor:
-    """Reduces per-token loss values over the valid tokens to a scalar.
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Numerator and denominator of :func:`masked_aggregate`: the loss is ``num / max(den, 1)``.
 
     With m the mask, |o_i| = Σ_t m_it and S the set of rows with at least one valid token:
 
-        "token-mean"               Σ_it m·v / Σ_it m                    (DAPO; DPH-RL default)
-        "seq-mean-token-mean"      1/|S| Σ_{i∈S} (Σ_t m·v / |o_i|)      (GRPO, DPH-RL Eq. 5)
-        "seq-mean-token-sum-norm"  1/|S| Σ_{i∈S} (Σ_t m·v / N)          (Dr. GRPO, N constant)
+        "token-mean"               num = Σ_it m·v                  den = Σ_it m     (DAPO)
+        "seq-mean-token-mean"      num = Σ_{i∈S} Σ_t m·v / |o_i|   den = |S|        (GRPO, DPH-RL Eq. 5)
+        "seq-mean-token-sum-norm"  num = Σ_{i∈S} Σ_t m·v / N       den = |S|        (Dr. GRPO)
 
-    Rows without valid tokens (padding rows, or rows of another type, e.g. D_pef rows under an
-    exploration mask) do not count as sequences. Values at masked positions are ignored even if
-    they are inf or NaN. Zero valid tokens give 0, connected to the graph (zero gradient).
+    Both parts are sums over rows, so a mini-batch split over learners or micro-batches is
+    aggregated exactly by summing the parts of its shards (all-reduce the denominator) before
+    dividing: "token-mean" then normalises by the response tokens of the whole mini-batch.
 
     Args:
         values: (B, T) per-token values.
@@ -220,7 +232,7 @@ def masked_aggregate(
             defaults to T. Ignored by the other modes.
 
     Returns:
-        Scalar float32 tensor.
+        (numerator, denominator): scalar float32 tensors; the numerator keeps the graph.
     """
     _check_kind(mode, AGGREGATIONS, "mode")
     norm_length = values.shape[-1] if norm_length is None else norm_length
@@ -228,7 +240,35 @@ def masked_aggregate(
         raise ValueError(f"norm_length={norm_length} must be > 0; pass the maximum response length.")
     mask = mask.bool()
     values = torch.where(mask, _upcast(values), 0.0)  # (B, T)
-    return AGGREGATIONS[mode](values, mask, norm_length)
+    num, den = AGGREGATIONS[mode](values, mask, norm_length)
+    return num, den.to(num.dtype)
+
+
+def masked_aggregate(
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    mode: str,
+    norm_length: Optional[float] = None,
+) -> torch.Tensor:
+    """Reduces per-token loss values over the valid tokens to a scalar: num / max(den, 1).
+
+    See :func:`aggregate_parts` for the modes. Rows without valid tokens (padding rows, or
+    rows of another type, e.g. D_pef rows under an exploration mask) do not count as
+    sequences. Values at masked positions are ignored even if they are inf or NaN. Zero valid
+    tokens give 0, connected to the graph (zero gradient).
+
+    Args:
+        values: (B, T) per-token values.
+        mask: (B, T) bool or 0/1, the tokens to aggregate over.
+        mode: one of ``AGGREGATIONS``.
+        norm_length: N of "seq-mean-token-sum-norm"; defaults to T.
+
+    Returns:
+        Scalar float32 tensor.
+    """
+    num, den = aggregate_parts(values, mask, mode=mode, norm_length=norm_length)
+    return num / den.clamp_min(1)
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -281,6 +321,7 @@ def f_divergence(
     kind: str,
     alpha: float = 0.5,
     clamp: float = 20.0,
+    max_term: float = MAX_TERM,
 ) -> torch.Tensor:
     """Per-token DPH-RL f-divergence term on D_pef rows, "generator" form (DPH-RL §4.2.1, Table 5).
 
@@ -303,8 +344,9 @@ def f_divergence(
 
     u is per token, conditioned on the reference prefix, as in the original implementation:
     sequence-level likelihood ratios are products over hundreds of tokens and overflow. The
-    log-ratio is clamped for numerical safety (as the original's ±20); beyond the clamp the
-    term is constant and has no gradient.
+    log-ratio is clamped to ±``clamp`` (the original's ±20) and the term to ≤ ``max_term``
+    (the original's ``low_var_kl`` clamp of 10); beyond either the term is constant and has no
+    gradient.
 
     Args:
         logp: (B, T) log π_θ of the reference response tokens.
@@ -312,9 +354,10 @@ def f_divergence(
         kind: one of ``F_DIVERGENCES``.
         alpha: α of the "alpha" divergence, 0 < α < 1.
         clamp: bound on |log u|.
+        max_term: bound on the per-token term (default :data:`MAX_TERM`).
 
     Returns:
-        (B, T) float32 per-token terms, ≥ 0.
+        (B, T) float32 per-token terms in [0, max_term].
     """
     _check_kind(kind, F_DIVERGENCES, "kind")
     if kind == "alpha" and not 0 < alpha < 1:
@@ -322,10 +365,55 @@ def f_divergence(
             f"alpha={alpha} is outside (0, 1); use kind='forward_kl' for α = 1 or pick 0 < α < 1."
         )
     log_u = (_upcast(logp) - _upcast(ref_logp)).clamp(-clamp, clamp)  # (B, T)
-    return F_DIVERGENCES[kind](log_u, alpha)
+    return F_DIVERGENCES[kind](log_u, alpha).clamp_max(max_term)
 
 
-def js_mixture_ref_term(logp: torch.Tensor, ref_logp: torch.Tensor, *, clamp: float = 20.0) -> torch.Tensor:
+#: How η weighs the D_pef term against the policy loss (``DPHConfig.pef_loss_normalization``).
+PEF_NORMALIZATIONS = ("original", "token_mean")
+#: The original code's generators relative to ours: its "js_low_var" is 2 × the JS of Table 5.
+ORIGINAL_GENERATOR_SCALE = {"forward_kl": 1.0, "js": 2.0, "alpha": 1.0, "js_definition": 1.0}
+
+
+def pef_loss_weight(
+    pef_coeff: float,
+    *,
+    normalization: str,
+    divergence: str,
+    num_pef_rows: float,
+    num_exp_rows: float,
+) -> float:
+    """Weight w of the D_pef term in ``loss = L_policy + w · token-mean(f)`` (DPH-RL Eq. 7).
+
+        "token_mean"  w = η                                   (Eq. 7 read literally)
+        "original"    w = η · s_f · N_pef / N_exp             (the original code's weight)
+
+    The original implementation routes micro-batches by row type and averages them with
+    gradient accumulation, so each term is weighted by its share of the mini-batch's rows:
+    (N_exp/N)·L_policy + (N_pef/N)·η·L_pef, i.e. relative to the policy loss η·N_pef/N_exp
+    (≈ η/8 at its 2048 : 256 mix). Its "js_low_var" generator is twice the JS generator of
+    Table 5 (s_js = 2; s = 1 for forward KL and α). With "original", the paper's η values
+    (Table 6, tuned with that code) mean what they meant there.
+
+    Args:
+        pef_coeff: η ≥ 0.
+        normalization: one of ``PEF_NORMALIZATIONS``.
+        divergence: "forward_kl", "js", "alpha" or "js_definition" (its s_f).
+        num_pef_rows, num_exp_rows: D_pef and exploration rows of the mini-batch (all learners).
+
+    Returns:
+        w ≥ 0.
+    """
+    if normalization == "token_mean":
+        return pef_coeff
+    if normalization != "original":
+        raise ValueError(f"normalization={normalization!r} is not one of {list(PEF_NORMALIZATIONS)}.")
+    _check_kind(divergence, ORIGINAL_GENERATOR_SCALE, "divergence")
+    return pef_coeff * ORIGINAL_GENERATOR_SCALE[divergence] * num_pef_rows / max(num_exp_rows, 1.0)
+
+
+def js_mixture_ref_term(
+    logp: torch.Tensor, ref_logp: torch.Tensor, *, clamp: float = 20.0, max_term: float = MAX_TERM
+) -> torch.Tensor:
     """Per-token KL(π_ref‖M) on D_pef rows, JS "divergence definition" (DPH-RL Appendix F, Eq. 17).
 
     JS(π_ref, π_θ) = ½ KL(π_ref‖M) + ½ KL(π_θ‖M) with M = (π_ref + π_θ)/2 per token. This is
@@ -343,16 +431,19 @@ def js_mixture_ref_term(logp: torch.Tensor, ref_logp: torch.Tensor, *, clamp: fl
         logp: (B, T) log π_θ of the reference response tokens.
         ref_logp: (B, T) stored log π_ref of the same tokens.
         clamp: bound on |log u|.
+        max_term: bound on the per-token term (default :data:`MAX_TERM`).
 
     Returns:
-        (B, T) float32 per-token terms, ≥ 0, zero with zero gradient where π_θ = π_ref.
+        (B, T) float32 per-token terms in [0, max_term], zero with zero gradient where π_θ = π_ref.
     """
     log_u = (_upcast(logp) - _upcast(ref_logp)).clamp(-clamp, clamp)  # (B, T)
     log_w = F.softplus(log_u) - math.log(2.0)  # log((1 + u) / 2)
-    return _low_variance_kl(log_w)
+    return _low_variance_kl(log_w).clamp_max(max_term)
 
 
-def js_mixture_policy_term(logp: torch.Tensor, ref_logp: torch.Tensor, *, clamp: float = 20.0) -> torch.Tensor:
+def js_mixture_policy_term(
+    logp: torch.Tensor, ref_logp: torch.Tensor, *, clamp: float = 20.0, max_term: float = MAX_TERM
+) -> torch.Tensor:
     """Per-token KL(π_θ‖M) on exploration rows, JS "divergence definition" (DPH-RL Appendix F, Eq. 15).
 
     The second half of JS(π_ref, π_θ), estimated from the online rollouts (tokens a ∼ μ ≈ π_θ)
@@ -372,13 +463,14 @@ def js_mixture_policy_term(logp: torch.Tensor, ref_logp: torch.Tensor, *, clamp:
         logp: (B, T) log π_θ of the sampled exploration tokens.
         ref_logp: (B, T) log π_ref of the same tokens (reference model forward pass).
         clamp: bound on |log(π_θ/π_ref)|.
+        max_term: bound on the per-token term (default :data:`MAX_TERM`).
 
     Returns:
-        (B, T) float32 per-token terms, ≥ 0, zero with zero gradient where π_θ = π_ref.
+        (B, T) float32 per-token terms in [0, max_term], zero with zero gradient where π_θ = π_ref.
     """
     log_u = (_upcast(logp) - _upcast(ref_logp)).clamp(-clamp, clamp)  # (B, T)
     log_w = F.softplus(-log_u) - math.log(2.0)  # log((1 + 1/u) / 2)
-    return _low_variance_kl(log_w)
+    return _low_variance_kl(log_w).clamp_max(max_term)
 
 
 # ------------------------------------------------------------------ log-probs and entropy
@@ -592,6 +684,45 @@ def trust_region_mask(
         return TRUST_REGION_KINDS[kind](
             _upcast(logp), _upcast(behavior_logp), _upcast(advantages), low, high, topk_logp, topk_behavior_logp
         )
+
+
+def dual_clip_mask(
+    logp: torch.Tensor,
+    behavior_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    clip_ratio_c: Optional[float],
+) -> torch.Tensor:
+    """Dual-clip PPO (Ye et al. 2020, "Mastering Complex Control in MOBA Games", Eq. 5; verl's
+    ``clip_ratio_c``): which tokens keep their gradient under the lower bound on negative
+    advantages.
+
+    For Â < 0 the clipped surrogate −Â·max(r, clip(r, 1−ε, 1+ε)) grows without bound in r;
+    dual clip takes min(that, −Â·c), a constant once r > c. In the policy-gradient form of
+    :func:`policy_gradient_loss` that is a mask:
+
+        keep_t = not (Â_t < 0 and π_θ(a_t)/μ(a_t) > c)
+
+    so a token the rollout policy found much less likely than π_θ now does, with a negative
+    advantage, cannot dominate the update. ``clip_ratio_c=None`` keeps every token.
+
+    Args:
+        logp: (B, T) log π_θ of the sampled tokens (gradients are not used).
+        behavior_logp: (B, T) log μ of the sampled tokens.
+        advantages: Â, broadcastable to (B, T).
+        clip_ratio_c: c > 1 (verl default 3), or None to disable.
+
+    Returns:
+        (B, T) bool, True where the token keeps its gradient.
+    """
+    shape = torch.broadcast_shapes(logp.shape, advantages.shape)
+    if clip_ratio_c is None:
+        return torch.ones(shape, dtype=torch.bool, device=logp.device)
+    if not clip_ratio_c > 1:
+        raise ValueError(f"clip_ratio_c={clip_ratio_c} must be > 1 (verl: 3.0), or None to disable dual clip.")
+    with torch.no_grad():
+        log_ratio = _upcast(logp) - _upcast(behavior_logp)  # (B, T)
+        return ~((_upcast(advantages) < 0) & (log_ratio > math.log(clip_ratio_c)))
 
 
 # -------------------------------------------------------------------------- policy gradient

@@ -21,8 +21,12 @@ Output (``out_dir``), all parquet files written with pyarrow:
 ``summary.json`` — sizes, pass rates, settings.
 
 Both parquet files carry schema metadata ``rllib_dph.model_fingerprint`` (weights + tokenizer),
-``rllib_dph.model_name``, ``rllib_dph.temperature``, ``rllib_dph.k``, ``rllib_dph.min_correct``
-and, for SQL, ``rllib_dph.db_root``. Intermediate results live in ``out_dir/parts/`` one file per
+``rllib_dph.model_name``, how the reference responses were sampled (``rllib_dph.temperature``,
+``rllib_dph.top_p``, ``rllib_dph.max_response_length``, ``rllib_dph.chat_template_sha`` — a hash
+of the tokenizer's chat template, "none" without one), ``rllib_dph.k``, ``rllib_dph.min_correct``
+and, for SQL, ``rllib_dph.db_root``; ``DPHConfig`` refuses a file whose sampling settings
+differ from training's. A run holds ``out_dir/.lock`` (:func:`presample_lock`), so two
+processes (e.g. Tune trials) never sample one directory at once. Intermediate results live in ``out_dir/parts/`` one file per
 chunk of prompts, each written atomically: an interrupted run resumes at the first missing chunk
 and never duplicates rows; chunk seeds depend only on the chunk, so a resumed run gives the same
 files as an uninterrupted one.
@@ -30,6 +34,9 @@ files as an uninterrupted one.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
 import json
 import os
 import pathlib
@@ -46,6 +53,9 @@ PEF_FILE = "d_pef.parquet"
 EXP_FILE = "d_exp.parquet"
 SUMMARY_FILE = "summary.json"
 META_PREFIX = "rllib_dph."
+LOCK_FILE = ".lock"
+#: Sampling settings a D_pef file records and training must match (see ``DPHConfig``).
+SAMPLING_SETTINGS = ("temperature", "top_p", "max_response_length")
 
 
 @dataclass
@@ -132,6 +142,31 @@ def read_metadata(path: str | os.PathLike) -> dict[str, str]:
         for k, v in meta.items()
         if k.decode().startswith(META_PREFIX)
     }
+
+
+def chat_template_sha(tokenizer) -> str:
+    """16 hex characters of sha256 over the tokenizer's chat template, "none" without one."""
+    template = getattr(tokenizer, "chat_template", None)
+    if not template:
+        return "none"
+    return hashlib.sha256(str(template).encode()).hexdigest()[:16]
+
+
+@contextlib.contextmanager
+def presample_lock(out_dir: str | os.PathLike):
+    """Holds an exclusive lock on ``out_dir`` (created) for one pre-sampling run at a time.
+
+    A second process asking for the same directory waits until the first has finished, then
+    finds its files (callers check ``needs_presampling`` inside the lock).
+    """
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / LOCK_FILE, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 class Presampler:
@@ -269,9 +304,12 @@ class Presampler:
             META_PREFIX + "model_fingerprint": self.fingerprint,
             META_PREFIX + "model_name": c.model_name,
             META_PREFIX + "temperature": c.temperature,
+            META_PREFIX + "top_p": c.top_p,
+            META_PREFIX + "max_response_length": c.max_response_length,
+            META_PREFIX + "chat_template_sha": chat_template_sha(self.tokenizer),
             META_PREFIX + "k": c.k,
             META_PREFIX + "min_correct": c.min_correct,
-            META_PREFIX + "schema_version": 1,
+            META_PREFIX + "schema_version": 2,
         }
         db_root = _db_root(tasks)
         if db_root is not None:
@@ -324,6 +362,22 @@ def _pef_table(rows: list[dict]) -> pa.Table:
     return table
 
 
+def presample_once(config: PresampleConfig, *, progress: bool = True) -> bool:
+    """Runs pre-sampling into ``config.out_dir`` unless its D_pef file exists; True if it ran.
+
+    Holds :func:`presample_lock` while it looks and samples, so when several processes (Tune
+    trials of one sweep) need the same directory, one samples and the others wait, then reuse
+    its files.
+    """
+    with presample_lock(config.out_dir):
+        if (pathlib.Path(config.out_dir) / PEF_FILE).exists():
+            return False
+        Presampler(config).run(progress=progress)
+        return True
+
+
 def presample(config: PresampleConfig, *, progress: bool = True, engine=None, env=None) -> dict[str, Any]:
-    """Runs the pre-sampling stage; see the module docstring for the output files."""
-    return Presampler(config, engine=engine, env=env).run(progress=progress)
+    """Runs the pre-sampling stage under :func:`presample_lock`; see the module docstring for
+    the output files."""
+    with presample_lock(config.out_dir):
+        return Presampler(config, engine=engine, env=env).run(progress=progress)

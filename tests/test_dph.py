@@ -190,9 +190,12 @@ def envs_make():
 @pytest.mark.parametrize(
     "dph, message",
     [
-        ({"divergence": "alpha", "alpha": 1.5}, "alpha=1.5 is outside (0, 1)"),
+        ({"divergence": "alpha", "alpha": 1.5}, "alpha=1.5 is invalid: it must be a finite number in (0, 1)"),
         ({"divergence": "tv"}, "divergence='tv' is not one of"),
-        ({"pef_ratio": 0}, "pef_ratio=0 must be > 0"),
+        ({"pef_ratio": 0}, "pef_ratio=0 is invalid: it must be a finite number > 0"),
+        ({"pef_coeff": float("nan")}, "pef_coeff=nan is invalid: it must be a finite number >= 0"),
+        ({"pef_loss_normalization": "rows"}, "pef_loss_normalization='rows' is not one of"),
+        ({"presample_k": 4, "presample_min_correct": 5}, "presample_min_correct=5 must be <= presample_k=4"),
         ({"pef_path": "/nonexistent/d_pef.parquet"}, "does not exist"),
         ({"pef_path": None}, "no D_pef file"),
         ({"js_definition": True}, "js_definition=True needs the D_exp file"),

@@ -7,9 +7,12 @@ import torch
 
 from rllib_dph.losses import (
     AGGREGATIONS,
+    MAX_TERM,
     TRUST_REGION_DIVERGENCES,
     TRUST_REGION_KINDS,
+    aggregate_parts,
     bad_update_fraction,
+    dual_clip_mask,
     f_divergence,
     group_advantages,
     has_reward_variance,
@@ -19,6 +22,7 @@ from rllib_dph.losses import (
     masked_aggregate,
     masked_mean,
     overlong_penalty,
+    pef_loss_weight,
     policy_gradient_loss,
     token_entropy,
     token_logprobs,
@@ -198,13 +202,13 @@ def _alpha_div(p, q, a=0.3):
 
 
 DIVERGENCE_TERMS = {
-    "forward_kl": (lambda lp, lr: f_divergence(lp, lr, kind="forward_kl"), "ref", lambda p, q: _kl(q, p)),
+    "forward_kl": (lambda lp, lr, **kw: f_divergence(lp, lr, kind="forward_kl", **kw), "ref", lambda p, q: _kl(q, p)),
     "js": (
-        lambda lp, lr: f_divergence(lp, lr, kind="js"),
+        lambda lp, lr, **kw: f_divergence(lp, lr, kind="js", **kw),
         "ref",
         lambda p, q: 0.5 * (_kl(p, (p + q) / 2) + _kl(q, (p + q) / 2)),
     ),
-    "alpha": (lambda lp, lr: f_divergence(lp, lr, kind="alpha", alpha=0.3), "ref", _alpha_div),
+    "alpha": (lambda lp, lr, **kw: f_divergence(lp, lr, kind="alpha", alpha=0.3, **kw), "ref", _alpha_div),
     "js_mixture_ref": (js_mixture_ref_term, "ref", lambda p, q: _kl(q, (p + q) / 2)),
     "js_mixture_policy": (js_mixture_policy_term, "policy", lambda p, q: _kl(p, (p + q) / 2)),
 }
@@ -234,15 +238,38 @@ def test_divergence_term_expectation_is_the_divergence(name):
     term, sampled_from, closed_form = DIVERGENCE_TERMS[name]
     pi, ref = random_categoricals((3,), 8, seed=2)
     weights = ref if sampled_from == "ref" else pi
-    expectation = (weights * term(pi.log(), ref.log())).sum(-1)  # (3,)
+    # Unbounded terms: the MAX_TERM clamp is a numerical guard, not part of the estimator.
+    expectation = (weights * term(pi.log(), ref.log(), max_term=math.inf)).sum(-1)  # (3,)
     torch.testing.assert_close(expectation, closed_form(pi, ref))
+
+
+@pytest.mark.parametrize("name", sorted(DIVERGENCE_TERMS))
+@pytest.mark.parametrize("pi, ref", [(0.5, 1e-6), (1e-6, 0.5), (0.999, 1e-9)])
+def test_divergence_term_is_bounded_with_no_gradient_beyond_the_bound(name, pi, ref):
+    """π_ref = 1e-6, π_θ = 0.5 gave a forward-KL term and gradient of ~5e5 before the clamp."""
+    term = DIVERGENCE_TERMS[name][0]
+    logp = torch.tensor([[math.log(pi)]], requires_grad=True)
+    value = term(logp, torch.tensor([[math.log(ref)]]))
+    value.sum().backward()
+    assert 0 <= value.item() <= MAX_TERM
+    if value.item() == MAX_TERM:
+        assert logp.grad.abs().item() == 0
+    assert logp.grad.abs().item() <= 2 * MAX_TERM  # never the ~5e5 of the unclamped term
+
+
+@pytest.mark.parametrize("kind", ["k1", "k2", "k3"])
+def test_kl_estimate_is_bounded(kind):
+    logp = torch.tensor([[0.0, -30.0, -1.0]], requires_grad=True)
+    value = kl_estimate(logp, torch.tensor([[-30.0, 0.0, -1.0]]), kind=kind)
+    assert value.abs().max() <= MAX_TERM and value[0, 2] == 0
 
 
 def test_js_generator_is_the_sum_of_the_two_mixture_halves():
     pi, ref = random_categoricals((3,), 8, seed=3)
-    generator = (ref * f_divergence(pi.log(), ref.log(), kind="js")).sum(-1)
-    halves = 0.5 * (ref * js_mixture_ref_term(pi.log(), ref.log())).sum(-1) + 0.5 * (
-        pi * js_mixture_policy_term(pi.log(), ref.log())
+    unbounded = dict(max_term=math.inf)
+    generator = (ref * f_divergence(pi.log(), ref.log(), kind="js", **unbounded)).sum(-1)
+    halves = 0.5 * (ref * js_mixture_ref_term(pi.log(), ref.log(), **unbounded)).sum(-1) + 0.5 * (
+        pi * js_mixture_policy_term(pi.log(), ref.log(), **unbounded)
     ).sum(-1)
     torch.testing.assert_close(generator, halves)
 
@@ -252,7 +279,8 @@ def test_ref_sampled_gradient_is_the_exact_divergence_gradient(name):
     term, _, closed_form = DIVERGENCE_TERMS[name]
     ref = torch.softmax(torch.randn(8, dtype=torch.float64), -1)
     logits = torch.randn(8, dtype=torch.float64, requires_grad=True)
-    (estimate_grad,) = torch.autograd.grad((ref * term(logits.log_softmax(-1), ref.log())).sum(), logits)
+    terms = term(logits.log_softmax(-1), ref.log(), max_term=math.inf)  # unbounded: exact estimator
+    (estimate_grad,) = torch.autograd.grad((ref * terms).sum(), logits)
     (exact_grad,) = torch.autograd.grad(closed_form(logits.softmax(-1), ref), logits)
     torch.testing.assert_close(estimate_grad, exact_grad)
 
@@ -262,7 +290,7 @@ def test_policy_sampled_mixture_term_gradient_is_documented_divergence():
     ref = torch.softmax(torch.randn(8, dtype=torch.float64), -1)
     logits = torch.randn(8, dtype=torch.float64, requires_grad=True)
     pi = logits.softmax(-1)
-    samples_fixed = (pi.detach() * js_mixture_policy_term(pi.log(), ref.log())).sum()
+    samples_fixed = (pi.detach() * js_mixture_policy_term(pi.log(), ref.log(), max_term=math.inf)).sum()
     (estimate_grad,) = torch.autograd.grad(samples_fixed, logits, retain_graph=True)
     (exact_grad,) = torch.autograd.grad(0.5 * _kl(ref, pi) - _kl(ref, (pi + ref) / 2), logits)
     torch.testing.assert_close(estimate_grad, exact_grad)
@@ -286,8 +314,10 @@ def test_gradient_descent_on_the_term_moves_policy_toward_reference(name):
 
 
 def test_f_divergence_clamps_the_log_ratio():
-    out = f_divergence(t([0.0, -200.0]), t([-200.0, 0.0]), kind="forward_kl", clamp=20.0)
+    out = f_divergence(t([0.0, -200.0]), t([-200.0, 0.0]), kind="forward_kl", clamp=20.0, max_term=math.inf)
     torch.testing.assert_close(out, t([math.exp(20) - 1 - 20, math.exp(-20) - 1 + 20]))
+    bounded = f_divergence(t([0.0, -200.0]), t([-200.0, 0.0]), kind="forward_kl", clamp=20.0)
+    torch.testing.assert_close(bounded, t([MAX_TERM, MAX_TERM]))
 
 
 @pytest.mark.parametrize("alpha", [0.0, 1.0, -0.5, 1.5])
@@ -564,3 +594,50 @@ def test_bad_update_fraction_by_hand():
     torch.testing.assert_close(out, t(1 / 3))
     assert bad_update_fraction(pi.log(), mu.log(), adv, torch.zeros_like(valid)).item() == 0.0
 
+
+
+@pytest.mark.parametrize("mode", sorted(AGGREGATIONS))
+def test_aggregate_parts_of_shards_sum_to_the_whole(mode):
+    """Σ numerators / Σ denominators over row shards (learners, micro-batches) is the whole's loss."""
+    g = torch.Generator().manual_seed(0)
+    values = torch.randn(6, 9, generator=g)
+    mask = torch.rand(6, 9, generator=g) > 0.4
+    mask[2] = False  # a row without tokens counts as no sequence
+    whole = masked_aggregate(values, mask, mode=mode, norm_length=16)
+    parts = [aggregate_parts(values[rows], mask[rows], mode=mode, norm_length=16) for rows in ([0, 1], [2, 3, 4], [5])]
+    total = sum(n for n, _ in parts) / sum(d for _, d in parts)
+    torch.testing.assert_close(total, whole)
+
+
+@pytest.mark.parametrize(
+    "log_ratio, advantage, c, keep",
+    [
+        (math.log(4.0), -1.0, 3.0, False),  # negative advantage, ratio above c: dropped
+        (math.log(2.0), -1.0, 3.0, True),  # below c: kept
+        (math.log(4.0), 1.0, 3.0, True),  # positive advantage: dual clip never acts
+        (math.log(100.0), -1.0, None, True),  # None: off
+    ],
+)
+def test_dual_clip_mask(log_ratio, advantage, c, keep):
+    logp = torch.tensor([[log_ratio - 1.0]])
+    mask = dual_clip_mask(logp, torch.tensor([[-1.0]]), torch.tensor([[advantage]]), clip_ratio_c=c)
+    assert mask.item() is keep
+
+
+def test_dual_clip_needs_c_above_one():
+    with pytest.raises(ValueError, match="clip_ratio_c=0.5 must be > 1"):
+        dual_clip_mask(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1), clip_ratio_c=0.5)
+
+
+@pytest.mark.parametrize(
+    "normalization, divergence, expected",
+    [
+        ("token_mean", "js", 0.2),
+        ("original", "js", 0.2 * 2 * 16 / 128),  # the original's js_low_var is 2 × JS
+        ("original", "forward_kl", 0.2 * 16 / 128),
+        ("original", "alpha", 0.2 * 16 / 128),
+    ],
+)
+def test_pef_loss_weight(normalization, divergence, expected):
+    weight = pef_loss_weight(0.2, normalization=normalization, divergence=divergence, num_pef_rows=16, num_exp_rows=128)
+    assert weight == pytest.approx(expected)

@@ -1,8 +1,9 @@
 """The rollout-engine interface shared by the HF ``transformers`` and vLLM engines.
 
 An engine turns token-id prompts into groups of sampled completions and reports, for every
-sampled token, its log-prob under the distribution it was actually drawn from (after temperature
-and top-p): the behaviour policy μ that DPPO's trust region and importance ratios are anchored on.
+sampled token, its log-prob μ under the rollout policy softmax(logits / temperature): the
+behaviour policy that DPPO's trust region and importance ratios are anchored on, and (in
+pre-sampling) the stored π_ref of DPH's reference responses.
 """
 
 from __future__ import annotations
@@ -22,7 +23,14 @@ class SamplingParams:
         n: Completions per prompt (the GRPO group size), >= 1.
         temperature: Softmax temperature, > 0; 0 means greedy decoding (μ is then the log-prob
             under the untempered distribution's argmax, i.e. 0.0 for every token).
-        top_p: Nucleus mass in (0, 1]; 1.0 disables it.
+        top_p: Nucleus mass in (0, 1]; 1.0 disables it. It filters which tokens can be drawn,
+            but the reported log-probs (μ and the top-K) are those of the full tempered softmax,
+            not of the renormalised nucleus. One definition for μ, π_θ and π_ref: the learner
+            computes π_θ as the full tempered softmax (it must be differentiable and positive on
+            every token; the nucleus set jumps as θ changes, and a token outside it would get
+            probability 0, an infinite log-ratio and f-divergence), so reporting the nucleus
+            distribution would make π_θ/μ the nucleus mass instead of 1 at step 0. TRL and verl
+            compute the policy's log-probs the same way.
         max_new_tokens: Hard limit on response tokens.
         seed: Seed of the sampler; the same seed, prompts and weights give the same samples.
         top_k_logprobs: K >= 0. When K > 0 also return, per generated token, the K most likely

@@ -1,9 +1,10 @@
 """Rollout engine on Hugging Face ``transformers``: batched sampling with a KV cache (CPU or GPU).
 
 The sampling loop is our own rather than ``model.generate`` so that it reports, for every sampled
-token, its log-prob under the distribution it was actually drawn from (μ: tempered logits with
-the top-p mask applied and renormalised, in fp32) and the top-K of that same distribution. All
-rows of a chunk advance together; per token there is no Python work over rows.
+token, its log-prob μ under the policy's tempered distribution softmax(logits / T) over the full
+vocabulary (in fp32) and the top-K of that same distribution, whatever top-p filter chose the
+token (see ``engines.base.SamplingParams``). All rows of a chunk advance together; per token
+there is no Python work over rows.
 """
 
 from __future__ import annotations
@@ -252,8 +253,11 @@ def sample_next(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Samples one token per row and reports its μ log-prob and μ's top-K.
 
-    μ is softmax(logits / temperature) restricted to the nucleus (the smallest set of most likely
-    tokens with mass >= top_p) and renormalised; temperature 0 makes μ a point mass on the argmax.
+    The token is drawn from softmax(logits / temperature) restricted to the nucleus (the
+    smallest set of most likely tokens with mass >= top_p) and renormalised. μ, the reported
+    log-prob, is that of the full tempered softmax (the policy the learner differentiates; see
+    ``engines.base.SamplingParams``), so before any update log π_θ = μ on every sampled token
+    for every top_p. Temperature 0 makes μ a point mass on the argmax.
 
     Args:
         logits: (B, V) next-token logits, any float dtype (computed in fp32 here).
@@ -270,15 +274,16 @@ def sample_next(
         token = logits.argmax(-1)  # (B,)
         logp = torch.full_like(logits, -math.inf).scatter_(1, token[:, None], 0.0)  # (B, V)
     else:
-        logp = torch.log_softmax(logits / params.temperature, dim=-1)  # (B, V)
+        logp = torch.log_softmax(logits / params.temperature, dim=-1)  # (B, V), μ
+        sampling_logp = logp
         if params.top_p < 1:
             sorted_logp, order = logp.sort(dim=-1, descending=True)  # (B, V)
             sorted_p = sorted_logp.exp()
             outside = sorted_p.cumsum(-1) - sorted_p >= params.top_p  # mass before it already >= top_p
             outside = outside.scatter(1, order, outside)  # back to vocabulary order
-            logp = torch.log_softmax(logp.masked_fill(outside, -math.inf), dim=-1)
+            sampling_logp = torch.log_softmax(logp.masked_fill(outside, -math.inf), dim=-1)
         # Inverse-CDF sampling: one uniform draw per row (per-element noise costs far more on CPU).
-        cdf = logp.exp().cumsum(-1)  # (B, V)
+        cdf = sampling_logp.exp().cumsum(-1)  # (B, V)
         u = torch.rand(len(cdf), 1, generator=generator, device=cdf.device) * cdf[:, -1:]  # (B, 1)
         token = torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_(max=cdf.shape[1] - 1)
     token_logp = logp.gather(1, token[:, None]).squeeze(1)  # (B,)

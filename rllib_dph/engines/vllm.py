@@ -1,9 +1,12 @@
 """Rollout engine on vLLM (V1 engine): the same interface and μ as the HF engine, at serving speed.
 
-vLLM samples from the tempered, top-p-filtered distribution; with ``logprobs_mode=
-"processed_logprobs"`` (always set here) the log-probs it returns are those of that same
-distribution, i.e. μ, the behaviour policy that DPPO's trust region is anchored on. The default
-``"raw_logprobs"`` would report the untempered model distribution instead. vLLM returns, per
+With ``logprobs_mode="processed_logprobs"`` (always set here) vLLM returns the log-probs of the
+tempered distribution softmax(logits / T) it samples from, i.e. μ, the behaviour policy that
+DPPO's trust region is anchored on (the default ``"raw_logprobs"`` would report the untempered
+distribution instead). With top_p < 1 vLLM's processed log-probs are those of the renormalised
+nucleus, not of the full tempered softmax that μ is everywhere else (``engines.base.
+SamplingParams``), and no logprobs mode gives the latter; so sampling with top_p < 1 is refused
+(temperature 0, greedy, is unaffected). vLLM returns, per
 generated token, the sampled token followed by the K most likely tokens; :class:`VLLMEngine`
 turns that into exactly K sorted entries with the sampled token among them, like the HF engine.
 
@@ -209,6 +212,12 @@ class VLLMEngine:
         from vllm.inputs import TokensPrompt
 
         check_generate_args(prompts, params)
+        if params.top_p < 1 and params.temperature > 0:
+            raise ValueError(
+                f"top_p={params.top_p}: vLLM reports log-probs of the top-p-renormalised nucleus, "
+                "not of the full tempered softmax that μ, π_θ and π_ref are in rllib_dph "
+                "(engines.base.SamplingParams); sample with top_p=1.0, or use the HF engine."
+            )
         for i, prompt in enumerate(prompts):
             if len(prompt) + params.max_new_tokens > self.max_model_len:
                 raise ValueError(

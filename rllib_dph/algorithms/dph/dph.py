@@ -17,7 +17,16 @@ from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
 from ray.rllib.utils.annotations import override
 
 from rllib_dph.algorithms.grpo.grpo import GRPO, GRPOConfig
-from rllib_dph.presample import EXP_FILE, PEF_FILE, PresampleConfig, presample, read_metadata
+from rllib_dph.algorithms.rules import DPH_RULES, GRPO_RULES
+from rllib_dph.losses import PEF_NORMALIZATIONS
+from rllib_dph.presample import (
+    EXP_FILE,
+    PEF_FILE,
+    SAMPLING_SETTINGS,
+    PresampleConfig,
+    presample_once,
+    read_metadata,
+)
 
 DIVERGENCES = ("forward_kl", "js", "alpha")
 
@@ -40,6 +49,7 @@ class DPHConfig(GRPOConfig):
         super().__init__(algo_class=algo_class or DPH)
         self.divergence = "js"
         self.pef_coeff = 0.05
+        self.pef_loss_normalization = "original"
         self.alpha = 0.5
         self.pef_path = None
         self.exp_path = None
@@ -60,6 +70,7 @@ class DPHConfig(GRPOConfig):
         *,
         divergence: Optional[str] = NotProvided,
         pef_coeff: Optional[float] = NotProvided,
+        pef_loss_normalization: Optional[str] = NotProvided,
         alpha: Optional[float] = NotProvided,
         pef_path: Optional[str] = NotProvided,
         exp_path: Optional[str] = NotProvided,
@@ -76,6 +87,13 @@ class DPHConfig(GRPOConfig):
                 ``"js"`` (DPH-JS; default) or ``"alpha"`` (α-divergence), see
                 ``losses.f_divergence``.
             pef_coeff: η, weight of the D_pef term (paper Eq. 7; 0.01–0.2, default 0.05).
+            pef_loss_normalization: What η multiplies (``losses.pef_loss_weight``):
+                ``"original"`` (default): as in the original DPH-RL code, whose micro-batch
+                averaging weighs the D_pef term by its share of the rows, so the term's weight
+                relative to the policy loss is η·N_pef/N_exp (≈ η/8 at the paper's 8:1 mix), and
+                DPH-JS's generator counts twice (the code's ``js_low_var`` is 2 × JS) — the
+                paper's Table 6 η values were tuned with that code and mean the same here;
+                ``"token_mean"``: η × the token-mean of Eq. 7 read literally (8× stronger at 8:1).
             alpha: α of the α-divergence, 0 < α < 1 (default 0.5).
             pef_path: The ``d_pef.parquet`` of the pre-sampling stage (reference responses with
                 their stored log-probs). Defaults to ``<presample_dir>/d_pef.parquet``.
@@ -94,6 +112,7 @@ class DPHConfig(GRPOConfig):
         self._set_provided(
             divergence=divergence,
             pef_coeff=pef_coeff,
+            pef_loss_normalization=pef_loss_normalization,
             alpha=alpha,
             pef_path=pef_path,
             exp_path=exp_path,
@@ -158,21 +177,25 @@ class DPHConfig(GRPOConfig):
         """True when ``presample_dir`` is set and its D_pef file does not exist yet."""
         return bool(self.presample_dir) and not os.path.exists(self.resolved_pef_path)
 
+    number_rules = GRPO_RULES + DPH_RULES
+
     @override(GRPOConfig)
     def validate(self) -> None:
+        """GRPO's checks, DPH's rules and the D_pef file; never builds or loads a model.
+
+        The D_pef file's model fingerprint is checked here only when the policy model is at
+        hand without building or downloading it; ``DPH.setup`` checks it in every case.
+        """
         super().validate()
         err = self._value_error
-        if self.divergence not in DIVERGENCES:
-            err(f"divergence={self.divergence!r} is not one of {list(DIVERGENCES)}; pick one of those.")
-        if self.divergence == "alpha" and not 0 < self.alpha < 1:
+        for name, choices in (("divergence", DIVERGENCES), ("pef_loss_normalization", PEF_NORMALIZATIONS)):
+            if getattr(self, name) not in choices:
+                err(f"{name}={getattr(self, name)!r} is not one of {list(choices)}; pick one of those.")
+        if self.presample_min_correct > self.presample_k:
             err(
-                f"alpha={self.alpha} is outside (0, 1); the α-divergence needs 0 < α < 1 "
-                "(α → 1 is forward KL: use divergence='forward_kl')."
+                f"presample_min_correct={self.presample_min_correct} must be <= presample_k="
+                f"{self.presample_k} (paper: 7 of 8)."
             )
-        if self.pef_coeff < 0:
-            err(f"pef_coeff={self.pef_coeff} must be >= 0 (paper: 0.01–0.2).")
-        if not self.pef_ratio > 0:
-            err(f"pef_ratio={self.pef_ratio} must be > 0 (exploration rows per D_pef row; paper: 8).")
         if self.js_definition and self.resolved_exp_path is None:
             err(
                 "js_definition=True needs the D_exp file to weigh the exploration term by "
@@ -189,12 +212,21 @@ class DPHConfig(GRPOConfig):
         elif not os.path.exists(pef):
             err(f"pef_path={pef!r} does not exist; run `rllib presample` first or fix the path.")
         else:
-            self._validate_pef_file(pef)
+            self._validate_pef_file(pef, fingerprint=self._available_model_fingerprint())
 
-    def _validate_pef_file(self, path: str) -> None:
+    def _available_model_fingerprint(self) -> Optional[str]:
+        """The policy model's fingerprint if it is on disk already (nothing built), else None."""
+        from rllib_dph.models.hub import model_fingerprint
+
+        try:
+            return model_fingerprint(self.model_name)
+        except (OSError, ValueError):  # not built, not cached: DPH.setup checks after resolving
+            return None
+
+    def _validate_pef_file(self, path: str, *, fingerprint: Optional[str]) -> None:
+        """Refuses an empty D_pef file, one sampled with other settings, or (when
+        ``fingerprint`` is given) one made by another model."""
         import pyarrow.parquet as pq
-
-        from rllib_dph.models.hub import model_fingerprint, resolve_model
 
         err = self._value_error
         if pq.read_metadata(path).num_rows == 0:
@@ -204,12 +236,24 @@ class DPHConfig(GRPOConfig):
                 "use a stronger base model."
             )
         meta = read_metadata(path)
+        fix = (
+            f"re-run pre-sampling with this config (delete {os.path.dirname(path) or '.'} or run "
+            "`rllib presample` with the training settings), or set the config to the file's values"
+        )
+        for name in SAMPLING_SETTINGS:
+            if name not in meta:
+                err(f"D_pef file {path!r} does not record its {name} (made by an older rllib_dph); {fix}.")
+            if float(meta[name]) != float(getattr(self, name)):
+                err(
+                    f"D_pef file {path!r} was sampled with {name}={meta[name]}, but this config has "
+                    f"{name}={getattr(self, name)}: its stored reference log-probs belong to another "
+                    f"distribution; {fix}."
+                )
         made_by = meta.get("model_fingerprint")
-        ours = model_fingerprint(resolve_model(self.model_name))
-        if made_by != ours:
+        if fingerprint is not None and made_by != fingerprint:
             err(
                 f"D_pef file {path!r} was made by model {meta.get('model_name')!r} (fingerprint "
-                f"{made_by}), but the policy is {self.model_name!r} (fingerprint {ours}); its "
+                f"{made_by}), but the policy is {self.model_name!r} (fingerprint {fingerprint}); its "
                 "stored reference log-probs belong to another model or tokenizer. Re-run "
                 "pre-sampling with this model."
             )
@@ -229,7 +273,10 @@ class DPH(GRPO):
 
     @override(GRPO)
     def setup(self, config) -> None:
-        if config.needs_presampling:
-            presample(config.presample_config())
-            config._validate_pef_file(config.resolved_pef_path)
+        from rllib_dph.models.hub import model_fingerprint, resolve_model
+
+        if config.presample_dir:  # one pre-sampling per directory, also for parallel trials
+            presample_once(config.presample_config())
+        fingerprint = model_fingerprint(resolve_model(config.model_name))
+        config._validate_pef_file(config.resolved_pef_path, fingerprint=fingerprint)
         super().setup(config)

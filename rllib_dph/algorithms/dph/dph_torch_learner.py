@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any, Dict
 
 import pyarrow.parquet as pq
@@ -13,14 +12,14 @@ from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils.annotations import override
 
 from rllib_dph import columns as C
-from rllib_dph.algorithms.grpo.grpo_torch_learner import GRPOTorchLearner
+from rllib_dph.algorithms.grpo.grpo_torch_learner import GRPOTorchLearner, all_reduce
 from rllib_dph.connectors.pef import AddPefRows
 from rllib_dph.losses import (
     f_divergence,
     js_mixture_policy_term,
     js_mixture_ref_term,
-    masked_aggregate,
     masked_mean,
+    pef_loss_weight,
 )
 from rllib_dph.rl_module import LOGP
 
@@ -29,20 +28,28 @@ PEF_LOSS = "pef_loss"
 NUM_PEF_TOKENS = "num_pef_tokens"
 PEF_LOG_RATIO_MEAN = "pef_log_ratio_mean"
 PEF_U_MEAN = "pef_u_mean"
+PEF_WEIGHT = "pef_weight"
+PEF_ROWS_MIN = "pef_rows_min"
+PEF_ROWS_MAX = "pef_rows_max"
 JS_EXPLORATION_LOSS = "js_exploration_loss"
 
 
 class DPHTorchLearner(GRPOTorchLearner):
     """Adds DPH-RL's D_pef term (paper Eq. 7) to GRPO's loss:
 
-        loss = L_GRPO(exploration rows)  +  η · token-mean_{D_pef tokens}( f(π_θ/π_ref) )
+        loss = L_GRPO(exploration rows)  +  w · token-mean_{D_pef tokens}( f(π_θ/π_ref) )
 
-    with the stored log π_ref of the reference responses. In the JS "divergence definition"
+    with the stored log π_ref of the reference responses and w = ``losses.pef_loss_weight``
+    (η scaled as ``pef_loss_normalization`` says: by default as in the original code, η times
+    the D_pef share of the mini-batch's rows). In the JS "divergence definition"
     variant (Appendix F) the D_pef term is KL(π_ref‖M) and the exploration rows get
     β₁·KL(π_θ‖M), β₁ = η·|D_pef|/|D_exp|, from a live reference model.
 
     Each learner mixes its own shard of D_pef into its share of every batch with the
-    :class:`~rllib_dph.connectors.AddPefRows` connector piece before the mini-batch loop.
+    :class:`~rllib_dph.connectors.AddPefRows` connector piece before the mini-batch loop, which
+    spreads the D_pef rows over every mini-batch of every epoch (``batch.minibatch_plan``); the
+    smallest and largest number of D_pef rows in a mini-batch are logged per update
+    (``pef_rows_min``, ``pef_rows_max``).
     """
 
     @override(GRPOTorchLearner)
@@ -65,10 +72,10 @@ class DPHTorchLearner(GRPOTorchLearner):
 
     @override(GRPOTorchLearner)
     def update(self, *args, training_data: TrainingData = None, batch: MultiAgentBatch = None, **kwargs):
-        """Mixes D_pef rows into the batch, then runs RLlib's epoch and mini-batch loop.
+        """Mixes D_pef rows into the batch, then runs the epoch and mini-batch loop.
 
-        A given ``minibatch_size`` (exploration rows) grows by the same factor as the batch, so
-        an epoch takes as many optimizer steps as GRPO's would on the exploration rows alone.
+        The number of mini-batches is that of the exploration rows alone (``minibatch_size``
+        counts exploration rows), so DPH takes as many optimizer steps as GRPO.
         """
         if training_data is None:
             training_data = TrainingData(batch=batch)
@@ -77,15 +84,19 @@ class DPHTorchLearner(GRPOTorchLearner):
                 mid: dict(sample_batch)
                 for mid, sample_batch in training_data.batch.policy_batches.items()
             }
-            exp_rows = max(len(c[C.INPUT_IDS]) for c in columns.values())
             mixed = self.pef_connector(batch=columns)
             rows = max(len(c[C.INPUT_IDS]) for c in mixed.values())
             training_data.batch = MultiAgentBatch(
                 {mid: SampleBatch(c) for mid, c in mixed.items()}, env_steps=rows
             )
-            if kwargs.get("minibatch_size"):
-                kwargs["minibatch_size"] = math.ceil(kwargs["minibatch_size"] * rows / exp_rows)
         return super().update(*args, training_data=training_data, **kwargs)
+
+    @override(GRPOTorchLearner)
+    def after_gradient_based_update(self, *, timesteps: Dict[str, Any]) -> None:
+        super().after_gradient_based_update(timesteps=timesteps)
+        seen = self.pef_rows_per_minibatch or [0]
+        for module_id in self.module.keys():
+            self.metrics.log_dict({PEF_ROWS_MIN: min(seen), PEF_ROWS_MAX: max(seen)}, key=module_id, window=1)
 
     def pef_mask(self, batch: Dict[str, Any]) -> torch.Tensor:
         """(B, L) bool: reference-response tokens of D_pef rows."""
@@ -98,20 +109,30 @@ class DPHTorchLearner(GRPOTorchLearner):
         logp = fwd_out[LOGP]  # (B, L)
         ref_logp = batch[C.REF_LOGP].float()  # (B, L), stored π_ref on D_pef rows
         pef = self.pef_mask(batch)  # (B, L)
+        valid = self.exploration_mask(batch)  # (B, L)
         if config.js_definition:
             pef_terms = js_mixture_ref_term(logp, ref_logp)  # (B, L)
-            valid = self.exploration_mask(batch)  # (B, L)
             exp_terms = js_mixture_policy_term(logp, self.reference_logp(batch))  # (B, L)
-            exp_loss = masked_aggregate(exp_terms, valid, mode="token-mean")
+            exp_loss = self.aggregate(exp_terms, valid)
             loss = loss + self.js_beta1 * exp_loss
             metrics[JS_EXPLORATION_LOSS] = exp_loss
         else:
             pef_terms = f_divergence(logp, ref_logp, kind=config.divergence, alpha=config.alpha)
-        pef_loss = masked_aggregate(pef_terms, pef, mode="token-mean")
+        pef_loss = self.aggregate(pef_terms, pef)
+        rows = torch.stack([pef.any(-1).sum(), valid.any(-1).sum()]).float()  # (2,) D_pef, exploration
+        num_pef_rows, num_exp_rows = all_reduce(rows).tolist()
+        weight = pef_loss_weight(
+            config.pef_coeff,
+            normalization=config.pef_loss_normalization,
+            divergence="js_definition" if config.js_definition else config.divergence,
+            num_pef_rows=num_pef_rows,
+            num_exp_rows=num_exp_rows,
+        )
         log_ratio = (logp - ref_logp).detach()  # (B, L)
         metrics[PEF_LOSS] = pef_loss
+        metrics[PEF_WEIGHT] = weight
         metrics[NUM_PEF_TOKENS] = pef.sum().float()
         metrics[PEF_LOG_RATIO_MEAN] = masked_mean(log_ratio, pef)
         metrics[PEF_U_MEAN] = masked_mean(log_ratio.clamp(-20, 20).exp(), pef)
-        return loss + config.pef_coeff * pef_loss
+        return loss + weight * pef_loss
 

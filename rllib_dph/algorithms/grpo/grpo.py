@@ -33,7 +33,8 @@ from ray.rllib.utils.metrics import (
 )
 
 from rllib_dph import columns as C
-from rllib_dph.batch import concat_batches, select_rows
+from rllib_dph.algorithms.rules import DELTA_RULES, GRPO_RULES, NumberRule, first_violation
+from rllib_dph.batch import concat_batches, select_rows, shard_groups
 from rllib_dph.losses import (
     AGGREGATIONS,
     KL_ESTIMATORS,
@@ -44,6 +45,13 @@ from rllib_dph.losses import (
 
 #: Result key of the per-step phase times (seconds of this iteration, not smoothed).
 STEP_TIMES = "step_times"
+#: Learner metric: non-finite optimizer steps skipped in a row so far (see the learner).
+CONSECUTIVE_SKIPPED_UPDATES = "consecutive_skipped_updates"
+
+
+def num_minibatches(rows: int, minibatch_size: Optional[int]) -> int:
+    """Optimizer steps per epoch for ``rows`` exploration rows: ⌈rows / minibatch_size⌉, 1 for None."""
+    return 1 if minibatch_size is None else max(1, math.ceil(rows / minibatch_size))
 
 #: ``trust_region`` choices → the mask kind of ``losses.trust_region_mask``.
 TRUST_REGIONS = {
@@ -105,12 +113,14 @@ class GRPOConfig(AlgorithmConfig):
         self.trust_region_delta_low = None
         self.trust_region_delta_high = None
         self.is_truncation = math.inf
+        self.clip_ratio_c = 3.0
         self.trust_region_anchor = "behavior"
         self.rollout_top_k = 0
         self.loss_agg_mode = "token-mean"
         self.kl_coeff = 0.0
         self.kl_estimator = "k3"
         self.entropy_coeff = 0.0
+        self.max_consecutive_skipped_updates = 5
         # RLlib settings that fit an LLM policy.
         self.lr = 1e-5
         self.grad_clip = 1.0
@@ -273,6 +283,8 @@ class GRPOConfig(AlgorithmConfig):
         kl_coeff: Optional[float] = NotProvided,
         kl_estimator: Optional[str] = NotProvided,
         entropy_coeff: Optional[float] = NotProvided,
+        clip_ratio_c: Optional[float] = NotProvided,
+        max_consecutive_skipped_updates: Optional[int] = NotProvided,
         **kwargs,
     ) -> "GRPOConfig":
         """Sets the training related configuration.
@@ -280,8 +292,7 @@ class GRPOConfig(AlgorithmConfig):
         Args:
             group_size: Completions per prompt, n >= 2 (GRPO's group; default 8).
             prompts_per_step: Prompts per training iteration (default 16); the train batch has
-                ``prompts_per_step * group_size`` rows. ``minibatch_size`` (rows) splits it into
-                several optimizer steps; None means one step per iteration.
+                ``prompts_per_step * group_size`` rows.
             dynamic_sampling: DAPO dynamic sampling: drop groups whose rewards are all equal
                 (zero advantage) and sample more prompts until ``prompts_per_step`` groups with
                 signal are collected or ``max_dynamic_sampling_rounds`` rounds were drawn.
@@ -314,6 +325,21 @@ class GRPOConfig(AlgorithmConfig):
                 baseline). 0 (default) loads no reference model.
             kl_estimator: ``"k1"``, ``"k2"`` or ``"k3"`` (default) per-token KL estimator.
             entropy_coeff: Weight of an entropy bonus (default 0).
+            clip_ratio_c: Dual clip (Ye et al. 2020; verl's ``clip_ratio_c``): a token with a
+                negative advantage whose ratio π_θ/μ exceeds c loses its gradient
+                (``losses.dual_clip_mask``); applies with every trust region. Default 3.0 as in
+                verl and the original DPH-RL code; None turns it off. Must be > 1.
+            max_consecutive_skipped_updates: An optimizer step whose loss or gradient norm is
+                NaN/inf is skipped on all learners together and counted (``skipped_updates``);
+                after this many skipped steps in a row (default 5) training stops with an error
+                naming the iteration and the last finite learner metrics.
+            minibatch_size: (RLlib's field) Exploration rows per optimizer step, **global**:
+                summed over all learners (each learner takes its share of every mini-batch).
+                Rows of one GRPO group stay in one mini-batch, so it must be a multiple of
+                ``group_size``; every mini-batch of DPH also carries its share of D_pef rows.
+                None (default) means one optimizer step on the whole batch per epoch. With
+                ``num_epochs > 1`` and ``shuffle_batch_per_epoch`` the groups are reshuffled
+                into new mini-batches every epoch.
         """
         super().training(**kwargs)
         self._set_provided(
@@ -335,6 +361,8 @@ class GRPOConfig(AlgorithmConfig):
             kl_coeff=kl_coeff,
             kl_estimator=kl_estimator,
             entropy_coeff=entropy_coeff,
+            clip_ratio_c=clip_ratio_c,
+            max_consecutive_skipped_updates=max_consecutive_skipped_updates,
         )
         return self
 
@@ -375,17 +403,20 @@ class GRPOConfig(AlgorithmConfig):
         """Rows (completions) per training iteration."""
         return self.prompts_per_step * self.group_size
 
+    #: Numeric field rules of this config class (``rules.NumberRule``), checked first.
+    number_rules = GRPO_RULES
+
     @override(AlgorithmConfig)
     def validate(self) -> None:
+        """Refuses bad values: numbers by the rule table, then choices, then cross-field rules.
+
+        Only checks: never loads, builds or trains anything.
+        """
         super().validate()
         err = self._value_error
-
-        def check_choice(name, choices):
-            value = getattr(self, name)
-            if value not in choices:
-                err(f"{name}={value!r} is not one of {list(choices)}; pick one of those.")
-
-        check_choice("engine", ENGINES)
+        problem = first_violation(self, self.number_rules)
+        if problem:
+            err(problem)
         if self.dtype == "float16":
             err(
                 "dtype='float16' would train the learner under fp16 autocast, which needs loss "
@@ -393,85 +424,74 @@ class GRPOConfig(AlgorithmConfig):
                 "set dtype='bfloat16' (fp32's exponent range: no scaling needed) or 'float32'. "
                 "For an fp16 rollout engine only, set engine_kwargs={'dtype': 'float16'}."
             )
-        check_choice("dtype", DTYPES)
-        check_choice("trust_region", TRUST_REGIONS)
-        check_choice("loss_agg_mode", AGGREGATIONS)
-        check_choice("kl_estimator", KL_ESTIMATORS)
-        check_choice("trust_region_anchor", ANCHORS)
-        if self.group_size < 2:
-            err(
-                f"group_size={self.group_size}, but GRPO needs at least 2 completions per prompt "
-                "to compute group-relative advantages; set group_size >= 2 (e.g. 8)."
-            )
-        if self.prompts_per_step < max(1, self.num_env_runners):
-            err(
-                f"prompts_per_step={self.prompts_per_step} must be >= 1 and >= num_env_runners="
-                f"{self.num_env_runners} (every env runner samples at least one prompt per step)."
-            )
-        if not self.temperature > 0:
-            err(
-                f"temperature={self.temperature} must be > 0 for RL sampling (0 would be greedy "
-                "decoding, which gives identical completions and zero advantages)."
-            )
-        if not 0 < self.top_p <= 1:
-            err(f"top_p={self.top_p} must be in (0, 1]; use 1.0 to disable nucleus sampling.")
-        if self.max_response_length < 1:
-            err(f"max_response_length={self.max_response_length} must be >= 1.")
-        if not 0 <= self.overlong_buffer_length < self.max_response_length:
-            err(
-                f"overlong_buffer_length={self.overlong_buffer_length} must be in "
-                f"[0, max_response_length={self.max_response_length}); 0 disables it."
-            )
-        if self.clip_eps_low < 0 or self.clip_eps_high < 0:
-            err(
-                f"clip_eps_low={self.clip_eps_low} and clip_eps_high={self.clip_eps_high} must be "
-                ">= 0 (typical: 0.2 and 0.2, or 0.2 and 0.28 for DAPO clip-higher)."
-            )
-        if self.clip_eps_low >= 1:
-            err(
-                f"clip_eps_low={self.clip_eps_low} must be < 1: the ratio bound 1 - clip_eps_low "
-                "must stay positive (typical 0.2)."
-            )
-        for name in ("trust_region_delta_low", "trust_region_delta_high"):
-            value = getattr(self, name)
-            if value is not None and value <= 0:
-                err(f"{name}={value} must be > 0, or None for the DPPO default (TV 0.15, KL 0.05).")
-        if not self.is_truncation > 0:
-            err(f"is_truncation={self.is_truncation} must be > 0 (math.inf disables truncation).")
-        if not 0 <= self.rollout_top_k <= 20:
-            err(f"rollout_top_k={self.rollout_top_k} must be in [0, 20].")
+        for name, choices in (
+            ("engine", ENGINES),
+            ("dtype", DTYPES),
+            ("trust_region", TRUST_REGIONS),
+            ("loss_agg_mode", AGGREGATIONS),
+            ("kl_estimator", KL_ESTIMATORS),
+            ("trust_region_anchor", ANCHORS),
+        ):
+            if getattr(self, name) not in choices:
+                err(f"{name}={getattr(self, name)!r} is not one of {list(choices)}; pick one of those.")
+        self._validate_trust_region()
+        self._validate_cross_field_rules()
+
+    def _validate_trust_region(self) -> None:
+        """DPPO thresholds by the mask's divergence (TV in (0, 1), KL > 0) and top-K needs."""
+        err = self._value_error
+        divergence = self.mask_kind.rsplit("_", 1)[-1]
+        if divergence in DELTA_RULES:
+            rules = [NumberRule(name, **DELTA_RULES[divergence]) for name in ("trust_region_delta_low", "trust_region_delta_high")]
+            problem = first_violation(self, rules)
+            if problem:
+                err(f"{problem} (trust_region={self.trust_region!r} thresholds a {divergence.upper()} divergence)")
         if self.mask_kind.startswith("topk") and self.rollout_top_k < 1:
             err(
                 f"trust_region={self.trust_region!r} needs the rollout engine's top-K log-probs, "
                 f"but rollout_top_k={self.rollout_top_k}; set rollout_top_k (e.g. 20)."
             )
-        if self.kl_coeff < 0:
-            err(f"kl_coeff={self.kl_coeff} must be >= 0 (0 disables the KL penalty).")
+
+    def _validate_cross_field_rules(self) -> None:
+        err = self._value_error
+        if self.prompts_per_step < max(1, self.num_env_runners, self.num_learners):
+            err(
+                f"prompts_per_step={self.prompts_per_step} must be >= num_env_runners="
+                f"{self.num_env_runners} and >= num_learners={self.num_learners} (every env runner "
+                "samples, and every learner trains on, at least one prompt per step)."
+            )
+        if self.engine == "vllm" and self.top_p < 1:
+            err(
+                f"engine='vllm' with top_p={self.top_p}: vLLM reports log-probs of the top-p-"
+                "renormalised nucleus, not of the full tempered softmax the learner's π_θ is "
+                "(engines.base.SamplingParams), so π_θ/μ would start at the nucleus mass instead "
+                "of 1; set top_p=1.0 (as DAPO and DPH-RL do) or engine='hf'."
+            )
+        if self.overlong_buffer_length >= self.max_response_length:
+            err(
+                f"overlong_buffer_length={self.overlong_buffer_length} must be < "
+                f"max_response_length={self.max_response_length}; 0 disables it."
+            )
         if self.needs_reference_model and self.reference_model is None:
             err(
                 f"this config needs a live reference model ({', '.join(self.reference_model_users())}), "
                 "but reference_model=None forbids loading one; set reference_model='initial' "
                 "(or a model path), or drop the term that needs it."
             )
-        if self.max_dynamic_sampling_rounds < 1:
-            err(f"max_dynamic_sampling_rounds={self.max_dynamic_sampling_rounds} must be >= 1.")
-        if self.val_interval < 0 or (self.val_interval and self.val_n < 1):
-            err(f"val_interval={self.val_interval} must be >= 0 and val_n={self.val_n} >= 1.")
         if self.val_interval and self.val_env_config is None:
             err(
                 f"val_interval={self.val_interval} but no validation split: set "
                 ".validation(val_env_config={'data': 'sql_synth/test'}) (or val_interval=0)."
             )
         rows = self.train_rows_per_step
-        if self.minibatch_size is not None and not 0 < self.minibatch_size <= rows:
+        if self.minibatch_size is not None and not (
+            self.minibatch_size <= rows and self.minibatch_size % self.group_size == 0
+        ):
             err(
-                f"minibatch_size={self.minibatch_size} must be in (0, prompts_per_step * "
-                f"group_size = {rows}], or None for one optimizer step per iteration."
-            )
-        if self.num_learners > 1 and rows % self.num_learners:
-            err(
-                f"prompts_per_step * group_size = {rows} rows do not split evenly over "
-                f"num_learners={self.num_learners}; make them divisible."
+                f"minibatch_size={self.minibatch_size} must be a multiple of group_size="
+                f"{self.group_size} (groups stay whole) and <= prompts_per_step * group_size = "
+                f"{rows} (it counts exploration rows over all learners); or None for one "
+                "optimizer step per epoch."
             )
 
 
@@ -571,11 +591,9 @@ class GRPO(Algorithm):
             batch = self.build_train_batch()
         t1 = time.perf_counter()
 
-        rows = len(batch[C.INPUT_IDS])
         with self.metrics.log_time((TIMERS, LEARNER_UPDATE_TIMER)):
-            train_batch = MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(batch)}, env_steps=rows)
             learner_results = self.learner_group.update(
-                batch=train_batch,
+                **self._learner_data(batch),
                 timesteps={
                     NUM_ENV_STEPS_SAMPLED_LIFETIME: self.metrics.peek(
                         (ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME), default=0
@@ -583,9 +601,11 @@ class GRPO(Algorithm):
                 },
                 num_epochs=cfg.num_epochs,
                 minibatch_size=cfg.minibatch_size,
+                num_minibatches=num_minibatches(len(batch[C.INPUT_IDS]), cfg.minibatch_size),
                 shuffle_batch_per_epoch=cfg.shuffle_batch_per_epoch,
             )
             self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
+            self._check_skipped_updates()
         t2 = time.perf_counter()
 
         with self.metrics.log_time((TIMERS, SYNCH_WORKER_WEIGHTS_TIMER)):
@@ -596,6 +616,34 @@ class GRPO(Algorithm):
             self.metrics.log_value((STEP_TIMES, name), seconds, window=1)
         if cfg.val_interval and (self.iteration + 1) % cfg.val_interval == 0:
             self.validate_policy()
+
+    def _learner_data(self, batch: dict[str, np.ndarray]) -> dict:
+        """The ``LearnerGroup.update`` data argument: the whole batch for a local learner, else
+        one shard of whole GRPO groups per learner (RLlib's own sharding cuts rows blindly)."""
+        def wrap(columns):
+            rows = len(columns[C.INPUT_IDS])
+            return MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(columns)}, env_steps=rows)
+
+        if self.config.num_learners <= 1:
+            return {"batch": wrap(batch)}
+        return {"batches": [wrap(shard) for shard in shard_groups(batch, self.config.num_learners)]}
+
+    def _check_skipped_updates(self) -> None:
+        """Raises once ``max_consecutive_skipped_updates`` optimizer steps in a row were
+        non-finite; remembers the last finite learner metrics for that message."""
+        results = self.metrics.peek((LEARNER_RESULTS, DEFAULT_MODULE_ID), default={})
+        in_a_row = results.get(CONSECUTIVE_SKIPPED_UPDATES, 0)
+        if not in_a_row:
+            self._last_finite_learner_metrics = {k: v for k, v in results.items() if np.isscalar(v)}
+        elif in_a_row >= self.config.max_consecutive_skipped_updates:
+            last = getattr(self, "_last_finite_learner_metrics", None)
+            raise RuntimeError(
+                f"iteration {self.iteration + 1}: {int(in_a_row)} optimizer steps in a row had a "
+                f"non-finite loss or gradient norm and were skipped (max_consecutive_skipped_updates="
+                f"{self.config.max_consecutive_skipped_updates}). Last finite learner metrics: "
+                f"{last if last else 'none (no finite update yet)'}. Lower lr, check the rewards "
+                "and the data for NaN, or restore the last checkpoint."
+            )
 
     def validate_policy(self) -> dict[str, float]:
         """pass@k & co. of the current policy on the validation split (see ``validation()``)."""

@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any, Dict, Iterator, Optional
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.core.learner.training_data import TrainingData
+from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils.annotations import override
-from ray.rllib.utils.typing import ModuleID, TensorType
+from ray.rllib.utils.typing import ModuleID, ParamDict, TensorType
 
 from rllib_dph import columns as C
+from rllib_dph.algorithms.grpo.grpo import CONSECUTIVE_SKIPPED_UPDATES
+from rllib_dph.algorithms.grpo.grpo import num_minibatches as num_minibatches_for
+from rllib_dph.batch import minibatch_plan, padding_row
 from rllib_dph.losses import (
+    aggregate_parts,
     bad_update_fraction,
+    dual_clip_mask,
     kl_estimate,
-    masked_aggregate,
     masked_mean,
     policy_gradient_loss,
     trust_region_divergence,
@@ -37,6 +43,19 @@ TRUST_REGION_DIVERGENCE = "trust_region_divergence_mean"
 BAD_UPDATE_FRACTION = "bad_update_fraction"
 APPROX_KL = "approx_kl_to_behavior"
 NUM_EXP_TOKENS = "num_exploration_tokens"
+DUAL_CLIP_FRACTION = "dual_clip_fraction"
+SKIPPED_UPDATES = "skipped_updates"
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def all_reduce(tensor: torch.Tensor, op=dist.ReduceOp.SUM) -> torch.Tensor:
+    """``tensor`` reduced over all learners (in place), unchanged with a single learner."""
+    if _distributed():
+        dist.all_reduce(tensor, op=op)
+    return tensor
 
 
 class GRPOTorchLearner(TorchLearner):
@@ -49,6 +68,13 @@ class GRPOTorchLearner(TorchLearner):
     DPPO divergence mask), C the importance-weight truncation and agg the configured
     aggregation. A frozen reference model is built only when ``kl_coeff > 0``.
 
+    Mini-batches (``_create_iterator_if_necessary``): each epoch deals whole GRPO groups into
+    ``num_minibatches`` mini-batches and spreads the D_pef rows of DPH over all of them
+    (``batch.minibatch_plan``). Aggregation is global (``aggregate``): a term's denominator
+    (tokens or sequences) is summed over all learners before dividing, so N DDP learners take
+    the step one learner would take on the same rows. A step whose loss or gradients are not
+    finite on any learner is skipped on all of them (``apply_gradients``).
+
     Mixed precision: the policy's parameters and Adam state are float32 and its forward pass
     runs under autocast to ``config.dtype`` (inside ``LLMRLModule._forward_train``, so every
     caller gets it). The frozen reference model is loaded the same way (float32 weights, the
@@ -60,6 +86,11 @@ class GRPOTorchLearner(TorchLearner):
     @override(TorchLearner)
     def build(self) -> None:
         super().build()
+        rank = dist.get_rank() if _distributed() else 0
+        self._plan_rng = np.random.default_rng([self.config.seed or 0, rank])  # mini-batch shuffles
+        self._skipped_this_update = 0
+        self._skipped_in_a_row = 0
+        self.pef_rows_per_minibatch: list[int] = []
         self._ref_model = None
         if self.config.needs_reference_model:
             from rllib_dph.models.hub import as_dtype, load_causal_lm
@@ -124,29 +155,42 @@ class GRPOTorchLearner(TorchLearner):
         keep = trust_region_mask(
             logp.detach(), anchor_logp, advantages, kind=config.mask_kind, low=low, high=high, **topk
         )  # (B, L)
+        dual_keep = dual_clip_mask(logp.detach(), anchor_logp, advantages, clip_ratio_c=config.clip_ratio_c)  # (B, L)
         pg = policy_gradient_loss(
-            logp, anchor_logp, advantages, keep, truncation=config.is_truncation
+            logp, anchor_logp, advantages, keep & dual_keep, truncation=config.is_truncation
         )  # (B, L)
-        loss = masked_aggregate(pg, valid, mode=config.loss_agg_mode, norm_length=config.max_response_length)
+        loss = self.aggregate(pg, valid, mode=config.loss_agg_mode)
         metrics[POLICY_LOSS] = loss
         metrics[NUM_EXP_TOKENS] = valid.sum().float()
+        metrics[DUAL_CLIP_FRACTION] = masked_mean((~dual_keep).float(), valid)
         metrics.update(self._trust_region_metrics(logp.detach(), behavior_logp, anchor_logp, advantages, keep, valid, config, topk))
         return loss
+
+    def aggregate(self, values: torch.Tensor, mask: torch.Tensor, *, mode: str = "token-mean") -> torch.Tensor:
+        """``masked_aggregate`` over the whole mini-batch across all learners.
+
+        The denominator (tokens for "token-mean", sequences for the seq-mean modes) is summed
+        over learners; each learner returns its numerator / global denominator × N, which DDP's
+        gradient averaging turns into the gradient of Σ numerators / global denominator.
+        """
+        num, den = aggregate_parts(values, mask, mode=mode, norm_length=self.config.max_response_length)
+        den = all_reduce(den.detach().clone())
+        world = dist.get_world_size() if _distributed() else 1
+        return num / den.clamp_min(1) * world
 
     def auxiliary_loss(self, config, batch, fwd_out, metrics: Dict[str, Any]) -> torch.Tensor:
         """β·KL(π_θ‖π_ref) on exploration rows (when ``kl_coeff > 0``) and the entropy bonus."""
         logp = fwd_out[LOGP]  # (B, L)
         valid = self.exploration_mask(batch)  # (B, L)
-        agg = dict(mode=config.loss_agg_mode, norm_length=config.max_response_length)
         loss = logp.new_zeros(())
         if config.kl_coeff > 0:
             kl = kl_estimate(logp, self.reference_logp(batch), kind=config.kl_estimator)  # (B, L)
-            kl_loss = masked_aggregate(kl, valid, **agg)
+            kl_loss = self.aggregate(kl, valid, mode=config.loss_agg_mode)
             loss = loss + config.kl_coeff * kl_loss
             metrics[KL_LOSS] = kl_loss
         metrics[ENTROPY_MEAN] = masked_mean(fwd_out[ENTROPY], valid)
         if config.entropy_coeff:
-            loss = loss - config.entropy_coeff * masked_aggregate(fwd_out[ENTROPY], valid, **agg)
+            loss = loss - config.entropy_coeff * self.aggregate(fwd_out[ENTROPY], valid, mode=config.loss_agg_mode)
         return loss
 
     def _trust_region_metrics(self, logp, behavior_logp, anchor_logp, advantages, keep, valid, config, topk):
@@ -169,6 +213,96 @@ class GRPOTorchLearner(TorchLearner):
             div = trust_region_divergence(logp, anchor_logp, kind=config.mask_kind, **topk)
             out[TRUST_REGION_DIVERGENCE] = masked_mean(div, valid)
         return out
+
+    # ------------------------------------------------------------------ mini-batches
+    @override(TorchLearner)
+    def _create_iterator_if_necessary(
+        self,
+        *,
+        training_data: TrainingData,
+        num_epochs: int = 1,
+        minibatch_size: Optional[int] = None,
+        shuffle_batch_per_epoch: bool = False,
+        num_minibatches: Optional[int] = None,
+        **kwargs,
+    ) -> Iterator[MultiAgentBatch]:
+        """Mini-batches of whole groups with D_pef rows in each (RLlib cuts rows in order).
+
+        ``num_minibatches`` comes from the algorithm (the same on every learner, computed from
+        the global ``minibatch_size``); a learner updated on its own derives it from its batch.
+        Groups and D_pef rows are reshuffled into new mini-batches every epoch when
+        ``shuffle_batch_per_epoch`` is set and there is more than one mini-batch.
+        """
+        batch = self._make_batch_if_necessary(training_data=training_data)
+        if len(batch.policy_batches) != 1:
+            raise ValueError(
+                f"GRPO learners train one module, got a batch for {sorted(batch.policy_batches)}."
+            )
+        (module_id, columns), = batch.policy_batches.items()
+        group_ids = columns[C.GROUP_IDS].cpu().numpy()
+        row_type = columns[C.ROW_TYPE].cpu().numpy()
+        if num_minibatches is None:
+            num_minibatches = num_minibatches_for(int((row_type != C.ROW_TYPE_PEF).sum()), minibatch_size)
+        shuffle = shuffle_batch_per_epoch and num_minibatches > 1
+        self.pef_rows_per_minibatch = []
+        return self._minibatches(module_id, dict(columns), group_ids, row_type, num_epochs, num_minibatches, shuffle)
+
+    def _minibatches(self, module_id, columns, group_ids, row_type, num_epochs, num_minibatches, shuffle):
+        for _ in range(num_epochs):
+            plan = minibatch_plan(group_ids, row_type, num_minibatches, self._plan_rng if shuffle else None)
+            for rows in plan:
+                self.pef_rows_per_minibatch.append(int((row_type[rows] == C.ROW_TYPE_PEF).sum()))
+                if len(rows):
+                    index = torch.as_tensor(rows, device=self._device)
+                    part = {k: v[index] for k, v in columns.items()}
+                else:
+                    part = padding_row(columns)  # keeps this learner in the step's collectives
+                yield MultiAgentBatch({module_id: SampleBatch(part)}, env_steps=len(rows))
+
+    # ------------------------------------------------------------------ non-finite steps
+    @override(TorchLearner)
+    def before_gradient_based_update(self, *, timesteps: Dict[str, Any]) -> None:
+        super().before_gradient_based_update(timesteps=timesteps)
+        self._skipped_this_update = 0
+
+    @override(TorchLearner)
+    def compute_gradients(self, loss_per_module: Dict[ModuleID, TensorType], **kwargs) -> ParamDict:
+        losses = [loss.detach() for loss in loss_per_module.values()]
+        self._loss_finite = bool(torch.stack(losses).isfinite().all()) if losses else True
+        return super().compute_gradients(loss_per_module, **kwargs)
+
+    @override(TorchLearner)
+    def apply_gradients(self, gradients_dict: ParamDict) -> None:
+        """Steps the optimizer only when the loss and every gradient are finite on all learners.
+
+        RLlib's default turns NaN/inf gradients into zeros and steps anyway, which still moves
+        the weights (Adam's moments) and corrupts the optimizer state. Here such a step is
+        skipped on every learner together (one all-reduce of the verdict: no DDP deadlock),
+        gradients are dropped and the step is counted (``skipped_updates``).
+        """
+        finite = self._loss_finite and all(bool(g.isfinite().all()) for g in gradients_dict.values() if g is not None)
+        verdict = all_reduce(torch.tensor(float(finite), device=self._device), op=dist.ReduceOp.MIN)
+        if verdict.item() < 1:
+            for param in self._params.values():
+                param.grad = None
+            self._skipped_this_update += 1
+            self._skipped_in_a_row += 1
+            return
+        self._skipped_in_a_row = 0
+        super().apply_gradients(gradients_dict)
+
+    @override(TorchLearner)
+    def after_gradient_based_update(self, *, timesteps: Dict[str, Any]) -> None:
+        super().after_gradient_based_update(timesteps=timesteps)
+        for module_id in self.module.keys():
+            self.metrics.log_dict(
+                {
+                    SKIPPED_UPDATES: self._skipped_this_update,
+                    CONSECUTIVE_SKIPPED_UPDATES: self._skipped_in_a_row,
+                },
+                key=module_id,
+                window=1,
+            )
 
     @override(TorchLearner)
     def update(self, *args, training_data: TrainingData = None, batch=None, **kwargs):

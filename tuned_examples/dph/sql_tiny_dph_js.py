@@ -11,7 +11,15 @@ then one refinement sample; about a minute on 2 CPU cores) into
 Same base model, budget and seed as tuned_examples/grpo/sql_tiny_grpo.py; eta=0.2, clip-higher
 0.28 and dynamic sampling as in the paper's Table 6.
 
+eta is the paper's Table 6 value and means what it meant in the original code: with
+pef_loss_normalization="original" (the default) the D_pef term weighs eta x (D_pef rows /
+exploration rows) = eta/8 relative to the policy loss, and DPH-JS's generator counts
+twice (the code's js_low_var). Numbers measured before that normalisation existed (when
+eta weighed the term 8x more, 4x for DPH-JS) are marked as such below.
+
 Results to expect:
+    (Measured with the earlier weighting, i.e. pef_loss_normalization="token_mean"; not yet
+    re-measured with the default.)
     The training reward (on D_exp, which leaves out the near-perfect prompts, so lower than
     GRPO's) rises from about 0.37 to 0.45 (20-iteration means) over 60 iterations while
     `pef_u_mean` (π_θ/π_ref on the reference answers) stays near 1. After 60 iterations
@@ -38,6 +46,7 @@ config = (
     .dph(
         divergence="js",
         pef_coeff=0.2,
+        pef_loss_normalization="original",  # η as in the paper's code (see docstring)
         pef_ratio=8,
         presample_dir=os.path.expanduser("~/.cache/rllib_dph/presample/sql_tiny_k8"),
     )

@@ -8,8 +8,14 @@ Three trials (η = 0.01, 0.05, 0.2) run one after another on 2 CPU cores (each t
 whole machine); all share one pre-sampling directory. At the end the best trial by
 `env_runners/episode_return_mean` (training reward) is printed.
 
+The swept eta values mean what it meant in the original code: with
+pef_loss_normalization="original" (the default) the D_pef term weighs eta x (D_pef rows /
+exploration rows) = eta/8 relative to the policy loss, and DPH-JS's generator counts
+twice (the code's js_low_var). Numbers measured before that normalisation existed (when
+eta weighed the term 8x more, 4x for DPH-JS) are marked as such below.
+
 Results to expect:
-    See README.md ("Results").
+    Not measured yet. See README.md ("Results").
 """
 
 import os
@@ -33,6 +39,7 @@ config = (
     .dph(
         divergence="js",
         pef_coeff=tune.grid_search([0.01, 0.05, 0.2]),
+        pef_loss_normalization="original",  # η as in the paper's code (see docstring)
         presample_dir=os.path.expanduser("~/.cache/rllib_dph/presample/sql_tiny_k8"),
     )
     .debugging(seed=0)

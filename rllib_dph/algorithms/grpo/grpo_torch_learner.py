@@ -90,6 +90,7 @@ class GRPOTorchLearner(TorchLearner):
         self._plan_rng = np.random.default_rng([self.config.seed or 0, rank])  # mini-batch shuffles
         self._skipped_this_update = 0
         self._skipped_in_a_row = 0
+        self._finite_checks: list[torch.Tensor] = []  # this step's loss checks (compute_gradients)
         self.pef_rows_per_minibatch: list[int] = []
         self._ref_model = None
         if self.config.needs_reference_model:
@@ -267,8 +268,7 @@ class GRPOTorchLearner(TorchLearner):
 
     @override(TorchLearner)
     def compute_gradients(self, loss_per_module: Dict[ModuleID, TensorType], **kwargs) -> ParamDict:
-        losses = [loss.detach() for loss in loss_per_module.values()]
-        self._loss_finite = bool(torch.stack(losses).isfinite().all()) if losses else True
+        self._finite_checks = [loss.detach().isfinite().all() for loss in loss_per_module.values()]
         return super().compute_gradients(loss_per_module, **kwargs)
 
     @override(TorchLearner)
@@ -280,8 +280,9 @@ class GRPOTorchLearner(TorchLearner):
         skipped on every learner together (one all-reduce of the verdict: no DDP deadlock),
         gradients are dropped and the step is counted (``skipped_updates``).
         """
-        finite = self._loss_finite and all(bool(g.isfinite().all()) for g in gradients_dict.values() if g is not None)
-        verdict = all_reduce(torch.tensor(float(finite), device=self._device), op=dist.ReduceOp.MIN)
+        checks = self._finite_checks + [g.isfinite().all() for g in gradients_dict.values() if g is not None]
+        finite = torch.stack(checks).all() if checks else torch.tensor(True)  # one device sync below
+        verdict = all_reduce(finite.float().to(self._device), op=dist.ReduceOp.MIN)
         if verdict.item() < 1:
             for param in self._params.values():
                 param.grad = None

@@ -15,9 +15,10 @@ _TOKEN_COLUMNS = {
     C.RESPONSE_MASK: 0,
     C.BEHAVIOR_LOGP: 0.0,
     C.REF_LOGP: 0.0,
+    C.ANCHOR_LOGP: 0.0,
 }
 #: Per-token top-K columns (B, L, K).
-_TOPK_COLUMNS = {C.TOPK_IDS: 0, C.TOPK_BEHAVIOR_LOGP: 0.0}
+_TOPK_COLUMNS = {C.TOPK_IDS: 0, C.TOPK_BEHAVIOR_LOGP: 0.0, C.TOPK_ANCHOR_LOGP: 0.0}
 
 
 def sequence_rows(
@@ -197,3 +198,45 @@ def padding_row(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     row[C.ADVANTAGES] = row[C.ADVANTAGES] * 0
     row[C.ROW_TYPE] = row[C.ROW_TYPE] * 0 + C.ROW_TYPE_EXP
     return row
+
+
+def trim_padding(batch: dict) -> dict:
+    """The per-token columns cut to the longest row's length (numpy arrays or torch tensors).
+
+    Rows of a mini-batch are right-padded to the longest row of the whole rollout batch; after
+    a mini-batch or micro-batch is selected, the columns past its own longest row hold only
+    padding, which the forward pass would still pay for.
+    """
+    width = int(batch[C.ATTENTION_MASK].sum(-1).max())
+    return {k: v[:, :width] if k in _TOKEN_COLUMNS or k in _TOPK_COLUMNS else v for k, v in batch.items()}
+
+
+def token_budget_microbatches(lengths: np.ndarray, max_tokens: int) -> list[np.ndarray]:
+    """Rows grouped into micro-batches of at most ``max_tokens`` padded tokens each.
+
+    Rows are sorted by length (longest first) and packed greedily, so rows of similar length
+    share a micro-batch and little padding is computed; a micro-batch holds ``rows × its
+    longest row`` tokens ≤ ``max_tokens``, except a single row longer than the budget, which
+    gets a micro-batch of its own.
+
+    Args:
+        lengths: (B,) tokens of each row (prompt + response).
+        max_tokens: The budget, >= 1.
+
+    Returns:
+        Arrays of row indices, together covering every row once.
+    """
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens={max_tokens} must be >= 1.")
+    order = np.argsort(-np.asarray(lengths), kind="stable")
+    groups, current, width = [], [], 0
+    for row in order:
+        width_with = max(width, int(lengths[row]))
+        if current and width_with * (len(current) + 1) > max_tokens:
+            groups.append(np.array(current, dtype=np.int64))
+            current, width_with = [], int(lengths[row])
+        current.append(row)
+        width = width_with
+    if current:
+        groups.append(np.array(current, dtype=np.int64))
+    return groups

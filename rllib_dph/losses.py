@@ -514,6 +514,47 @@ def token_entropy(logits: torch.Tensor, *, temperature: float = 1.0) -> torch.Te
     return scaled.logsumexp(-1) - (scaled.softmax(-1) * scaled).sum(-1)  # (B, T)
 
 
+def token_stats(
+    logits: torch.Tensor,
+    tokens: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    topk_ids: Optional[torch.Tensor] = None,
+    entropy_with_grad: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    """Log-prob of ``tokens``, entropy and top-K log-probs from one logsumexp per position.
+
+        z = logits / T,  lse = logsumexp(z),  log π(a) = z[a] − lse,
+        H = lse − Σ_a softmax(z)_a · z_a
+
+    :func:`token_logprobs` and :func:`token_entropy` each normalise on their own; here the
+    log-normaliser is computed once and shared, z is not copied when T = 1, and the entropy's
+    (N, V) softmax is built without autograd unless ``entropy_with_grad``. Used by the learner
+    on response positions only (N = response tokens of the batch, not B × L).
+
+    Args:
+        logits: (N, V) next-token logits, any float dtype (computed in float32).
+        tokens: (N,) integer token ids.
+        temperature: T > 0, the sampling temperature.
+        topk_ids: (N, K) ids whose log-probs to return (the rollout engine's top-K), or None.
+        entropy_with_grad: keep the entropy in the autograd graph (an entropy bonus needs it).
+
+    Returns:
+        logp (N,), entropy (N,) and top-K log-probs (N, K) or None, all float32.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature={temperature} must be > 0; use the sampling temperature.")
+    z = _upcast(logits)
+    if temperature != 1:
+        z = z / temperature  # (N, V)
+    lse = z.logsumexp(-1)  # (N,)
+    logp = z.gather(-1, tokens.long()[:, None]).squeeze(-1) - lse  # (N,)
+    topk = None if topk_ids is None else z.gather(-1, topk_ids.long()) - lse[:, None]  # (N, K)
+    with torch.set_grad_enabled(entropy_with_grad and torch.is_grad_enabled()):
+        entropy = lse - (torch.exp(z - lse[:, None]) * z).sum(-1)  # (N,)
+    return logp, entropy, topk
+
+
 # -------------------------------------------------------------------- DPPO trust regions
 def _binary_masses(logp: torch.Tensor) -> torch.Tensor:
     """(B, T) -> (B, T, 2): (π(a_t), 1 − π(a_t)), the sampled token vs. all others."""

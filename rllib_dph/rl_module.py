@@ -12,7 +12,7 @@ from ray.rllib.utils.annotations import override
 from ray.rllib.utils.typing import StateDict
 
 from rllib_dph import columns as C
-from rllib_dph.losses import token_entropy, token_logprobs
+from rllib_dph.losses import token_logprobs, token_stats
 
 #: Keys of the training forward pass output.
 LOGP = "logp"  # (B, L) log π_θ(x_t | x_<t) at the sampling temperature, 0 at position 0
@@ -29,6 +29,48 @@ def next_token_logits(model, batch: Dict[str, Any]) -> torch.Tensor:
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
     )
     return out.logits[:, :-1]  # (B, L-1, V)
+
+
+#: Config attributes of models whose output layer is more than ``lm_head(hidden)``; those take
+#: the full ``model(...)`` forward in :func:`response_logits`.
+_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "output_multiplier_scale")
+
+
+def response_logits(model, batch: Dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, V) logits at the N positions that predict a response token, and where they are.
+
+    The decoder runs on the whole right-padded sequences, but the LM head only on the hidden
+    states that predict response tokens: on a batch of 64-token prompts and 64-token responses
+    that is half the head's work, and far less memory for the (·, V) logits. Models whose
+    output layer is more than ``lm_head(hidden)`` (logit soft-capping or scaling) take the full
+    forward pass instead, so every model gets its own logits.
+
+    Args:
+        model: A HF causal LM.
+        batch: ``INPUT_IDS``, ``ATTENTION_MASK`` and ``RESPONSE_MASK`` (B, L).
+
+    Returns:
+        logits (N, V) in the compute dtype, and ``where`` (B, L-1) bool: position t predicts the
+        response token t + 1.
+    """
+    where = batch[C.RESPONSE_MASK][:, 1:].bool()  # (B, L-1)
+    config = model.config.get_text_config(decoder=True)
+    if any(getattr(config, name, None) for name in _LOGIT_TRANSFORMS):
+        return next_token_logits(model, batch)[where], where  # (N, V)
+    input_ids = batch[C.INPUT_IDS].long()  # (B, L)
+    attention_mask = batch[C.ATTENTION_MASK].long()  # (B, L)
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # (B, L)
+    hidden = model.get_decoder()(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+    ).last_hidden_state  # (B, L, H)
+    return model.get_output_embeddings()(hidden[:, :-1][where]), where  # (N, V)
+
+
+def scatter_tokens(values: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
+    """(N, ...) values at the ``where`` (B, L-1) positions → (B, L, ...), 0 elsewhere and at t = 0."""
+    out = values.new_zeros(where.shape + values.shape[1:])  # (B, L-1, ...)
+    out[where] = values
+    return F.pad(out, (0, 0) * (values.dim() - 1) + (1, 0))  # (B, L, ...)
 
 
 def autocast(device: torch.device, dtype: torch.dtype):
@@ -65,9 +107,12 @@ class LLMRLModule(TorchRLModule):
         entropy_with_grad: Keep the entropy in the autograd graph (needed for an entropy bonus).
 
     The training forward pass takes a batch of right-padded ``prompt + response`` sequences
-    (``columns.INPUT_IDS``, ``columns.ATTENTION_MASK``) and returns the per-token log-prob of each
-    token given its prefix (``LOGP``), the per-token entropy (``ENTROPY``) and, when the batch
-    carries the rollout engine's top-K ids, π_θ's log-probs of those ids (``TOPK_LOGP``).
+    (``columns.INPUT_IDS``, ``columns.ATTENTION_MASK``, ``columns.RESPONSE_MASK``) and returns, at
+    every response token, its log-prob given its prefix (``LOGP``), the entropy of π_θ there
+    (``ENTROPY``) and, when the batch carries the rollout engine's top-K ids, π_θ's log-probs of
+    those ids (``TOPK_LOGP``); prompt and padding positions hold 0. The LM head and the
+    log-softmax run on response positions only, with one shared logsumexp
+    (``response_logits``, ``losses.token_stats``).
     """
 
     @override(TorchRLModule)
@@ -85,17 +130,18 @@ class LLMRLModule(TorchRLModule):
 
     @override(TorchRLModule)
     def _forward_train(self, batch: Dict[str, Any], **kwargs) -> Dict[str, Any]:
+        """Log-probs, entropies (and top-K log-probs) at response positions; 0 elsewhere."""
         with autocast(self.model.device, self.compute_dtype):
-            logits = next_token_logits(self.model, batch)  # (B, L-1, V), compute dtype
-        out = {LOGP: sequence_logprobs(logits, batch, self.temperature)}  # (B, L)
-        with torch.set_grad_enabled(self.entropy_with_grad and torch.is_grad_enabled()):
-            entropy = token_entropy(logits, temperature=self.temperature)  # (B, L-1)
-        out[ENTROPY] = F.pad(entropy, (1, 0))  # (B, L)
-        if C.TOPK_IDS in batch:
-            topk_ids = batch[C.TOPK_IDS][:, 1:].long()  # (B, L-1, K)
-            scaled = logits.float() / self.temperature  # (B, L-1, V)
-            topk = scaled.gather(-1, topk_ids) - scaled.logsumexp(-1, keepdim=True)  # (B, L-1, K)
-            out[TOPK_LOGP] = F.pad(topk, (0, 0, 1, 0))  # (B, L, K)
+            logits, where = response_logits(self.model, batch)  # (N, V), (B, L-1)
+        targets = batch[C.INPUT_IDS][:, 1:][where]  # (N,)
+        topk_ids = batch[C.TOPK_IDS][:, 1:][where] if C.TOPK_IDS in batch else None  # (N, K)
+        logp, entropy, topk = token_stats(
+            logits, targets, temperature=self.temperature, topk_ids=topk_ids,
+            entropy_with_grad=self.entropy_with_grad,
+        )  # (N,), (N,), (N, K)
+        out = {LOGP: scatter_tokens(logp, where), ENTROPY: scatter_tokens(entropy, where)}  # (B, L)
+        if topk is not None:
+            out[TOPK_LOGP] = scatter_tokens(topk, where)  # (B, L, K)
         return out
 
     @override(TorchRLModule)

@@ -25,6 +25,7 @@ from rllib_dph.losses import (
     pef_loss_weight,
     policy_gradient_loss,
     token_entropy,
+    token_stats,
     token_logprobs,
     trust_region_divergence,
     trust_region_mask,
@@ -641,3 +642,16 @@ def test_dual_clip_needs_c_above_one():
 def test_pef_loss_weight(normalization, divergence, expected):
     weight = pef_loss_weight(0.2, normalization=normalization, divergence=divergence, num_pef_rows=16, num_exp_rows=128)
     assert weight == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_token_stats_match_the_separate_functions(temperature):
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(10, 17, generator=g)
+    tokens = torch.randint(0, 17, (10,), generator=g)
+    topk_ids = torch.randint(0, 17, (10, 3), generator=g)
+    logp, entropy, topk = token_stats(logits, tokens, temperature=temperature, topk_ids=topk_ids)
+    torch.testing.assert_close(logp, token_logprobs(logits, tokens, temperature=temperature))
+    torch.testing.assert_close(entropy, token_entropy(logits, temperature=temperature))
+    expected_topk = torch.log_softmax(logits / temperature, -1).gather(-1, topk_ids)
+    torch.testing.assert_close(topk, expected_topk)

@@ -209,26 +209,30 @@ def test_two_learners_take_the_step_of_one(ray_session):
         GRPOConfig()
         .environment(TOY_ENV)
         .llm(model_name="tiny-random", max_response_length=12)
-        .training(group_size=GROUP, prompts_per_step=3, lr=1e-3, grad_clip=None)
+        .training(group_size=GROUP, prompts_per_step=3, lr=1e-4, grad_clip=None)
         .debugging(seed=0)
     )
     batch = _exploration_batch(config, num_prompts=3)  # 3 groups: shards of 2 and 1 groups
     local = config.build_learner(env=envs_make())
     local.update(batch=_wrap(batch))
     expected = _module_state(local)
+    expected_grads = {k: p.grad.clone() for k, p in local.module[DEFAULT_MODULE_ID].model.named_parameters()}
 
     group = config.copy(copy_frozen=False).learners(num_learners=2, num_cpus_per_learner=0.5).build_learner_group(env=envs_make())
     try:
         group.update(batches=[_wrap(shard) for shard in shard_groups(batch, 2)], num_minibatches=1)
-        state_of = lambda learner: {  # noqa: E731 (a lambda travels to the learners by value)
-            k: v.detach().clone() for k, v in learner.module[DEFAULT_MODULE_ID].unwrapped().model.state_dict().items()
-        }
-        states = [r.get() if hasattr(r, "get") else r for r in group.foreach_learner(state_of)]
+        state_of = lambda learner: (  # noqa: E731 (a lambda travels to the learners by value)
+            {k: v.detach().clone() for k, v in learner.module[DEFAULT_MODULE_ID].unwrapped().model.state_dict().items()},
+            {k: p.grad.clone() for k, p in learner.module[DEFAULT_MODULE_ID].unwrapped().model.named_parameters()},
+        )
+        results = [r.get() if hasattr(r, "get") else r for r in group.foreach_learner(state_of)]
     finally:
         group.shutdown()
-    for state in states:
+    for state, grads in results:
         for name, value in expected.items():
             torch.testing.assert_close(state[name], value, atol=1e-5, rtol=0)
+        for name, value in expected_grads.items():  # the step's gradient itself, not only Adam's sign
+            torch.testing.assert_close(grads[name], value, atol=1e-7, rtol=1e-4)
     assert any(not torch.equal(expected[k], v) for k, v in _module_state(config.build_learner(env=envs_make())).items())
 
 

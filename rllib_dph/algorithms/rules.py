@@ -106,6 +106,7 @@ GRPO_RULES = (
     NumberRule("kl_coeff", low=0, fix="0 disables the KL penalty (RKL baseline: 0.01)"),
     NumberRule("entropy_coeff", low=0, fix="0 disables the entropy bonus"),
     NumberRule("max_consecutive_skipped_updates", integer=True, low=1, fix="default 5"),
+    NumberRule("max_tokens_per_microbatch", integer=True, low=1, optional=True, fix="e.g. 16384, or None for one pass per mini-batch"),
     NumberRule("val_interval", integer=True, low=0, fix="0 disables validation"),
     NumberRule("val_n", integer=True, low=1, fix="e.g. 8 samples per validation prompt"),
     NumberRule("val_limit", integer=True, low=1, optional=True, fix="None evaluates every validation prompt"),

@@ -12,7 +12,7 @@ from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils.annotations import override
 
 from rllib_dph import columns as C
-from rllib_dph.algorithms.grpo.grpo_torch_learner import GRPOTorchLearner, all_reduce
+from rllib_dph.algorithms.grpo.grpo_torch_learner import GRPOTorchLearner
 from rllib_dph.connectors.pef import AddPefRows
 from rllib_dph.losses import (
     f_divergence,
@@ -100,8 +100,7 @@ class DPHTorchLearner(GRPOTorchLearner):
 
     def pef_mask(self, batch: Dict[str, Any]) -> torch.Tensor:
         """(B, L) bool: reference-response tokens of D_pef rows."""
-        is_pef = batch[C.ROW_TYPE] == C.ROW_TYPE_PEF  # (B,)
-        return batch[C.RESPONSE_MASK].bool() & is_pef[:, None]
+        return self.row_mask(batch, C.ROW_TYPE_PEF)
 
     @override(GRPOTorchLearner)
     def auxiliary_loss(self, config, batch, fwd_out, metrics: Dict[str, Any]) -> torch.Tensor:
@@ -113,14 +112,15 @@ class DPHTorchLearner(GRPOTorchLearner):
         if config.js_definition:
             pef_terms = js_mixture_ref_term(logp, ref_logp)  # (B, L)
             exp_terms = js_mixture_policy_term(logp, self.reference_logp(batch))  # (B, L)
-            exp_loss = self.aggregate(exp_terms, valid)
+            exp_loss = self.aggregate(exp_terms, valid, row_type=C.ROW_TYPE_EXP)
             loss = loss + self.js_beta1 * exp_loss
             metrics[JS_EXPLORATION_LOSS] = exp_loss
         else:
             pef_terms = f_divergence(logp, ref_logp, kind=config.divergence, alpha=config.alpha)
-        pef_loss = self.aggregate(pef_terms, pef)
-        rows = torch.stack([pef.any(-1).sum(), valid.any(-1).sum()]).float()  # (2,) D_pef, exploration
-        num_pef_rows, num_exp_rows = all_reduce(rows).tolist()
+        pef_loss = self.aggregate(pef_terms, pef, row_type=C.ROW_TYPE_PEF)
+        rows = self._step_denominators  # rows with tokens = the seq-mean denominators (all learners)
+        num_pef_rows = rows[(C.ROW_TYPE_PEF, "seq-mean-token-mean")].item()
+        num_exp_rows = rows[(C.ROW_TYPE_EXP, "seq-mean-token-mean")].item()
         weight = pef_loss_weight(
             config.pef_coeff,
             normalization=config.pef_loss_normalization,

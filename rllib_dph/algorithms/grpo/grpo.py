@@ -121,6 +121,7 @@ class GRPOConfig(AlgorithmConfig):
         self.kl_estimator = "k3"
         self.entropy_coeff = 0.0
         self.max_consecutive_skipped_updates = 5
+        self.max_tokens_per_microbatch = None
         # RLlib settings that fit an LLM policy.
         self.lr = 1e-5
         self.grad_clip = 1.0
@@ -285,6 +286,7 @@ class GRPOConfig(AlgorithmConfig):
         entropy_coeff: Optional[float] = NotProvided,
         clip_ratio_c: Optional[float] = NotProvided,
         max_consecutive_skipped_updates: Optional[int] = NotProvided,
+        max_tokens_per_microbatch: Optional[int] = NotProvided,
         **kwargs,
     ) -> "GRPOConfig":
         """Sets the training related configuration.
@@ -333,6 +335,12 @@ class GRPOConfig(AlgorithmConfig):
                 NaN/inf is skipped on all learners together and counted (``skipped_updates``);
                 after this many skipped steps in a row (default 5) training stops with an error
                 naming the iteration and the last finite learner metrics.
+            max_tokens_per_microbatch: Split each optimizer step's rows (per learner) into
+                micro-batches of at most this many padded tokens (rows of similar length
+                together, each micro-batch cut to its longest row) and accumulate their
+                gradients: the step and its loss normalisation are exactly the whole
+                mini-batch's. Bounds activation memory; None (default) runs each mini-batch in
+                one pass.
             minibatch_size: (RLlib's field) Exploration rows per optimizer step, **global**:
                 summed over all learners (each learner takes its share of every mini-batch).
                 Rows of one GRPO group stay in one mini-batch, so it must be a multiple of
@@ -363,6 +371,7 @@ class GRPOConfig(AlgorithmConfig):
             entropy_coeff=entropy_coeff,
             clip_ratio_c=clip_ratio_c,
             max_consecutive_skipped_updates=max_consecutive_skipped_updates,
+            max_tokens_per_microbatch=max_tokens_per_microbatch,
         )
         return self
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Dict, Iterator, Optional
 
 import numpy as np
@@ -16,8 +17,9 @@ from ray.rllib.utils.typing import ModuleID, ParamDict, TensorType
 from rllib_dph import columns as C
 from rllib_dph.algorithms.grpo.grpo import CONSECUTIVE_SKIPPED_UPDATES
 from rllib_dph.algorithms.grpo.grpo import num_minibatches as num_minibatches_for
-from rllib_dph.batch import minibatch_plan, padding_row
+from rllib_dph.batch import minibatch_plan, padding_row, token_budget_microbatches, trim_padding
 from rllib_dph.losses import (
+    AGGREGATIONS,
     aggregate_parts,
     bad_update_fraction,
     dual_clip_mask,
@@ -25,9 +27,10 @@ from rllib_dph.losses import (
     masked_mean,
     policy_gradient_loss,
     trust_region_divergence,
+    token_logprobs,
     trust_region_mask,
 )
-from rllib_dph.rl_module import ENTROPY, LOGP, TOPK_LOGP, autocast, next_token_logits, sequence_logprobs
+from rllib_dph.rl_module import ENTROPY, LOGP, TOPK_LOGP, autocast, response_logits, scatter_tokens
 
 # Metric keys under ``learners/<module_id>/``.
 POLICY_LOSS = "policy_loss"
@@ -45,6 +48,7 @@ APPROX_KL = "approx_kl_to_behavior"
 NUM_EXP_TOKENS = "num_exploration_tokens"
 DUAL_CLIP_FRACTION = "dual_clip_fraction"
 SKIPPED_UPDATES = "skipped_updates"
+NUM_MICROBATCHES = "num_microbatches"
 
 
 def _distributed() -> bool:
@@ -91,6 +95,8 @@ class GRPOTorchLearner(TorchLearner):
         self._skipped_this_update = 0
         self._skipped_in_a_row = 0
         self._finite_checks: list[torch.Tensor] = []  # this step's loss checks (compute_gradients)
+        self._step_denominators: Optional[Dict[tuple, torch.Tensor]] = None  # see step_denominators
+        self._microbatch_metrics: Optional[list[Dict[str, Any]]] = None  # stashed while accumulating
         self.pef_rows_per_minibatch: list[int] = []
         self._ref_model = None
         if self.config.needs_reference_model:
@@ -107,15 +113,36 @@ class GRPOTorchLearner(TorchLearner):
 
     @torch.no_grad()
     def reference_logp(self, batch: Dict[str, Any]) -> torch.Tensor:
-        """(B, L) log π_ref of every token given its prefix, at the sampling temperature."""
+        """(B, L) log π_ref of every response token given its prefix, at the sampling temperature."""
         with autocast(self._ref_model.device, self._ref_compute_dtype):
-            logits = next_token_logits(self._ref_model, batch)  # (B, L-1, V), compute dtype
-        return sequence_logprobs(logits, batch, self.config.temperature)
+            logits, where = response_logits(self._ref_model, batch)  # (N, V), (B, L-1)
+        targets = batch[C.INPUT_IDS][:, 1:][where]  # (N,)
+        return scatter_tokens(token_logprobs(logits, targets, temperature=self.config.temperature), where)
+
+    @staticmethod
+    def row_mask(batch: Dict[str, Any], row_type: int) -> torch.Tensor:
+        """(B, L) bool: response tokens of the rows of ``row_type`` (``columns.ROW_TYPE_*``)."""
+        return batch[C.RESPONSE_MASK].bool() & (batch[C.ROW_TYPE] == row_type)[:, None]
 
     def exploration_mask(self, batch: Dict[str, Any]) -> torch.Tensor:
         """(B, L) bool: response tokens of online exploration rows."""
-        is_exp = batch[C.ROW_TYPE] == C.ROW_TYPE_EXP  # (B,)
-        return batch[C.RESPONSE_MASK].bool() & is_exp[:, None]
+        return self.row_mask(batch, C.ROW_TYPE_EXP)
+
+    def step_denominators(self, batch: Dict[str, Any]) -> Dict[tuple, torch.Tensor]:
+        """Every aggregation's denominator over one optimizer step's whole mini-batch.
+
+        Keys are (row type, aggregation mode): response tokens ("token-mean") or sequences
+        with tokens (the seq-mean modes) of exploration and D_pef rows, summed over all learners
+        in one all-reduce. Loss terms divide by these, so a mini-batch split over learners and
+        micro-batches is aggregated exactly as the whole.
+        """
+        keys, dens = [], []
+        for row_type in (C.ROW_TYPE_EXP, C.ROW_TYPE_PEF):
+            mask = self.row_mask(batch, row_type)  # (B, L)
+            for mode in AGGREGATIONS:
+                keys.append((row_type, mode))
+                dens.append(aggregate_parts(torch.zeros(mask.shape, device=mask.device), mask, mode=mode)[1])
+        return dict(zip(keys, all_reduce(torch.stack(dens))))
 
     @override(TorchLearner)
     def compute_loss_for_module(
@@ -126,15 +153,22 @@ class GRPOTorchLearner(TorchLearner):
         batch: Dict[str, Any],
         fwd_out: Dict[str, TensorType],
     ) -> TensorType:
-        metrics: Dict[str, Any] = {}
-        total = self.policy_loss(config, batch, fwd_out, metrics)
-        total = total + self.auxiliary_loss(config, batch, fwd_out, metrics)
-        metrics[TOTAL_LOSS] = total
-        self.metrics.log_dict(
-            {k: v.detach() if torch.is_tensor(v) else v for k, v in metrics.items()},
-            key=module_id,
-            window=1,
-        )
+        own_step = self._step_denominators is None  # called outside `_uncompiled_update`
+        if own_step:
+            self._step_denominators = self.step_denominators(batch)
+        try:
+            metrics: Dict[str, Any] = {}
+            total = self.policy_loss(config, batch, fwd_out, metrics)
+            total = total + self.auxiliary_loss(config, batch, fwd_out, metrics)
+            metrics[TOTAL_LOSS] = total
+        finally:
+            if own_step:
+                self._step_denominators = None
+        metrics = {k: v.detach() if torch.is_tensor(v) else v for k, v in metrics.items()}
+        if self._microbatch_metrics is not None:
+            self._microbatch_metrics.append(metrics)
+        else:
+            self.metrics.log_dict(metrics, key=module_id, window=1)
         return total
 
     def policy_loss(self, config, batch, fwd_out, metrics: Dict[str, Any]) -> torch.Tensor:
@@ -160,24 +194,27 @@ class GRPOTorchLearner(TorchLearner):
         pg = policy_gradient_loss(
             logp, anchor_logp, advantages, keep & dual_keep, truncation=config.is_truncation
         )  # (B, L)
-        loss = self.aggregate(pg, valid, mode=config.loss_agg_mode)
+        loss = self.aggregate(pg, valid, row_type=C.ROW_TYPE_EXP, mode=config.loss_agg_mode)
         metrics[POLICY_LOSS] = loss
         metrics[NUM_EXP_TOKENS] = valid.sum().float()
         metrics[DUAL_CLIP_FRACTION] = masked_mean((~dual_keep).float(), valid)
         metrics.update(self._trust_region_metrics(logp.detach(), behavior_logp, anchor_logp, advantages, keep, valid, config, topk))
         return loss
 
-    def aggregate(self, values: torch.Tensor, mask: torch.Tensor, *, mode: str = "token-mean") -> torch.Tensor:
-        """``masked_aggregate`` over the whole mini-batch across all learners.
+    def aggregate(
+        self, values: torch.Tensor, mask: torch.Tensor, *, row_type: int, mode: str = "token-mean"
+    ) -> torch.Tensor:
+        """``masked_aggregate`` over the whole mini-batch across all learners and micro-batches.
 
-        The denominator (tokens for "token-mean", sequences for the seq-mean modes) is summed
-        over learners; each learner returns its numerator / global denominator × N, which DDP's
-        gradient averaging turns into the gradient of Σ numerators / global denominator.
+        The numerator is this (micro-)batch's; the denominator (tokens for "token-mean",
+        sequences for the seq-mean modes of ``row_type``'s rows) is the whole step's, summed over
+        learners (``step_denominators``). Each learner returns numerator / global denominator ×
+        N, which DDP's gradient averaging and gradient accumulation turn into the gradient of
+        Σ numerators / global denominator.
         """
-        num, den = aggregate_parts(values, mask, mode=mode, norm_length=self.config.max_response_length)
-        den = all_reduce(den.detach().clone())
+        num, _ = aggregate_parts(values, mask, mode=mode, norm_length=self.config.max_response_length)
         world = dist.get_world_size() if _distributed() else 1
-        return num / den.clamp_min(1) * world
+        return num / self._step_denominators[(row_type, mode)].clamp_min(1) * world
 
     def auxiliary_loss(self, config, batch, fwd_out, metrics: Dict[str, Any]) -> torch.Tensor:
         """β·KL(π_θ‖π_ref) on exploration rows (when ``kl_coeff > 0``) and the entropy bonus."""
@@ -186,12 +223,13 @@ class GRPOTorchLearner(TorchLearner):
         loss = logp.new_zeros(())
         if config.kl_coeff > 0:
             kl = kl_estimate(logp, self.reference_logp(batch), kind=config.kl_estimator)  # (B, L)
-            kl_loss = self.aggregate(kl, valid, mode=config.loss_agg_mode)
+            kl_loss = self.aggregate(kl, valid, row_type=C.ROW_TYPE_EXP, mode=config.loss_agg_mode)
             loss = loss + config.kl_coeff * kl_loss
             metrics[KL_LOSS] = kl_loss
         metrics[ENTROPY_MEAN] = masked_mean(fwd_out[ENTROPY], valid)
         if config.entropy_coeff:
-            loss = loss - config.entropy_coeff * self.aggregate(fwd_out[ENTROPY], valid, mode=config.loss_agg_mode)
+            entropy = self.aggregate(fwd_out[ENTROPY], valid, row_type=C.ROW_TYPE_EXP, mode=config.loss_agg_mode)
+            loss = loss - config.entropy_coeff * entropy
         return loss
 
     def _trust_region_metrics(self, logp, behavior_logp, anchor_logp, advantages, keep, valid, config, topk):
@@ -255,10 +293,61 @@ class GRPOTorchLearner(TorchLearner):
                 self.pef_rows_per_minibatch.append(int((row_type[rows] == C.ROW_TYPE_PEF).sum()))
                 if len(rows):
                     index = torch.as_tensor(rows, device=self._device)
-                    part = {k: v[index] for k, v in columns.items()}
+                    part = trim_padding({k: v[index] for k, v in columns.items()})
                 else:
                     part = padding_row(columns)  # keeps this learner in the step's collectives
                 yield MultiAgentBatch({module_id: SampleBatch(part)}, env_steps=len(rows))
+
+    # ------------------------------------------------------------------ one optimizer step
+    @override(TorchLearner)
+    def _uncompiled_update(self, batch: Dict[str, Any], **kwargs):
+        """One optimizer step on a mini-batch: in one pass, or accumulated over micro-batches
+        of at most ``max_tokens_per_microbatch`` tokens; the loss is the whole mini-batch's
+        either way (``step_denominators``)."""
+        (module_id, columns), = batch.items()
+        self._step_denominators = self.step_denominators(columns)
+        try:
+            if self.config.max_tokens_per_microbatch is None:
+                return super()._uncompiled_update(batch, **kwargs)
+            return self._accumulated_update(module_id, columns, self.config.max_tokens_per_microbatch)
+        finally:
+            self._step_denominators = None
+
+    def _accumulated_update(self, module_id: ModuleID, columns: Dict[str, Any], max_tokens: int):
+        """Gradient accumulation over token-budget micro-batches, then one optimizer step.
+
+        DDP reduces the gradients once, at the last micro-batch's backward (``no_sync`` before).
+        Loss parts and token counts are logged summed over the micro-batches, the other metrics
+        averaged.
+        """
+        lengths = columns[C.ATTENTION_MASK].sum(-1).cpu().numpy()
+        microbatches = token_budget_microbatches(lengths, max_tokens)
+        for optim in self._optimizer_parameters:
+            optim.zero_grad(set_to_none=True)
+        module, checks, losses = self.module[module_id], [], []
+        self._microbatch_metrics = []
+        try:
+            for i, rows in enumerate(microbatches):
+                index = torch.as_tensor(rows, device=self._device)
+                part = {module_id: trim_padding({k: v[index] for k, v in columns.items()})}
+                last = i == len(microbatches) - 1
+                with contextlib.nullcontext() if last or not _distributed() else module.no_sync():
+                    fwd_out = self.module.forward_train(part)
+                    loss = self.compute_losses(fwd_out=fwd_out, batch=part)[module_id]
+                    loss.backward()
+                checks.append(loss.detach().isfinite().all())
+                losses.append(loss.detach())
+            metrics = _combine_microbatch_metrics(self._microbatch_metrics)
+        finally:
+            self._microbatch_metrics = None
+        self.metrics.log_dict({**metrics, NUM_MICROBATCHES: len(microbatches)}, key=module_id, window=1)
+        self._finite_checks = checks
+        gradients = {pid: p.grad for pid, p in self._params.items()}
+        with contextlib.ExitStack() as stack:
+            if self.config.num_learners > 1:
+                stack.enter_context(module.no_sync())  # as RLlib's own update step does
+            self.apply_gradients(self.postprocess_gradients(gradients))
+        return fwd_out, {module_id: torch.stack(losses).sum()}, {}
 
     # ------------------------------------------------------------------ non-finite steps
     @override(TorchLearner)
@@ -330,3 +419,18 @@ class GRPOTorchLearner(TorchLearner):
         module_batch[C.ANCHOR_LOGP] = np.concatenate(logps)
         if topks:
             module_batch[C.TOPK_ANCHOR_LOGP] = np.concatenate(topks)
+
+
+def _combine_microbatch_metrics(parts: list[Dict[str, Any]]) -> Dict[str, Any]:
+    """One step's metrics from its micro-batches': sums of loss parts and token counts, maxima
+    of ``*_max``, means of the rest (fractions and means, each over its micro-batch)."""
+    combined = {}
+    for key in parts[0]:
+        values = torch.stack([torch.as_tensor(p[key], dtype=torch.float32) for p in parts])
+        if key.endswith("_loss") or key.startswith("num_") or key == TOTAL_LOSS:
+            combined[key] = values.sum()
+        elif key.endswith("_max"):
+            combined[key] = values.max()
+        else:
+            combined[key] = values.mean()
+    return combined

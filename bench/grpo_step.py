@@ -2,7 +2,10 @@
 
 Runs the tiny tuned example (tuned_examples/grpo/sql_tiny_grpo.py) for a warm-up iteration and
 then `--iterations` measured ones, and prints seconds and shares per phase, read from the
-algorithm's per-step phase times (`step_times/*`) and env-runner metrics.
+algorithm's per-step phase times (`step_times/*`) and env-runner metrics. Then it measures the
+floor of the same step on the last iteration's batch — generation + scoring (as measured) + one
+plain forward/backward/Adam step of the same model on the same rows (the LM head on response
+tokens only, loss −Â·log π) — and prints `step / floor`.
 
     python bench/grpo_step.py                      # tiny-sql-math, the tuned example's settings
     python bench/grpo_step.py --model tiny-random --iterations 2
@@ -38,6 +41,9 @@ def main() -> None:
     ray.init(include_dashboard=False, log_to_driver=False)
     algo = config.build_algo()
     algo.train()  # warm-up: first-call overheads (allocations, caches)
+    batches = []
+    build = algo.build_train_batch
+    algo.build_train_batch = lambda: batches.append(build()) or batches[-1]
 
     phases = {"generation": [], "scoring": [], "batch + advantages": [], "learner update": [], "weight sync": []}
     totals, tokens = [], []
@@ -69,6 +75,39 @@ def main() -> None:
     print(f"{'other (driver, metrics)':<22}{other:>10.2f}{100 * other / step:>8.1f}%")
     print(f"{'total':<22}{step:>10.2f}{100.0:>8.1f}%")
     print(f"generation throughput: {np.mean(tokens):.0f} tokens/s")
+
+    update = plain_update_seconds(config, batches[-1])
+    floor = float(np.mean(phases["generation"]) + np.mean(phases["scoring"])) + update
+    print(f"floor: generation + scoring + plain fwd/bwd/Adam ({update:.2f} s) = {floor:.2f} s; "
+          f"step / floor = {step / floor:.2f}")
+
+
+def plain_update_seconds(config, batch: dict, repeats: int = 3) -> float:
+    """Median seconds of one plain training step on ``batch``: forward, the LM head on the
+    response tokens only, loss −Â·log π averaged over them, backward, Adam."""
+    import torch
+
+    from rllib_dph import columns as C
+    from rllib_dph.models.hub import load_causal_lm
+
+    model = load_causal_lm(config.model_name, dtype=torch.float32).train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
+    ids = torch.as_tensor(batch[C.INPUT_IDS])
+    mask = torch.as_tensor(batch[C.ATTENTION_MASK])
+    where = torch.as_tensor(batch[C.RESPONSE_MASK])[:, 1:].bool()  # (B, L-1)
+    advantages = torch.as_tensor(batch[C.ADVANTAGES])[:, None].expand_as(where)[where]  # (N,)
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        hidden = model.get_decoder()(input_ids=ids, attention_mask=mask).last_hidden_state  # (B, L, H)
+        logits = model.get_output_embeddings()(hidden[:, :-1][where])  # (N, V)
+        logp = torch.log_softmax(logits.float(), -1).gather(-1, ids[:, 1:][where][:, None]).squeeze(-1)
+        loss = -(advantages * logp).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        seconds.append(time.perf_counter() - start)
+    return float(np.median(seconds))
 
 
 if __name__ == "__main__":

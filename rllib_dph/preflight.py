@@ -234,7 +234,7 @@ def _hub_cache_problem(model: str, where: str) -> Optional[Problem]:
         reason = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
         return Problem(
             where,
-            f"{model!r} is not a bundled tiny model, not a local folder and not in the local "
+            "not a bundled tiny model, not a local folder and not in the local "
             f"Hugging Face cache, and the Hub did not answer ({reason}); {how}",
         )
     return None
@@ -270,8 +270,47 @@ def validate_problems(config) -> list[Problem]:
     try:
         config.validate()
     except ValueError as e:
-        return [Problem(f"{type(config).__name__}", str(e))]
+        message = str(e).split("\nTo suppress all validation errors")[0]  # RLlib's generic footer
+        return [Problem(f"{type(config).__name__}", message)]
     return []
+
+
+def search_variants(config) -> list:
+    """Concrete copies of a config holding Tune search spaces, to check each variant.
+
+    Every ``tune.grid_search`` field is expanded (all combinations); any other search space
+    (``tune.uniform`` & co.) is replaced by one sample. A config without search spaces is
+    returned as the only variant.
+    """
+    import itertools
+
+    from ray.tune.search.sample import Domain
+
+    fields = {k: v for k, v in vars(config).items() if isinstance(v, (dict, Domain))}
+    grids = {k: v["grid_search"] for k, v in fields.items() if isinstance(v, dict) and list(v) == ["grid_search"]}
+    domains = {k: v.sample() for k, v in fields.items() if isinstance(v, Domain)}
+    if not grids and not domains:
+        return [config]
+    variants = []
+    for values in itertools.product(*grids.values()):
+        variant = config.copy(copy_frozen=False)
+        for key, value in {**dict(zip(grids, values)), **domains}.items():
+            setattr(variant, key, value)
+        variants.append(variant)
+    return variants
+
+
+def variant_problems(config) -> list[Problem]:
+    """Env, model and ``validate()`` problems of one concrete config."""
+    env_config = getattr(config, "sampling_env_config", config.env_config)
+    problems = env_problems(config.env, env_config)
+    if getattr(config, "val_env_config", None):
+        problems += env_problems(config.env, {**env_config, **config.val_env_config}, "validation env")
+    models = {"model_name": config.model_name, "reference_model": _reference(config)}
+    for where, model in models.items():
+        problem = model_problem(model, where) if where == "model_name" or model != config.model_name else None
+        problems += [problem] if problem else []
+    return problems + validate_problems(config)
 
 
 def preflight(
@@ -281,29 +320,26 @@ def preflight(
     config_overrides: Optional[Mapping[str, Any]] = None,
     launch_dir: Optional[str] = None,
 ) -> list[Problem]:
-    """Resolves relative paths in ``config`` (in place) and returns every problem found.
+    """Applies ``config_overrides`` and resolves relative paths in ``config`` (both in place);
+    returns every problem found, once.
 
     Args:
-        config: The ``AlgorithmConfig`` to run (overrides already applied).
+        config: The ``AlgorithmConfig`` to run (may hold Tune search spaces, see
+            :func:`search_variants`).
         stop: Tune stop criteria.
-        config_overrides: The ``--config`` JSON, to check its keys.
+        config_overrides: The ``--config`` JSON: its keys are checked, then it is applied.
         launch_dir: Folder relative paths are resolved against (default: the cwd).
 
     Returns:
         Problems in the order: keys, env, models, config rules; empty when the run may start.
     """
     problems = config_key_problems(config, config_overrides or {})
+    config.update_from_dict(dict(config_overrides or {}))
     problems += stop_key_problems(stop)
     resolve_paths(config, launch_dir)
-    env_config = getattr(config, "sampling_env_config", config.env_config)
-    problems += env_problems(config.env, env_config)
-    if getattr(config, "val_env_config", None):
-        problems += env_problems(config.env, {**env_config, **config.val_env_config}, "validation env")
-    models = {"model_name": config.model_name, "reference_model": _reference(config)}
-    for where, model in models.items():
-        problem = model_problem(model, where) if where == "model_name" or model != config.model_name else None
-        problems += [problem] if problem else []
-    return problems + validate_problems(config)
+    for variant in search_variants(config):
+        problems += variant_problems(variant)
+    return list(dict.fromkeys(problems))
 
 
 def _reference(config) -> Optional[str]:

@@ -190,7 +190,9 @@ def env_problems(env_id: Any, env_config: Mapping, where: str = "env") -> list[P
     import gymnasium as gym
 
     from rllib_dph.env_runner import make_env
+    from rllib_dph.imports import ensure_package_envs
 
+    ensure_package_envs()  # registers the bundled envs
     if not isinstance(env_id, str):
         return []  # an env class or creator: nothing to look up
     from ray.tune.registry import ENV_CREATOR, _global_registry
@@ -204,6 +206,9 @@ def env_problems(env_id: Any, env_config: Mapping, where: str = "env") -> list[P
                 "is imported: pass `--import yourmodule`.",
             )
         ]
+    db_root = (env_config or {}).get("db_root")
+    if isinstance(db_root, str) and not os.path.isdir(db_root):
+        return [Problem(f"{where} {env_id!r}: env_config['db_root']", f"no such folder: {db_root}.")]
     try:
         env = make_env(env_id, dict(env_config or {}))
     except Exception as e:  # noqa: BLE001 - any failure of the user's env is reported, once

@@ -95,7 +95,7 @@ def run_experiment(
     import ray
     from ray import tune
 
-    from rllib_dph.console import IterationPrinter, quiet_logging
+    from rllib_dph.console import IterationPrinter, error_summary, quiet_logging
 
     envs = ensure_package_envs()
     if verbose == 0:
@@ -133,9 +133,11 @@ def run_experiment(
         )
     print(f"rllib: experiment folder {experiment_dir} (tensorboard --logdir {experiment_dir})", flush=True)
     results = tuner.fit()
-    errors = [r.error for r in results if r.error]
-    if errors:
-        raise SystemExit(f"rllib: {len(errors)} trial(s) failed; first error:\n{errors[0]}")
+    failed = [r for r in results if r.error]
+    if failed:
+        first = failed[0]
+        detail = f"{error_summary(first.error)}\n  full traceback: {os.path.join(first.path, 'error.txt')}"
+        raise SystemExit(f"rllib: {len(failed)} trial(s) failed; first error: " + (str(first.error) if verbose else detail))
     return results
 
 

@@ -73,10 +73,18 @@ class IterationPrinter(tune.Callback):
         print(prefix + iteration_line(result), flush=True)
 
     def on_trial_error(self, iteration: int, trials: list, trial, **info) -> None:
-        print(f"trial {trial.trial_id} failed; its error follows at the end ({trial.path}).", flush=True)
+        print(f"trial {trial.trial_id} failed; its error follows at the end.", flush=True)
 
 
 def quiet_logging() -> None:
-    """Hides Ray's INFO/WARNING start-up chatter in this process (errors still show)."""
+    """Hides Ray's log records in this process: start-up chatter, and trial errors, which
+    ``rllib train`` reports once at the end (see :func:`error_summary`)."""
     for name in CHATTY_LOGGERS:
-        logging.getLogger(name).setLevel(logging.ERROR)
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+def error_summary(error: BaseException) -> str:
+    """The last line of a trial's error (``RuntimeError: boom``): the exception the user's code
+    raised, without Ray's wrapping tracebacks."""
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    return lines[-1] if lines else type(error).__name__

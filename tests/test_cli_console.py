@@ -7,7 +7,7 @@ import pytest
 
 from rllib_dph.algorithms.grpo import GRPOConfig
 from rllib_dph.cli import default_experiment_name
-from rllib_dph.console import best_pass_at_k, iteration_line
+from rllib_dph.console import best_pass_at_k, error_summary, iteration_line
 from rllib_dph.tracking import logger_callbacks, mlflow_uri, tracking_problems
 
 RESULT = {
@@ -30,6 +30,12 @@ def test_iteration_line_shows_validation_pass_at_k_when_measured():
 
 def test_iteration_line_leaves_out_missing_metrics():
     assert iteration_line({"training_iteration": 1}) == "iter    1"
+
+
+def test_error_summary_is_the_users_exception_line():
+    wrapped = RuntimeError("The actor died ...\n  File \"x.py\", line 8, in __init__\n    raise\nValueError: data file x.parquet does not exist.\n")
+    assert error_summary(wrapped) == "ValueError: data file x.parquet does not exist."
+    assert error_summary(RuntimeError()) == "RuntimeError"
 
 
 def test_experiment_folders_are_unique_per_run():

@@ -6,7 +6,8 @@ TensorBoard needs nothing: Tune writes ``events.out.tfevents*`` files into every
 - W&B: ``--wandb-project NAME`` (``--wandb-offline`` or ``WANDB_MODE=offline`` writes the runs
   locally; ``wandb sync`` uploads them later);
 - MLflow: ``--mlflow-tracking-uri URI``; a plain folder (``mlruns``) is a local file store,
-  resolved against the launch folder.
+  resolved against the launch folder (``mlflow ui --backend-store-uri mlruns`` shows it);
+  ``sqlite:///mlflow.db`` works too with the full ``mlflow`` package.
 
 Both need their package: ``pip install "rllib_dph[tracking]"`` (wandb, mlflow-skinny).
 """
@@ -68,9 +69,8 @@ def logger_callbacks(
     if mlflow_tracking_uri:
         from ray.air.integrations.mlflow import MLflowLoggerCallback
 
-        callbacks.append(
-            MLflowLoggerCallback(
-                tracking_uri=mlflow_uri(mlflow_tracking_uri, launch_dir), experiment_name=experiment
-            )
-        )
+        uri = mlflow_uri(mlflow_tracking_uri, launch_dir)
+        if uri.startswith("file:"):  # MLflow >= 3.7 refuses its file store unless allowed
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        callbacks.append(MLflowLoggerCallback(tracking_uri=uri, experiment_name=experiment))
     return callbacks

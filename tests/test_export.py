@@ -1,5 +1,6 @@
 """`rllib export`: a checkpoint's policy as a Hugging Face folder that transformers loads as is."""
 
+import importlib.util
 import json
 
 import pytest
@@ -63,3 +64,23 @@ def test_export_in_bfloat16(checkpoint, tmp_path):
 def test_export_refuses_a_folder_that_is_not_a_checkpoint(tmp_path):
     with pytest.raises(SystemExit, match="not an RLlib Algorithm checkpoint"):
         main(["export", str(tmp_path), str(tmp_path / "out")])
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM (see .ci/vllm)")
+def test_vllm_loads_the_export_and_decodes_like_transformers(checkpoint, tmp_path):
+    """`vllm.LLM(folder)` (through the vLLM engine) on the exported folder: same greedy tokens as HF."""
+    from rllib_dph.engines.base import SamplingParams
+    from rllib_dph.engines.hf import HFEngine
+    from rllib_dph.engines.vllm import VLLMEngine
+
+    out = tmp_path / "hf"
+    main(["export", str(checkpoint), str(out)])
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    prompts = [encode_prompt(tokenizer, [{"role": "user", "content": text}]) for text in ("SELECT 1", "2+2?")]
+    params = SamplingParams(n=1, temperature=0.0, max_new_tokens=12)
+    vllm_engine = VLLMEngine.from_pretrained(str(out), dtype="float32", max_model_len=256,
+                                             kv_cache_memory_bytes=64 << 20)
+    hf_groups = HFEngine.from_pretrained(str(out), dtype="float32").generate(prompts, params)
+    for hf_group, vllm_group in zip(hf_groups, vllm_engine.generate(prompts, params)):
+        assert list(vllm_group[0].token_ids) == list(hf_group[0].token_ids)

@@ -92,23 +92,11 @@ def run_experiment(
         callbacks: More Tune callbacks (e.g. ``rllib_dph.tracking.logger_callbacks``).
         user_modules: Modules that every Ray worker imports first (``--import``).
     """
-    import ray
     from ray import tune
 
-    from rllib_dph.console import IterationPrinter, error_summary, quiet_logging
+    from rllib_dph.console import IterationPrinter
 
-    envs = ensure_package_envs()
-    if verbose == 0:
-        quiet_logging()
-        os.environ["RAY_AIR_NEW_OUTPUT"] = "0"  # Tune's legacy reporter prints nothing at verbose=0
-    if not ray.is_initialized():
-        ray.init(
-            include_dashboard=False,
-            log_to_driver=verbose > 0,
-            logging_level=logging.INFO if verbose else logging.ERROR,
-            runtime_env=ray_runtime_env(user_modules),
-        )
-    envs.register_tune_envs()
+    _start_ray(verbose, user_modules)
     storage_path = os.path.abspath(os.path.expanduser(storage_path or "~/ray_results"))
     name = name or default_experiment_name(config)
     callbacks = [*(callbacks or []), *([IterationPrinter()] if verbose == 0 else [])]
@@ -133,12 +121,41 @@ def run_experiment(
         )
     print(f"rllib: experiment folder {experiment_dir} (tensorboard --logdir {experiment_dir})", flush=True)
     results = tuner.fit()
+    _exit_on_failed_trials(results, verbose)
+    return results
+
+
+def _start_ray(verbose: int, user_modules: tuple) -> None:
+    """``ray.init`` (quiet unless ``verbose``; every worker imports ``user_modules`` first) and
+    the Tune names of the registered envs."""
+    import ray
+
+    from rllib_dph.console import quiet_logging
+
+    envs = ensure_package_envs()
+    if verbose == 0:
+        quiet_logging()
+        os.environ["RAY_AIR_NEW_OUTPUT"] = "0"  # Tune's legacy reporter prints nothing at verbose=0
+    if not ray.is_initialized():
+        ray.init(
+            include_dashboard=False,
+            log_to_driver=verbose > 0,
+            logging_level=logging.INFO if verbose else logging.ERROR,
+            runtime_env=ray_runtime_env(user_modules),
+        )
+    envs.register_tune_envs()
+
+
+def _exit_on_failed_trials(results, verbose: int) -> None:
+    """Exits naming the first failed trial's error once: its exception line and traceback file
+    (the whole error with ``verbose``)."""
+    from rllib_dph.console import error_summary
+
     failed = [r for r in results if r.error]
     if failed:
         first = failed[0]
         detail = f"{error_summary(first.error)}\n  full traceback: {os.path.join(first.path, 'error.txt')}"
         raise SystemExit(f"rllib: {len(failed)} trial(s) failed; first error: " + (str(first.error) if verbose else detail))
-    return results
 
 
 def _add_run_flags(parser: argparse.ArgumentParser) -> None:
@@ -406,6 +423,14 @@ def _export(args) -> None:
     print(f"wrote a Hugging Face model folder: {out} (AutoModelForCausalLM.from_pretrained / vllm.LLM)")
 
 
+def _add_export_parser(sub) -> None:
+    exp = sub.add_parser("export", help="write a checkpoint's policy as a Hugging Face model folder")
+    exp.add_argument("checkpoint", help="Algorithm checkpoint folder (Tune checkpoint_00000N)")
+    exp.add_argument("folder", help="output folder (safetensors, config, tokenizer, chat template)")
+    exp.add_argument("--dtype", help="weight dtype of the export (default: float32 as trained)")
+    exp.set_defaults(func=_export)
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     ensure_package_envs()
     parser = argparse.ArgumentParser(prog="rllib", description=__doc__.split("\n\n")[0])
@@ -476,11 +501,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     _add_import_flag(ev)
     ev.set_defaults(func=_evaluate)
 
-    exp = sub.add_parser("export", help="write a checkpoint's policy as a Hugging Face model folder")
-    exp.add_argument("checkpoint", help="Algorithm checkpoint folder (Tune checkpoint_00000N)")
-    exp.add_argument("folder", help="output folder (safetensors, config, tokenizer, chat template)")
-    exp.add_argument("--dtype", help="weight dtype of the export (default: float32 as trained)")
-    exp.set_defaults(func=_export)
+    _add_export_parser(sub)
 
     args = parser.parse_args(argv)
     args.func(args)

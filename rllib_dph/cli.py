@@ -7,20 +7,30 @@ Ray removed RLlib's own command line after Ray 2.41; this one keeps its interfac
     rllib build-model tiny-sql-math
     rllib presample --model tiny-sql-math --env rllib_dph/SQL-v0 --out presample/sql_tiny
     rllib evaluate <checkpoint | model> --env rllib_dph/SQL-v0 --env-config '{"data": "sql_synth/test"}'
+    rllib export <checkpoint> <folder>
 
-``train`` runs the experiment through Ray Tune, so results, checkpoints and TensorBoard files
-land in the usual Tune output directory (``--storage-path``, default ``~/ray_results``).
+``train`` checks every setting before Ray starts (``rllib_dph.preflight``), builds missing tiny
+models and runs DPH pre-sampling in this process, then runs the experiment through Ray Tune, so
+results, checkpoints and TensorBoard files land in the usual Tune output directory
+(``--storage-path``, default ``~/ray_results``), one folder per run.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import re
 import runpy
 import sys
+import time
 from typing import Any, Optional
+
+from rllib_dph.imports import ensure_package_envs, import_user_modules, ray_runtime_env
+
+#: Exit code of a run refused by the preflight checks.
+PREFLIGHT_EXIT_CODE = 2
 
 
 def _algorithms() -> dict[str, Any]:
@@ -55,6 +65,11 @@ def load_tuned_example(path: str) -> tuple[Any, dict]:
     return namespace["config"], dict(namespace.get("stop") or {})
 
 
+def default_experiment_name(config) -> str:
+    """``<Algo>_<env>_<YYYY-mm-dd_HH-MM-SS>``: a new folder for every run."""
+    return f"{config.algo_class.__name__}_{_slug(str(config.env))}_{time.strftime('%Y-%m-%d_%H-%M-%S')}"
+
+
 def run_experiment(
     config,
     stop: dict,
@@ -65,26 +80,32 @@ def run_experiment(
     checkpoint_at_end: bool = False,
     num_samples: int = 1,
     resume: bool = False,
-    verbose: int = 1,
+    verbose: int = 0,
+    callbacks: Optional[list] = None,
+    user_modules: tuple = (),
 ):
-    """Runs ``config`` through Ray Tune until ``stop``; returns Tune's ``ResultGrid``."""
-    import ray
+    """Runs ``config`` through Ray Tune until ``stop``; returns Tune's ``ResultGrid``.
+
+    Args:
+        verbose: 0 prints one line per iteration (``rllib_dph.console``); 1-3 are Tune's own
+            verbosity levels (status table, config, results).
+        callbacks: More Tune callbacks (e.g. ``rllib_dph.tracking.logger_callbacks``).
+        user_modules: Modules that every Ray worker imports first (``--import``).
+    """
     from ray import tune
 
-    import envs
+    from rllib_dph.console import IterationPrinter
 
-    if not ray.is_initialized():
-        ray.init(include_dashboard=False, log_to_driver=verbose > 0)
-    envs.register_tune_envs()
+    _start_ray(verbose, user_modules)
     storage_path = os.path.abspath(os.path.expanduser(storage_path or "~/ray_results"))
-    name = name or f"{config.algo_class.__name__}_{str(config.env).replace('/', '_')}"
-    trainable = config.algo_class
+    name = name or default_experiment_name(config)
+    callbacks = [*(callbacks or []), *([IterationPrinter()] if verbose == 0 else [])]
     experiment_dir = os.path.join(storage_path, name)
     if resume and tune.Tuner.can_restore(experiment_dir):
-        tuner = tune.Tuner.restore(experiment_dir, trainable=trainable, resume_errored=True)
+        tuner = tune.Tuner.restore(experiment_dir, trainable=config.algo_class, resume_errored=True)
     else:
         tuner = tune.Tuner(
-            trainable,
+            config.algo_class,
             param_space=config,
             tune_config=tune.TuneConfig(num_samples=num_samples),
             run_config=tune.RunConfig(
@@ -92,16 +113,49 @@ def run_experiment(
                 storage_path=storage_path,
                 stop=stop,
                 verbose=verbose,
+                callbacks=callbacks,
                 checkpoint_config=tune.CheckpointConfig(
                     checkpoint_frequency=checkpoint_freq, checkpoint_at_end=checkpoint_at_end
                 ),
             ),
         )
+    print(f"rllib: experiment folder {experiment_dir} (tensorboard --logdir {experiment_dir})", flush=True)
     results = tuner.fit()
-    errors = [r.error for r in results if r.error]
-    if errors:
-        raise SystemExit(f"rllib: {len(errors)} trial(s) failed; first error:\n{errors[0]}")
+    _exit_on_failed_trials(results, verbose)
     return results
+
+
+def _start_ray(verbose: int, user_modules: tuple) -> None:
+    """``ray.init`` (quiet unless ``verbose``; every worker imports ``user_modules`` first) and
+    the Tune names of the registered envs."""
+    import ray
+
+    from rllib_dph.console import quiet_logging
+
+    envs = ensure_package_envs()
+    if verbose == 0:
+        quiet_logging()
+        os.environ["RAY_AIR_NEW_OUTPUT"] = "0"  # Tune's legacy reporter prints nothing at verbose=0
+    if not ray.is_initialized():
+        ray.init(
+            include_dashboard=False,
+            log_to_driver=verbose > 0,
+            logging_level=logging.INFO if verbose else logging.ERROR,
+            runtime_env=ray_runtime_env(user_modules),
+        )
+    envs.register_tune_envs()
+
+
+def _exit_on_failed_trials(results, verbose: int) -> None:
+    """Exits naming the first failed trial's error once: its exception line and traceback file
+    (the whole error with ``verbose``)."""
+    from rllib_dph.console import error_summary
+
+    failed = [r for r in results if r.error]
+    if failed:
+        first = failed[0]
+        detail = f"{error_summary(first.error)}\n  full traceback: {os.path.join(first.path, 'error.txt')}"
+        raise SystemExit(f"rllib: {len(failed)} trial(s) failed; first error: " + (str(first.error) if verbose else detail))
 
 
 def _add_run_flags(parser: argparse.ArgumentParser) -> None:
@@ -112,28 +166,107 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--stop", help="stop criteria as JSON, e.g. '{\"training_iteration\": 2}'")
     parser.add_argument("--storage-path", help="Tune output directory (default ~/ray_results)")
-    parser.add_argument("--name", help="experiment name (default: <algo>_<env>)")
+    parser.add_argument("--name", help="experiment name (default: <algo>_<env>_<date>_<time>, new per run)")
     parser.add_argument("--checkpoint-freq", type=int, default=0, help="checkpoint every N iterations")
     parser.add_argument("--checkpoint-at-end", action="store_true", help="checkpoint when stopping")
     parser.add_argument("--num-samples", type=int, default=1, help="Tune samples of the config")
-    parser.add_argument("--resume", action="store_true", help="resume the experiment of that name")
-    parser.add_argument("-v", "--verbose", type=int, default=1, help="Tune verbosity 0-3")
+    parser.add_argument("--resume", action="store_true", help="resume the experiment named by --name")
+    parser.add_argument(
+        "-v", "--verbose", type=int, nargs="?", const=1, default=0,
+        help="0 (default): one line per iteration; 1-3 (--verbose = 1): Tune's own status table",
+    )
+    parser.add_argument("--wandb-project", help="log to this W&B project (pip install \"rllib_dph[tracking]\")")
+    parser.add_argument("--wandb-offline", action="store_true", help="W&B offline mode (sync later)")
+    parser.add_argument("--mlflow-tracking-uri", help="log to MLflow: a tracking URI or a local folder (file store)")
+    _add_import_flag(parser)
+
+
+def _add_import_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--import", dest="imports", action="append", default=[], metavar="MODULE",
+        help="import this module first (it may register envs); repeatable",
+    )
+
+
+def _refuse(problems: list) -> None:
+    """Prints the preflight problems once, to stderr, and exits with PREFLIGHT_EXIT_CODE."""
+    from rllib_dph.preflight import format_problems
+
+    if problems:
+        print(format_problems(problems), file=sys.stderr)
+        raise SystemExit(PREFLIGHT_EXIT_CODE)
+
+
+def check_run(config, stop: dict, args, overrides: dict) -> None:
+    """Preflight of a run (applies ``overrides`` to ``config``): every problem of the config, stop,
+    paths and trackers, printed once; exits with PREFLIGHT_EXIT_CODE on any."""
+    from rllib_dph.preflight import Problem, preflight
+    from rllib_dph.tracking import tracking_problems
+
+    problems = preflight(config, stop, config_overrides=overrides)
+    tracking = tracking_problems(wandb_project=args.wandb_project, mlflow_tracking_uri=args.mlflow_tracking_uri)
+    problems += [Problem("tracking", message) for message in tracking]
+    if args.resume and not args.name:
+        problems.append(Problem("--resume", "needs --name: the experiment folder to continue."))
+    _refuse(problems)
+
+
+def prepare_run(config) -> None:
+    """Work that must not happen inside a Tune trial, done here with in-place progress bars.
+
+    Builds a bundled tiny model that is neither shipped nor cached, and runs DPH pre-sampling
+    when ``presample_dir`` has no files yet (the trial then finds them).
+    """
+    from rllib_dph.models.hub import resolve_model
+    from rllib_dph.models.tiny import TINY_MODELS
+    from rllib_dph.preflight import search_variants, validate_problems
+
+    for name in {config.model_name, getattr(config, "reference_model_name", None)} & set(TINY_MODELS):
+        resolve_model(name)
+    for variant in search_variants(config):
+        if getattr(variant, "needs_presampling", False):
+            from rllib_dph.presample import presample
+
+            presample(variant.presample_config())
+            _refuse(validate_problems(variant))
 
 
 def _run_from_args(config, stop: dict, args) -> None:
-    config.update_from_dict(_json(args.config, "--config"))
+    from rllib_dph.tracking import logger_callbacks
+
+    from rllib_dph.console import quiet_logging
+
+    if args.verbose == 0:
+        quiet_logging()
+    overrides = _json(args.config, "--config")
     stop = {**stop, **_json(args.stop, "--stop")}
+    user_modules = import_user_modules(args.imports)
+    check_run(config, stop, args, overrides)
+    prepare_run(config)
+    name = args.name or default_experiment_name(config)
+    callbacks = logger_callbacks(
+        name,
+        wandb_project=args.wandb_project,
+        wandb_offline=args.wandb_offline,
+        mlflow_tracking_uri=args.mlflow_tracking_uri,
+    )
     results = run_experiment(
         config,
         stop,
         storage_path=args.storage_path,
-        name=args.name,
+        name=name,
         checkpoint_freq=args.checkpoint_freq,
         checkpoint_at_end=args.checkpoint_at_end,
         num_samples=args.num_samples,
         resume=args.resume,
         verbose=args.verbose,
+        callbacks=callbacks,
+        user_modules=tuple(user_modules),
     )
+    _print_summary(results)
+
+
+def _print_summary(results) -> None:
     metric = "env_runners/episode_return_mean"
     for result in results:
         print(
@@ -150,6 +283,7 @@ def _run_from_args(config, stop: dict, args) -> None:
 
 def run_tuned_example(config, stop: dict, argv: Optional[list[str]] = None) -> None:
     """``python <tuned_example.py> [--stop JSON] ...``: what ``rllib train file`` does."""
+    ensure_package_envs()
     parser = argparse.ArgumentParser(description="Run this tuned example through Ray Tune.")
     _add_run_flags(parser)
     _run_from_args(config, stop, parser.parse_args(argv))
@@ -183,6 +317,7 @@ def _build_model(args) -> None:
 def _presample(args) -> None:
     from rllib_dph.presample import PresampleConfig, presample
 
+    import_user_modules(args.imports)
     config = PresampleConfig(
         model_name=args.model,
         env=args.env,
@@ -230,6 +365,7 @@ def _evaluate(args) -> None:
         plot_pass_at_k,
     )
 
+    import_user_modules(args.imports)
     env_config = _json(args.env_config, "--env-config")
     baseline = EvalResult.from_json(args.baseline) if args.baseline else None  # fail before evaluating
     result = evaluate(
@@ -277,7 +413,26 @@ def _evaluate(args) -> None:
     print("wrote " + ", ".join(str(p) for p in written))
 
 
+def _export(args) -> None:
+    from rllib_dph.export import export_checkpoint
+
+    try:
+        out = export_checkpoint(args.checkpoint, args.folder, dtype=args.dtype)
+    except (ValueError, FileNotFoundError) as e:
+        raise SystemExit(f"rllib export: {e}")
+    print(f"wrote a Hugging Face model folder: {out} (AutoModelForCausalLM.from_pretrained / vllm.LLM)")
+
+
+def _add_export_parser(sub) -> None:
+    exp = sub.add_parser("export", help="write a checkpoint's policy as a Hugging Face model folder")
+    exp.add_argument("checkpoint", help="Algorithm checkpoint folder (Tune checkpoint_00000N)")
+    exp.add_argument("folder", help="output folder (safetensors, config, tokenizer, chat template)")
+    exp.add_argument("--dtype", help="weight dtype of the export (default: float32 as trained)")
+    exp.set_defaults(func=_export)
+
+
 def main(argv: Optional[list[str]] = None) -> None:
+    ensure_package_envs()
     parser = argparse.ArgumentParser(prog="rllib", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -289,9 +444,11 @@ def main(argv: Optional[list[str]] = None) -> None:
     _add_run_flags(train)
     train.set_defaults(func=_train)
 
-    build = sub.add_parser("build-model", help="build a bundled tiny model (offline)")
+    build = sub.add_parser(
+        "build-model", help="find the shipped build of a bundled tiny model, or build it into the cache (offline)"
+    )
     build.add_argument("name", nargs="?", default="tiny-sql-math")
-    build.add_argument("--force", action="store_true", help="rebuild even if cached")
+    build.add_argument("--force", action="store_true", help="rebuild into the cache even if shipped or cached")
     build.set_defaults(func=_build_model)
 
     pre = sub.add_parser("presample", help="DPH-RL pre-sampling: split prompts into D_pef / D_exp")
@@ -310,6 +467,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     pre.add_argument("--engine", default="hf", choices=["hf", "vllm"])
     pre.add_argument("--engine-kwargs", help="engine kwargs as JSON")
     pre.add_argument("--dtype", default="float32")
+    _add_import_flag(pre)
     pre.set_defaults(func=_presample)
 
     ev = sub.add_parser(
@@ -340,7 +498,10 @@ def main(argv: Optional[list[str]] = None) -> None:
     ev.add_argument("--engine-kwargs", help="engine kwargs as JSON")
     ev.add_argument("--dtype", help="weight dtype (default: the checkpoint's)")
     ev.add_argument("--device", default="cpu", help="device of the engine (default cpu)")
+    _add_import_flag(ev)
     ev.set_defaults(func=_evaluate)
+
+    _add_export_parser(sub)
 
     args = parser.parse_args(argv)
     args.func(args)

@@ -13,6 +13,7 @@ import torch
 
 from envs import suites
 from rllib_dph.models import __main__ as models_cli
+from rllib_dph.models import hub
 from rllib_dph.models.hub import (
     build_model,
     encode_prompt,
@@ -201,7 +202,7 @@ def test_sft_learns_completions(tokenizer, tiny_random):
     assert not model.training
 
 
-def test_resolve_model(home, tiny_random, tmp_path):
+def test_resolve_model(home, tiny_random, tmp_path, monkeypatch):
     assert tiny_random == str(home / "models" / "tiny-random")
     record = json.loads((home / "models" / "tiny-random" / BUILD_RECORD).read_text())
     assert record["name"] == "tiny-random" and record["spec"]["sft_steps"] == 0 and "metrics" not in record
@@ -219,6 +220,7 @@ def test_resolve_model(home, tiny_random, tmp_path):
 
     assert resolve_model(str(tmp_path)) == str(tmp_path)  # a local directory, as is
     assert resolve_model("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"  # an HF id, unchanged
+    monkeypatch.setattr(hub, "SHIPPED_DIR", tmp_path / "nothing_shipped")  # shipped builds: tests/test_shipped_model.py
     with pytest.raises(FileNotFoundError, match="python -m rllib_dph.models build tiny-sql-math"):
         resolve_model("tiny-sql-math", build=False)
     with pytest.raises(FileNotFoundError, match="looks like a local path"):

@@ -2,9 +2,10 @@
 
 Anywhere rllib_dph takes a model, it accepts three kinds of names and treats them alike:
 
-- a bundled tiny model (``"tiny-sql-math"``, ``"tiny-random"``): resolved to
-  ``$RLLIB_DPH_HOME/models/<name>`` (default ``~/.cache/rllib_dph``) and built offline there on
-  first use;
+- a bundled tiny model (``"tiny-sql-math"``, ``"tiny-random"``): the build shipped inside the
+  package (``rllib_dph/models/bundled/<name>``) when it was made by the current build recipe, so
+  every machine trains the same weights; otherwise ``$RLLIB_DPH_HOME/models/<name>`` (default
+  ``~/.cache/rllib_dph``), built offline there on first use;
 - a local directory written by ``save_pretrained``: used as is;
 - anything else: a Hugging Face id, handed to ``transformers`` unchanged (it loads from the local
   HF cache, or downloads when the environment allows it).
@@ -37,6 +38,8 @@ DTYPES = {
     "float16": torch.float16,
     "fp16": torch.float16,
 }
+#: Folder of the tiny-model builds shipped with the package (one sub-folder per name).
+SHIPPED_DIR = Path(__file__).resolve().parent / "bundled"
 #: Files that determine a model's behaviour: weights and tokenizer (see ``model_fingerprint``).
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
 TOKENIZER_FILES = (
@@ -55,6 +58,16 @@ def rllib_dph_home() -> Path:
     return Path(os.environ.get(HOME_ENV_VAR) or Path.home() / ".cache" / "rllib_dph").expanduser()
 
 
+def shipped_model_dir(name: str) -> Path | None:
+    """The build of tiny model ``name`` shipped with the package, if present and current.
+
+    A shipped build made by an older recipe (see ``tiny.is_current_build``) is ignored, so a
+    changed recipe falls back to building into the cache instead of using stale weights.
+    """
+    path = SHIPPED_DIR / name
+    return path if is_current_build(path, name) else None
+
+
 def resolve_model(name_or_path: str, *, build: bool = True, force: bool = False) -> str:
     """Turns a model name into something ``from_pretrained`` loads.
 
@@ -64,12 +77,16 @@ def resolve_model(name_or_path: str, *, build: bool = True, force: bool = False)
         build: Build a bundled tiny model that is not cached yet, or was cached by an older
             build recipe (minutes for ``tiny-sql-math``, seconds for ``tiny-random``). When
             False, a missing or outdated one raises ``FileNotFoundError``.
-        force: Rebuild a bundled tiny model even when it is cached.
+        force: Rebuild a bundled tiny model into the cache even when it is cached or shipped.
 
     Returns:
-        The cached directory of a bundled name, the local directory, or the HF id unchanged.
+        The shipped or cached directory of a bundled name, the local directory, or the HF id
+        unchanged.
     """
     if name_or_path in TINY_MODELS:
+        shipped = None if force else shipped_model_dir(name_or_path)
+        if shipped is not None:
+            return str(shipped)
         path = rllib_dph_home() / "models" / name_or_path
         if force or not is_current_build(path, name_or_path):
             if not build:

@@ -1,0 +1,118 @@
+"""Imports of the ``rllib`` command: the package's own ``envs`` and the user's modules.
+
+``envs`` is a top-level package next to ``rllib_dph``. A user project with a folder of its own
+named ``envs/`` would shadow it: Python and Ray workers put the launch folder first on
+``sys.path``. :func:`ensure_package_envs` loads the package's ``envs`` by location instead, in
+the driver and (through Ray's ``worker_process_setup_hook``, see :func:`ray_runtime_env`) in
+every Ray worker.
+
+``rllib train --import mymodule`` imports the user's modules so that the envs they register
+(``envs.register_verifier_env``) exist; the module names travel to Ray workers in
+``$RLLIB_DPH_IMPORTS`` and are imported there too.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.machinery
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Sequence
+
+#: Environment variable with the user's modules (comma-separated) that Ray workers import.
+IMPORTS_ENV_VAR = "RLLIB_DPH_IMPORTS"
+#: Environment variable with the folder the user's modules are imported from (the launch folder).
+LAUNCH_DIR_ENV_VAR = "RLLIB_DPH_LAUNCH_DIR"
+#: The Ray worker start-up hook (a ``module.function`` path, see ``ray_runtime_env``).
+WORKER_SETUP_HOOK = "rllib_dph.imports.setup_worker"
+
+
+def package_envs_dir() -> Path:
+    """The ``envs`` package folder installed with rllib_dph (a sibling of ``rllib_dph/``)."""
+    return Path(__file__).resolve().parent.parent / "envs"
+
+
+def _is_package_envs(module: ModuleType) -> bool:
+    return Path(getattr(module, "__file__", "") or "").resolve().parent == package_envs_dir()
+
+
+def ensure_package_envs() -> ModuleType:
+    """Imports rllib_dph's ``envs`` (and registers its envs) whatever else is named ``envs``.
+
+    Returns:
+        The package's ``envs`` module, also in ``sys.modules["envs"]``, so that ``import envs``
+        and entry points such as ``"envs.sql:SQLEnv"`` resolve to it.
+
+    Raises:
+        ImportError: Another module named ``envs`` was imported before (a user's package); it
+            cannot be replaced without breaking its users.
+    """
+    loaded = sys.modules.get("envs")
+    if loaded is not None:
+        if _is_package_envs(loaded):
+            return loaded
+        raise ImportError(
+            f"a module named 'envs' from {getattr(loaded, '__file__', loaded)} was imported before "
+            f"rllib_dph's own envs ({package_envs_dir()}); rename your package (e.g. 'my_envs') "
+            "or import rllib_dph first."
+        )
+    spec = importlib.machinery.PathFinder.find_spec("envs", [str(package_envs_dir().parent)])
+    if spec is None:
+        raise ImportError(f"rllib_dph's envs package is missing from {package_envs_dir()}; reinstall rllib_dph.")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["envs"] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules["envs"]
+        raise
+    return module
+
+
+def import_user_modules(names: Sequence[str], launch_dir: str | None = None) -> list[str]:
+    """Imports the user's modules by dotted name (``mymodule``, ``myproject.envs_reverse``).
+
+    The launch folder is appended to ``sys.path`` (after the installed packages, so it cannot
+    shadow them) for modules that live there; a ``.py`` file in that folder is accepted as well.
+
+    Returns:
+        The dotted names imported (for :func:`ray_runtime_env`).
+
+    Raises:
+        SystemExit: A module cannot be imported (its error is named).
+    """
+    launch_dir = os.path.abspath(launch_dir or os.getcwd())
+    if launch_dir not in sys.path:
+        sys.path.append(launch_dir)
+    imported = []
+    for name in names:
+        if name.endswith(".py"):
+            name = os.path.relpath(os.path.abspath(name), launch_dir)[:-3].replace(os.sep, ".")
+        try:
+            importlib.import_module(name)
+        except Exception as e:  # noqa: BLE001 - the user's module: report its error, once
+            raise SystemExit(f"rllib: --import {name}: {type(e).__name__}: {e}") from None
+        imported.append(name)
+    return imported
+
+
+def setup_worker() -> None:
+    """Ray worker start-up: rllib_dph's ``envs`` first, then the modules in ``$RLLIB_DPH_IMPORTS``."""
+    ensure_package_envs()
+    names = [n for n in os.environ.get(IMPORTS_ENV_VAR, "").split(",") if n]
+    if names:
+        import_user_modules(names, os.environ.get(LAUNCH_DIR_ENV_VAR))
+
+
+def ray_runtime_env(user_modules: Sequence[str], launch_dir: str | None = None) -> dict:
+    """The ``runtime_env`` of ``ray.init`` that runs :func:`setup_worker` in every worker.
+
+    Args:
+        user_modules: Dotted names of the user's modules (already imported in the driver).
+        launch_dir: The folder they were imported from (default: the cwd).
+    """
+    env_vars = {IMPORTS_ENV_VAR: ",".join(user_modules), LAUNCH_DIR_ENV_VAR: os.path.abspath(launch_dir or os.getcwd())}
+    return {"worker_process_setup_hook": WORKER_SETUP_HOOK, "env_vars": env_vars}

@@ -1,0 +1,360 @@
+"""Checks a run's settings before Ray starts, so that bad input fails in seconds, not minutes.
+
+``rllib train`` (and every tuned example run as a script) calls :func:`preflight` after the
+``--config`` / ``--stop`` overrides are applied and before ``ray.init``. It collects every
+problem it finds, each once, naming what was wrong and where:
+
+- ``--config`` keys that are not fields of the algorithm's config, and ``--stop`` keys that are
+  not result keys (both with a "did you mean"; RLlib and Tune would ignore them silently);
+- the env id (registered with Gymnasium or Tune?) and its ``env_config``: the env is built once
+  in this process, which checks the data file, its columns and ``db_root`` with the env's own
+  error messages;
+- ``model_name`` / the reference model: a bundled tiny name, a ``save_pretrained`` folder or a
+  Hugging Face id that is in the local HF cache (or reachable);
+- every numeric and cross-field rule of the config, by calling ``config.validate()``.
+
+Relative paths (``model_name``, ``data``, ``db_root``, ``presample_dir``, ``pef_path``,
+``exp_path``) are first made absolute against the folder the command was started from
+(:func:`resolve_paths`), because a Tune trial runs in a folder of its own.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Optional
+
+#: Result keys Tune adds to every result (valid ``--stop`` keys next to the algorithm's metrics).
+TUNE_RESULT_KEYS = (
+    "training_iteration",
+    "time_total_s",
+    "time_this_iter_s",
+    "timesteps_total",
+    "episodes_total",
+    "iterations_since_restore",
+    "time_since_restore",
+    "timestamp",
+    "done",
+)
+#: Top-level groups of RLlib results: ``--stop`` keys may name any metric below them.
+RESULT_GROUPS = ("env_runners", "learners", "timers", "evaluation", "step_times", "fault_tolerance")
+#: Top-level scalar results of RLlib and of GRPO / DPH.
+ALGORITHM_RESULT_KEYS = (
+    "num_env_steps_sampled_lifetime",
+    "num_env_steps_trained_lifetime",
+    "num_episodes_lifetime",
+    "num_training_step_calls_per_iteration",
+    "dynamic_sampling_rounds",
+    "dynamic_sampling_groups_kept",
+    "shaped_reward_mean",
+    "advantage_abs_mean",
+)
+#: ``env_config`` keys that hold input files or folders.
+ENV_PATH_KEYS = ("data", "db_root")
+#: Suffixes that mark a ``data`` value as a file even when it does not exist.
+DATA_SUFFIXES = (".parquet", ".jsonl", ".json")
+#: Config fields that hold output or input folders / files whatever their value looks like.
+CONFIG_PATH_FIELDS = ("presample_dir", "pef_path", "exp_path")
+#: Environment variables that put Hugging Face libraries offline.
+HF_OFFLINE_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+#: Seconds to wait for the Hugging Face Hub when a model id is not in the local cache.
+HUB_TIMEOUT_S = 3.0
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a run's settings.
+
+    Args:
+        where: What was wrong, e.g. ``"--config key 'group_sise'"`` or ``"env_config['data']"``.
+        message: Why, and how to fix it.
+    """
+
+    where: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.message}"
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the closest of ``choices`` to ``word``, or ``""``."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def config_key_problems(config, overrides: Mapping[str, Any], where: str = "--config") -> list[Problem]:
+    """Keys of ``overrides`` that are not fields of ``config`` (``update_from_dict`` sets them silently).
+
+    Args:
+        config: An ``AlgorithmConfig``.
+        overrides: The JSON object given to ``--config``.
+        where: How the user gave ``overrides`` (named in the problem).
+    """
+    fields = {k for k in vars(config) if not k.startswith("_")}
+    problems = []
+    for key in overrides:
+        translated = config._translate_special_keys(key, warn_deprecated=False)
+        if translated in vars(config) or translated in ("multiagent", "callbacks_class"):
+            continue
+        problems.append(
+            Problem(
+                f"{where} key {key!r}",
+                f"{type(config).__name__} has no such field{did_you_mean(key, fields)}; "
+                f"the fields are documented in {type(config).__module__}.",
+            )
+        )
+    return problems
+
+
+def stop_key_problems(stop: Mapping[str, Any], where: str = "--stop") -> list[Problem]:
+    """``stop`` entries that are not result keys or not numbers (Tune would never stop on them).
+
+    A key is a Tune result key, a top-level RLlib/GRPO result, or a path below one of the result
+    groups (``env_runners/reward_mean``, ``evaluation/pass@8``; also as a nested dict).
+    """
+    known = TUNE_RESULT_KEYS + ALGORITHM_RESULT_KEYS
+    problems = []
+    for key, value in stop.items():
+        head = key.split("/", 1)[0]
+        if key in known or (head in RESULT_GROUPS and ("/" in key or isinstance(value, Mapping))):
+            if not isinstance(value, (int, float, Mapping)) or isinstance(value, bool):
+                problems.append(Problem(f"{where} key {key!r}", f"the value {value!r} is not a number."))
+            continue
+        problems.append(
+            Problem(
+                f"{where} key {key!r}",
+                f"not a result key{did_you_mean(key, known + RESULT_GROUPS)}; use one of "
+                f"{', '.join(TUNE_RESULT_KEYS[:3])}, a top-level result or a metric path such as "
+                "'env_runners/reward_mean'.",
+            )
+        )
+    return problems
+
+
+def _absolute(value: Any, launch_dir: str, *, always: bool) -> Any:
+    """``value`` made absolute against ``launch_dir`` when it is a relative path.
+
+    With ``always=False`` only values that exist there or start with ``./``, ``../`` or ``~``
+    count as paths (so Hugging Face ids and bundled names stay as they are).
+    """
+    if not isinstance(value, str) or not value:
+        return value
+    expanded = os.path.expanduser(value)
+    if os.path.isabs(expanded):
+        return expanded
+    candidate = os.path.normpath(os.path.join(launch_dir, expanded))
+    if always or os.path.exists(candidate) or value.startswith(("./", "../", "~")):
+        return candidate
+    return value
+
+
+def resolved_env_config(env_config: Optional[Mapping], launch_dir: str) -> Optional[dict]:
+    """``env_config`` with relative ``data`` files and ``db_root`` folders made absolute."""
+    if not env_config:
+        return env_config
+    out = dict(env_config)
+    for key in ENV_PATH_KEYS:
+        if key in out:
+            is_file = isinstance(out[key], str) and out[key].endswith(DATA_SUFFIXES)
+            out[key] = _absolute(out[key], launch_dir, always=key == "db_root" or is_file)
+    return out
+
+
+def resolve_paths(config, launch_dir: Optional[str] = None) -> None:
+    """Makes the config's relative paths absolute against ``launch_dir`` (default: the cwd), in place.
+
+    ``model_name`` and ``reference_model`` change only when they name an existing folder or start
+    with ``./``, ``../``, ``~``; ``env_config`` / ``val_env_config`` as in
+    :func:`resolved_env_config`; ``presample_dir``, ``pef_path``, ``exp_path`` always.
+    """
+    launch_dir = os.path.abspath(launch_dir or os.getcwd())
+    for field in ("model_name", "reference_model"):
+        if hasattr(config, field):
+            setattr(config, field, _absolute(getattr(config, field), launch_dir, always=False))
+    for field in CONFIG_PATH_FIELDS:
+        if getattr(config, field, None):
+            setattr(config, field, _absolute(getattr(config, field), launch_dir, always=True))
+    config.env_config = resolved_env_config(config.env_config, launch_dir)
+    if getattr(config, "val_env_config", None):
+        config.val_env_config = resolved_env_config(config.val_env_config, launch_dir)
+
+
+def env_problems(env_id: Any, env_config: Mapping, where: str = "env") -> list[Problem]:
+    """Whether ``env_id`` is registered and builds with ``env_config`` (data, columns, db_root).
+
+    The env is built once here, so its own loader reports a missing file, a missing column or
+    a missing database folder before any trial starts.
+    """
+    import gymnasium as gym
+
+    from rllib_dph.env_runner import make_env
+    from rllib_dph.imports import ensure_package_envs
+
+    ensure_package_envs()  # registers the bundled envs
+    if not isinstance(env_id, str):
+        return []  # an env class or creator: nothing to look up
+    from ray.tune.registry import ENV_CREATOR, _global_registry
+
+    if env_id not in gym.registry and not _global_registry.contains(ENV_CREATOR, env_id):
+        hint = did_you_mean(env_id, gym.registry)
+        return [
+            Problem(
+                f"{where} {env_id!r}",
+                f"not a registered env id{hint}. Envs of your own module are registered when it "
+                "is imported: pass `--import yourmodule`.",
+            )
+        ]
+    db_root = (env_config or {}).get("db_root")
+    if isinstance(db_root, str) and not os.path.isdir(db_root):
+        return [Problem(f"{where} {env_id!r}: env_config['db_root']", f"no such folder: {db_root}.")]
+    try:
+        env = make_env(env_id, dict(env_config or {}))
+    except Exception as e:  # noqa: BLE001 - any failure of the user's env is reported, once
+        return [Problem(f"{where} {env_id!r} with env_config {dict(env_config or {})}", f"{type(e).__name__}: {e}")]
+    env.close()
+    return []
+
+
+def _hub_cache_problem(model: str, where: str) -> Optional[Problem]:
+    """A problem when Hugging Face id ``model`` is neither in the local HF cache nor reachable."""
+    from huggingface_hub import HfApi, snapshot_download
+
+    try:
+        snapshot_download(model, local_files_only=True)
+        return None
+    except Exception:  # noqa: BLE001 - not cached (or an invalid id): look further below
+        pass
+    how = (
+        f"populate the cache offline: on a machine with internet run `hf download {model}` and "
+        "copy ~/.cache/huggingface/hub to this machine (or set HF_HOME), or pass a folder written "
+        "by save_pretrained."
+    )
+    if any(os.environ.get(v, "").lower() in ("1", "true", "yes") for v in HF_OFFLINE_VARS):
+        return Problem(where, f"{model!r} is not in the local Hugging Face cache and HF is offline; {how}")
+    try:
+        HfApi().model_info(model, timeout=HUB_TIMEOUT_S)
+    except Exception as e:  # noqa: BLE001 - unreachable hub, unknown repo or invalid id
+        reason = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+        return Problem(
+            where,
+            "not a bundled tiny model, not a local folder and not in the local "
+            f"Hugging Face cache, and the Hub did not answer ({reason}); {how}",
+        )
+    return None
+
+
+def model_problem(model: Optional[str], where: str = "model_name") -> Optional[Problem]:
+    """Whether ``model`` names something loadable: bundled tiny name, model folder or cached HF id."""
+    from rllib_dph.models.tiny import TINY_MODELS
+
+    if model is None or model in TINY_MODELS:
+        return None
+    path = os.path.expanduser(model)
+    if os.path.isdir(path):
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            return Problem(
+                f"{where} {model!r}",
+                "the folder has no config.json; give a folder written by save_pretrained.",
+            )
+        return None
+    if os.path.isabs(path) or os.path.exists(path):
+        hint = did_you_mean(os.path.basename(path), os.listdir(os.path.dirname(path) or ".")) \
+            if os.path.isdir(os.path.dirname(path) or ".") else ""
+        return Problem(
+            f"{where} {model!r}",
+            f"no such model folder{hint}; give a save_pretrained folder, a Hugging Face id or one "
+            f"of {sorted(TINY_MODELS)}.",
+        )
+    return _hub_cache_problem(model, f"{where} {model!r}")
+
+
+def validate_problems(config) -> list[Problem]:
+    """The first rule ``config.validate()`` finds broken (numeric ranges, cross-field rules)."""
+    try:
+        config.validate()
+    except ValueError as e:
+        message = str(e).split("\nTo suppress all validation errors")[0]  # RLlib's generic footer
+        return [Problem(f"{type(config).__name__}", message)]
+    return []
+
+
+def search_variants(config) -> list:
+    """Concrete copies of a config holding Tune search spaces, to check each variant.
+
+    Every ``tune.grid_search`` field is expanded (all combinations); any other search space
+    (``tune.uniform`` & co.) is replaced by one sample. A config without search spaces is
+    returned as the only variant.
+    """
+    import itertools
+
+    from ray.tune.search.sample import Domain
+
+    fields = {k: v for k, v in vars(config).items() if isinstance(v, (dict, Domain))}
+    grids = {k: v["grid_search"] for k, v in fields.items() if isinstance(v, dict) and list(v) == ["grid_search"]}
+    domains = {k: v.sample() for k, v in fields.items() if isinstance(v, Domain)}
+    if not grids and not domains:
+        return [config]
+    variants = []
+    for values in itertools.product(*grids.values()):
+        variant = config.copy(copy_frozen=False)
+        for key, value in {**dict(zip(grids, values)), **domains}.items():
+            setattr(variant, key, value)
+        variants.append(variant)
+    return variants
+
+
+def variant_problems(config) -> list[Problem]:
+    """Env, model and ``validate()`` problems of one concrete config."""
+    env_config = getattr(config, "sampling_env_config", config.env_config)
+    problems = env_problems(config.env, env_config)
+    if getattr(config, "val_env_config", None):
+        problems += env_problems(config.env, {**env_config, **config.val_env_config}, "validation env")
+    models = {"model_name": config.model_name, "reference_model": _reference(config)}
+    for where, model in models.items():
+        problem = model_problem(model, where) if where == "model_name" or model != config.model_name else None
+        problems += [problem] if problem else []
+    return problems + validate_problems(config)
+
+
+def preflight(
+    config,
+    stop: Mapping[str, Any],
+    *,
+    config_overrides: Optional[Mapping[str, Any]] = None,
+    launch_dir: Optional[str] = None,
+) -> list[Problem]:
+    """Applies ``config_overrides`` and resolves relative paths in ``config`` (both in place);
+    returns every problem found, once.
+
+    Args:
+        config: The ``AlgorithmConfig`` to run (may hold Tune search spaces, see
+            :func:`search_variants`).
+        stop: Tune stop criteria.
+        config_overrides: The ``--config`` JSON: its keys are checked, then it is applied.
+        launch_dir: Folder relative paths are resolved against (default: the cwd).
+
+    Returns:
+        Problems in the order: keys, env, models, config rules; empty when the run may start.
+    """
+    problems = config_key_problems(config, config_overrides or {})
+    config.update_from_dict(dict(config_overrides or {}))
+    problems += stop_key_problems(stop)
+    resolve_paths(config, launch_dir)
+    for variant in search_variants(config):
+        problems += variant_problems(variant)
+    return list(dict.fromkeys(problems))
+
+
+def _reference(config) -> Optional[str]:
+    """The reference model the config loads, or None when it needs none."""
+    return config.reference_model_name if getattr(config, "needs_reference_model", False) else None
+
+
+def format_problems(problems: Iterable[Problem]) -> str:
+    """One numbered line per problem, with a header line."""
+    problems = list(problems)
+    lines = [f"rllib: {len(problems)} problem(s) found before starting Ray:"]
+    lines += [f"  {i}. {p}" for i, p in enumerate(problems, 1)]
+    return "\n".join(lines)

@@ -1,0 +1,74 @@
+"""The `rllib train` console line, experiment names and tracker set-up (no Ray cluster)."""
+
+import os
+import re
+
+import pytest
+
+from rllib_dph.algorithms.grpo import GRPOConfig
+from rllib_dph.cli import default_experiment_name
+from rllib_dph.console import best_pass_at_k, error_summary, iteration_line
+from rllib_dph.tracking import logger_callbacks, mlflow_uri, tracking_problems
+
+RESULT = {
+    "training_iteration": 7,
+    "time_this_iter_s": 4.56,
+    "env_runners": {"reward_mean": 0.4123, "accuracy": 0.3981, "generation_tokens_per_s": 1534.4},
+    "learners": {"default_policy": {"policy_loss": -0.012345}, "__all_modules__": {}},
+}
+
+
+def test_iteration_line_shows_reward_accuracy_loss_speed_and_time():
+    assert iteration_line(RESULT) == "iter    7  reward 0.412  acc 0.398  policy_loss -0.01235  1534 tok/s  4.6 s"
+
+
+def test_iteration_line_shows_validation_pass_at_k_when_measured():
+    result = {**RESULT, "evaluation": {"pass@1": 0.3, "pass@16": 0.71, "pass@4": 0.5, "greedy_accuracy": 0.6}}
+    assert "  pass@16 0.710  " in iteration_line(result)
+    assert best_pass_at_k({"greedy_accuracy": 0.6}) is None
+
+
+def test_iteration_line_leaves_out_missing_metrics():
+    assert iteration_line({"training_iteration": 1}) == "iter    1"
+
+
+def test_error_summary_is_the_users_exception_line():
+    wrapped = RuntimeError("The actor died ...\n  File \"x.py\", line 8, in __init__\n    raise\nValueError: data file x.parquet does not exist.\n")
+    assert error_summary(wrapped) == "ValueError: data file x.parquet does not exist."
+    assert error_summary(RuntimeError()) == "RuntimeError"
+
+
+def test_experiment_folders_are_unique_per_run():
+    name = default_experiment_name(GRPOConfig().environment("rllib_dph/SQL-v0"))
+    assert re.fullmatch(r"GRPO_rllib_dph_SQL-v0_\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d", name), name
+
+
+def test_mlflow_folder_becomes_a_file_store_uri(tmp_path):
+    assert mlflow_uri("mlruns", str(tmp_path)) == (tmp_path / "mlruns").as_uri()
+    assert mlflow_uri("http://localhost:5000") == "http://localhost:5000"
+    assert mlflow_uri("file:///x/mlruns") == "file:///x/mlruns"
+
+
+def test_missing_tracker_packages_are_named(monkeypatch):
+    import importlib.util
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    problems = tracking_problems(wandb_project="p", mlflow_tracking_uri="mlruns")
+    assert len(problems) == 2 and all('pip install "rllib_dph[tracking]"' in p for p in problems)
+    assert tracking_problems(wandb_project=None, mlflow_tracking_uri=None) == []
+
+
+def test_logger_callbacks(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    pytest.importorskip("mlflow")
+    from ray.air.integrations.mlflow import MLflowLoggerCallback
+    from ray.air.integrations.wandb import WandbLoggerCallback
+
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    wandb_cb, mlflow_cb = logger_callbacks(
+        "exp1", wandb_project="proj", wandb_offline=True, mlflow_tracking_uri="mlruns", launch_dir=str(tmp_path)
+    )
+    assert isinstance(wandb_cb, WandbLoggerCallback) and wandb_cb.project == "proj" and wandb_cb.group == "exp1"
+    assert isinstance(mlflow_cb, MLflowLoggerCallback) and mlflow_cb.tracking_uri == (tmp_path / "mlruns").as_uri()
+    assert os.environ["WANDB_MODE"] == "offline"
+    assert logger_callbacks("exp1") == []

@@ -1,0 +1,160 @@
+"""Preflight of `rllib train`: every bad input refused before Ray starts, each problem once.
+
+Fast: no Ray cluster is started (the last test runs the command and checks it never starts one).
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from ray import tune
+
+from rllib_dph.algorithms.dph import DPHConfig
+from rllib_dph.algorithms.grpo import GRPOConfig
+from rllib_dph.models.hub import SHIPPED_DIR
+from rllib_dph.preflight import (
+    Problem,
+    config_key_problems,
+    did_you_mean,
+    env_problems,
+    format_problems,
+    model_problem,
+    preflight,
+    resolve_paths,
+    search_variants,
+    stop_key_problems,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def grpo(**env_config):
+    return GRPOConfig().environment("rllib_dph/SQL-v0", env_config=env_config or {"data": "sql_synth/test"}).llm(
+        model_name="tiny-random"
+    )
+
+
+def write_math_jsonl(path: Path, rows: int = 3) -> Path:
+    """A small math data set in the verl layout."""
+    lines = [
+        json.dumps({"data_source": "math", "prompt": [{"role": "user", "content": f"1+{i}?"}],
+                    "reward_model": {"ground_truth": str(1 + i)}, "id": i})
+        for i in range(rows)
+    ]
+    path.write_text("\n".join(lines))
+    return path
+
+
+def test_did_you_mean():
+    assert did_you_mean("group_sise", ["group_size", "lr"]) == " (did you mean 'group_size'?)"
+    assert did_you_mean("zzz", ["group_size", "lr"]) == ""
+
+
+def test_unknown_config_keys_are_refused_with_a_suggestion():
+    problems = config_key_problems(grpo(), {"group_sise": 4, "lr": 1e-4, "env_config": {}, "num_workers": 0})
+    assert [p.where for p in problems] == ["--config key 'group_sise'"]
+    assert "did you mean 'group_size'?" in problems[0].message
+
+
+def test_stop_keys_are_checked():
+    problems = stop_key_problems({
+        "training_iterations": 1, "training_iteration": 2, "env_runners/reward_mean": 0.9,
+        "evaluation": {"pass@8": 0.7}, "time_total_s": "10",
+    })
+    assert [p.where for p in problems] == ["--stop key 'training_iterations'", "--stop key 'time_total_s'"]
+    assert "did you mean 'training_iteration'?" in problems[0].message
+    assert "not a number" in problems[1].message
+
+
+def test_env_id_typo_and_missing_data_are_named(tmp_path):
+    [typo] = env_problems("rllib_dph/SQL-v1", {})
+    assert "did you mean 'rllib_dph/SQL-v0'?" in typo.message and "--import" in typo.message
+    [missing] = env_problems("rllib_dph/Math-v0", {"data": str(tmp_path / "nope.jsonl")})
+    assert "nope.jsonl" in str(missing)
+    [no_db] = env_problems("rllib_dph/SQL-v0", {"data": "sql_synth/test", "db_root": str(tmp_path / "dbs")})
+    assert "db_root" in no_db.where and str(tmp_path / "dbs") in no_db.message
+
+
+def test_missing_column_is_named(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"question": "1+1?"}))
+    [problem] = env_problems("rllib_dph/Math-v0", {"data": str(bad)})
+    assert "data_source" in problem.message and "bad.jsonl" in problem.message
+    assert env_problems("rllib_dph/Math-v0", {"data": str(write_math_jsonl(tmp_path / "ok.jsonl"))}) == []
+
+
+def test_relative_paths_resolve_against_the_launch_folder(tmp_path):
+    (tmp_path / "models" / "mine").mkdir(parents=True)
+    config = DPHConfig().environment(
+        "rllib_dph/Math-v0", env_config={"data": "train.jsonl", "db_root": "dbs"}
+    ).llm(model_name="models/mine").dph(presample_dir="presample/run1")
+    config.val_env_config = {"data": "sql_synth/test"}
+    resolve_paths(config, str(tmp_path))
+    assert config.model_name == str(tmp_path / "models" / "mine")
+    assert config.env_config == {"data": str(tmp_path / "train.jsonl"), "db_root": str(tmp_path / "dbs")}
+    assert config.presample_dir == str(tmp_path / "presample" / "run1")
+    assert config.val_env_config == {"data": "sql_synth/test"}  # a bundled split name stays a name
+    hub = GRPOConfig().llm(model_name="Qwen/Qwen2.5-0.5B")
+    resolve_paths(hub, str(tmp_path))
+    assert hub.model_name == "Qwen/Qwen2.5-0.5B"  # a hub id stays an id
+
+
+def test_model_names(tmp_path, monkeypatch):
+    assert model_problem("tiny-sql-math") is None and model_problem(str(SHIPPED_DIR / "tiny-sql-math")) is None
+    assert "config.json" in model_problem(str(tmp_path)).message
+    assert "no such model folder" in model_problem(str(tmp_path / "missing")).message
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    problem = model_problem("someorg/not-cached-model")
+    assert "not in the local Hugging Face cache" in problem.message and "hf download" in problem.message
+
+
+def test_config_rules_come_from_validate():
+    problems = preflight(grpo().training(group_size=1), {})
+    assert len(problems) == 1 and "group_size=1" in problems[0].message
+    assert "To suppress all validation errors" not in problems[0].message
+
+
+def test_every_problem_once_and_grid_variants_checked(tmp_path):
+    config = grpo(data=str(tmp_path / "missing.parquet")).training(lr=tune.grid_search([1e-4, 1e-3, -1.0]))
+    assert len(search_variants(config)) == 3
+    problems = preflight(config, {"training_iteration": 1}, config_overrides={"group_sise": 4})
+    assert len(problems) == len(set(problems))
+    wheres = [p.where for p in problems]
+    assert wheres[0] == "--config key 'group_sise'"
+    assert sum("missing.parquet" in w for w in wheres) == 1  # one env problem for the 3 variants
+    assert format_problems(problems).startswith(f"rllib: {len(problems)} problem(s) found before starting Ray:")
+
+
+def test_a_good_config_has_no_problems(tmp_path):
+    config = GRPOConfig().environment("rllib_dph/Math-v0", env_config={"data": "data.jsonl"}).llm(model_name="tiny-random")
+    write_math_jsonl(tmp_path / "data.jsonl")
+    assert preflight(config, {"training_iteration": 1}, launch_dir=str(tmp_path)) == []
+    assert config.env_config["data"] == str(tmp_path / "data.jsonl")
+
+
+def test_rllib_train_refuses_bad_input_before_ray_starts(tmp_path):
+    """The issue's examples in one command: exit code 2 in seconds, each problem once, no Ray."""
+    cmd = [
+        sys.executable, "-m", "rllib_dph.cli", "train", "--algo", "GRPO", "--env", "rllib_dph/SQL-v0",
+        "--config", json.dumps({"group_sise": 4, "group_size": 1, "model_name": "./nomodel",
+                                "env_config": {"data": "missing.parquet"}}),
+        "--stop", json.dumps({"training_iterations": 1}), "--storage-path", str(tmp_path / "runs"),
+    ]
+    start = time.perf_counter()
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    seconds = time.perf_counter() - start
+    assert out.returncode == 2, out.stderr[-2000:]
+    lines = out.stderr.strip().splitlines()
+    assert lines[0] == "rllib: 5 problem(s) found before starting Ray:", out.stderr
+    for text in ("'group_sise'", "'training_iterations'", str(tmp_path / "missing.parquet"),
+                 str(tmp_path / "nomodel"), "group_size=1"):
+        assert sum(text in line for line in lines) == 1, (text, out.stderr)
+    assert "Started a local Ray instance" not in out.stdout + out.stderr
+    assert not (tmp_path / "runs").exists()
+    assert seconds < 20, seconds  # ~6 s on 2 idle cores, most of it importing Ray/RLlib

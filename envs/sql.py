@@ -136,7 +136,7 @@ OUT_OF_MEMORY = "out of memory"
 # Extraction and light parsing
 # ---------------------------------------------------------------------------------------------
 
-_SQL_FENCE_RE = re.compile(r"```sql\b[ \t]*\n?", re.IGNORECASE)
+_SQL_BLOCK_RE = re.compile(r"```sql\b[ \t]*\n?(.*?)```", re.IGNORECASE | re.DOTALL)
 
 # One SQL token per match. Whitespace and comments match unnamed groups and are skipped; quoted
 # strings and identifiers are single tokens so that their content is never read as SQL.
@@ -163,17 +163,10 @@ def extract_sql(completion: str) -> str | None:
     Args:
         completion: The model's whole completion.
     """
-    last = None
-    position = 0
-    # One left-to-right pass (linear time, unlike a lazy regex retried at every opening fence):
-    # each block runs from an opening ```sql to the next ```.
-    while (opening := _SQL_FENCE_RE.search(completion, position)) is not None:
-        closing = completion.find("```", opening.end())
-        if closing < 0:
-            break
-        last = (opening.end(), closing)
-        position = closing + 3
-    return None if last is None else completion[last[0] : last[1]].strip()
+    # Nothing after the last ``` can close a block: cut it, so that an unclosed opening fence
+    # does not send the lazy pattern scanning to the end of a long text.
+    blocks = _SQL_BLOCK_RE.findall(completion[: completion.rfind("```") + 3])
+    return blocks[-1].strip() if blocks else None
 
 
 def _code_tokens(sql: str) -> Iterator[re.Match]:

@@ -61,7 +61,7 @@ CHECKER_KILL_GRACE_S = 0.5
 #: A checker silent for ``CHECKER_WALL_FACTOR * timeout_s + CHECKER_KILL_GRACE_S`` wall seconds
 #: without having used its CPU budget (starved by a busy machine, or stopped) is replaced and
 #: the pair checked once more.
-CHECKER_WALL_FACTOR = 4.0
+CHECKER_WALL_FACTOR = 10.0
 #: Most checker subprocesses per process (default: the CPU cores this process may use); more
 #: concurrent checks wait for a free one. See :func:`set_checker_pool`.
 CHECKER_POOL_SIZE = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (

@@ -8,7 +8,15 @@ A completion is scored by running SQL, never by comparing text:
 
 Sandbox. Each query runs on a connection that
 
-- opens the database file read-only (``file:...?mode=ro`` URI) with ``PRAGMA query_only``;
+- opens the database file read-only and ``immutable`` (``file:...?mode=ro&immutable=1`` URI) with
+  ``PRAGMA query_only``: no lock, journal, ``-wal`` or ``-shm`` file is read or created next to
+  it, so a WAL-mode database or a hot journal left by a crashed writer changes nothing (the main
+  file is read as it is; checkpoint a WAL database before training);
+- keeps all temporary storage (sorts, ``DISTINCT``, materialised CTEs) in memory
+  (``PRAGMA temp_store = MEMORY``) under SQLite's process-wide hard heap limit
+  (:data:`MAX_SQLITE_HEAP_BYTES`, set by the first sandbox of a process): no temporary file is
+  ever written, and a query that needs more memory fails with "out of memory" (retried
+  :data:`NOMEM_RETRIES` times, as the memory may have been held by another thread's query);
 - has an authorizer that allows only ``SELECT``, column reads, recursive CTEs and functions, and
   denies everything else: writes, ``CREATE``/``DROP``/``ALTER``, ``ATTACH``/``DETACH`` (hence also
   ``VACUUM INTO``, which attaches its target), every ``PRAGMA``, transactions, ``VACUUM``,
@@ -17,23 +25,27 @@ Sandbox. Each query runs on a connection that
   functions (``json_each``, ``pragma_table_info``) are denied too: setting one up needs an
   internal schema update or a PRAGMA;
 - disables extension loading and allows no attached databases (``SQLITE_LIMIT_ATTACHED = 0``);
-- caps the length of any string or blob (:data:`MAX_VALUE_BYTES`), of the SQL text and of
-  ``LIKE``/``GLOB`` patterns, so that no single function call (``zeroblob(10**9)``, ``instr`` or
-  ``LIKE`` on huge strings) can take much memory or time (about 0.2 s at most), and guards
-  ``printf``/``format``, whose ``%c`` conversion would otherwise spin for seconds on a huge
-  precision (``printf('%.*c', 10**9, 'x')`` gives NULL at once, as SQLite would after spinning);
-- stops at the deadline with SQLite's progress handler (wall clock, checked every
-  :data:`PROGRESS_STEPS` virtual-machine instructions, i.e. every few rows), and fetches rows one
-  at a time, stopping past :data:`MAX_ROWS` rows or :data:`MAX_RESULT_BYTES` bytes (one row holds
-  at most its number of columns times :data:`MAX_VALUE_BYTES`).
+- caps the length of any string or blob (:data:`MAX_VALUE_BYTES`) and of ``LIKE``/``GLOB``
+  patterns, so that no single function call (``zeroblob(10**9)``, ``instr`` or ``LIKE`` on huge
+  strings) takes more than about 0.1 s, and guards ``printf``/``format``, whose ``%c``
+  conversion would otherwise spin for seconds on a huge precision;
+- refuses, before running it, a query whose compiled program (read with ``EXPLAIN``) holds more
+  than :data:`MAX_FUNCTION_CALLS` function calls or :data:`MAX_COSTLY_CALLS` calls of
+  :data:`COSTLY_FUNCTIONS`. SQLite checks its deadline only between loop iterations, so these
+  caps bound the work of one straight run of instructions (e.g. 30 ``instr`` of 120 KB in one
+  row, or a CTE column repeated by the query flattener);
+- stops at the deadline twice over: SQLite's progress handler (checked every
+  :data:`PROGRESS_STEPS` virtual-machine instructions), and a watchdog thread that calls
+  ``Connection.interrupt()`` at the deadline from outside the query's execution;
+- fetches rows one at a time, stopping past :data:`MAX_ROWS` rows or :data:`MAX_RESULT_BYTES`
+  bytes.
 
-Only one statement may run (trailing semicolons and comments are fine). A bad, slow or hostile
-query gets reward 0 and a short reason; the verifier never raises because of the completion or the
-database, and returns within the timeout plus a little: SQLite checks the deadline between
-instructions, so the overrun is the few costly function calls of a few rows (a fraction of a
-second even for maximal values; only a single row crafted to call hundreds of them on maximal
-values could overrun by more). Sorts that outgrow memory use SQLite's anonymous temporary files,
-which are deleted when the query ends.
+Before any parsing, a completion longer than :data:`MAX_COMPLETION_CHARS` or a ```sql block
+longer than :data:`MAX_SQL_BYTES` is refused ("too long"), and extraction runs in linear time. Only one statement may run
+(trailing semicolons and comments are fine). A bad, slow or hostile query gets reward 0 and a
+short reason; the verifier never raises because of the completion or the database, and returns
+within the timeout plus a fraction of a second (``bench/verifier_soak.py`` measures it under
+load).
 
 Comparison. Values are made comparable first: floats are rounded to :data:`FLOAT_DIGITS`
 significant digits, so that results differing only in the last bits of float arithmetic
@@ -55,9 +67,10 @@ predicted column (the original de-duplicates rows, then compares per-column valu
 runs over gold columns). Either result empty gives 0.
 
 Caches (per process): a read-only connection per database file and per thread (``sqlite3``
-connections must stay in their thread), and the gold results per (database file, gold query),
-both bounded LRU caches. A database file that changes on disk (new inode, size or mtime) is
-reopened and its gold results recomputed. Connections are dropped in a forked child.
+connections must stay in their thread), and the gold results per (database file identity, gold
+query), both bounded LRU caches. The identity is the file's device, inode, size, modification
+and change times: a database replaced or rewritten in place is reopened and its gold results
+recomputed. Connections are dropped in a forked child.
 """
 
 from __future__ import annotations
@@ -105,6 +118,10 @@ MAX_SQLITE_HEAP_BYTES = 1 << 30
 #: after a pause of NOMEM_RETRY_PAUSE_S, while its deadline allows.
 NOMEM_RETRIES = 2
 NOMEM_RETRY_PAUSE_S = 0.05
+#: Longest completion the verifier reads, in characters (a model's completion is a few thousand
+#: tokens; reading a longer text would hold the GIL, and so stall the deadline checks of the
+#: other threads, for a fraction of a second per 10 MB).
+MAX_COMPLETION_CHARS = 1_000_000
 #: SQLite virtual-machine instructions between two checks of the deadline.
 PROGRESS_STEPS = 100
 #: Significant digits floats are rounded to before comparing.
@@ -763,6 +780,9 @@ def verify_sql(
         )
     if not timeout_s > 0:
         raise ValueError(f"timeout_s={timeout_s} must be > 0 seconds.")
+    if len(completion) > MAX_COMPLETION_CHARS:
+        return Verdict(0.0, False, f"completion too long: {len(completion)} characters, more than "
+                       f"the verifier reads ({MAX_COMPLETION_CHARS})")
     sql = extract_sql(completion)
     if sql is None:
         return Verdict(0.0 - format_penalty, False, "no ```sql block")

@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from envs.sql import (
+    MAX_COMPLETION_CHARS,
     MAX_ROWS,
     column_overlap_score,
     execute_sql,
@@ -265,15 +266,19 @@ def test_gold_cache_follows_a_rewrite_in_place(tmp_path):
     assert sql_reward(fenced("SELECT 3"), gold, str(path)) == 1.0
 
 
-def test_wal_database_and_hot_journal_need_no_side_files(tmp_path):
-    wal = tmp_path / "wal.sqlite"
-    make_db(wal)
-    with sqlite3.connect(wal) as conn:
+def make_wal_db(path):
+    """A database in WAL mode (SQLite would create -wal and -shm files next to it to read it)."""
+    make_db(path)
+    with sqlite3.connect(path) as conn:
         conn.execute("PRAGMA journal_mode = WAL")
-    hot = tmp_path / "hot.sqlite"
-    make_db(hot)
-    journal = tmp_path / "hot.sqlite-journal"  # left by a writer that crashed mid-transaction
-    conn = sqlite3.connect(hot)
+
+
+def make_hot_journal_db(path):
+    """A database with the hot journal of a writer that crashed mid-transaction (SQLite would
+    roll it back before reading, which a read-only connection cannot). Returns the journal."""
+    make_db(path)
+    journal = path.with_name(path.name + "-journal")
+    conn = sqlite3.connect(path)
     conn.execute("PRAGMA journal_mode = PERSIST")
     conn.execute("PRAGMA cache_size = 1")
     conn.execute("BEGIN")
@@ -283,6 +288,14 @@ def test_wal_database_and_hot_journal_need_no_side_files(tmp_path):
     conn.rollback()
     conn.close()
     journal.write_bytes(journal_bytes)
+    return journal
+
+
+def test_wal_database_and_hot_journal_need_no_side_files(tmp_path):
+    wal, hot = tmp_path / "wal.sqlite", tmp_path / "hot.sqlite"
+    make_wal_db(wal)
+    journal = make_hot_journal_db(hot)
+    journal_bytes = journal.read_bytes()
     files = sorted(os.listdir(tmp_path))
     for path in (wal, hot):
         verdict = verify_sql(fenced("SELECT 5"), "SELECT COUNT(*) FROM singer", str(path))
@@ -465,6 +478,11 @@ def test_verifier_from_worker_threads(db):
 def test_huge_completions_are_cheap(db, completion):
     start = time.monotonic()
     verdict = verify_sql(completion, "SELECT COUNT(*) FROM singer", db, timeout_s=1.0)
+    assert time.monotonic() - start < 0.05
+    assert verdict.reward == 0.0 and "completion too long: 10" in verdict.error
+    # Below the cap: linear-time extraction, SQL length capped before parsing.
+    start = time.monotonic()
+    verdict = verify_sql(completion[:MAX_COMPLETION_CHARS], "SELECT 2", db, timeout_s=1.0)
     assert time.monotonic() - start < 0.5
     assert verdict.reward == 0.0
 

@@ -101,15 +101,16 @@ MAX_VALUE_BYTES = 128 * 2**10
 #: parsing.
 MAX_SQL_BYTES = 100_000
 #: Longest ``LIKE``/``GLOB`` pattern (``SQLITE_LIMIT_LIKE_PATTERN_LENGTH``).
-MAX_LIKE_PATTERN_BYTES = 200
+MAX_LIKE_PATTERN_BYTES = 100
 #: Most function calls the compiled program of a query may hold (SQLite checks its deadline
 #: only between loop iterations, so this bounds the work of one straight run of instructions).
 MAX_FUNCTION_CALLS = 256
-#: Most calls of the functions whose cost grows with the product of their arguments' lengths
-#: (:data:`COSTLY_FUNCTIONS`, up to about 0.07 s each on maximal values).
-MAX_COSTLY_CALLS = 12
+#: Most calls of the built-in functions whose one call may cost the product of its arguments'
+#: lengths and that the sandbox keeps (:data:`COSTLY_FUNCTIONS`: ``LIKE``, about 0.025 s on
+#: maximal values, too common on large tables to be replaced by a slower Python function).
+MAX_COSTLY_CALLS = 8
 #: Functions counted against :data:`MAX_COSTLY_CALLS`.
-COSTLY_FUNCTIONS = frozenset({"like", "glob", "instr", "replace", "printf", "format"})
+COSTLY_FUNCTIONS = frozenset({"like"})
 #: SQLite's process-wide hard heap limit, set by the first sandbox of a process (only lowered,
 #: never raised): sorts, ``DISTINCT``, materialised CTEs and other temporary storage live in
 #: memory, and a query that needs more than this fails with "out of memory".
@@ -380,6 +381,106 @@ def _limit_sqlite_heap(conn: sqlite3.Connection) -> None:
         _heap_limit_set = True
 
 
+class _PastDeadline(Exception):
+    """Raised by a guarded function called after the deadline (SQLite then stops the query)."""
+
+
+def _strip_ends(text: str, chars: str, left: bool, right: bool) -> str:
+    """``text`` without the characters of ``chars`` at its start and/or end (linear time)."""
+    strip = set(chars)
+    start, end = 0, len(text)
+    while left and start < end and text[start] in strip:
+        start += 1
+    while right and end > start and text[end - 1] in strip:
+        end -= 1
+    return text[start:end]
+
+
+class _GuardedFunctions:
+    """Replacements for the built-in SQL functions of which one call can run long.
+
+    SQLite checks its deadline only between loop iterations, never inside a function call, and
+    the built-in ``instr``, ``replace`` and ``trim``/``ltrim``/``rtrim`` with a character set take
+    time ``len(X) * len(Y)`` (``ltrim`` of 10 KB by a 10 KB set: 0.5 s), ``glob`` with a set up
+    to 0.07 s, ``printf`` with a huge ``%c`` precision many seconds. Each replacement first
+    checks the deadline, so that a straight run of calls stops there, then computes the same
+    result in linear time on texts and blobs (Python's string search), and hands any other
+    argument types to the built-in function of a private in-memory connection.
+
+    Args:
+        deadline: Returns the deadline (``time.monotonic()`` seconds) of the running query.
+    """
+
+    def __init__(self, deadline: Callable[[], float]):
+        self._deadline = deadline
+        self.builtin = sqlite3.connect(":memory:", isolation_level=None)
+        self.builtin.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
+        self.builtin.setlimit(sqlite3.SQLITE_LIMIT_LIKE_PATTERN_LENGTH, MAX_LIKE_PATTERN_BYTES)
+
+    def install(self, conn: sqlite3.Connection) -> None:
+        """Overrides the built-in functions of ``conn`` by the guarded ones."""
+        functions = [("printf", -1, self.printf), ("format", -1, self.printf),
+                     ("instr", 2, self.instr), ("replace", 3, self.replace),
+                     ("glob", 2, lambda *args: self.call_builtin("glob", *args))]
+        functions += [(name, 2, self._trimmer(name)) for name in ("trim", "ltrim", "rtrim")]
+        for name, num_args, function in functions:
+            conn.create_function(name, num_args, self._checked(function), deterministic=True)
+
+    def close(self) -> None:
+        self.builtin.close()
+
+    def _checked(self, function: Callable) -> Callable:
+        def call(*args):
+            if time.monotonic() > self._deadline():
+                raise _PastDeadline()
+            return function(*args)
+
+        return call
+
+    def call_builtin(self, name: str, *args: Any) -> Any:
+        placeholders = ", ".join("?" * len(args))
+        return self.builtin.execute(f"SELECT {name}({placeholders})", args).fetchone()[0]
+
+    def instr(self, haystack: Any, needle: Any) -> Any:
+        if type(haystack) is type(needle) and isinstance(haystack, (str, bytes)):
+            return haystack.find(needle) + 1  # characters of a text, bytes of a blob
+        return self.call_builtin("instr", haystack, needle)
+
+    def replace(self, text: Any, old: Any, new: Any) -> Any:
+        if all(isinstance(arg, str) for arg in (text, old, new)):
+            return text.replace(old, new) if old else text
+        return self.call_builtin("replace", text, old, new)
+
+    def _trimmer(self, name: str) -> Callable[[Any, Any], Any]:
+        left, right = name != "rtrim", name != "ltrim"
+
+        def trim(text: Any, chars: Any) -> Any:
+            if isinstance(text, str) and isinstance(chars, str):
+                return _strip_ends(text, chars, left, right)
+            return self.call_builtin(name, text, chars)
+
+        return trim
+
+    def _magnitude(self, value: Any) -> float:
+        """``abs(value)`` read as a number the way SQLite reads it (numeric prefix of a text)."""
+        if value is None:
+            return 0.0
+        if not isinstance(value, (str, bytes)):
+            return abs(float(value))
+        number = self.builtin.execute("SELECT abs(CAST(? AS REAL))", (value,)).fetchone()[0]
+        return number or 0.0
+
+    def printf(self, *args: Any) -> Any:
+        fmt = args[0] if args else None
+        if isinstance(fmt, bytes):
+            fmt = fmt.decode("utf-8", "replace")
+        if isinstance(fmt, str) and _printf_may_repeat_too_long(
+            fmt, [self._magnitude(arg) for arg in args[1:]]
+        ):
+            return None
+        return self.call_builtin("printf", *args)
+
+
 class _Sandbox:
     """A read-only connection to one database file, used by one thread.
 
@@ -409,41 +510,19 @@ class _Sandbox:
         _limit_sqlite_heap(self.conn)
         for category, limit in _LIMITS:
             self.conn.setlimit(category, limit)
-        self.printf_conn = sqlite3.connect(":memory:", isolation_level=None)
-        self.printf_conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
-        for name in ("printf", "format"):
-            self.conn.create_function(name, -1, self._printf, deterministic=True)
+        self.functions = _GuardedFunctions(lambda: self.deadline)
+        self.functions.install(self.conn)
         self.conn.set_authorizer(self._authorize)
 
     def close(self) -> None:
         self.conn.close()
-        self.printf_conn.close()
+        self.functions.close()
 
     def interrupt(self, run_id: int) -> None:
         """Interrupts the running query if it is still run ``run_id`` (called by the watchdog)."""
         with self._lock:
             if self._run_id == run_id:
                 self.conn.interrupt()
-
-    def _magnitude(self, value: Any) -> float:
-        """``abs(value)`` read as a number the way SQLite reads it (numeric prefix of a text)."""
-        if value is None:
-            return 0.0
-        if not isinstance(value, (str, bytes)):
-            return abs(float(value))
-        number = self.printf_conn.execute("SELECT abs(CAST(? AS REAL))", (value,)).fetchone()[0]
-        return number or 0.0
-
-    def _printf(self, *args: Any) -> Any:
-        fmt = args[0] if args else None
-        if isinstance(fmt, bytes):
-            fmt = fmt.decode("utf-8", "replace")
-        if isinstance(fmt, str) and _printf_may_repeat_too_long(
-            fmt, [self._magnitude(arg) for arg in args[1:]]
-        ):
-            return None
-        placeholders = ", ".join("?" * len(args))
-        return self.printf_conn.execute(f"SELECT printf({placeholders})", args).fetchone()[0]
 
     def _authorize(self, action: int, arg1, arg2, db_name, source) -> int:
         if action in _ALLOWED_ACTIONS and not (
@@ -530,7 +609,8 @@ class _Sandbox:
                 f"{OUT_OF_MEMORY}: SQLite's heap limit ({MAX_SQLITE_HEAP_BYTES >> 20} MiB per "
                 "process, temporary storage included) was reached"
             )
-        if str(error) == "interrupted" and time.monotonic() > self.deadline:
+        stopped = ("interrupted", "user-defined function raised exception")
+        if str(error) in stopped and time.monotonic() > self.deadline:
             return "timed out: the query ran past its time limit"
         return f"SQL error: {error}"
 

@@ -309,8 +309,8 @@ def test_execute_sql_returns_normalized_rows(db):
     assert rows == [(1, 1.5, 0.3), (2, 2.0, 0.3), (3, None, 0.3)]
 
 
-BIG = "printf('%.*c', 120000, 'a')"  # the longest strings the sandbox allows, about
-BIG_NEEDLE = "printf('%.*c', 60000, 'a') || 'b'"  # worst case of instr / replace / LIKE
+BIG = "printf('%.*c', 120000, 'a')"  # about the longest string the sandbox allows
+LONG_PATTERN = "'%' || printf('%.*c', 98, 'a') || 'b'"  # the costliest LIKE pattern on BIG
 
 # Hostile queries: (SQL, timeout_s, words expected in the error). The gold query is cheap.
 ADVERSARIAL = [
@@ -352,12 +352,12 @@ ADVERSARIAL = [
      "timed out"),
     ("WITH x AS MATERIALIZED (SELECT randomblob(100000) FROM numbers a, numbers b, numbers c) "
      "SELECT count(*) FROM x", 1.0, "timed out"),
-    # One straight run of costly calls, which no deadline check interrupts: refused up front,
+    # One straight run of LIKE calls, which no deadline check interrupts: refused up front,
     # also when the query flattener repeats a CTE column.
-    (f"WITH s(a, b) AS (SELECT {BIG}, {BIG_NEEDLE}) SELECT "
-     + " + ".join(["instr(a, b)"] * 30) + " FROM s", 1.0, "query too costly: 32 calls"),
-    (f"WITH s(a, b) AS (SELECT {BIG}, {BIG_NEEDLE}), t(v) AS (SELECT instr(a, b) FROM s) SELECT "
-     + " + ".join(["v"] * 30) + " FROM t", 1.0, "query too costly: 32 calls"),
+    (f"WITH s(a, b) AS (SELECT {BIG}, {LONG_PATTERN}) SELECT "
+     + " + ".join(["(a LIKE b)"] * 30) + " FROM s", 1.0, "query too costly: 30 calls of like"),
+    (f"WITH s(a, b) AS (SELECT {BIG}, {LONG_PATTERN}), t(v) AS (SELECT a LIKE b FROM s) SELECT "
+     + " + ".join(["v"] * 30) + " FROM t", 1.0, "query too costly: 30 calls of like"),
     (f"WITH s(a) AS (SELECT {BIG}) SELECT " + " + ".join(["length(upper(a))"] * 300) + " FROM s",
      1.0, "function calls in its compiled program"),
     ("SELECT " + "1 + " * 30_000 + "1", 1.0, "SQL too long: 120008 bytes"),
@@ -485,6 +485,46 @@ def test_huge_completions_are_cheap(db, completion):
     verdict = verify_sql(completion[:MAX_COMPLETION_CHARS], "SELECT 2", db, timeout_s=1.0)
     assert time.monotonic() - start < 0.5
     assert verdict.reward == 0.0
+
+
+HALF = "printf('%.*c', 60000, 'a')"
+
+
+@pytest.mark.parametrize(
+    "sql,expected",
+    [
+        # Worst cases of the built-ins (time len(X) * len(Y)), linear in the guarded functions.
+        (f"SELECT instr({BIG}, {HALF} || 'b')", 0),
+        (f"SELECT length(replace({BIG}, {HALF} || 'b', 'z'))", 120000),
+        (f"SELECT length(ltrim({HALF}, printf('%.*c', 60000, 'b') || 'a'))", 0),
+        (f"SELECT length(rtrim({HALF}, printf('%.*c', 60000, 'b') || 'a'))", 0),
+        (f"SELECT length(trim({HALF} || 'c', printf('%.*c', 60000, 'b') || 'a'))", 1),
+        (f"SELECT {BIG} GLOB '*[a' || printf('%.*c', 95, 'c') || ']b'", 0),
+    ],
+)
+def test_costly_builtins_are_guarded(db, sql, expected):
+    start = time.monotonic()
+    assert execute_sql(sql, db, timeout_s=1.0) == [(expected,)]
+    assert time.monotonic() - start < 0.3
+
+
+GUARDED_CALLS = [
+    "instr('héllo wörld', 'wö')", "instr('abc', '')", "instr(NULL, 'a')", "instr('a', NULL)",
+    "instr(12345, 34)", "instr(x'00ff10', x'10')", "instr(x'616263', 'c')", "instr(1.5, '.')",
+    "replace('a.b.c', '.', '--')", "replace('abc', '', 'x')", "replace(NULL, 'a', 'b')",
+    "replace(12.5, '.', ',')", "replace('aaa', 'a', NULL)", "replace(x'616161', 'a', 'b')",
+    "trim('xxhixx', 'x')", "ltrim('xxhixx', 'x')", "rtrim('xxhixx', 'x')", "trim('  hi  ')",
+    "trim('abc', '')", "trim('ééhié', 'é')", "ltrim(123321, 31)", "trim(NULL, 'x')",
+    "'abc' GLOB 'a*'", "'abc' GLOB '[!a]*'", "NULL GLOB 'a'", "glob('*b*', 'abc')",
+    "printf('%d|%5.2f|%s|%q', 7, 3.14159, 'x', 'it''s')",
+]
+
+
+@pytest.mark.parametrize("call", GUARDED_CALLS)
+def test_guarded_functions_agree_with_sqlite(db, call):
+    with sqlite3.connect(":memory:") as plain:
+        expected = plain.execute(f"SELECT {call}").fetchall()
+    assert execute_sql(f"SELECT {call}", db) == expected
 
 
 def test_watchdog_interrupts_without_the_progress_handler(db, monkeypatch):

@@ -420,8 +420,9 @@ class _CheckerPool:
                     stream.close()
                 except OSError:
                     pass
-        self._parents_checkers = list(self._live)
+        parents_checkers = list(self._live)
         self.__init__(self.size, self.idle_s)
+        self._parents_checkers = parents_checkers
 
 
 _POOL = _CheckerPool()

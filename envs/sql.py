@@ -351,15 +351,18 @@ class _Watchdog:
             self._cond.notify()
 
     def _loop(self) -> None:
-        with self._cond:
-            while True:
+        while True:
+            due = []
+            with self._cond:
                 now = time.monotonic()
                 while self._heap and self._heap[0][0] <= now:
-                    _, run_id, ref = heapq.heappop(self._heap)
-                    sandbox = ref()
-                    if sandbox is not None:
-                        sandbox.interrupt(run_id)
-                self._cond.wait(self._heap[0][0] - now if self._heap else None)
+                    due.append(heapq.heappop(self._heap)[1:])
+                if not due:
+                    self._cond.wait(self._heap[0][0] - now if self._heap else None)
+            for run_id, ref in due:  # outside the lock: interrupt() takes the sandbox's lock
+                sandbox = ref()
+                if sandbox is not None:
+                    sandbox.interrupt(run_id)
 
     def forget(self) -> None:
         """In a forked child: the parent's thread does not exist here; start afresh."""
@@ -550,9 +553,10 @@ class _Sandbox:
         """
         self.deadline = deadline
         self.denied = None
+        run_id = next(_run_ids)
         with self._lock:
-            self._run_id = next(_run_ids)
-            _WATCHDOG.watch(self, self._run_id, deadline)
+            self._run_id = run_id
+        _WATCHDOG.watch(self, run_id, deadline)
         self.conn.set_progress_handler(self._past_deadline, PROGRESS_STEPS)
         try:
             self._check_program(sql)

@@ -74,21 +74,30 @@ BIG = "printf('%.*c', {n}, 'a')"
 
 def _hostile_sql(rng: random.Random, db_dir: str) -> tuple[str, str]:
     """One hostile completion of a random class and size: (class, completion)."""
-    n = rng.choice([1_000, 30_000, 120_000])
-    k = rng.randint(2, 40)
-    big, needle = BIG.format(n=n), BIG.format(n=n // 2) + " || 'b'"
+    n, k = rng.choice([1_000, 30_000, 120_000]), rng.randint(2, 40)
+    strings = f"s(a, b) AS (SELECT {BIG.format(n=n)}, {BIG.format(n=n // 2)} || 'b')"
     fn = rng.choice(["instr(a, b)", "replace(a, b, 'z')", "length(ltrim(a, b || 'a'))",
-                     "(a LIKE '%' || substr(b, 1, 98))", "(a GLOB '*[a' || substr(b, 1, 95) || ']b')"])
+                     "(a LIKE '%' || substr(b, 1, 98))",
+                     "(a GLOB '*[a' || substr(b, 1, 95) || ']b')"])
+    width = rng.choice(["2000000000", "'2000000000x'", "2e9", "-2000000000", "' 2e9'"])
+    cross = "FROM numbers a, numbers b, numbers c"
     classes = {
-        "printf": lambda: f"SELECT printf('%.*c', {rng.choice(['2000000000', repr(str(2 * 10**9) + 'x'), '2e9', '-2000000000'])}, 'x')",
-        "costly run": lambda: f"WITH s(a, b) AS (SELECT {big}, {needle}) SELECT " + " + ".join([fn] * k) + " FROM s",
-        "flattened": lambda: f"WITH s(a, b) AS (SELECT {big}, {needle}), t(v) AS (SELECT {fn} FROM s) SELECT " + " + ".join(["v"] * k) + " FROM t",
-        "many calls": lambda: f"WITH s(a) AS (SELECT {big}) SELECT " + " + ".join(["length(upper(a))"] * (k * 10)) + " FROM s",
-        "cross join": lambda: "SELECT count(*) FROM " + ", ".join(f"numbers t{i}" for i in range(rng.randint(3, 5))),
-        "recursion": lambda: "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c",
-        "temp storage": lambda: f"WITH x AS MATERIALIZED (SELECT randomblob({rng.choice([100, 10_000, 100_000])}) FROM numbers a, numbers b, numbers c) SELECT count(*) FROM x",
-        "sort": lambda: f"SELECT a.n, randomblob({rng.choice([10, 1000])}) FROM numbers a, numbers b, numbers c ORDER BY random()",
-        "distinct": lambda: "SELECT count(DISTINCT randomblob(64)) FROM numbers a, numbers b, numbers c",
+        "printf": lambda: f"SELECT printf('%.*c', {width}, 'x')",
+        "costly run": lambda: f"WITH {strings} SELECT {' + '.join([fn] * k)} FROM s",
+        "flattened": lambda: f"WITH {strings}, t(v) AS (SELECT {fn} FROM s) "
+                             f"SELECT {' + '.join(['v'] * k)} FROM t",
+        "many calls": lambda: f"WITH {strings} SELECT "
+                              + " + ".join(["length(upper(a))"] * (k * 10)) + " FROM s",
+        "cross join": lambda: "SELECT count(*) FROM "
+                              + ", ".join(f"numbers t{i}" for i in range(rng.randint(3, 5))),
+        "recursion": lambda: "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) "
+                             "SELECT count(*) FROM c",
+        "temp storage": lambda: "WITH x AS MATERIALIZED (SELECT "
+                                f"randomblob({rng.choice([100, 10_000, 100_000])}) {cross}) "
+                                "SELECT count(*) FROM x",
+        "sort": lambda: f"SELECT a.n, randomblob({rng.choice([10, 1000])}) {cross} "
+                        "ORDER BY random()",
+        "distinct": lambda: f"SELECT count(DISTINCT randomblob(64)) {cross}",
         "long sql": lambda: "SELECT " + "1 + " * rng.choice([30_000, 300_000, 2_500_000]) + "1",
         "table": lambda: rng.choice(ADVERSARIAL)[0].format(dir=db_dir),
     }
@@ -337,7 +346,8 @@ def _bytes_changed(originals: dict[str, bytes]) -> int:
 def _left_over(pids: set[int], wait_s: float = 2.0) -> set[int]:
     """The processes of ``pids`` still alive ``wait_s`` after the workers exited."""
     time.sleep(wait_s)
-    return {pid for pid in pids if _proc(pid, "stat").rsplit(")", 1)[-1].split()[:1] not in ([], ["Z"])}
+    states = {pid: _proc(pid, "stat").rsplit(")", 1)[-1].split()[:1] for pid in pids}
+    return {pid for pid, state in states.items() if state not in ([], ["Z"])}  # gone or zombie
 
 
 def main() -> int:

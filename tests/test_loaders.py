@@ -217,7 +217,8 @@ def test_wrongly_typed_jsonl_field(tmp_path):
 
 
 def _math_line(i, prompt=None):
-    row = {"data_source": "m", "prompt": prompt or f"{i} + 1?", "reward_model": {"ground_truth": i + 1}}
+    row = {"data_source": "m", "prompt": prompt or f"{i} + 1?",
+           "reward_model": {"ground_truth": i + 1}}
     return json.dumps(row) + "\n"
 
 

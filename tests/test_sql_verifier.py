@@ -392,7 +392,9 @@ class TempFileWatch:
         self._thread.join()
 
 
-@pytest.mark.parametrize("sql,timeout_s,reason", ADVERSARIAL, ids=[row[0][:60] for row in ADVERSARIAL])
+@pytest.mark.parametrize(
+    "sql,timeout_s,reason", ADVERSARIAL, ids=[row[0][:60] for row in ADVERSARIAL]
+)
 def test_hostile_queries_are_contained(db, sql, timeout_s, reason):
     directory = os.path.dirname(db)
     files_before = sorted(os.listdir(directory))

@@ -241,7 +241,7 @@ def _read_parquet(path: str) -> tuple[list[str], list[dict]]:
     try:
         table = pyarrow.parquet.read_table(path)
     except pa.ArrowException as e:
-        raise ValueError(f"{path}: pyarrow cannot read this file ({e}). Expected a parquet file.") from e
+        raise ValueError(f"{path}: pyarrow cannot read this file ({e}); expected parquet.") from e
     return table.column_names, table.to_pylist()
 
 
@@ -444,9 +444,9 @@ def _sql_ground_truth(ctx: _Context, i: int, column: str, value: Any) -> dict[st
             )
         if not os.path.isfile(db_path):
             raise ValueError(
-                f"{ctx.source}: {ctx.place(i)}, field '{column}.db_id': database file {db_path} does not "
-                f"exist (db_id {db_id!r} resolved against db_root {ctx.db_root}); pass db_root= "
-                "the folder that holds the databases."
+                f"{ctx.source}: {ctx.place(i)}, field '{column}.db_id': database file {db_path} "
+                f"does not exist (db_id {db_id!r} resolved against db_root {ctx.db_root}); pass "
+                "db_root= the folder that holds the databases."
             )
         ctx.checked_db_paths[db_id] = db_path
     return {"db_id": db_id, "db_path": db_path, "gold_sql": gold_sql, "cmp_method": cmp_method}

@@ -258,6 +258,7 @@ class Sampler(threading.Thread):
         self.checkers: set[int] = set()
         self.created: set[str] = set()
         self.peak_memory = self.peak_temp = 0
+        self.peak_load = 0.0  # the machine's 1-minute load average: other jobs share the cores
         self._done = threading.Event()
 
     def run(self) -> None:
@@ -271,6 +272,7 @@ class Sampler(threading.Thread):
             self.created |= set(new)
             temp = sum(new.values()) + sum(map(_sqlite_temp_bytes, workers))
             self.peak_temp = max(self.peak_temp, temp)
+            self.peak_load = max(self.peak_load, os.getloadavg()[0])
 
     def stop(self) -> None:
         self._done.set()
@@ -385,7 +387,8 @@ def _report(args, records, wall_s, sampler: Sampler, left: set[int], changed: in
     false_zeros = [r for r in records if r[2] and r[3] != 1.0]
     sql_max = max((r[5] for r in records if r[0] == "sql"), default=0.0)
     print(f"\n{len(records)} calls in {wall_s:.0f} s ({args.workers} worker processes x "
-          f"{args.threads} threads, {os.cpu_count()} cores)\n")
+          f"{args.threads} threads, {os.cpu_count()} cores, peak load average "
+          f"{sampler.peak_load:.0f})\n")
     print("\n".join(_latency_table(records, timeouts) + [""] + _class_table(records)))
     for r in sorted((r for r in records if r[0] == "sql"), key=lambda r: -r[5])[:5]:
         print(f"slow: sql {r[1]} {r[5]:.2f} s: {str(r[4])[:70]}")

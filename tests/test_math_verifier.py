@@ -115,6 +115,9 @@ HOSTILE = {
     "malformed": "\\frac{\\sqrt{}{}}^{^{_}}\\left(\\right]",
 }
 TIMEOUT_S = 0.5
+#: Worst wall time of a check: the limit counts CPU time, so a loaded machine stretches it up to
+#: the wall-clock cap, after which the pair is checked once more (about 0.7 s on an idle machine).
+MAX_WALL_S = 2 * (CHECKER_WALL_FACTOR * TIMEOUT_S + CHECKER_KILL_GRACE_S) + 1.0
 
 
 def _timed_check(pred: str) -> tuple[float, object]:
@@ -133,7 +136,7 @@ def test_hostile_answers_return_within_the_timeout(in_thread):
             else:
                 elapsed, verdict = _timed_check(pred)
             assert verdict.reward == 0.0, name
-            assert elapsed < TIMEOUT_S + 1.0, f"{name} took {elapsed:.2f} s"
+            assert elapsed < MAX_WALL_S, f"{name} took {elapsed:.2f} s"
     assert verify_math("\\boxed{1+x}", "x+1").correct  # the checker still works afterwards
 
 
@@ -191,7 +194,9 @@ def test_pool_is_bounded_and_shrinks_when_idle(small_pool):
     processes = [checker.proc for _, checker in _POOL._idle]
     assert processes
     deadline = time.monotonic() + 3.0  # the pool's service thread stops idle checkers itself
-    while _POOL._live and time.monotonic() < deadline:
+    while (_POOL._live or any(p.poll() is None for p in processes)) and (
+        time.monotonic() < deadline
+    ):
         time.sleep(0.05)
     assert not _POOL._live and all(p.poll() is not None for p in processes)
 

@@ -127,7 +127,7 @@ NOMEM_RETRY_PAUSE_S = 0.05
 #: other threads, for a fraction of a second per 10 MB).
 MAX_COMPLETION_CHARS = 1_000_000
 #: SQLite virtual-machine instructions between two checks of the deadline.
-PROGRESS_STEPS = 100
+PROGRESS_STEPS = 10_000
 #: Significant digits floats are rounded to before comparing.
 FLOAT_DIGITS = 12
 #: Gold results kept per process.

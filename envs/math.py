@@ -446,7 +446,8 @@ def start_checker() -> None:
 
 
 def set_checker_pool(*, size: int | None = None, idle_s: float | None = None) -> None:
-    """Sets the bounds of this process's checker pool (for the checkers started from now on).
+    """Sets the bounds of this process's checker pool. Lowering ``size`` stops no checker: no new
+    one starts until fewer than ``size`` exist, and idle ones are stopped after ``idle_s``.
 
     Args:
         size: Most checker subprocesses at once, >= 1 (default: the number of CPU cores).
@@ -539,7 +540,8 @@ class MathEnv(VerifierEnv):
     ## Arguments
     ``data``: a bundled split name (default ``"math_synth/train"``), a ``.parquet`` / ``.jsonl``
     file in the verl layout (answer in ``reward_model.ground_truth``), or a list of tasks / rows.
-    ``timeout_s``: time limit of one answer check in seconds.
+    ``timeout_s``: CPU-time limit of one answer check in seconds (waiting for a busy CPU or for
+    a free checker subprocess is not counted; see :func:`verify_math`).
     """
 
     def __init__(

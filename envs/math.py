@@ -289,6 +289,7 @@ class _CheckerPool:
         self._idle: list[tuple[float, _Checker]] = []  # (released at, checker), last used last
         self._live: set[_Checker] = set()
         self._reserved = 0  # checkers being started
+        self._next_ticket = self._serving = 0  # turns of the threads waiting for a checker
         self._requests: queue.SimpleQueue = queue.SimpleQueue()  # futures of new checkers
         self._service: threading.Thread | None = None
         self._parents_checkers: list[_Checker] = []  # see forget()
@@ -321,36 +322,50 @@ class _CheckerPool:
         finally:
             with self._cond:
                 self._reserved -= 1
-                self._cond.notify()
+                self._cond.notify_all()
         with self._cond:
             self._live.add(checker)
         return checker
 
     def _acquire(self) -> _Checker:
+        """An idle checker, else a new one while fewer than ``size`` exist, else waits its turn.
+
+        Turns are served first come, first served (a ticket each): without them a thread that
+        has just released a checker takes it back at once, and others starve for minutes.
+        """
         with self._cond:
+            ticket, self._next_ticket = self._next_ticket, self._next_ticket + 1
             while True:
-                if self._idle:
+                if ticket != self._serving:
+                    self._cond.wait()
+                elif self._idle:
                     checker = self._idle.pop()[1]
                     if checker.proc.poll() is None:
+                        self._next_turn()
                         return checker
                     self._live.discard(checker)  # died while idle (e.g. killed from outside)
                 elif len(self._live) + self._reserved < self.size:
                     self._reserved += 1
+                    self._next_turn()
                     break
                 else:
                     self._cond.wait()
         return self._spawn()
 
+    def _next_turn(self) -> None:
+        self._serving += 1
+        self._cond.notify_all()
+
     def _release(self, checker: _Checker) -> None:
         with self._cond:
             self._idle.append((time.monotonic(), checker))
-            self._cond.notify()
+            self._cond.notify_all()
 
     def _retire(self, checker: _Checker) -> None:
         checker.kill()
         with self._cond:
             self._live.discard(checker)
-            self._cond.notify()
+            self._cond.notify_all()
 
     def reap(self) -> int:
         """Stops the checkers idle for more than ``idle_s``; returns how many."""

@@ -91,7 +91,8 @@ def load_tasks(
 
     Args:
         data: One of
-            - a path to a ``.parquet`` or ``.jsonl`` file (read with pyarrow);
+            - a path to a ``.parquet`` file (read with pyarrow) or a ``.jsonl`` file (one JSON
+              object per line, read line by line);
             - the name of a bundled suite split, e.g. ``"sql_synth/train"`` (see ``envs.suites``);
             - a list of :class:`Task` objects (kept as they are) and/or row dicts (converted like
               file rows).
@@ -110,7 +111,7 @@ def load_tasks(
 
     Raises:
         ValueError: A missing column, a missing database file or a malformed row; the message names
-            the file, the row (from 0) and the field.
+            the file, the row (from 0; for jsonl also the file's line, from 1) and the field.
         FileNotFoundError: ``data`` names a file that does not exist.
     """
     if task not in GROUND_TRUTH_READERS:

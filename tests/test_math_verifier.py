@@ -201,6 +201,23 @@ def test_pool_is_bounded_and_shrinks_when_idle(small_pool):
     assert not _POOL._live and all(p.poll() is not None for p in processes)
 
 
+def test_waiting_threads_are_served_in_turn(small_pool):
+    """With one checker and four threads checking in a loop, every thread gets its first answer
+    before any gets its fourth: a thread that releases the checker cannot take it straight back."""
+    set_checker_pool(size=1)
+    start_checker()
+    done: dict[int, list[float]] = {}
+
+    def loop(thread):
+        for _ in range(6):
+            assert verify_math("\\boxed{x+1}", "1+x").correct
+            done.setdefault(thread, []).append(time.monotonic())
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        list(pool.map(loop, range(4)))
+    assert max(times[0] for times in done.values()) < min(times[3] for times in done.values())
+
+
 @pytest.mark.parametrize("kwargs", [{"size": 0}, {"size": 1.5}, {"idle_s": 0}])
 def test_bad_pool_bounds(kwargs):
     with pytest.raises(ValueError, match=next(iter(kwargs))):

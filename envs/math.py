@@ -11,15 +11,23 @@ after the last "the answer is" on its line. Two answers are equal when
    without asking Math-Verify.
 
 Math-Verify's own timeout uses ``signal.alarm``, which only works in the main thread. We switch it
-off and run ``parse`` + ``verify`` in a *checker subprocess* instead (``python -m envs.math``): one
-per concurrently calling thread, started lazily, reused across calls (a pipe round trip, ~0.2 ms),
-and terminated at exit. Inside it, an interval timer interrupts a check at ``timeout_s`` (the way
-Math-Verify does it, but in the checker's main thread); a check stuck in C code (``9^{9^{9^9}}``
-computes a huge integer) cannot be interrupted, so the caller kills the checker
-``CHECKER_KILL_GRACE_S`` later and starts a replacement at once. A call that arrives while that
-replacement is still starting (~0.7 s, see :func:`start_checker`) waits for it. So a check never
-hangs, from any thread or Ray actor, whatever the input (huge exponents, deep nesting, malformed
-LaTeX). The checker caps its memory, and exits by itself should its parent die mid-check.
+off and run ``parse`` + ``verify`` in a *checker subprocess* instead (``python -m envs.math``),
+reused across calls (a pipe round trip, ~0.2 ms). The checkers of a process form a bounded pool
+(:func:`set_checker_pool`; default: one per CPU core, so 16 threads do not start 16 checkers
+that share 2 cores); a thread waits for a free one, and idle checkers are stopped after
+``CHECKER_IDLE_S``.
+
+Time limits count the checker's own **CPU time**, so that a correct answer is not scored 0
+because the machine is busy: an interval timer (``ITIMER_PROF``) interrupts a check once it has
+used ``timeout_s`` CPU seconds. A check stuck in C code (``9^{9^{9^9}}`` computes a huge
+integer) cannot be interrupted: the caller, which reads the checker's CPU time from ``/proc``,
+kills it once it has used ``CHECKER_KILL_GRACE_S`` more. A checker silent for
+``CHECKER_WALL_FACTOR * timeout_s`` wall seconds without having used its CPU budget (starved, or
+stopped) is killed too, and the pair is checked once more on a fresh checker. Neither waiting for
+a checker nor its start-up (~0.7 s, see :func:`start_checker`) is charged to ``timeout_s``. So a
+check never hangs, from any thread or Ray actor, whatever the input (huge exponents, deep
+nesting, malformed LaTeX). The checker caps its memory, and dies with its parent (Linux
+``PR_SET_PDEATHSIG``; elsewhere at end-of-input, or by its CPU limit when stuck).
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import json
 import logging
 import math
 import os
+import queue
 import re
 import select
 import signal
@@ -36,6 +45,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import Future
 from fractions import Fraction
 from typing import Any, Mapping, Sequence
 
@@ -46,13 +56,26 @@ logger = logging.getLogger(__name__)
 
 #: Longest time a checker subprocess may take to start (import Math-Verify); not in ``timeout_s``.
 CHECKER_START_LIMIT_S = 120.0
-#: A checker that has not answered this long after ``timeout_s`` is stuck in C code: killed.
+#: A checker that used this many CPU seconds beyond ``timeout_s`` is stuck in C code: killed.
 CHECKER_KILL_GRACE_S = 0.5
+#: A checker silent for ``CHECKER_WALL_FACTOR * timeout_s + CHECKER_KILL_GRACE_S`` wall seconds
+#: without having used its CPU budget (starved by a busy machine, or stopped) is replaced and
+#: the pair checked once more.
+CHECKER_WALL_FACTOR = 10.0
+#: Most checker subprocesses per process (default: the CPU cores this process may use); more
+#: concurrent checks wait for a free one. See :func:`set_checker_pool`.
+CHECKER_POOL_SIZE = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+    os.cpu_count() or 1
+)
+#: A checker idle for this many seconds is stopped (each holds ~80 MB).
+CHECKER_IDLE_S = 60.0
 #: Address-space cap of a checker subprocess (pathological inputs could otherwise eat all memory).
 CHECKER_MEMORY_BYTES = 1 << 30
 #: CPU seconds beyond ``timeout_s`` after which a checker is killed by the kernel (when orphaned).
 CHECKER_CPU_GRACE_S = 5
 
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)
 _BOX_OPENING = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _BRACE_TOKENS = re.compile(r"\\.|[{}]", re.DOTALL)  # an escaped char (skipped) or a brace
 _ANSWER_IS = re.compile(r"the\s+(?:final\s+)?answer\s+is\s*:?[ \t]*([^\n]+)", re.IGNORECASE)
@@ -134,16 +157,35 @@ def _fast_equal(gold: str, pred: str) -> bool | None:
     return None
 
 
+def _timed_out(timeout_s: float) -> str:
+    return f"math check timed out after {timeout_s:g} s of CPU time"
+
+
 class _CheckerTimeout(Exception):
-    pass
+    """A check ran out of time. ``stuck``: it used its CPU budget (else the wall-clock cap hit a
+    checker that was starved of CPU or stopped)."""
+
+    def __init__(self, stuck: bool):
+        super().__init__("stuck" if stuck else "starved")
+        self.stuck = stuck
 
 
 class _CheckerDied(Exception):
     pass
 
 
+def _cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of process ``pid`` from ``/proc``; None where unavailable."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()  # fields from the 3rd (state) on
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # utime, stime (14th, 15th)
+
+
 class _Checker:
-    """One checker subprocess (``python -m envs.math``) and the JSON-lines protocol to it.
+    """One checker subprocess (``python -m envs.math PARENT_PID``) and the JSON-lines protocol.
 
     Request: ``{"gold": str, "pred": str, "limit_s": float}``; reply: ``{"equal": bool,
     "error": str | null}``. The subprocess first writes ``{"ready": true}`` once it has imported
@@ -155,7 +197,7 @@ class _Checker:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "envs.math"],
+            [sys.executable, "-m", "envs.math", str(os.getpid())],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
@@ -187,19 +229,37 @@ class _Checker:
             raise _CheckerDied(f"did not start within {CHECKER_START_LIMIT_S:g} s")
         self.ready = True
 
+    def _cpu_used(self, since_cpu: float | None, since_wall: float) -> float:
+        """CPU seconds the checker used since ``since_cpu`` (wall seconds without /proc)."""
+        now = _cpu_seconds(self.proc.pid) if since_cpu is not None else None
+        return time.monotonic() - since_wall if now is None else now - since_cpu
+
     def check(self, gold: str, pred: str, timeout_s: float) -> tuple[bool, str | None]:
-        """Asks Math-Verify if ``pred`` equals ``gold``; raises _CheckerTimeout or _CheckerDied."""
+        """Asks Math-Verify if ``pred`` equals ``gold``; raises _CheckerTimeout or _CheckerDied.
+
+        ``timeout_s`` is the checker's own CPU time for this pair: a checker waiting for a busy
+        CPU is not charged. One that used ``timeout_s + CHECKER_KILL_GRACE_S`` CPU seconds is
+        stuck in C code; one silent for ``CHECKER_WALL_FACTOR * timeout_s + grace`` wall seconds
+        is starved or stopped.
+        """
         self.wait_ready()
         request = json.dumps({"gold": gold, "pred": pred, "limit_s": timeout_s}) + "\n"
+        start_cpu, start = _cpu_seconds(self.proc.pid), time.monotonic()
         try:
             self.proc.stdin.write(request.encode())
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError) as e:
             raise _CheckerDied(f"cannot send the request ({e})") from e
-        reply = self._read_message(time.monotonic() + timeout_s + CHECKER_KILL_GRACE_S)
-        if reply is None:
-            raise _CheckerTimeout()
-        return bool(reply["equal"]), reply["error"]
+        wall_limit = start + CHECKER_WALL_FACTOR * timeout_s + CHECKER_KILL_GRACE_S
+        while True:
+            # The checker cannot use CPU faster than the clock runs: wait until it could have
+            # used its budget, then look again.
+            cpu_left = timeout_s + CHECKER_KILL_GRACE_S - self._cpu_used(start_cpu, start)
+            if cpu_left <= 0 or time.monotonic() >= wall_limit:
+                raise _CheckerTimeout(stuck=cpu_left <= 0)
+            reply = self._read_message(min(time.monotonic() + cpu_left, wall_limit))
+            if reply is not None:
+                return bool(reply["equal"]), reply["error"]
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -213,48 +273,138 @@ class _Checker:
 
 
 class _CheckerPool:
-    """The checker subprocesses of this process: one per concurrently checking thread."""
+    """The checker subprocesses of this process: at most ``size``, shared by all threads.
 
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._idle: list[_Checker] = []
+    A thread takes an idle checker, else starts one while fewer than ``size`` exist, else waits
+    for one (waiting is not charged to any ``timeout_s``). Checkers idle for ``idle_s`` are
+    stopped. Checkers are started by one long-lived service thread, which also stops idle ones:
+    a checker asks the kernel to kill it when the thread that started it ends (Linux
+    ``PR_SET_PDEATHSIG``), so that thread must live as long as the process.
+    """
+
+    def __init__(self, size: int = CHECKER_POOL_SIZE, idle_s: float = CHECKER_IDLE_S):
+        self.size = size
+        self.idle_s = idle_s
+        self._cond = threading.Condition()
+        self._idle: list[tuple[float, _Checker]] = []  # (released at, checker), last used last
         self._live: set[_Checker] = set()
+        self._reserved = 0  # checkers being started
+        self._next_ticket = self._serving = 0  # turns of the threads waiting for a checker
+        self._requests: queue.SimpleQueue = queue.SimpleQueue()  # futures of new checkers
+        self._service: threading.Thread | None = None
         self._parents_checkers: list[_Checker] = []  # see forget()
 
+    def _serve_requests(self) -> None:
+        """The service thread: starts the checkers asked for; stops idle ones now and then."""
+        while True:
+            try:
+                future = self._requests.get(timeout=self.idle_s / 2)
+            except queue.Empty:
+                self.reap()
+                continue
+            try:
+                future.set_result(_Checker())
+            except BaseException as e:  # e.g. OSError: too many processes
+                future.set_exception(e)
+
     def _spawn(self) -> _Checker:
-        checker = _Checker()
-        with self._lock:
+        """Starts a checker (counted in ``_reserved`` by the caller until now)."""
+        future: Future = Future()
+        with self._cond:
+            if self._service is None:
+                self._service = threading.Thread(
+                    target=self._serve_requests, name="math-checkers", daemon=True
+                )
+                self._service.start()
+        self._requests.put(future)
+        try:
+            checker = future.result()
+        finally:
+            with self._cond:
+                self._reserved -= 1
+                self._cond.notify_all()
+        with self._cond:
             self._live.add(checker)
         return checker
 
     def _acquire(self) -> _Checker:
-        with self._lock:
-            if self._idle:
-                return self._idle.pop()
+        """An idle checker, else a new one while fewer than ``size`` exist, else waits its turn.
+
+        Turns are served first come, first served (a ticket each): without them a thread that
+        has just released a checker takes it back at once, and others starve for minutes.
+        """
+        with self._cond:
+            ticket, self._next_ticket = self._next_ticket, self._next_ticket + 1
+            while True:
+                if ticket != self._serving:
+                    self._cond.wait()
+                elif self._idle:
+                    checker = self._idle.pop()[1]
+                    if checker.proc.poll() is None:
+                        self._next_turn()
+                        return checker
+                    self._live.discard(checker)  # died while idle (e.g. killed from outside)
+                elif len(self._live) + self._reserved < self.size:
+                    self._reserved += 1
+                    self._next_turn()
+                    break
+                else:
+                    self._cond.wait()
         return self._spawn()
+
+    def _next_turn(self) -> None:
+        self._serving += 1
+        self._cond.notify_all()
+
+    def _release(self, checker: _Checker) -> None:
+        with self._cond:
+            self._idle.append((time.monotonic(), checker))
+            self._cond.notify_all()
 
     def _retire(self, checker: _Checker) -> None:
         checker.kill()
-        with self._lock:
+        with self._cond:
             self._live.discard(checker)
+            self._cond.notify_all()
+
+    def reap(self) -> int:
+        """Stops the checkers idle for more than ``idle_s``; returns how many."""
+        now = time.monotonic()
+        with self._cond:
+            stale = [c for t, c in self._idle if now - t > self.idle_s]
+            self._idle = [(t, c) for t, c in self._idle if now - t <= self.idle_s]
+            self._live.difference_update(stale)
+            self._cond.notify_all()
+        for checker in stale:
+            checker.kill()
+        return len(stale)
 
     def check(self, gold: str, pred: str, timeout_s: float) -> tuple[bool, str | None]:
-        """Checks one pair in a checker subprocess, replacing the checker on timeout or crash."""
-        checker = self._acquire()
-        try:
-            result = checker.check(gold, pred, timeout_s)
-        except _CheckerTimeout:
-            self._retire(checker)
-            self._release(self._spawn())  # the replacement starts while the caller goes on
-            return False, f"math check timed out after {timeout_s:g} s"
-        except _CheckerDied as e:
-            self._retire(checker)
-            return False, f"math checker process died ({e})"
-        except BaseException:
-            self._retire(checker)  # e.g. KeyboardInterrupt mid-request: the pipe state is unknown
-            raise
-        self._release(checker)
-        return result
+        """Checks one pair in a checker subprocess, replacing the checker on timeout or crash.
+
+        A checker that was starved or stopped (not one that used its CPU budget), or that died,
+        is replaced and the pair checked once more.
+        """
+        tries = 2
+        while True:
+            tries -= 1
+            checker = self._acquire()
+            try:
+                result = checker.check(gold, pred, timeout_s)
+            except _CheckerTimeout as timeout:
+                self._retire(checker)
+                if timeout.stuck or tries == 0:
+                    return False, _timed_out(timeout_s)
+            except _CheckerDied as e:
+                self._retire(checker)
+                if tries == 0:
+                    return False, f"math checker process died ({e})"
+            except BaseException:
+                self._retire(checker)  # e.g. KeyboardInterrupt mid-request: pipe state unknown
+                raise
+            else:
+                self._release(checker)
+                return result
 
     def warm_up(self) -> None:
         """Makes sure one started checker is idle in the pool."""
@@ -266,13 +416,9 @@ class _CheckerPool:
             raise
         self._release(checker)
 
-    def _release(self, checker: _Checker) -> None:
-        with self._lock:
-            self._idle.append(checker)
-
     def close(self) -> None:
         """Kills every checker subprocess (registered with ``atexit``)."""
-        with self._lock:
+        with self._cond:
             live, self._live, self._idle = list(self._live), set(), []
         for checker in live:
             checker.kill()
@@ -289,9 +435,9 @@ class _CheckerPool:
                     stream.close()
                 except OSError:
                     pass
-        self._parents_checkers = list(self._live)
-        self._lock = threading.Lock()
-        self._idle, self._live = [], set()
+        parents_checkers = list(self._live)
+        self.__init__(self.size, self.idle_s)
+        self._parents_checkers = parents_checkers
 
 
 _POOL = _CheckerPool()
@@ -314,6 +460,29 @@ def start_checker() -> None:
         raise RuntimeError(f"the math checker subprocess did not start: {e}") from e
 
 
+def set_checker_pool(*, size: int | None = None, idle_s: float | None = None) -> None:
+    """Sets the bounds of this process's checker pool. Lowering ``size`` stops no checker: no new
+    one starts until fewer than ``size`` exist, and idle ones are stopped after ``idle_s``.
+
+    Args:
+        size: Most checker subprocesses at once, >= 1 (default: the number of CPU cores).
+        idle_s: Seconds after which an idle checker is stopped, > 0 (default 60).
+
+    Raises:
+        ValueError: A bound out of range.
+    """
+    if size is not None:
+        if not (isinstance(size, int) and size >= 1):
+            raise ValueError(f"size={size!r} must be an int >= 1 (checker subprocesses).")
+        with _POOL._cond:
+            _POOL.size = size
+            _POOL._cond.notify_all()
+    if idle_s is not None:
+        if not idle_s > 0:
+            raise ValueError(f"idle_s={idle_s!r} must be > 0 seconds.")
+        _POOL.idle_s = float(idle_s)
+
+
 def verify_math(completion: str, gold_answer: Any, *, timeout_s: float = 5.0) -> Verdict:
     """Checks the final answer of a completion against the gold answer. Never raises.
 
@@ -321,9 +490,10 @@ def verify_math(completion: str, gold_answer: Any, *, timeout_s: float = 5.0) ->
         completion: The model's full answer text.
         gold_answer: The gold answer (LaTeX or plain text; a number is accepted; a ``\\boxed{}``
             gold is unboxed).
-        timeout_s: Longest time Math-Verify may spend on this pair, > 0. A check that runs longer
-            is abandoned (reward 0, ``error`` says so). The one-off start of the checker
-            subprocess (about half a second) is not counted.
+        timeout_s: Most CPU time Math-Verify may spend on this pair, > 0. A check that runs
+            longer is abandoned (reward 0, ``error`` says so). Time spent waiting for a free
+            checker or for a busy CPU, and the start of a checker subprocess (about half a
+            second), are not counted.
 
     Returns:
         ``Verdict(1.0, True)`` when the answers are equivalent, else reward 0.0 with ``error`` set
@@ -385,7 +555,8 @@ class MathEnv(VerifierEnv):
     ## Arguments
     ``data``: a bundled split name (default ``"math_synth/train"``), a ``.parquet`` / ``.jsonl``
     file in the verl layout (answer in ``reward_model.ground_truth``), or a list of tasks / rows.
-    ``timeout_s``: time limit of one answer check in seconds.
+    ``timeout_s``: CPU-time limit of one answer check in seconds (waiting for a busy CPU or for
+    a free checker subprocess is not counted; see :func:`verify_math`).
     """
 
     def __init__(
@@ -417,10 +588,24 @@ def _interrupt(signum, frame):
     raise _Interrupted()
 
 
-def _serve() -> None:
+def _die_with_parent(parent_pid: int) -> None:
+    """Asks the kernel to kill this process when its parent ends (Linux); exits at once if the
+    parent has already gone."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: end-of-input and RLIMIT_CPU still end it
+        pass
+    if os.getppid() != parent_pid:
+        os._exit(0)
+
+
+def _serve(parent_pid: int) -> None:
     """The checker subprocess: answers JSON-line requests on stdin until stdin closes."""
     import resource
 
+    _die_with_parent(parent_pid)
     resource.setrlimit(resource.RLIMIT_AS, (CHECKER_MEMORY_BYTES, CHECKER_MEMORY_BYTES))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file when the CPU limit hits
     logging.getLogger("math_verify").setLevel(logging.CRITICAL)  # our timeout replaces theirs
@@ -445,7 +630,7 @@ def _serve() -> None:
         return {"equal": bool(verify(gold, pred, timeout_seconds=None)), "error": None}
 
     check("\\frac{1}{2}", "0.5")  # loads the LaTeX grammar before the first timed check
-    signal.signal(signal.SIGALRM, _interrupt)
+    signal.signal(signal.SIGPROF, _interrupt)
     replies = os.fdopen(os.dup(1), "w")  # the protocol's own handle on stdout;
     os.dup2(2, 1)  # stray prints of libraries go to stderr instead
     replies.write(json.dumps({"ready": True}) + "\n")
@@ -458,13 +643,13 @@ def _serve() -> None:
         cpu_limit = math.ceil(usage.ru_utime + usage.ru_stime + limit_s) + CHECKER_CPU_GRACE_S
         resource.setrlimit(resource.RLIMIT_CPU, (cpu_limit, resource.RLIM_INFINITY))
         try:
-            signal.setitimer(signal.ITIMER_REAL, limit_s)
+            signal.setitimer(signal.ITIMER_PROF, limit_s)  # CPU time of this process
             try:
                 reply = check(request["gold"], request["pred"])
             finally:
-                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.setitimer(signal.ITIMER_PROF, 0)
         except _Interrupted:
-            reply = {"equal": False, "error": f"math check timed out after {limit_s:g} s"}
+            reply = {"equal": False, "error": _timed_out(limit_s)}
         except Exception as e:  # RecursionError, MemoryError, sympy errors, ...
             reply = {"equal": False, "error": f"Math-Verify failed: {type(e).__name__}"}
         replies.write(json.dumps(reply) + "\n")
@@ -472,4 +657,4 @@ def _serve() -> None:
 
 
 if __name__ == "__main__":
-    _serve()
+    _serve(int(sys.argv[1]))

@@ -8,7 +8,15 @@ A completion is scored by running SQL, never by comparing text:
 
 Sandbox. Each query runs on a connection that
 
-- opens the database file read-only (``file:...?mode=ro`` URI) with ``PRAGMA query_only``;
+- opens the database file read-only and ``immutable`` (``file:...?mode=ro&immutable=1`` URI) with
+  ``PRAGMA query_only``: no lock, journal, ``-wal`` or ``-shm`` file is read or created next to
+  it, so a WAL-mode database or a hot journal left by a crashed writer changes nothing (the main
+  file is read as it is; checkpoint a WAL database before training);
+- keeps all temporary storage (sorts, ``DISTINCT``, materialised CTEs) in memory
+  (``PRAGMA temp_store = MEMORY``) under SQLite's process-wide hard heap limit
+  (:data:`MAX_SQLITE_HEAP_BYTES`, set by the first sandbox of a process): no temporary file is
+  ever written, and a query that needs more memory fails with "out of memory" (retried
+  :data:`NOMEM_RETRIES` times, as the memory may have been held by another thread's query);
 - has an authorizer that allows only ``SELECT``, column reads, recursive CTEs and functions, and
   denies everything else: writes, ``CREATE``/``DROP``/``ALTER``, ``ATTACH``/``DETACH`` (hence also
   ``VACUUM INTO``, which attaches its target), every ``PRAGMA``, transactions, ``VACUUM``,
@@ -17,23 +25,30 @@ Sandbox. Each query runs on a connection that
   functions (``json_each``, ``pragma_table_info``) are denied too: setting one up needs an
   internal schema update or a PRAGMA;
 - disables extension loading and allows no attached databases (``SQLITE_LIMIT_ATTACHED = 0``);
-- caps the length of any string or blob (:data:`MAX_VALUE_BYTES`), of the SQL text and of
-  ``LIKE``/``GLOB`` patterns, so that no single function call (``zeroblob(10**9)``, ``instr`` or
-  ``LIKE`` on huge strings) can take much memory or time (about 0.2 s at most), and guards
-  ``printf``/``format``, whose ``%c`` conversion would otherwise spin for seconds on a huge
-  precision (``printf('%.*c', 10**9, 'x')`` gives NULL at once, as SQLite would after spinning);
-- stops at the deadline with SQLite's progress handler (wall clock, checked every
-  :data:`PROGRESS_STEPS` virtual-machine instructions, i.e. every few rows), and fetches rows one
-  at a time, stopping past :data:`MAX_ROWS` rows or :data:`MAX_RESULT_BYTES` bytes (one row holds
-  at most its number of columns times :data:`MAX_VALUE_BYTES`).
+- caps the length of any string or blob (:data:`MAX_VALUE_BYTES`) and of ``LIKE``/``GLOB``
+  patterns, and replaces the built-in functions of which one call could run long (``instr``,
+  ``replace``, ``trim``/``ltrim``/``rtrim`` with a character set, ``glob``, and
+  ``printf``/``format``, whose ``%c`` would spin for seconds on a huge precision) by functions
+  that check the deadline first and compute the same result in linear time
+  (:class:`_GuardedFunctions`), so that no single call takes more than a few milliseconds
+  (``LIKE``, kept native, about 0.025 s on maximal values);
+- refuses, before running it, a query whose compiled program (read with ``EXPLAIN``) holds more
+  than :data:`MAX_FUNCTION_CALLS` function calls or :data:`MAX_COSTLY_CALLS` calls of
+  :data:`COSTLY_FUNCTIONS`. SQLite checks its deadline only between loop iterations, so these
+  caps bound the work of one straight run of instructions (e.g. 30 ``LIKE`` on 120 KB in one
+  row, or a CTE column repeated by the query flattener);
+- stops at the deadline twice over: SQLite's progress handler (checked every
+  :data:`PROGRESS_STEPS` virtual-machine instructions), and a watchdog thread that calls
+  ``Connection.interrupt()`` at the deadline from outside the query's execution;
+- fetches rows one at a time, stopping past :data:`MAX_ROWS` rows or :data:`MAX_RESULT_BYTES`
+  bytes.
 
-Only one statement may run (trailing semicolons and comments are fine). A bad, slow or hostile
-query gets reward 0 and a short reason; the verifier never raises because of the completion or the
-database, and returns within the timeout plus a little: SQLite checks the deadline between
-instructions, so the overrun is the few costly function calls of a few rows (a fraction of a
-second even for maximal values; only a single row crafted to call hundreds of them on maximal
-values could overrun by more). Sorts that outgrow memory use SQLite's anonymous temporary files,
-which are deleted when the query ends.
+Before any parsing, a completion longer than :data:`MAX_COMPLETION_CHARS` or a ```sql block
+longer than :data:`MAX_SQL_BYTES` is refused ("too long"), and extraction runs in linear time.
+Only one statement may run (trailing semicolons and comments are fine). A bad, slow or
+hostile query gets reward 0 and a short reason; the verifier never raises because of the
+completion or the database, and returns within the timeout plus a fraction of a second
+(``bench/verifier_soak.py`` measures it under load).
 
 Comparison. Values are made comparable first: floats are rounded to :data:`FLOAT_DIGITS`
 significant digits, so that results differing only in the last bits of float arithmetic
@@ -55,19 +70,24 @@ predicted column (the original de-duplicates rows, then compares per-column valu
 runs over gold columns). Either result empty gives 0.
 
 Caches (per process): a read-only connection per database file and per thread (``sqlite3``
-connections must stay in their thread), and the gold results per (database file, gold query),
-both bounded LRU caches. A database file that changes on disk (new inode, size or mtime) is
-reopened and its gold results recomputed. Connections are dropped in a forked child.
+connections must stay in their thread), and the gold results per (database file identity, gold
+query), both bounded LRU caches. The identity is the file's device, inode, size, modification
+and change times: a database replaced or rewritten in place is reopened and its gold results
+recomputed. Connections are dropped in a forked child.
 """
 
 from __future__ import annotations
 
+import contextlib
+import heapq
+import itertools
 import math
 import os
 import re
 import sqlite3
 import threading
 import time
+import weakref
 from collections import Counter, OrderedDict
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -80,12 +100,34 @@ MAX_ROWS = 100_000
 MAX_RESULT_BYTES = 32 * 2**20
 #: Longest string or blob SQLite may build (``SQLITE_LIMIT_LENGTH``).
 MAX_VALUE_BYTES = 128 * 2**10
-#: Longest SQL text (``SQLITE_LIMIT_SQL_LENGTH``).
+#: Longest SQL text (``SQLITE_LIMIT_SQL_LENGTH``); a longer ```sql block is refused before any
+#: parsing.
 MAX_SQL_BYTES = 100_000
 #: Longest ``LIKE``/``GLOB`` pattern (``SQLITE_LIMIT_LIKE_PATTERN_LENGTH``).
-MAX_LIKE_PATTERN_BYTES = 500
+MAX_LIKE_PATTERN_BYTES = 100
+#: Most function calls the compiled program of a query may hold (SQLite checks its deadline
+#: only between loop iterations, so this bounds the work of one straight run of instructions).
+MAX_FUNCTION_CALLS = 256
+#: Most calls of the built-in functions whose one call may cost the product of its arguments'
+#: lengths and that the sandbox keeps (:data:`COSTLY_FUNCTIONS`: ``LIKE``, about 0.025 s on
+#: maximal values, too common on large tables to be replaced by a slower Python function).
+MAX_COSTLY_CALLS = 8
+#: Functions counted against :data:`MAX_COSTLY_CALLS`.
+COSTLY_FUNCTIONS = frozenset({"like"})
+#: SQLite's process-wide hard heap limit, set by the first sandbox of a process (only lowered,
+#: never raised): sorts, ``DISTINCT``, materialised CTEs and other temporary storage live in
+#: memory, and a query that needs more than this fails with "out of memory".
+MAX_SQLITE_HEAP_BYTES = 1 << 30
+#: Retries of a query that failed for lack of memory (another thread's query may have held it),
+#: after a pause of NOMEM_RETRY_PAUSE_S, while its deadline allows.
+NOMEM_RETRIES = 2
+NOMEM_RETRY_PAUSE_S = 0.05
+#: Longest completion the verifier reads, in characters (a model's completion is a few thousand
+#: tokens; reading a longer text would hold the GIL, and so stall the deadline checks of the
+#: other threads, for a fraction of a second per 10 MB).
+MAX_COMPLETION_CHARS = 1_000_000
 #: SQLite virtual-machine instructions between two checks of the deadline.
-PROGRESS_STEPS = 100
+PROGRESS_STEPS = 10_000
 #: Significant digits floats are rounded to before comparing.
 FLOAT_DIGITS = 12
 #: Gold results kept per process.
@@ -105,6 +147,10 @@ Comparator = Callable[[Sequence[Row], Sequence[Row], str], bool]
 
 class SQLExecutionError(Exception):
     """A query could not run to completion in the sandbox. ``str(error)`` is a short reason."""
+
+
+#: Start of the reason of a query that ran out of memory.
+OUT_OF_MEMORY = "out of memory"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -138,7 +184,9 @@ def extract_sql(completion: str) -> str | None:
     Args:
         completion: The model's whole completion.
     """
-    blocks = _SQL_BLOCK_RE.findall(completion)
+    # Nothing after the last ``` can close a block: cut it, so that an unclosed opening fence
+    # does not send the lazy pattern scanning to the end of a long text.
+    blocks = _SQL_BLOCK_RE.findall(completion[: completion.rfind("```") + 3])
     return blocks[-1].strip() if blocks else None
 
 
@@ -172,14 +220,30 @@ def has_top_level_order_by(sql: str) -> bool:
     return False
 
 
+def _capped(sql: str) -> str:
+    """Returns ``sql``, refused before any parsing when longer than MAX_SQL_BYTES.
+
+    Raises:
+        SQLExecutionError: ``sql`` is too long.
+    """
+    size = len(sql) if len(sql) > MAX_SQL_BYTES else len(sql.encode("utf-8", "surrogatepass"))
+    if size > MAX_SQL_BYTES:
+        raise SQLExecutionError(
+            f"SQL too long: {size} bytes, more than the sandbox's {MAX_SQL_BYTES}; the ```sql "
+            "block must hold a single SELECT query"
+        )
+    return sql
+
+
 def _single_statement(sql: str) -> str:
     """Returns ``sql`` without its trailing semicolons.
 
     Raises:
-        SQLExecutionError: ``sql`` holds no statement, or more than one.
+        SQLExecutionError: ``sql`` holds no statement, more than one, or an ``EXPLAIN`` (the
+            sandbox compiles the query under ``EXPLAIN`` itself to count its function calls).
     """
     end = None  # offset of the first ';'
-    has_code = False
+    first = None  # the first code token, upper-cased
     for match in _code_tokens(sql):
         if match.group() == ";":
             end = match.start() if end is None else end
@@ -187,10 +251,14 @@ def _single_statement(sql: str) -> str:
             raise SQLExecutionError(
                 "more than one SQL statement; the ```sql block must hold a single SELECT query"
             )
-        else:
-            has_code = True
-    if not has_code:
+        elif first is None:
+            first = match.group().upper()
+    if first is None:
         raise SQLExecutionError("empty SQL: the ```sql block holds no statement")
+    if first == "EXPLAIN":
+        raise SQLExecutionError(
+            "not allowed in the read-only sandbox: EXPLAIN (only SELECT may run)"
+        )
     return sql if end is None else sql[:end]
 
 
@@ -215,48 +283,35 @@ _ACTION_NAMES = {
 _LIMITS = (
     (sqlite3.SQLITE_LIMIT_ATTACHED, 0),
     (sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES),
-    (sqlite3.SQLITE_LIMIT_SQL_LENGTH, MAX_SQL_BYTES),
+    (sqlite3.SQLITE_LIMIT_SQL_LENGTH, MAX_SQL_BYTES + len("EXPLAIN ")),
     (sqlite3.SQLITE_LIMIT_LIKE_PATTERN_LENGTH, MAX_LIKE_PATTERN_BYTES),
     (sqlite3.SQLITE_LIMIT_WORKER_THREADS, 0),
 )
 
 
 # SQLite's printf (alias format) repeats a %c conversion once per unit of precision even after
-# the text is over the length cap: printf('%.*c', 2000000000, 'x') spins for seconds inside one
-# call, where no deadline check can stop it. The sandbox overrides both names with a wrapper that
-# answers NULL -- SQLite's own answer for a too-long text -- for such a conversion, and hands
-# every other call to the built-in printf of a private in-memory connection.
-_PRINTF_SPEC_RE = re.compile(r"%[-+ 0#!,]*(\*|\d*)(?:\.(\*|\d*))?l{0,2}(.)", re.DOTALL)
-_PRINTF_TYPES = frozenset("dsgzqQwcouxXfeEGinp%TSr")
+# the text is over the length cap: printf('%.*c', 2000000000, 'x') spins for many seconds inside
+# one call, where neither the progress handler nor interrupt() can stop it. The sandbox overrides
+# both names with a wrapper that answers NULL -- SQLite's own answer for a too-long text -- when
+# the format has a 'c' after a '%' and any number it could read as a width or precision (a digit
+# run of the format, or any argument as SQLite reads it as a number, numeric prefix of a text
+# included) exceeds MAX_VALUE_BYTES. The rule reads no conversion syntax, so it cannot disagree
+# with SQLite's parser; it may answer NULL for a harmless call such as printf('%c%d', 'x', 10**9).
+# Every other call goes to the built-in printf of a private in-memory connection.
+_DIGIT_RUN_RE = re.compile(r"\d+")
 
 
-def _as_int32(value: Any) -> int:
-    """An SQL value read as a C int, as printf reads its ``*`` arguments."""
-    try:
-        number = int(float(value))
-    except (TypeError, ValueError, OverflowError):
-        return 0
-    return (number + 2**31) % 2**32 - 2**31
-
-
-def _printf_repeats_too_long(fmt: str, args: Sequence[Any]) -> bool:
-    """Whether a %c conversion of ``fmt`` repeats its character more than MAX_VALUE_BYTES times."""
-    arg = 0  # index of the next argument
-    for width, precision, kind in _PRINTF_SPEC_RE.findall(fmt):
-        if kind not in _PRINTF_TYPES:
-            return False  # printf stops at an unknown conversion
-        if kind == "%":
-            continue
-        arg += width == "*"
-        if precision == "*":
-            repeats = abs(_as_int32(args[arg])) if arg < len(args) else 0
-            arg += 1
-        else:
-            repeats = int(precision or 0) % 2**32 & 0x7FFFFFFF
-        if kind == "c" and repeats > MAX_VALUE_BYTES:
-            return True
-        arg += kind != "n"  # %n takes no argument in SQL printf
-    return False
+def _printf_may_repeat_too_long(fmt: str, magnitudes: Sequence[float]) -> bool:
+    """Whether a %c conversion of ``fmt`` could repeat its character more than MAX_VALUE_BYTES
+    times, given the absolute numeric values of every argument after the format."""
+    percent = fmt.find("%")
+    if percent < 0 or "c" not in fmt[percent:]:
+        return False
+    runs = _DIGIT_RUN_RE.findall(fmt[percent:])
+    longest = len(str(MAX_VALUE_BYTES))
+    if any(len(run) > longest or int(run) > MAX_VALUE_BYTES for run in runs):
+        return True
+    return any(not m <= MAX_VALUE_BYTES for m in magnitudes)  # NaN counts as too long
 
 
 def _decode_text(data: bytes) -> str:
@@ -275,46 +330,205 @@ def _normalize(value: Any) -> Any:
     return value
 
 
+class _Watchdog:
+    """One daemon thread per process that interrupts the queries running past their deadline.
+
+    SQLite checks the progress handler only between loop iterations, so one costly instruction
+    run (a long straight stretch of function calls) can carry a query past its deadline; this
+    thread calls ``Connection.interrupt()`` -- which SQLite allows from another thread -- at the
+    deadline, from outside the query's own execution.
+    """
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int, weakref.ref]] = []  # (deadline, run id, sandbox)
+        self._thread: threading.Thread | None = None
+
+    def watch(self, sandbox: "_Sandbox", run_id: int, deadline: float) -> None:
+        """Interrupts ``sandbox``'s run ``run_id`` at ``deadline`` should it still be running."""
+        with self._cond:
+            heapq.heappush(self._heap, (deadline, run_id, weakref.ref(sandbox)))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="sql-watchdog", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def _loop(self) -> None:
+        while True:
+            due = []
+            with self._cond:
+                now = time.monotonic()
+                while self._heap and self._heap[0][0] <= now:
+                    due.append(heapq.heappop(self._heap)[1:])
+                if not due:
+                    self._cond.wait(self._heap[0][0] - now if self._heap else None)
+            for run_id, ref in due:  # outside the lock: interrupt() takes the sandbox's lock
+                sandbox = ref()
+                if sandbox is not None:
+                    sandbox.interrupt(run_id)
+
+    def forget(self) -> None:
+        """In a forked child: the parent's thread does not exist here; start afresh."""
+        self.__init__()
+
+
+_WATCHDOG = _Watchdog()
+os.register_at_fork(after_in_child=_WATCHDOG.forget)
+_run_ids = itertools.count(1)
+_heap_limit_set = False
+
+
+def _limit_sqlite_heap(conn: sqlite3.Connection) -> None:
+    """Sets SQLite's process-wide hard heap limit to MAX_SQLITE_HEAP_BYTES (once; the pragma
+    only ever lowers it)."""
+    global _heap_limit_set
+    if not _heap_limit_set:
+        conn.execute(f"PRAGMA hard_heap_limit = {MAX_SQLITE_HEAP_BYTES}")
+        _heap_limit_set = True
+
+
+class _PastDeadline(Exception):
+    """Raised by a guarded function called after the deadline (SQLite then stops the query)."""
+
+
+def _strip_ends(text: str, chars: str, left: bool, right: bool) -> str:
+    """``text`` without the characters of ``chars`` at its start and/or end (linear time)."""
+    strip = set(chars)
+    start, end = 0, len(text)
+    while left and start < end and text[start] in strip:
+        start += 1
+    while right and end > start and text[end - 1] in strip:
+        end -= 1
+    return text[start:end]
+
+
+class _GuardedFunctions:
+    """Replacements for the built-in SQL functions of which one call can run long.
+
+    SQLite checks its deadline only between loop iterations, never inside a function call, and
+    the built-in ``instr``, ``replace`` and ``trim``/``ltrim``/``rtrim`` with a character set take
+    time ``len(X) * len(Y)`` (``ltrim`` of 10 KB by a 10 KB set: 0.5 s), ``glob`` with a set up
+    to 0.07 s, ``printf`` with a huge ``%c`` precision many seconds. Each replacement first
+    checks the deadline, so that a straight run of calls stops there, then computes the same
+    result in linear time on texts and blobs (Python's string search), and hands any other
+    argument types to the built-in function of a private in-memory connection.
+
+    Args:
+        deadline: Returns the deadline (``time.monotonic()`` seconds) of the running query.
+    """
+
+    def __init__(self, deadline: Callable[[], float]):
+        self._deadline = deadline
+        self.builtin = sqlite3.connect(":memory:", isolation_level=None)
+        self.builtin.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
+        self.builtin.setlimit(sqlite3.SQLITE_LIMIT_LIKE_PATTERN_LENGTH, MAX_LIKE_PATTERN_BYTES)
+
+    def install(self, conn: sqlite3.Connection) -> None:
+        """Overrides the built-in functions of ``conn`` by the guarded ones."""
+        functions = [("printf", -1, self.printf), ("format", -1, self.printf),
+                     ("instr", 2, self.instr), ("replace", 3, self.replace),
+                     ("glob", 2, lambda *args: self.call_builtin("glob", *args))]
+        functions += [(name, 2, self._trimmer(name)) for name in ("trim", "ltrim", "rtrim")]
+        for name, num_args, function in functions:
+            conn.create_function(name, num_args, self._checked(function), deterministic=True)
+
+    def close(self) -> None:
+        self.builtin.close()
+
+    def _checked(self, function: Callable) -> Callable:
+        def call(*args):
+            if time.monotonic() > self._deadline():
+                raise _PastDeadline()
+            return function(*args)
+
+        return call
+
+    def call_builtin(self, name: str, *args: Any) -> Any:
+        placeholders = ", ".join("?" * len(args))
+        return self.builtin.execute(f"SELECT {name}({placeholders})", args).fetchone()[0]
+
+    def instr(self, haystack: Any, needle: Any) -> Any:
+        if type(haystack) is type(needle) and isinstance(haystack, (str, bytes)):
+            return haystack.find(needle) + 1  # characters of a text, bytes of a blob
+        return self.call_builtin("instr", haystack, needle)
+
+    def replace(self, text: Any, old: Any, new: Any) -> Any:
+        if all(isinstance(arg, str) for arg in (text, old, new)):
+            return text.replace(old, new) if old else text
+        return self.call_builtin("replace", text, old, new)
+
+    def _trimmer(self, name: str) -> Callable[[Any, Any], Any]:
+        left, right = name != "rtrim", name != "ltrim"
+
+        def trim(text: Any, chars: Any) -> Any:
+            if isinstance(text, str) and isinstance(chars, str):
+                return _strip_ends(text, chars, left, right)
+            return self.call_builtin(name, text, chars)
+
+        return trim
+
+    def _magnitude(self, value: Any) -> float:
+        """``abs(value)`` read as a number the way SQLite reads it (numeric prefix of a text)."""
+        if value is None:
+            return 0.0
+        if not isinstance(value, (str, bytes)):
+            return abs(float(value))
+        number = self.builtin.execute("SELECT abs(CAST(? AS REAL))", (value,)).fetchone()[0]
+        return number or 0.0
+
+    def printf(self, *args: Any) -> Any:
+        fmt = args[0] if args else None
+        if isinstance(fmt, bytes):
+            fmt = fmt.decode("utf-8", "replace")
+        if isinstance(fmt, str) and _printf_may_repeat_too_long(
+            fmt, [self._magnitude(arg) for arg in args[1:]]
+        ):
+            return None
+        return self.call_builtin("printf", *args)
+
+
 class _Sandbox:
     """A read-only connection to one database file, used by one thread.
 
     Args:
         path: Absolute path of the database file.
-        identity: ``(inode, size, mtime_ns)`` of the file when opened.
+        identity: The file's :func:`_file_identity` when opened.
     """
 
-    def __init__(self, path: str, identity: tuple[int, int, int]):
+    def __init__(self, path: str, identity: tuple[int, ...]):
         self.identity = identity
         self.deadline = 0.0
         self.denied: str | None = None  # what the authorizer refused in the current statement
-        uri = Path(path).as_uri() + "?mode=ro"
+        self._lock = threading.Lock()
+        self._run_id = 0  # the run in progress, 0 when none
+        # immutable=1: no locking, no journal or WAL read or created next to the file (a hot
+        # journal or a WAL database is read as the main file holds it).
+        uri = Path(path).as_uri() + "?mode=ro&immutable=1"
         # isolation_level=None: no implicit BEGIN; cached_statements=0: every statement is
         # prepared, hence authorized, anew.
         self.conn = sqlite3.connect(uri, uri=True, isolation_level=None, cached_statements=0)
         self.conn.text_factory = _decode_text
         if hasattr(self.conn, "enable_load_extension"):  # absent when Python omits extensions
             self.conn.enable_load_extension(False)
-        self.conn.execute("PRAGMA query_only = ON")  # before the authorizer, which denies PRAGMAs
+        # Before the authorizer, which denies PRAGMAs: temporary storage in memory only.
+        self.conn.execute("PRAGMA query_only = ON")
+        self.conn.execute("PRAGMA temp_store = MEMORY")
+        _limit_sqlite_heap(self.conn)
         for category, limit in _LIMITS:
             self.conn.setlimit(category, limit)
-        self.printf_conn = sqlite3.connect(":memory:", isolation_level=None)
-        self.printf_conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
-        for name in ("printf", "format"):
-            self.conn.create_function(name, -1, self._printf, deterministic=True)
+        self.functions = _GuardedFunctions(lambda: self.deadline)
+        self.functions.install(self.conn)
         self.conn.set_authorizer(self._authorize)
 
     def close(self) -> None:
         self.conn.close()
-        self.printf_conn.close()
+        self.functions.close()
 
-    def _printf(self, *args: Any) -> Any:
-        fmt = args[0] if args else None
-        if isinstance(fmt, bytes):
-            fmt = fmt.decode("utf-8", "replace")
-        if isinstance(fmt, str) and _printf_repeats_too_long(fmt, args[1:]):
-            return None
-        placeholders = ", ".join("?" * len(args))
-        return self.printf_conn.execute(f"SELECT printf({placeholders})", args).fetchone()[0]
+    def interrupt(self, run_id: int) -> None:
+        """Interrupts the running query if it is still run ``run_id`` (called by the watchdog)."""
+        with self._lock:
+            if self._run_id == run_id:
+                self.conn.interrupt()
 
     def _authorize(self, action: int, arg1, arg2, db_name, source) -> int:
         if action in _ALLOWED_ACTIONS and not (
@@ -334,36 +548,76 @@ class _Sandbox:
     def run(self, sql: str, deadline: float) -> list[Row]:
         """Runs one statement and returns its rows (floats normalized).
 
+        The deadline is enforced twice: by the progress handler, and by the watchdog thread,
+        which interrupts the connection from outside at the deadline.
+
         Raises:
             SQLExecutionError: The statement was denied, failed, timed out or returned too much.
         """
         self.deadline = deadline
         self.denied = None
+        run_id = next(_run_ids)
+        with self._lock:
+            self._run_id = run_id
+        _WATCHDOG.watch(self, run_id, deadline)
         self.conn.set_progress_handler(self._past_deadline, PROGRESS_STEPS)
-        cursor = None
         try:
-            cursor = self.conn.execute(sql)
+            self._check_program(sql)
+            return self._fetch(sql)
+        except (sqlite3.Error, sqlite3.Warning, MemoryError) as error:
+            raise SQLExecutionError(self._reason(error)) from None
+        finally:
+            with self._lock:
+                self._run_id = 0
+            self.conn.set_progress_handler(None, 0)
+
+    def _check_program(self, sql: str) -> None:
+        """Refuses a statement whose compiled program holds too many function calls.
+
+        SQLite's own compiler output (``EXPLAIN``) is read, so a function repeated by the query
+        flattener (a CTE column used many times) counts as often as it will run.
+        """
+        calls = costly = 0
+        with contextlib.closing(self.conn.execute("EXPLAIN " + sql)) as program:
+            for _, opcode, _, _, _, p4, *_ in program:
+                if opcode.startswith(("Function", "PureFunc")):
+                    calls += 1
+                    costly += str(p4).split("(", 1)[0].lower() in COSTLY_FUNCTIONS
+        if calls > MAX_FUNCTION_CALLS:
+            raise SQLExecutionError(
+                f"query too costly: {calls} function calls in its compiled program "
+                f"(at most {MAX_FUNCTION_CALLS})"
+            )
+        if costly > MAX_COSTLY_CALLS:
+            raise SQLExecutionError(
+                f"query too costly: {costly} calls of {'/'.join(sorted(COSTLY_FUNCTIONS))} in "
+                f"its compiled program (at most {MAX_COSTLY_CALLS})"
+            )
+
+    def _fetch(self, sql: str) -> list[Row]:
+        """Runs ``sql`` and fetches its rows one at a time (the caps overshoot by one row)."""
+        with contextlib.closing(self.conn.execute(sql)) as cursor:
             rows: list[Row] = []
             size = 0
-            for row in cursor:  # one row at a time: the caps overshoot by one row at most
+            for row in cursor:
                 rows.append(row)
                 size += sum(map(_value_bytes, row))
                 if len(rows) > MAX_ROWS:
                     raise SQLExecutionError(f"result too large: more than {MAX_ROWS} rows")
                 if size > MAX_RESULT_BYTES:
                     raise SQLExecutionError(f"result too large: more than {MAX_RESULT_BYTES} bytes")
-            return [tuple(map(_normalize, row)) for row in rows]
-        except (sqlite3.Error, sqlite3.Warning) as error:
-            raise SQLExecutionError(self._reason(error)) from None
-        finally:
-            if cursor is not None:
-                cursor.close()
-            self.conn.set_progress_handler(None, 0)
+        return [tuple(map(_normalize, row)) for row in rows]
 
     def _reason(self, error: Exception) -> str:
         if self.denied is not None:
             return f"not allowed in the read-only sandbox: {self.denied} (only SELECT may run)"
-        if str(error) == "interrupted" and time.monotonic() > self.deadline:
+        if isinstance(error, MemoryError):
+            return (
+                f"{OUT_OF_MEMORY}: SQLite's heap limit ({MAX_SQLITE_HEAP_BYTES >> 20} MiB per "
+                "process, temporary storage included) was reached"
+            )
+        stopped = ("interrupted", "user-defined function raised exception")
+        if str(error) in stopped and time.monotonic() > self.deadline:
             return "timed out: the query ran past its time limit"
         return f"SQL error: {error}"
 
@@ -372,17 +626,18 @@ _local = threading.local()  # .sandboxes: OrderedDict[path, _Sandbox] of this th
 os.register_at_fork(after_in_child=lambda: _local.__dict__.clear())
 
 
-def _file_identity(db_path: str) -> tuple[str, tuple[int, int, int]]:
-    """Returns the absolute path of the database file and its (inode, size, mtime_ns)."""
+def _file_identity(db_path: str) -> tuple[str, tuple[int, ...]]:
+    """Returns the absolute path of the database file and its (device, inode, size, mtime_ns,
+    ctime_ns): a file replaced, or rewritten in place, gets a new identity."""
     path = os.path.abspath(db_path)
     try:
         stat = os.stat(path)
     except OSError:
         raise SQLExecutionError(f"database file not found: {path}") from None
-    return path, (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+    return path, (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
 
 
-def _sandbox(path: str, identity: tuple[int, int, int]) -> _Sandbox:
+def _sandbox(path: str, identity: tuple[int, ...]) -> _Sandbox:
     """This thread's connection to ``path``, reopened when the file changed (LRU-bounded)."""
     sandboxes = _local.__dict__.setdefault("sandboxes", OrderedDict())
     sandbox = sandboxes.get(path)
@@ -402,8 +657,21 @@ def _sandbox(path: str, identity: tuple[int, int, int]) -> _Sandbox:
 
 
 def _execute(sql: str, db_path: str, deadline: float) -> list[Row]:
-    path, identity = _file_identity(db_path)
-    return _sandbox(path, identity).run(_single_statement(sql), deadline)
+    """Runs ``sql`` in this thread's sandbox of ``db_path``; retried (at most NOMEM_RETRIES
+    times, while the deadline allows) when it ran out of memory, which may be the doing of
+    another thread's query: the heap limit is per process."""
+    statement = _single_statement(_capped(sql))
+    sandbox = _sandbox(*_file_identity(db_path))
+    retries = NOMEM_RETRIES
+    while True:
+        try:
+            return sandbox.run(statement, deadline)
+        except SQLExecutionError as error:
+            late = time.monotonic() + NOMEM_RETRY_PAUSE_S >= deadline
+            if retries == 0 or late or not str(error).startswith(OUT_OF_MEMORY):
+                raise
+        retries -= 1
+        time.sleep(NOMEM_RETRY_PAUSE_S)
 
 
 def execute_sql(sql: str, db_path: str, *, timeout_s: float = 15.0) -> list[Row]:
@@ -599,6 +867,9 @@ def verify_sql(
         )
     if not timeout_s > 0:
         raise ValueError(f"timeout_s={timeout_s} must be > 0 seconds.")
+    if len(completion) > MAX_COMPLETION_CHARS:
+        return Verdict(0.0, False, f"completion too long: {len(completion)} characters, more than "
+                       f"the verifier reads ({MAX_COMPLETION_CHARS})")
     sql = extract_sql(completion)
     if sql is None:
         return Verdict(0.0 - format_penalty, False, "no ```sql block")

@@ -211,9 +211,55 @@ def test_wrongly_typed_jsonl_field(tmp_path):
     path = tmp_path / "math.jsonl"
     row = {"data_source": "m", "prompt": 7, "reward_model": {"ground_truth": "1"}}
     path.write_text(json.dumps(row) + "\n")
-    expected = r"math.jsonl: row 0, field 'prompt': expected a string or a list"
+    expected = r"math.jsonl: line 1 \(row 0\), field 'prompt': expected a string or a list"
     with pytest.raises(ValueError, match=expected):
         load_tasks(str(path), task="math")
+
+
+def _math_line(i, prompt=None):
+    row = {"data_source": "m", "prompt": prompt or f"{i} + 1?",
+           "reward_model": {"ground_truth": i + 1}}
+    return json.dumps(row) + "\n"
+
+
+@pytest.mark.parametrize(
+    "broken,match",
+    [
+        (b'{"data_source": "m", "prompt": \n', r"line 6003: not valid JSON"),
+        (b"[1, 2]\n", r"line 6003: expected a JSON object"),
+        (b'{"data_source": "m", "prompt": "caf\xe9?"}\n', r"line 6003: invalid UTF-8 at byte 35"),
+        (_math_line(0, prompt=7).encode(), r"line 6003 \(row 6001\), field 'prompt'"),
+    ],
+    ids=["bad json", "not an object", "invalid utf-8", "bad field"],
+)
+def test_jsonl_errors_name_the_line_of_the_file(tmp_path, broken, match):
+    """Far past pyarrow's first block (its errors counted rows within a block), after a blank
+    line, and after a change of a field's type (which pyarrow refused)."""
+    good = "".join(_math_line(i) for i in range(6000)) + "\n" + _math_line(0, prompt=[
+        {"role": "user", "content": "1 + 1?"}])
+    path = tmp_path / "math.jsonl"
+    path.write_bytes(good.encode() + broken)
+    with pytest.raises(ValueError, match=match) as info:
+        load_tasks(str(path), task="math")
+    assert str(path) in str(info.value)
+    path.write_bytes(good.encode())
+    assert len(load_tasks(str(path), task="math")) == 6001
+
+
+@pytest.mark.parametrize("db_id", ["/etc/passwd", "../outside.sqlite",
+                                   "concert_singer/../../outside.sqlite"])
+def test_db_id_outside_db_root_is_refused(tmp_path, db_root, db_id):
+    (tmp_path / "outside.sqlite").write_bytes(b"")
+    path, message = _error_message(tmp_path, db_root, [_sql_row(0), _sql_row(1, db_id=db_id)])
+    assert path in message and "row 1" in message and "'reward_model.ground_truth.db_id'" in message
+    assert "outside db_root" in message
+
+
+def test_db_id_may_walk_inside_db_root(tmp_path, db_root):
+    path = _write_sql_parquet(tmp_path / "ok.parquet",
+                              [_sql_row(0, db_id="concert_singer/../" + DB_ID)])
+    assert load_tasks(path, task="sql", db_root=db_root)[0].ground_truth["db_path"] == str(
+        db_root / DB_ID)
 
 
 @pytest.mark.parametrize(

@@ -3,12 +3,16 @@
 import hashlib
 import os
 import sqlite3
+import subprocess
+import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from envs.sql import (
+    MAX_COMPLETION_CHARS,
     MAX_ROWS,
     column_overlap_score,
     execute_sql,
@@ -246,10 +250,67 @@ def test_gold_cache_follows_database_changes(tmp_path):
     assert sql_reward(fenced("SELECT 2"), gold, str(path)) == 1.0
 
 
+def test_gold_cache_follows_a_rewrite_in_place(tmp_path):
+    """Same inode, same size, modification time put back: the change time still tells."""
+    path, other = tmp_path / "inplace.sqlite", tmp_path / "other.sqlite"
+    make_db(path)
+    make_db(other, SINGERS[:3])
+    assert os.path.getsize(path) == os.path.getsize(other)
+    gold = "SELECT COUNT(*) FROM singer"
+    assert sql_reward(fenced("SELECT 5"), gold, str(path)) == 1.0
+    before = os.stat(path)
+    with open(path, "r+b") as f:
+        f.write(other.read_bytes())
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert os.stat(path).st_ino == before.st_ino
+    assert sql_reward(fenced("SELECT 3"), gold, str(path)) == 1.0
+
+
+def make_wal_db(path):
+    """A database in WAL mode (SQLite would create -wal and -shm files next to it to read it)."""
+    make_db(path)
+    with sqlite3.connect(path) as conn:
+        conn.execute("PRAGMA journal_mode = WAL")
+
+
+def make_hot_journal_db(path):
+    """A database with the hot journal of a writer that crashed mid-transaction (SQLite would
+    roll it back before reading, which a read-only connection cannot). Returns the journal."""
+    make_db(path)
+    journal = path.with_name(path.name + "-journal")
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA journal_mode = PERSIST")
+    conn.execute("PRAGMA cache_size = 1")
+    conn.execute("BEGIN")
+    conn.execute("DELETE FROM singer")
+    conn.executemany("INSERT INTO numbers VALUES (?)", [(i,) for i in range(5000)])
+    journal_bytes = journal.read_bytes()
+    conn.rollback()
+    conn.close()
+    journal.write_bytes(journal_bytes)
+    return journal
+
+
+def test_wal_database_and_hot_journal_need_no_side_files(tmp_path):
+    wal, hot = tmp_path / "wal.sqlite", tmp_path / "hot.sqlite"
+    make_wal_db(wal)
+    journal = make_hot_journal_db(hot)
+    journal_bytes = journal.read_bytes()
+    files = sorted(os.listdir(tmp_path))
+    for path in (wal, hot):
+        verdict = verify_sql(fenced("SELECT 5"), "SELECT COUNT(*) FROM singer", str(path))
+        assert verdict.correct, verdict.error
+    assert sorted(os.listdir(tmp_path)) == files  # no -wal, -shm or journal created
+    assert journal.read_bytes() == journal_bytes  # the hot journal was not rolled back
+
+
 def test_execute_sql_returns_normalized_rows(db):
     rows = execute_sql("SELECT id, net_worth, 0.1 + 0.2 FROM singer WHERE id <= 3 ORDER BY id", db)
     assert rows == [(1, 1.5, 0.3), (2, 2.0, 0.3), (3, None, 0.3)]
 
+
+BIG = "printf('%.*c', 120000, 'a')"  # about the longest string the sandbox allows
+LONG_PATTERN = "'%' || printf('%.*c', 98, 'a') || 'b'"  # the costliest LIKE pattern on BIG
 
 # Hostile queries: (SQL, timeout_s, words expected in the error). The gold query is cheap.
 ADVERSARIAL = [
@@ -287,19 +348,65 @@ ADVERSARIAL = [
      1.0, "timed out"),
     ("SELECT count(*) FROM numbers a, numbers b, numbers c, numbers d", 1.0, "timed out"),
     ("SELECT a.n FROM numbers a, numbers b, numbers c ORDER BY random()", 1.0, "timed out"),
+    ("SELECT count(DISTINCT randomblob(64)) FROM numbers a, numbers b, numbers c", 1.0,
+     "timed out"),
+    ("WITH x AS MATERIALIZED (SELECT randomblob(100000) FROM numbers a, numbers b, numbers c) "
+     "SELECT count(*) FROM x", 1.0, "timed out"),
+    # One straight run of LIKE calls, which no deadline check interrupts: refused up front,
+    # also when the query flattener repeats a CTE column.
+    (f"WITH s(a, b) AS (SELECT {BIG}, {LONG_PATTERN}) SELECT "
+     + " + ".join(["(a LIKE b)"] * 30) + " FROM s", 1.0, "query too costly: 30 calls of like"),
+    (f"WITH s(a, b) AS (SELECT {BIG}, {LONG_PATTERN}), t(v) AS (SELECT a LIKE b FROM s) SELECT "
+     + " + ".join(["v"] * 30) + " FROM t", 1.0, "query too costly: 30 calls of like"),
+    (f"WITH s(a) AS (SELECT {BIG}) SELECT " + " + ".join(["length(upper(a))"] * 300) + " FROM s",
+     1.0, "function calls in its compiled program"),
+    ("SELECT " + "1 + " * 30_000 + "1", 1.0, "SQL too long: 120008 bytes"),
+    ("EXPLAIN SELECT * FROM singer", 15.0, "not allowed"),
 ]
 
 
-@pytest.mark.parametrize("sql,timeout_s,reason", ADVERSARIAL)
+class TempFileWatch:
+    """Samples this process's open files (``/proc/self/fd``) for SQLite temporary files."""
+
+    def __init__(self):
+        self.seen: set[str] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self):
+        while not self._stop.wait(0.005):
+            for fd in os.listdir("/proc/self/fd"):
+                try:
+                    target = os.readlink(f"/proc/self/fd/{fd}")
+                except OSError:
+                    continue
+                if "etilqs_" in target:  # the prefix of SQLite's temporary file names
+                    self.seen.add(target)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+@pytest.mark.parametrize(
+    "sql,timeout_s,reason", ADVERSARIAL, ids=[row[0][:60] for row in ADVERSARIAL]
+)
 def test_hostile_queries_are_contained(db, sql, timeout_s, reason):
     directory = os.path.dirname(db)
     files_before = sorted(os.listdir(directory))
     digest_before = sha256(db)
     start = time.monotonic()
-    verdict = verify_sql(
-        fenced(sql.format(dir=directory)), "SELECT COUNT(*) FROM singer", db, timeout_s=timeout_s
-    )
+    with TempFileWatch() as temp_files:
+        verdict = verify_sql(
+            fenced(sql.format(dir=directory)), "SELECT COUNT(*) FROM singer", db,
+            timeout_s=timeout_s,
+        )
     elapsed = time.monotonic() - start
+    assert not temp_files.seen
     assert verdict.reward == 0.0 and verdict.correct is False
     assert verdict.error is not None and reason in verdict.error
     assert elapsed < min(timeout_s, 5.0) + 1.0
@@ -316,6 +423,16 @@ def test_hostile_queries_are_contained(db, sql, timeout_s, reason):
         ("SELECT printf('%.*c', 1000000000, 'x')", None),
         ("SELECT format('%.2000000000c', 'x')", None),
         ("SELECT printf('%d%.*c', 7, -2000000000, 'x')", None),
+        # Whatever SQLite reads as a number: a text's numeric prefix, a float, a blob's text.
+        ("SELECT printf('%.*c', '2000000000x', 'x')", None),
+        ("SELECT printf('%.*c', ' 2e9', 'x')", None),
+        ("SELECT printf('%.*c', 2e9, 'x')", None),
+        ("SELECT printf('%.*c', CAST('2000000000' AS BLOB), 'x')", None),
+        ("SELECT printf('%!.*c', 2000000000, 'x')", None),
+        ("SELECT printf('%.99999999999c', 'x')", None),
+        # The rule reads no conversion syntax: a large number anywhere gives NULL with a %c.
+        ("SELECT printf('%c%d', 'x', 1000000000)", None),
+        ("SELECT printf('%s%d', 'x', 1000000000)", "x1000000000"),
         # Everything else behaves as SQLite's printf.
         ("SELECT printf('%.*c|%5.2f|%%|%s', 3, 'x', 3.14159, 'end')", "xxx| 3.14|%|end"),
         ("SELECT printf('%*d|%.*c', 5, 42, 4, 'z')", "   42|zzzz"),
@@ -349,3 +466,108 @@ def test_verifier_from_worker_threads(db):
         rewards = list(pool.map(score, cases))
     assert rewards == [expected for _, _, expected in cases]
     assert sha256(db) == digest_before
+
+
+@pytest.mark.parametrize(
+    "completion",
+    [
+        "```sql\n" * 1_500_000,  # 10 MB of opening fences, none closed
+        "```sql\nSELECT " + "1 + " * 2_500_000 + "1\n```",  # a 10 MB SQL block
+        "```sql\nSELECT 1\n```" + "x" * 10_000_000,
+    ],
+    ids=["unclosed fences", "huge block", "huge tail"],
+)
+def test_huge_completions_are_cheap(db, completion):
+    start = time.monotonic()
+    verdict = verify_sql(completion, "SELECT COUNT(*) FROM singer", db, timeout_s=1.0)
+    assert time.monotonic() - start < 0.5
+    assert verdict.reward == 0.0 and "completion too long: 10" in verdict.error
+    # Below the cap: linear-time extraction, SQL length capped before parsing.
+    start = time.monotonic()
+    verdict = verify_sql(completion[:MAX_COMPLETION_CHARS], "SELECT 2", db, timeout_s=1.0)
+    assert time.monotonic() - start < 0.5
+    assert verdict.reward == 0.0
+
+
+HALF = "printf('%.*c', 60000, 'a')"
+
+
+@pytest.mark.parametrize(
+    "expr,expected",
+    [
+        # Worst cases of the built-ins, whose time is len(X) * len(Y): 0.065 s per call for
+        # instr and replace, 20 s for ltrim; the guarded functions take linear time.
+        (f"instr({BIG}, {HALF} || 'b')", 0),
+        (f"length(replace({BIG}, {HALF} || 'b', 'z'))", 120000),
+        (f"length(ltrim({HALF}, printf('%.*c', 60000, 'b') || 'a'))", 0),
+        (f"length(rtrim({HALF}, printf('%.*c', 60000, 'b') || 'a'))", 0),
+        (f"length(trim({HALF} || 'c', printf('%.*c', 60000, 'b') || 'a'))", 1),
+    ],
+)
+def test_costly_builtins_take_linear_time(db, expr, expected):
+    start = time.monotonic()
+    rows = execute_sql(f"SELECT {expr} FROM numbers LIMIT 50", db)
+    assert rows == [(expected,)] * 50
+    assert time.monotonic() - start < 1.5  # the built-ins: 3 s or more
+
+
+def test_a_straight_run_of_glob_calls_stops_at_the_deadline(db):
+    calls = " + ".join(["(a GLOB p)"] * 200)  # below MAX_FUNCTION_CALLS
+    pattern = "'*[a' || printf('%.*c', 95, 'c') || ']b'"
+    start = time.monotonic()
+    verdict = verify_sql(fenced(f"WITH s(a, p) AS (SELECT {BIG}, {pattern}) SELECT {calls} FROM s"),
+                         "SELECT 1", db, timeout_s=0.5)
+    assert "timed out" in verdict.error
+    assert time.monotonic() - start < 1.5  # the built-in glob: about 10 s
+
+
+GUARDED_CALLS = [
+    "instr('héllo wörld', 'wö')", "instr('abc', '')", "instr(NULL, 'a')", "instr('a', NULL)",
+    "instr(12345, 34)", "instr(x'00ff10', x'10')", "instr(x'616263', 'c')", "instr(1.5, '.')",
+    "replace('a.b.c', '.', '--')", "replace('abc', '', 'x')", "replace(NULL, 'a', 'b')",
+    "replace(12.5, '.', ',')", "replace('aaa', 'a', NULL)", "replace(x'616161', 'a', 'b')",
+    "trim('xxhixx', 'x')", "ltrim('xxhixx', 'x')", "rtrim('xxhixx', 'x')", "trim('  hi  ')",
+    "trim('abc', '')", "trim('ééhié', 'é')", "ltrim(123321, 31)", "trim(NULL, 'x')",
+    "'abc' GLOB 'a*'", "'abc' GLOB '[!a]*'", "NULL GLOB 'a'", "glob('*b*', 'abc')",
+    "printf('%d|%5.2f|%s|%q', 7, 3.14159, 'x', 'it''s')",
+]
+
+
+@pytest.mark.parametrize("call", GUARDED_CALLS)
+def test_guarded_functions_agree_with_sqlite(db, call):
+    with sqlite3.connect(":memory:") as plain:
+        expected = plain.execute(f"SELECT {call}").fetchall()
+    assert execute_sql(f"SELECT {call}", db) == expected
+
+
+def test_watchdog_interrupts_without_the_progress_handler(db, monkeypatch):
+    """The deadline holds from outside SQLite's VM even if no deadline check ever fires."""
+    monkeypatch.setattr("envs.sql._Sandbox._past_deadline", lambda self: False)
+    start = time.monotonic()
+    verdict = verify_sql(fenced("SELECT count(*) FROM numbers a, numbers b, numbers c, numbers d"),
+                         "SELECT COUNT(*) FROM singer", db, timeout_s=0.5)
+    assert "timed out" in verdict.error
+    assert time.monotonic() - start < 1.0
+    assert sql_reward(fenced("SELECT 5"), "SELECT COUNT(*) FROM singer", db) == 1.0
+
+
+_MEMORY_CAP = """
+import resource, sys, time
+import envs.sql
+envs.sql.MAX_SQLITE_HEAP_BYTES = 64 << 20
+sql = ("```sql\\nWITH x AS MATERIALIZED (SELECT randomblob(100000) FROM numbers a, numbers b)"
+       " SELECT count(*) FROM x\\n```")
+verdict = envs.sql.verify_sql(sql, "SELECT 1", sys.argv[1], timeout_s=30)
+print(verdict.error)
+print(envs.sql.verify_sql("```sql\\nSELECT 1\\n```", "SELECT 1", sys.argv[1]).correct)
+"""
+
+
+def test_temporary_storage_is_capped_in_memory(db):
+    """4 GB of materialised rows: refused at the heap cap, no temporary file, nothing left."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", _MEMORY_CAP, db], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": root}, timeout=60)
+    error, still_works = out.stdout.splitlines()
+    assert error.startswith("out of memory: SQLite's heap limit (64 MiB"), out.stderr
+    assert still_works == "True"

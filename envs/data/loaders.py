@@ -21,12 +21,14 @@ the prompt is ``prompt_format.format(**row)`` (or ``prompt_format(row)`` for a c
 ground truth is ``row[ground_truth_field]``. ``data_source`` and ``id`` are read when present
 (defaults: the file's stem, or ``"custom"`` for in-memory lists, and the row number).
 
-Rows are numbered from 0 in error messages.
+Error messages name the file and the place: a row number (from 0) for parquet files and lists, the
+line of the file (from 1, as editors count) and the row number for jsonl files.
 """
 
 from __future__ import annotations
 
 import importlib
+import json
 import numbers
 import os
 import re
@@ -52,6 +54,7 @@ class _Context:
     """Everything row conversion needs to know about one ``load_tasks`` call."""
 
     source: str  # how error messages name the data: a file path or "data (an in-memory list)"
+    lines: Sequence[int] | None  # jsonl: the file's line number of each row; else None
     task: str
     db_root: str
     default_data_source: str
@@ -60,13 +63,18 @@ class _Context:
     system_prompt: str | None
     checked_db_paths: dict[str, str] = field(default_factory=dict)  # db_id -> absolute path
 
+    def place(self, row: int) -> str:
+        """Where row ``row`` is: ``"row 3"``, or ``"line 5 (row 3)"`` for a jsonl file."""
+        return f"row {row}" if self.lines is None else f"line {self.lines[row]} (row {row})"
+
     def error(self, row: int, column: str, expected: str, got: Any) -> ValueError:
         """A data error naming the source, the row, the field and what was expected."""
         shown = repr(got)
         if len(shown) > 120:
             shown = shown[:117] + "..."
         return ValueError(
-            f"{self.source}: row {row}, field '{column}': expected {expected}, got {shown}."
+            f"{self.source}: {self.place(row)}, field '{column}': expected {expected}, "
+            f"got {shown}."
         )
 
 
@@ -83,7 +91,8 @@ def load_tasks(
 
     Args:
         data: One of
-            - a path to a ``.parquet`` or ``.jsonl`` file (read with pyarrow);
+            - a path to a ``.parquet`` file (read with pyarrow) or a ``.jsonl`` file (one JSON
+              object per line, read line by line);
             - the name of a bundled suite split, e.g. ``"sql_synth/train"`` (see ``envs.suites``);
             - a list of :class:`Task` objects (kept as they are) and/or row dicts (converted like
               file rows).
@@ -102,7 +111,7 @@ def load_tasks(
 
     Raises:
         ValueError: A missing column, a missing database file or a malformed row; the message names
-            the file, the row (from 0) and the field.
+            the file, the row (from 0; for jsonl also the file's line, from 1) and the field.
         FileNotFoundError: ``data`` names a file that does not exist.
     """
     if task not in GROUND_TRUTH_READERS:
@@ -115,9 +124,10 @@ def load_tasks(
         path = os.fspath(data)
         if not path.endswith(FILE_SUFFIXES):
             return _load_suite(path)
-        columns, rows = _read_file(path, prompt_format, ground_truth_field)
+        columns, rows, lines = _read_file(path, prompt_format, ground_truth_field)
         ctx = _Context(
             source=path,
+            lines=lines,
             task=task,
             db_root=os.path.abspath(db_root or os.path.dirname(os.path.abspath(path))),
             default_data_source=os.path.splitext(os.path.basename(path))[0],
@@ -130,6 +140,7 @@ def load_tasks(
     if isinstance(data, Sequence):
         ctx = _Context(
             source="data (an in-memory list)",
+            lines=None,
             task=task,
             db_root=os.path.abspath(db_root or os.getcwd()),
             default_data_source="custom",
@@ -198,27 +209,20 @@ def _load_suite(name: str) -> list[Task]:
 
 def _read_file(
     path: str, prompt_format: PromptFormat | None, ground_truth_field: str
-) -> tuple[list[str], list[dict]]:
-    """Reads the columns a conversion needs; returns (all column names, rows as dicts)."""
-    import pyarrow as pa
-    import pyarrow.json
-    import pyarrow.parquet
+) -> tuple[list[str], list[dict], list[int] | None]:
+    """Reads the columns a conversion needs.
 
+    Returns:
+        All column names, the rows as dicts (selected columns only; a missing one is None), and
+        for a jsonl file the line number of each row (None for parquet).
+    """
     if not os.path.isfile(path):
         raise FileNotFoundError(f"data file {path} does not exist.")
-    try:
-        if path.endswith(".parquet"):
-            table = pyarrow.parquet.read_table(path)
-        else:
-            table = pyarrow.json.read_json(path)
-    except pa.ArrowException as e:
-        raise ValueError(
-            f"{path}: pyarrow cannot read this file ({e}). Expected "
-            + ("a parquet file." if path.endswith(".parquet") else
-               "one JSON object per line, each field keeping one type across rows.")
-        ) from e
-    columns = table.column_names
-    if table.num_rows == 0:
+    if path.endswith(".parquet"):
+        columns, rows, lines = *_read_parquet(path), None
+    else:
+        columns, rows, lines = _read_jsonl(path)
+    if not rows:
         raise ValueError(f"{path}: the file has no rows; give at least one task.")
     if prompt_format is None:
         wanted = [*VERL_COLUMNS, "id", "extra_info"]
@@ -227,7 +231,61 @@ def _read_file(
     else:
         wanted = [*check_prompt_format(prompt_format), ground_truth_field, "data_source", "id"]
     selected = [c for c in dict.fromkeys(wanted) if c in columns]
-    return columns, table.select(selected).to_pylist()
+    return columns, [{c: row.get(c) for c in selected} for row in rows], lines
+
+
+def _read_parquet(path: str) -> tuple[list[str], list[dict]]:
+    """All column names and the rows of a parquet file (read with pyarrow)."""
+    import pyarrow as pa
+    import pyarrow.parquet
+
+    try:
+        table = pyarrow.parquet.read_table(path)
+    except pa.ArrowException as e:
+        raise ValueError(f"{path}: pyarrow cannot read this file ({e}); expected parquet.") from e
+    return table.column_names, table.to_pylist()
+
+
+def _read_jsonl(path: str) -> tuple[list[str], list[dict], list[int]]:
+    """Reads a JSON-lines file: one JSON object per non-blank line.
+
+    Read line by line (not with pyarrow, whose errors count rows within a block of the file and
+    which needs every field to keep one type across rows), so that an error names the line.
+
+    Returns:
+        The column names (every key, in order of first appearance), the rows, and the line number
+        (from 1) of each row.
+    """
+    columns: dict[str, None] = {}
+    rows: list[dict] = []
+    lines: list[int] = []
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                text = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(
+                    f"{path}: line {number}: invalid UTF-8 at byte {e.start} of the line "
+                    f"({e.reason}: {raw[e.start:e.end]!r}); the file must be UTF-8 encoded."
+                ) from None
+            if not text.strip():
+                continue
+            try:
+                row = json.loads(text)
+            except ValueError as e:  # json.JSONDecodeError, or a number too long to convert
+                raise ValueError(
+                    f"{path}: line {number}: not valid JSON ({e}); expected one JSON object "
+                    "per line."
+                ) from None
+            if not isinstance(row, dict):
+                raise ValueError(
+                    f"{path}: line {number}: expected a JSON object {{...}}, got a JSON "
+                    f"{type(row).__name__}."
+                )
+            columns.update(dict.fromkeys(row))
+            rows.append(row)
+            lines.append(number)
+    return list(columns), rows, lines
 
 
 def _check_columns(ctx: _Context, columns: Sequence[str]) -> None:
@@ -256,7 +314,7 @@ def _item_to_task(ctx: _Context, i: int, item: Any) -> Task:
 def _required(ctx: _Context, i: int, row: Mapping[str, Any], name: str) -> Any:
     if name not in row:
         raise ValueError(
-            f"{ctx.source}: row {i}: missing field '{name}'; the row has fields {list(row)}."
+            f"{ctx.source}: {ctx.place(i)}: missing field '{name}'; the row has fields {list(row)}."
         )
     return row[name]
 
@@ -302,7 +360,7 @@ def _flat_row_to_task(ctx: _Context, i: int, row: Mapping[str, Any]) -> Task:
             prompt = fmt(row)
         except Exception as e:
             raise ValueError(
-                f"{ctx.source}: row {i}: prompt_format(row) raised {type(e).__name__}: {e}"
+                f"{ctx.source}: {ctx.place(i)}: prompt_format(row) raised {type(e).__name__}: {e}"
             ) from e
     else:
         for name in check_prompt_format(fmt):
@@ -311,7 +369,7 @@ def _flat_row_to_task(ctx: _Context, i: int, row: Mapping[str, Any]) -> Task:
             prompt = fmt.format_map(row)
         except (KeyError, IndexError, AttributeError, ValueError) as e:
             raise ValueError(
-                f"{ctx.source}: row {i}: prompt_format={fmt!r} cannot format this row: {e!r}"
+                f"{ctx.source}: {ctx.place(i)}: prompt_format={fmt!r} cannot format this row: {e!r}"
             ) from e
     messages = _messages(ctx, i, "prompt_format(row)", prompt)
     raw_truth = _required(ctx, i, row, ctx.ground_truth_field)
@@ -378,12 +436,18 @@ def _sql_ground_truth(ctx: _Context, i: int, column: str, value: Any) -> dict[st
         raise ctx.error(i, f"{column}.cmp_method", expected, cmp_method)
     db_path = ctx.checked_db_paths.get(db_id)
     if db_path is None:
-        db_path = os.path.join(ctx.db_root, db_id)
+        db_path = os.path.normpath(os.path.join(ctx.db_root, db_id))
+        if os.path.isabs(db_id) or os.path.commonpath([ctx.db_root, db_path]) != ctx.db_root:
+            raise ValueError(
+                f"{ctx.source}: {ctx.place(i)}, field '{column}.db_id': db_id {db_id!r} resolves "
+                f"to {db_path}, outside db_root {ctx.db_root}; a db_id must be a path relative to "
+                "db_root, without '..' leaving it."
+            )
         if not os.path.isfile(db_path):
             raise ValueError(
-                f"{ctx.source}: row {i}, field '{column}.db_id': database file {db_path} does not "
-                f"exist (db_id {db_id!r} resolved against db_root {ctx.db_root}); pass db_root= "
-                "the folder that holds the databases."
+                f"{ctx.source}: {ctx.place(i)}, field '{column}.db_id': database file {db_path} "
+                f"does not exist (db_id {db_id!r} resolved against db_root {ctx.db_root}); pass "
+                "db_root= the folder that holds the databases."
             )
         ctx.checked_db_paths[db_id] = db_path
     return {"db_id": db_id, "db_path": db_path, "gold_sql": gold_sql, "cmp_method": cmp_method}

@@ -10,7 +10,6 @@ import gc
 import importlib.util
 import json
 import time
-import zlib
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +23,7 @@ from rllib_dph.models import smollm2
 from rllib_dph.models.hub import encode_prompt, load_tokenizer, model_fingerprint, resolve_model
 from rllib_dph.models.smollm2 import END_OF_TURN, INSTALL_COMMAND, SMOLLM2_NAME
 from rllib_dph.models.tiny import BUILD_RECORD
+from test_dph import toy_verifier
 
 needs_package = pytest.mark.skipif(
     importlib.util.find_spec(smollm2.MODULE) is None
@@ -34,16 +34,9 @@ TOY_ENV = "rllib_dph_test/SmolToy-v0"
 SQL_MESSAGES = [{"role": "user", "content": "Write a SQL query that counts the rows of table users."}]
 
 
-def toy_verifier(completion: str, ground_truth: str) -> bool:
-    """'always' tasks are solved by any answer, 'never' by none, 'sometimes' by half of them."""
-    if ground_truth == "sometimes":
-        return zlib.crc32(completion.encode()) % 2 == 0
-    return ground_truth == "always"
-
-
 envs.register_verifier_env(
     TOY_ENV,
-    verifier=toy_verifier,
+    verifier=toy_verifier,  # the toy tasks of test_dph: 'always', 'never', 'sometimes'
     data=[
         {
             "id": f"smol-toy-{i}",

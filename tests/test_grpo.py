@@ -210,7 +210,7 @@ def test_bfloat16_autocast_logprobs_match_the_fp32_forward(tiny_grpo_config, env
     from rllib_dph.rl_module import LOGP
 
     batch = env_runner.sample(num_prompts=2)
-    inputs = {k: torch.as_tensor(batch[k]) for k in (C.INPUT_IDS, C.ATTENTION_MASK)}
+    inputs = {k: torch.as_tensor(batch[k]) for k in (C.INPUT_IDS, C.ATTENTION_MASK, C.RESPONSE_MASK)}
     mask = torch.as_tensor(batch[C.RESPONSE_MASK]).bool()
     logp = {}
     for dtype in ("float32", "bfloat16"):

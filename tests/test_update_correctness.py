@@ -191,9 +191,10 @@ def test_concurrent_presampling_of_one_directory_samples_once(tmp_path):
 
 
 def test_validate_builds_no_model(pef_file, tmp_path, monkeypatch):
-    """A policy that is not built yet is not built by validate(); the check waits for setup."""
+    """A policy that is not built yet is not built by validate(); the check waits for setup.
+    (tiny-random ships with no build, so under an empty cache it must be built to be used.)"""
     monkeypatch.setenv("RLLIB_DPH_HOME", str(tmp_path / "empty_home"))
-    _dph_config(pef_file).llm(model_name="tiny-sql-math").validate()
+    _dph_config(pef_file).llm(model_name="tiny-random").validate()
     assert not (tmp_path / "empty_home" / "models").exists()
 
 

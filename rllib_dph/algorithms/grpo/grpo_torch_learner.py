@@ -408,7 +408,7 @@ class GRPOTorchLearner(TorchLearner):
     def _add_recomputed_anchor(self, module_id, module_batch, chunk: int = 64) -> None:
         """Sets ``ANCHOR_LOGP`` (and ``TOPK_ANCHOR_LOGP``) to the current weights' log-probs."""
         module = self.module[module_id].unwrapped()
-        keys = [C.INPUT_IDS, C.ATTENTION_MASK] + ([C.TOPK_IDS] if C.TOPK_IDS in module_batch else [])
+        keys = [C.INPUT_IDS, C.ATTENTION_MASK, C.RESPONSE_MASK] + ([C.TOPK_IDS] if C.TOPK_IDS in module_batch else [])
         logps, topks = [], []
         for start in range(0, len(module_batch[C.INPUT_IDS]), chunk):
             part = {k: torch.as_tensor(module_batch[k][start : start + chunk], device=self._device) for k in keys}

@@ -139,7 +139,8 @@ def on_policy_behavior_logp(module, batch: dict, device: torch.device, chunk: in
 
     out = []
     for s in range(0, len(batch[C.INPUT_IDS]), chunk):
-        part = {k: torch.as_tensor(batch[k][s : s + chunk], device=device) for k in (C.INPUT_IDS, C.ATTENTION_MASK)}
+        keys = (C.INPUT_IDS, C.ATTENTION_MASK, C.RESPONSE_MASK)
+        part = {k: torch.as_tensor(batch[k][s : s + chunk], device=device) for k in keys}
         out.append(module._forward_train(part)[LOGP].float().cpu().numpy())
     return (np.concatenate(out) * batch[C.RESPONSE_MASK]).astype(np.float32)
 

@@ -13,6 +13,7 @@ from ray.rllib.utils.typing import StateDict
 
 from rllib_dph import columns as C
 from rllib_dph.losses import token_logprobs, token_stats
+from rllib_dph.sharding import full_model_state, is_sharded, load_full_model_state
 
 #: Keys of the training forward pass output.
 LOGP = "logp"  # (B, L) log π_θ(x_t | x_<t) at the sampling temperature, 0 at position 0
@@ -64,6 +65,31 @@ def response_logits(model, batch: Dict[str, Any]) -> tuple[torch.Tensor, torch.T
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
     ).last_hidden_state  # (B, L, H)
     return model.get_output_embeddings()(hidden[:, :-1][where]), where  # (N, V)
+
+
+class ResponseLM(torch.nn.Module):
+    """A HF causal LM whose forward returns :func:`response_logits`: (N, V) logits, (B, L-1) where.
+
+    A module, not a bare function, so that its call is the model's one forward: an FSDP2-sharded
+    model (``sharding.shard_response_lm``) gathers its root parameters (embeddings, final norm,
+    LM head) in this module's forward hooks; calling the decoder and the head one by one from
+    outside would find them still sharded. ``lm`` stays the HF model (its state-dict keys are
+    the ones rollout engines load).
+    """
+
+    def __init__(self, lm: torch.nn.Module):
+        super().__init__()
+        self.lm = lm
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = {C.INPUT_IDS: input_ids, C.ATTENTION_MASK: attention_mask, C.RESPONSE_MASK: response_mask}
+        return response_logits(self.lm, batch)
+
+    def logits(self, batch: Dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`forward` on a batch's ``INPUT_IDS``, ``ATTENTION_MASK``, ``RESPONSE_MASK``."""
+        return self(batch[C.INPUT_IDS], batch[C.ATTENTION_MASK], batch[C.RESPONSE_MASK])
 
 
 def scatter_tokens(values: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
@@ -123,16 +149,30 @@ class LLMRLModule(TorchRLModule):
         self.temperature = float(cfg.get("temperature", 1.0))
         self.entropy_with_grad = bool(cfg.get("entropy_with_grad", False))
         self.compute_dtype = as_dtype(cfg.get("dtype", "float32"))
-        self.model = load_causal_lm(cfg["model"], dtype=torch.float32)
+        self.response_lm = ResponseLM(load_causal_lm(cfg["model"], dtype=torch.float32))
         if cfg.get("gradient_checkpointing") and not self.inference_only:
-            self.model.gradient_checkpointing_enable()
+            # Non-reentrant checkpointing: the variant that works under DDP and FSDP2 alike.
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model.train(not self.inference_only)
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The HF causal LM (inside :class:`ResponseLM`)."""
+        return self.response_lm.lm
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """DDP's ``no_sync`` for RLlib's update step, which calls it on every module when
+        ``num_learners > 1``. A module that is not DDP-wrapped has no gradient all-reduce to
+        defer: an FSDP2-sharded one reduce-scatters its gradients in every backward pass (so
+        accumulated micro-batch gradients stay sharded)."""
+        yield
 
     @override(TorchRLModule)
     def _forward_train(self, batch: Dict[str, Any], **kwargs) -> Dict[str, Any]:
         """Log-probs, entropies (and top-K log-probs) at response positions; 0 elsewhere."""
         with autocast(self.model.device, self.compute_dtype):
-            logits, where = response_logits(self.model, batch)  # (N, V), (B, L-1)
+            logits, where = self.response_lm.logits(batch)  # (N, V), (B, L-1)
         targets = batch[C.INPUT_IDS][:, 1:][where]  # (N,)
         topk_ids = batch[C.TOPK_IDS][:, 1:][where] if C.TOPK_IDS in batch else None  # (N, K)
         logp, entropy, topk = token_stats(
@@ -167,12 +207,23 @@ class LLMRLModule(TorchRLModule):
         Keys are the HF model's own (e.g. ``model.layers.0.mlp.up_proj.weight``, not RLlib's
         default ``model.``-prefixed numpy arrays), so a rollout engine loads them directly; the
         engines cast floating tensors to their own dtype (e.g. bfloat16) on load.
+
+        An FSDP2-sharded module gathers the full tensors into rank 0's host memory and returns
+        {} on the other learners; every learner must call it (``ShardedLearnerGroup``).
         """
+        if is_sharded(self.response_lm):
+            return full_model_state(self.model)
         return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
 
     @override(TorchRLModule)
     def set_state(self, state: StateDict) -> None:
-        """Loads a :meth:`get_state` dict (tensors or numpy arrays); floats are cast to float32."""
+        """Loads a :meth:`get_state` dict (tensors or numpy arrays); floats are cast to float32.
+
+        An FSDP2-sharded module keeps its own shard of the full tensors (every learner calls it).
+        """
+        if is_sharded(self.response_lm):
+            load_full_model_state(self.model, {k: torch.as_tensor(v) for k, v in state.items()})
+            return
         device = next(self.model.parameters()).device
         self.model.load_state_dict(
             {k: torch.as_tensor(v).to(device) for k, v in state.items()}, strict=True

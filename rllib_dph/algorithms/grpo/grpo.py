@@ -35,6 +35,7 @@ from ray.rllib.utils.metrics import (
 from rllib_dph import columns as C
 from rllib_dph.algorithms.rules import DELTA_RULES, GRPO_RULES, NumberRule, first_violation
 from rllib_dph.batch import concat_batches, select_rows, shard_groups
+from rllib_dph.sharding import SHARDINGS, ShardedLearnerGroup
 from rllib_dph.losses import (
     AGGREGATIONS,
     KL_ESTIMATORS,
@@ -130,6 +131,10 @@ class GRPOConfig(AlgorithmConfig):
         self.minibatch_size = None
         self.shuffle_batch_per_epoch = True
         self.num_env_runners = 0
+        self.sharding = "ddp"
+        # The learner skips a whole non-finite step itself (`GRPOTorchLearner.apply_gradients`);
+        # RLlib's per-tensor check would only repeat it (one device sync per parameter tensor).
+        self.torch_skip_nan_gradients = True
         # Validation during training.
         self.val_interval = 0
         self.val_env_config = None
@@ -375,6 +380,37 @@ class GRPOConfig(AlgorithmConfig):
         )
         return self
 
+    @override(AlgorithmConfig)
+    def learners(self, *, sharding: Optional[str] = NotProvided, **kwargs) -> "GRPOConfig":
+        """RLlib's learner settings, plus how the policy is spread over the learners.
+
+        Args:
+            sharding: ``"ddp"`` (default): every learner holds the whole model, fp32 weights and
+                Adam state (16 bytes per parameter) and gradients are all-reduced (RLlib's DDP).
+                ``"fsdp2"``: parameters, gradients and optimizer state are sharded over the
+                ``num_learners >= 2`` learners with PyTorch FSDP2 (one unit per decoder layer;
+                with ``dtype="bfloat16"`` layers compute in bf16, gradients reduce in fp32), so
+                each learner holds 1/N of them; checkpoints and the weight sync gather the full
+                state into the first learner's host memory (``rllib_dph.sharding``).
+            **kwargs: ``AlgorithmConfig.learners`` arguments (``num_learners``,
+                ``num_gpus_per_learner``, ...).
+        """
+        super().learners(**kwargs)
+        self._set_provided(sharding=sharding)
+        return self
+
+    @override(AlgorithmConfig)
+    def build_learner_group(self, *, env=None, spaces=None, rl_module_spec=None, placement_group=None):
+        """RLlib's learner group; a :class:`~rllib_dph.sharding.ShardedLearnerGroup` (full
+        states gathered from every learner's shard) with ``sharding="fsdp2"``."""
+        if self.sharding != "fsdp2":
+            return super().build_learner_group(
+                env=env, spaces=spaces, rl_module_spec=rl_module_spec, placement_group=placement_group
+            )
+        if rl_module_spec is None:
+            rl_module_spec = self.get_multi_rl_module_spec(env=env, spaces=spaces)
+        return ShardedLearnerGroup(config=self.copy(), module_spec=rl_module_spec, placement_group=placement_group)
+
     def validation(
         self,
         *,
@@ -440,6 +476,7 @@ class GRPOConfig(AlgorithmConfig):
             ("loss_agg_mode", AGGREGATIONS),
             ("kl_estimator", KL_ESTIMATORS),
             ("trust_region_anchor", ANCHORS),
+            ("sharding", SHARDINGS),
         ):
             if getattr(self, name) not in choices:
                 err(f"{name}={getattr(self, name)!r} is not one of {list(choices)}; pick one of those.")
@@ -463,6 +500,18 @@ class GRPOConfig(AlgorithmConfig):
 
     def _validate_cross_field_rules(self) -> None:
         err = self._value_error
+        if self.sharding == "fsdp2" and self.num_learners < 2:
+            err(
+                f"sharding='fsdp2' shards the model over the Ray learners, but num_learners="
+                f"{self.num_learners}; set .learners(num_learners=N) with N >= 2 (e.g. one per "
+                "GPU), or sharding='ddp' for a single learner."
+            )
+        if self.sharding == "fsdp2" and self.grad_clip is not None and self.grad_clip_by == "norm":
+            err(
+                "grad_clip_by='norm' clips each gradient tensor by its own norm, which an FSDP2 "
+                "learner only holds a shard of; with sharding='fsdp2' use grad_clip_by="
+                "'global_norm' (default) or 'value'."
+            )
         if self.prompts_per_step < max(1, self.num_env_runners, self.num_learners):
             err(
                 f"prompts_per_step={self.prompts_per_step} must be >= num_env_runners="

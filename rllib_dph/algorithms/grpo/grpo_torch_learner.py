@@ -12,6 +12,8 @@ from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.core.learner.training_data import TrainingData
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils.annotations import override
+from ray.rllib.utils.numpy import convert_to_numpy
+from ray.rllib.utils.torch_utils import convert_to_torch_tensor
 from ray.rllib.utils.typing import ModuleID, ParamDict, TensorType
 
 from rllib_dph import columns as C
@@ -30,7 +32,14 @@ from rllib_dph.losses import (
     token_logprobs,
     trust_region_mask,
 )
-from rllib_dph.rl_module import ENTROPY, LOGP, TOPK_LOGP, autocast, response_logits, scatter_tokens
+from rllib_dph.rl_module import ENTROPY, LOGP, TOPK_LOGP, ResponseLM, autocast, scatter_tokens
+from rllib_dph.sharding import (
+    full_optimizer_state,
+    is_sharded,
+    load_full_optimizer_state,
+    local,
+    shard_response_lm,
+)
 
 # Metric keys under ``learners/<module_id>/``.
 POLICY_LOSS = "policy_loss"
@@ -85,6 +94,12 @@ class GRPOTorchLearner(TorchLearner):
     same autocast), so π_ref computes exactly what the initial π_θ computes and the KL starts at
     0; a bf16 copy would differ by bf16 rounding (on an H100, random-token rows: mean k3 KL
     1e-3 per token at step 0 for tiny-sql-math, 2e-5 for a random-weight 100M Qwen2).
+
+    Sharding: ``sharding="ddp"`` (default) is RLlib's DDP replica per learner;
+    ``sharding="fsdp2"`` shards the policy (and π_ref) over the learners instead
+    (``_make_module``, ``rllib_dph.sharding``): every learner then runs the same number of
+    forward passes per step (micro-batch and recompute-anchor counts are padded to the
+    largest), and full states are gathered from all learners.
     """
 
     @override(TorchLearner)
@@ -98,26 +113,100 @@ class GRPOTorchLearner(TorchLearner):
         self._step_denominators: Optional[Dict[tuple, torch.Tensor]] = None  # see step_denominators
         self._microbatch_metrics: Optional[list[Dict[str, Any]]] = None  # stashed while accumulating
         self.pef_rows_per_minibatch: list[int] = []
-        self._ref_model = None
+        self._ref_lm = None
         if self.config.needs_reference_model:
-            from rllib_dph.models.hub import as_dtype, load_causal_lm
+            from rllib_dph.models.hub import load_causal_lm
 
-            self._ref_model = load_causal_lm(self.config.reference_model_name, dtype=torch.float32)
-            self._ref_model.to(self._device).eval().requires_grad_(False)
-            self._ref_compute_dtype = as_dtype(self.config.dtype)
+            self._ref_lm = ResponseLM(load_causal_lm(self.config.reference_model_name, dtype=torch.float32))
+            self._ref_lm.to(self._device).eval().requires_grad_(False)
+            if self.sharded:
+                shard_response_lm(self._ref_lm, device=self._device, compute_dtype=self._compute_dtype)
+
+    @property
+    def sharded(self) -> bool:
+        """Whether this learner's modules are FSDP2 shards (``sharding="fsdp2"``)."""
+        return self.config.sharding == "fsdp2"
+
+    @property
+    def _compute_dtype(self) -> torch.dtype:
+        from rllib_dph.models.hub import as_dtype
+
+        return as_dtype(self.config.dtype)
 
     @property
     def ref_model(self):
-        """The frozen reference model π_ref, or None when no term needs it."""
-        return self._ref_model
+        """The frozen reference model π_ref (a HF causal LM), or None when no term needs it."""
+        return None if self._ref_lm is None else self._ref_lm.lm
 
     @torch.no_grad()
     def reference_logp(self, batch: Dict[str, Any]) -> torch.Tensor:
         """(B, L) log π_ref of every response token given its prefix, at the sampling temperature."""
-        with autocast(self._ref_model.device, self._ref_compute_dtype):
-            logits, where = response_logits(self._ref_model, batch)  # (N, V), (B, L-1)
+        with autocast(self._device, self._compute_dtype):
+            logits, where = self._ref_lm.logits(batch)  # (N, V), (B, L-1)
         targets = batch[C.INPUT_IDS][:, 1:][where]  # (N,)
         return scatter_tokens(token_logprobs(logits, targets, temperature=self.config.temperature), where)
+
+    # ------------------------------------------------------------------ sharding
+    @override(TorchLearner)
+    def _make_module(self):
+        """RLlib's module on this learner's device; with ``sharding="fsdp2"`` sharded in place
+        here, before ``configure_optimizers`` builds Adam, so the optimizer holds shards."""
+        module = super()._make_module()
+        if self.sharded:
+            for module_id in module.keys():
+                shard_response_lm(module[module_id].response_lm, device=self._device, compute_dtype=self._compute_dtype)
+        return module
+
+    @override(TorchLearner)
+    def _make_modules_ddp_if_necessary(self) -> None:
+        """RLlib wraps every module in DDP when ``num_learners > 1``. An FSDP2-sharded module
+        already reduce-scatters its gradients in the backward pass, so it stays unwrapped."""
+        if not self.sharded:
+            super()._make_modules_ddp_if_necessary()
+
+    @override(TorchLearner)
+    def _get_optimizer_state(self) -> Dict[str, Any]:
+        """RLlib's optimizer state; sharded: each optimizer's full state gathered into rank 0's
+        host memory, keyed by parameter names ({} on the other learners; a collective)."""
+        if not self.sharded:
+            return super()._get_optimizer_state()
+        return {
+            name: {
+                "module_id": self._optimizer_name_to_module[name],
+                "state": convert_to_numpy(full_optimizer_state(self.module[self._optimizer_name_to_module[name]].model, optim)),
+            }
+            for name, optim in self._named_optimizers.items()
+        }
+
+    @override(TorchLearner)
+    def _set_optimizer_state(self, state: Dict[str, Any]) -> None:
+        """Loads :meth:`_get_optimizer_state`; sharded: every learner keeps its shard."""
+        if not self.sharded:
+            return super()._set_optimizer_state(state)
+        for name, entry in state.items():
+            full = entry["state"]
+            full = {**full, "state": convert_to_torch_tensor(full["state"])}
+            load_full_optimizer_state(self.module[entry["module_id"]].model, self._named_optimizers[name], full)
+
+    @staticmethod
+    @override(TorchLearner)
+    def _get_clip_function():
+        """RLlib's ``clip_gradients``, whose global norm of sharded gradients is a replicated
+        ``DTensor``: returned as a plain tensor (the full norm) for the metrics."""
+        from ray.rllib.utils.torch_utils import clip_gradients
+
+        def clip(gradients_dict, **kwargs):
+            norm = clip_gradients(gradients_dict, **kwargs)
+            return None if norm is None else local(norm)
+
+        return clip
+
+    def _same_count_on_all_learners(self, count: int) -> int:
+        """The largest ``count`` over the learners when sharded (each forward pass all-gathers,
+        so every learner must run as many); ``count`` itself otherwise."""
+        if not self.sharded:
+            return count
+        return int(all_reduce(torch.tensor(count, device=self._device), op=dist.ReduceOp.MAX).item())
 
     @staticmethod
     def row_mask(batch: Dict[str, Any], row_type: int) -> torch.Tensor:
@@ -322,14 +411,18 @@ class GRPOTorchLearner(TorchLearner):
         """
         lengths = columns[C.ATTENTION_MASK].sum(-1).cpu().numpy()
         microbatches = token_budget_microbatches(lengths, max_tokens)
+        microbatches += [None] * (self._same_count_on_all_learners(len(microbatches)) - len(microbatches))
         for optim in self._optimizer_parameters:
             optim.zero_grad(set_to_none=True)
         module, checks, losses = self.module[module_id], [], []
         self._microbatch_metrics = []
         try:
             for i, rows in enumerate(microbatches):
-                index = torch.as_tensor(rows, device=self._device)
-                part = {module_id: trim_padding({k: v[index] for k, v in columns.items()})}
+                if rows is None:  # another learner has more micro-batches (sharded)
+                    part = {module_id: padding_row(columns)}
+                else:
+                    index = torch.as_tensor(rows, device=self._device)
+                    part = {module_id: trim_padding({k: v[index] for k, v in columns.items()})}
                 last = i == len(microbatches) - 1
                 with contextlib.nullcontext() if last or not _distributed() else module.no_sync():
                     fwd_out = self.module.forward_train(part)
@@ -369,7 +462,7 @@ class GRPOTorchLearner(TorchLearner):
         skipped on every learner together (one all-reduce of the verdict: no DDP deadlock),
         gradients are dropped and the step is counted (``skipped_updates``).
         """
-        checks = self._finite_checks + [g.isfinite().all() for g in gradients_dict.values() if g is not None]
+        checks = self._finite_checks + [local(g).isfinite().all() for g in gradients_dict.values() if g is not None]
         finite = torch.stack(checks).all() if checks else torch.tensor(True)  # one device sync below
         verdict = all_reduce(finite.float().to(self._device), op=dist.ReduceOp.MIN)
         if verdict.item() < 1:
@@ -409,8 +502,12 @@ class GRPOTorchLearner(TorchLearner):
         """Sets ``ANCHOR_LOGP`` (and ``TOPK_ANCHOR_LOGP``) to the current weights' log-probs."""
         module = self.module[module_id].unwrapped()
         keys = [C.INPUT_IDS, C.ATTENTION_MASK, C.RESPONSE_MASK] + ([C.TOPK_IDS] if C.TOPK_IDS in module_batch else [])
+        rows = len(module_batch[C.INPUT_IDS])
+        starts = list(range(0, rows, chunk))
+        for _ in range(self._same_count_on_all_learners(len(starts)) - len(starts)):
+            module._forward_train({k: torch.as_tensor(module_batch[k][:1], device=self._device) for k in keys})
         logps, topks = [], []
-        for start in range(0, len(module_batch[C.INPUT_IDS]), chunk):
+        for start in starts:
             part = {k: torch.as_tensor(module_batch[k][start : start + chunk], device=self._device) for k in keys}
             out = module._forward_train(part)
             logps.append(out[LOGP].float().cpu().numpy())

@@ -1,0 +1,157 @@
+"""FSDP2 sharded learners: parameters, gradients and optimizer state split over the Ray learners.
+
+RLlib (2.60) replicates the module on every learner and wraps it in DDP
+(``TorchLearner._make_modules_ddp_if_necessary``); there is no FSDP. With fp32 master weights
+and Adam that is 16 bytes per parameter on every learner (128 GB for an 8B model), so no paper
+size model fits on an 80 GB GPU. ``sharding="fsdp2"`` shards instead, with PyTorch's FSDP2
+(``torch.distributed.fsdp.fully_shard``):
+
+- every decoder layer is its own FSDP unit (all-gathered just before its forward and backward,
+  freed after), and the :class:`~rllib_dph.rl_module.ResponseLM` around the whole model is the
+  root unit (embeddings, final norm and the LM head, tied or not);
+- parameters, gradients and Adam state are float32 shards (1/N each); with
+  ``dtype="bfloat16"`` layers compute in bf16 (``MixedPrecisionPolicy(param_dtype=bf16)``)
+  and gradients are reduce-scattered in fp32 (``reduce_dtype=float32``);
+- full states (checkpoints and the weight sync to the rollout engines) are gathered tensor by
+  tensor into rank 0's host memory (``torch.distributed.checkpoint.state_dict`` with
+  ``full_state_dict=True, cpu_offload=True``): the accelerator holds at most one full tensor
+  beyond its shards, every other learner keeps nothing. Gathering is a collective, so
+  :class:`ShardedLearnerGroup` asks every learner for its state where RLlib asks only the first.
+
+Every learner must run the same number of forward passes per step (each one all-gathers), so
+the learner pads the micro-batches and the recompute-anchor chunks of a learner with fewer
+rows up to the largest count (``GRPOTorchLearner``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Collection, Dict, Optional, Union
+
+import torch
+import torch.distributed as dist
+from ray.rllib.core import COMPONENT_LEARNER
+from ray.rllib.core.learner.learner_group import LearnerGroup
+from ray.rllib.utils.annotations import override
+from ray.rllib.utils.typing import StateDict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+#: ``sharding`` choices: DDP replicas (RLlib's default) or FSDP2 shards.
+SHARDINGS = ("ddp", "fsdp2")
+
+_GATHER = StateDictOptions(full_state_dict=True, cpu_offload=True)  # full tensors on rank 0's host
+_SCATTER = StateDictOptions(full_state_dict=True)  # every rank keeps its shard of a full state
+
+
+def is_sharded(module: torch.nn.Module) -> bool:
+    """Whether ``module`` is an FSDP2 unit (its parameters are sharded ``DTensor``s)."""
+    return isinstance(module, FSDPModule)
+
+
+def local(tensor: torch.Tensor) -> torch.Tensor:
+    """This learner's shard of a ``DTensor``; a plain tensor unchanged."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def shard_response_lm(response_lm: torch.nn.Module, *, device: torch.device, compute_dtype: torch.dtype) -> None:
+    """Applies FSDP2 in place: one unit per decoder layer, the ``ResponseLM`` as the root.
+
+    Args:
+        response_lm: A :class:`~rllib_dph.rl_module.ResponseLM` (its ``lm`` is a HF causal LM
+            whose decoder layers are ``lm.get_decoder().layers``).
+        device: The learner's device; the mesh spans all learners of the process group.
+        compute_dtype: bf16 gathers bf16 copies of the fp32 shards for the forward and
+            backward and reduces gradients in fp32; fp32 computes in fp32.
+    """
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+    for layer in response_lm.lm.get_decoder().layers:
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+    fully_shard(response_lm, mesh=mesh, mp_policy=policy)
+
+
+def full_model_state(model: torch.nn.Module) -> StateDict:
+    """The full state dict of a sharded ``model`` on rank 0 (CPU tensors), {} elsewhere.
+
+    A collective: every learner must call it. Gathers one tensor at a time.
+    """
+    return get_model_state_dict(model, options=_GATHER)
+
+
+def load_full_model_state(model: torch.nn.Module, state: StateDict) -> None:
+    """Loads a full state dict into a sharded ``model`` (each learner keeps its shard)."""
+    set_model_state_dict(model, state, options=_SCATTER)
+
+
+def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> StateDict:
+    """The optimizer's full state on rank 0, keyed by parameter names; {} elsewhere. Collective."""
+    return get_optimizer_state_dict(model, optimizer, options=_GATHER)
+
+
+def load_full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: StateDict) -> None:
+    """Loads a :func:`full_optimizer_state` into a sharded model's optimizer."""
+    set_optimizer_state_dict(model, optimizer, optim_state_dict=state, options=_SCATTER)
+
+
+class ShardedLearnerGroup(LearnerGroup):
+    """A learner group whose full state is gathered from the shards of all its learners.
+
+    RLlib's ``LearnerGroup.get_state`` (used by checkpoints and by ``sync_weights``) asks only
+    the first learner; with FSDP2 that learner alone would wait forever in the gather. Here every
+    learner runs ``get_state`` (the gather is a collective) and the first learner's result,
+    which holds the full tensors, is returned. Restoring needs no change: RLlib's ``set_state``
+    and ``restore_from_path`` already reach every learner, and each keeps its shard.
+    """
+
+    @override(LearnerGroup)
+    def get_state(
+        self,
+        components: Optional[Union[str, Collection[str]]] = None,
+        *,
+        not_components: Optional[Union[str, Collection[str]]] = None,
+        **kwargs,
+    ) -> StateDict:
+        if self.is_local or not self._check_component(COMPONENT_LEARNER, components, not_components):
+            return super().get_state(components, not_components=not_components, **kwargs)
+        comps = self._get_subcomponents(COMPONENT_LEARNER, components)
+        not_comps = self._get_subcomponents(COMPONENT_LEARNER, not_components)
+        results = self.foreach_learner(
+            lambda learner: (dist.get_rank(), learner.get_state(comps, not_components=not_comps, **kwargs))
+        )
+        states = dict(self._get_results(results))  # rank → state; results arrive in any order
+        return {COMPONENT_LEARNER: states[0]}
+
+    @override(LearnerGroup)
+    def save_to_path(self, path=None, *, state: Optional[Dict[str, Any]] = None, **kwargs):
+        """Saves the gathered state (RLlib's default would ask the first learner alone)."""
+        return super().save_to_path(path, state=state if state is not None else self.get_state(), **kwargs)
+
+
+def held_bytes(learner) -> Dict[str, int]:
+    """Bytes one learner holds in its policy's parameters, gradients and optimizer state.
+
+    Counts this learner's own tensors (its shards under FSDP2); the frozen reference model and
+    activations are not included. Used by ``bench/memory.py`` and the sharding tests.
+    """
+    params = [p for module_id in learner.module.keys() for p in learner.module[module_id].parameters()]
+    optimizer = [
+        value
+        for opt in learner._named_optimizers.values()
+        for per_param in opt.state.values()
+        for value in per_param.values()
+        if torch.is_tensor(value) and value.dim() > 0  # not Adam's scalar step counters
+    ]
+    size = lambda tensors: sum(local(t).numel() * t.element_size() for t in tensors)  # noqa: E731
+    return {
+        "parameters": size(params),
+        "gradients": size([p.grad for p in params if p.grad is not None]),
+        "optimizer": size(optimizer),
+    }

@@ -134,3 +134,17 @@ def test_rllib_train_with_fsdp2_learners(tmp_path):
     )
     assert out.returncode == 0, out.stderr[-4000:]
     assert "training_iteration=2" in out.stdout
+
+
+def test_gradient_checkpointing_takes_the_same_step():
+    """``gradient_checkpointing=True`` recomputes activations and changes nothing else."""
+    config = _config()
+    batch = _exploration_batch(config, num_prompts=2)
+    states = []
+    for checkpointing in (False, True):
+        learner = config.copy(copy_frozen=False).llm(gradient_checkpointing=checkpointing).build_learner(env=envs_make())
+        assert learner.module[DEFAULT_MODULE_ID].model.is_gradient_checkpointing == checkpointing
+        learner.update(batch=_wrap(batch))
+        states.append(learner.module[DEFAULT_MODULE_ID].model.state_dict())
+    for name, value in states[0].items():
+        torch.testing.assert_close(states[1][name], value, atol=1e-6, rtol=0)

@@ -28,17 +28,12 @@ from rllib_dph.models.tiny import (
     CHAT_TEMPLATE,
     TINY_MODELS,
     TinyModelSpec,
-    bucketed_batches,
-    collate,
-    completion_loss,
     corpus_texts,
-    encode_example,
-    lr_at,
     pass_at_k,
-    sft,
     sft_corpus,
     train_tokenizer,
 )
+from rllib_dph.models.sft import bucketed_batches, collate, completion_loss, encode_example, lr_at, sft
 
 
 @pytest.fixture(scope="module")

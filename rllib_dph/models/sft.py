@@ -1,0 +1,180 @@
+"""Supervised fine-tuning on chat completions: encoding, length-bucketed batches, the loss and
+a resumable training loop. Used by the tiny models' build (``tiny``) and by the warm starts of
+pretrained chat models (``warm_start``)."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+#: File of the resumable SFT state inside a checkpoint folder.
+SFT_STATE = "sft_state.pt"
+
+
+def encode_example(tokenizer, messages, completion: str) -> tuple[list[int], int]:
+    """Token ids of ``chat(prompt) + completion + <|im_end|>`` and the prompt length.
+
+    Args:
+        tokenizer: Tokenizer with a chat template.
+        messages: The prompt as chat messages.
+        completion: The assistant's answer text.
+
+    Returns:
+        ``(ids, num_prompt_tokens)``; the SFT loss covers ``ids[num_prompt_tokens:]``.
+    """
+    from rllib_dph.models.hub import encode_prompt
+
+    prompt = encode_prompt(tokenizer, messages)
+    response = tokenizer(completion, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    return prompt + response, len(prompt)
+
+
+def bucketed_batches(lengths: Sequence[int], batch_size: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """One epoch of batches of similar length, in random order.
+
+    Sequences are shuffled, stably sorted by length and cut into batches of ``batch_size``, so
+    each batch needs little padding; the batch order is then shuffled.
+
+    Args:
+        lengths: Length of every sequence.
+        batch_size: Sequences per batch (the last batch may be smaller).
+        rng: Source of randomness (seeded for determinism).
+
+    Returns:
+        Index arrays, one per batch.
+    """
+    order = rng.permutation(len(lengths))
+    order = order[np.argsort(np.asarray(lengths)[order], kind="stable")]
+    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    return [batches[i] for i in rng.permutation(len(batches))]
+
+
+def collate(encoded: Sequence[tuple[list[int], int]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-pads encoded examples into a training batch.
+
+    Args:
+        encoded: ``(ids, num_prompt_tokens)`` pairs from :func:`encode_example`.
+        pad_id: Padding token id.
+
+    Returns:
+        ``input_ids`` and ``attention_mask`` (B, T) and ``labels`` (B, T) holding the token id on
+        completion tokens and -100 on prompt and padding.
+    """
+    T = max(len(ids) for ids, _ in encoded)
+    input_ids = torch.full((len(encoded), T), pad_id, dtype=torch.long)  # (B, T)
+    attention_mask = torch.zeros((len(encoded), T), dtype=torch.long)  # (B, T)
+    labels = torch.full((len(encoded), T), -100, dtype=torch.long)  # (B, T)
+    for i, (ids, num_prompt) in enumerate(encoded):
+        input_ids[i, : len(ids)] = torch.tensor(ids)
+        attention_mask[i, : len(ids)] = 1
+        labels[i, num_prompt : len(ids)] = torch.tensor(ids[num_prompt:])
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+def lr_at(step: int, spec) -> float:
+    """Learning rate of an optimizer step: linear warm-up, then cosine decay to ``min_lr_ratio``."""
+    if step < spec.warmup_steps:
+        return spec.lr * (step + 1) / spec.warmup_steps
+    progress = (step - spec.warmup_steps) / max(1, spec.sft_steps - spec.warmup_steps)
+    cosine = 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+    return spec.lr * (spec.min_lr_ratio + (1.0 - spec.min_lr_ratio) * cosine)
+
+
+def completion_loss(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Mean next-token cross-entropy over the completion tokens of a batch (token-mean).
+
+    The output head runs only on the positions that predict a completion token, which saves
+    most of its cost (prompts are the larger part of each sequence).
+    """
+    out = model.get_decoder()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+    hidden = out.last_hidden_state  # (B, T, H)
+    targets = batch["labels"][:, 1:]  # (B, T-1)
+    keep = targets != -100  # (B, T-1)
+    logits = model.get_output_embeddings()(hidden[:, :-1][keep])  # (N, V)
+    return F.cross_entropy(logits.float(), targets[keep])
+
+
+def sft(
+    model,
+    encoded: Sequence[tuple[list[int], int]],
+    spec,
+    *,
+    pad_id: int,
+    progress: bool = True,
+    checkpoint_dir: str | os.PathLike | None = None,
+    checkpoint_every: int = 0,
+) -> list[float]:
+    """Supervised fine-tuning on completion tokens with AdamW and warm-up + cosine decay.
+
+    Resumable: with ``checkpoint_dir`` the model, optimizer, step and losses are saved there
+    every ``checkpoint_every`` steps (written to a temporary file, then renamed), and a later
+    call with the same arguments continues from the last save: the batch order is replayed from
+    the seed, so the result is the one an uninterrupted run gives.
+
+    Args:
+        model: A HF causal LM, trained in place.
+        encoded: ``(ids, num_prompt_tokens)`` training examples.
+        spec: The schedule: ``sft_steps``, ``batch_size``, ``lr``, ``warmup_steps``,
+            ``min_lr_ratio``, ``weight_decay``, ``grad_clip`` and ``seed`` (of the batch order),
+            e.g. a ``tiny.TinyModelSpec`` or a ``warm_start.WarmStartSpec``.
+        pad_id: Padding token id.
+        progress: Show a tqdm progress bar.
+        checkpoint_dir: Folder for the resumable state (None: no saves).
+        checkpoint_every: Steps between saves (0: none).
+
+    Returns:
+        The training loss of every step.
+    """
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": spec.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=spec.lr,
+        betas=(0.9, 0.95),
+    )
+    state_path = Path(checkpoint_dir) / SFT_STATE if checkpoint_dir is not None else None
+    losses: list[float] = []
+    if state_path is not None and state_path.is_file():
+        state = torch.load(state_path, map_location="cpu", weights_only=False)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        losses = list(state["losses"])
+    rng = np.random.default_rng(spec.seed)
+    lengths = [len(ids) for ids, _ in encoded]
+    batches: list[np.ndarray] = []
+    for _ in range(len(losses)):  # replay the batch order up to the saved step
+        if not batches:
+            batches = bucketed_batches(lengths, spec.batch_size, rng)
+        batches.pop()
+    model.train()
+    bar = tqdm(range(len(losses), spec.sft_steps), desc="SFT", disable=not progress, dynamic_ncols=True,
+               initial=len(losses), total=spec.sft_steps)
+    for step in bar:
+        if not batches:
+            batches = bucketed_batches(lengths, spec.batch_size, rng)
+        batch = collate([encoded[i] for i in batches.pop()], pad_id)
+        lr = lr_at(step, spec)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        loss = completion_loss(model, batch)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), spec.grad_clip)
+        optimizer.step()
+        losses.append(loss.item())
+        bar.set_postfix(loss=f"{losses[-1]:.3f}", lr=f"{lr:.1e}")
+        done = step + 1
+        if state_path is not None and checkpoint_every and (done % checkpoint_every == 0) and done < spec.sft_steps:
+            state_path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = state_path.with_suffix(".tmp")
+            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "losses": losses}, tmp)
+            os.replace(tmp, state_path)
+    model.eval()
+    return losses

@@ -1,0 +1,184 @@
+"""Warm starts: a short SFT of a pretrained chat model on the suites' multi-style solutions.
+
+SmolLM2-135M-Instruct solves none of the bundled suites zero-shot (it rewrites the schema and
+runs past the token limit), so RL on them would have no reward to start from. The DPH-RL paper
+made its multi-style base policy the same way (Appendix B): supervised fine-tuning on several
+correct solution styles per question, so that the base model samples all of them and pass@k is
+well above greedy. A warm start here is the base model fine-tuned on a seeded sample of the
+train splits' solutions (every SQL style in equal numbers: plain, alias, subquery, CTE, negated;
+the math suite's worked answers), through the model's own chat template, with the loss on the
+completion and its end-of-turn token.
+
+``model_name="smollm2-135m-sft"`` builds it on first use into the model cache (or ahead of time:
+``rllib build-model smollm2-135m-sft``), with a progress bar; an interrupted build resumes from
+its last checkpoint (every ``checkpoint_every`` steps). The folder's build record holds the spec,
+the base model's fingerprint, the loss curve's ends and the folder's own fingerprint; a changed
+spec or base model makes it rebuild.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from rllib_dph.models.sft import encode_example, sft
+
+#: Version of the warm-start recipe; a build made by another version is rebuilt.
+WARM_START_VERSION = 1
+#: File of the build record inside a model folder (as for every bundled model).
+BUILD_RECORD = "rllib_dph_build.json"
+
+
+@dataclass(frozen=True)
+class WarmStartSpec:
+    """One warm start.
+
+    Args:
+        base: The pretrained chat model (a bundled name, folder or HF id).
+        splits: Suite splits whose solutions are the SFT data (``envs.suites.sft_examples``).
+        sft_steps: Optimizer steps; ``sft_steps * batch_size`` examples are drawn (seeded) from
+            the splits, each seen once.
+        batch_size: Sequences per step.
+        lr: Peak AdamW learning rate (linear warm-up, cosine decay to ``min_lr_ratio``).
+        warmup_steps: Warm-up steps.
+        min_lr_ratio: Final learning rate as a fraction of ``lr``.
+        weight_decay: AdamW weight decay on matrices.
+        grad_clip: Maximum global gradient norm.
+        seed: Seed of the example draw and the batch order.
+        checkpoint_every: Steps between resumable checkpoints.
+    """
+
+    base: str
+    splits: tuple[str, ...] = ("sql_synth/train", "math_synth/train")
+    sft_steps: int = 120
+    batch_size: int = 8
+    lr: float = 1e-4
+    warmup_steps: int = 10
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    seed: int = 0
+    checkpoint_every: int = 20
+
+
+#: The warm starts by model name.
+WARM_STARTS: dict[str, WarmStartSpec] = {
+    "smollm2-135m-sft": WarmStartSpec(base="smollm2-135m-instruct"),
+}
+
+
+def _base_fingerprint(base: str) -> str:
+    """The base model's fingerprint: from its build record when it has one (cheap), else hashed."""
+    from rllib_dph.models.hub import model_fingerprint, resolve_model
+
+    record = Path(resolve_model(base, build=False)) / BUILD_RECORD
+    if record.is_file():
+        fingerprint = json.loads(record.read_text()).get("fingerprint")
+        if fingerprint:
+            return fingerprint
+    return model_fingerprint(base)
+
+
+def training_examples(spec: WarmStartSpec) -> list[dict]:
+    """The ``sft_steps * batch_size`` examples of the warm start, drawn with ``spec.seed``."""
+    from envs import suites
+
+    pool = [ex for split in spec.splits for ex in suites.sft_examples(split)]
+    wanted = spec.sft_steps * spec.batch_size
+    if wanted > len(pool):
+        raise ValueError(
+            f"sft_steps * batch_size = {wanted} examples, but the splits {list(spec.splits)} hold "
+            f"{len(pool)}; lower sft_steps or batch_size."
+        )
+    order = np.random.default_rng(spec.seed).permutation(len(pool))[:wanted]
+    return [pool[i] for i in order]
+
+
+def build_warm_start(
+    name: str,
+    out_dir: str | os.PathLike,
+    *,
+    checkpoint_dir: str | os.PathLike | None = None,
+    num_threads: int | None = None,
+    progress: bool = True,
+) -> dict:
+    """Fine-tunes ``WARM_STARTS[name]``'s base model and saves it into ``out_dir``.
+
+    Args:
+        name: A key of :data:`WARM_STARTS`.
+        out_dir: Directory to write into (created).
+        checkpoint_dir: Where the resumable SFT state lives (kept across interrupted builds,
+            removed after a complete one); None: no checkpoints.
+        num_threads: Torch threads for the build (default: torch's current setting).
+        progress: Show progress bars.
+
+    Returns:
+        The build record (also written to ``out_dir/rllib_dph_build.json``).
+    """
+    from rllib_dph.models.hub import load_causal_lm, load_tokenizer, model_fingerprint
+
+    spec = WARM_STARTS[name]
+    threads = torch.get_num_threads()
+    if num_threads:
+        torch.set_num_threads(num_threads)
+    try:
+        start = time.perf_counter()
+        tokenizer = load_tokenizer(spec.base)
+        model = load_causal_lm(spec.base, dtype=torch.float32)
+        examples = training_examples(spec)
+        encoded = [encode_example(tokenizer, ex["messages"], ex["completion"]) for ex in examples]
+        losses = sft(
+            model, encoded, spec, pad_id=tokenizer.pad_token_id, progress=progress,
+            checkpoint_dir=checkpoint_dir, checkpoint_every=spec.checkpoint_every,
+        )
+    finally:
+        torch.set_num_threads(threads)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    styles: dict[str, int] = {}
+    for ex in examples:
+        styles[ex["style"]] = styles.get(ex["style"], 0) + 1
+    record = {
+        "name": name,
+        "warm_start_version": WARM_START_VERSION,
+        "spec": asdict(spec),
+        "base_fingerprint": _base_fingerprint(spec.base),
+        "num_parameters": sum(p.numel() for p in model.parameters()),
+        "sft": {
+            "examples": len(encoded),
+            "styles": dict(sorted(styles.items())),
+            "first_loss": losses[0],
+            "final_loss": float(np.mean(losses[-10:])),
+        },
+        "fingerprint": model_fingerprint(str(out_dir)),
+        "build_seconds": round(time.perf_counter() - start, 1),
+    }
+    (out_dir / BUILD_RECORD).write_text(json.dumps(record, indent=2) + "\n")
+    if checkpoint_dir is not None:
+        shutil.rmtree(checkpoint_dir, ignore_errors=True)
+    return record
+
+
+def is_current_warm_start(path: str | os.PathLike, name: str) -> bool:
+    """Whether ``path`` holds a complete build of warm start ``name`` by this recipe, spec and
+    base model (a base model not on disk is not checked)."""
+    record_path = Path(path) / BUILD_RECORD
+    if not record_path.is_file():
+        return False
+    record = json.loads(record_path.read_text())
+    spec = WARM_STARTS[name]
+    if record.get("warm_start_version") != WARM_START_VERSION or record.get("spec") != json.loads(json.dumps(asdict(spec))):
+        return False
+    try:
+        return record.get("base_fingerprint") == _base_fingerprint(spec.base)
+    except (FileNotFoundError, OSError):
+        return True

@@ -1,0 +1,69 @@
+"""Warm starts: a resumable short SFT of a base model, cached under its own fingerprint."""
+
+import json
+
+import pytest
+import torch
+
+import rllib_dph.models.sft as sft_module
+from rllib_dph.models import warm_start
+from rllib_dph.models.hub import BUNDLED_MODELS, load_causal_lm, resolve_model
+from rllib_dph.models.warm_start import WarmStartSpec, build_warm_start, is_current_warm_start
+
+SPEC = WarmStartSpec(base="tiny-random", sft_steps=4, batch_size=2, warmup_steps=1, lr=1e-3, checkpoint_every=2)
+
+
+@pytest.fixture
+def tiny_warm_start(monkeypatch):
+    monkeypatch.setitem(warm_start.WARM_STARTS, "tiny-sft-test", SPEC)
+    return "tiny-sft-test"
+
+
+def _weights(folder):
+    return {k: v.clone() for k, v in load_causal_lm(str(folder), dtype=torch.float32).state_dict().items()}
+
+
+def test_smollm2_warm_start_is_a_model_name():
+    assert "smollm2-135m-sft" in BUNDLED_MODELS
+    assert warm_start.WARM_STARTS["smollm2-135m-sft"].base == "smollm2-135m-instruct"
+
+
+def test_warm_start_trains_records_and_resumes(tmp_path, monkeypatch, tiny_warm_start):
+    """A build killed after its first checkpoint resumes there and ends with the weights of an
+    uninterrupted build; the record names the spec, the base and the styles trained on."""
+    clean = build_warm_start(tiny_warm_start, tmp_path / "clean", checkpoint_dir=tmp_path / "ckpt-clean", progress=False)
+    assert clean["sft"]["examples"] == 8 and sum(clean["sft"]["styles"].values()) == 8
+    assert clean["spec"]["base"] == "tiny-random" and len(clean["fingerprint"]) == 16
+    assert is_current_warm_start(tmp_path / "clean", tiny_warm_start)
+    assert not (tmp_path / "ckpt-clean").exists()  # removed after a complete build
+    base = _weights(resolve_model("tiny-random"))
+    trained = _weights(tmp_path / "clean")
+    assert any(not torch.equal(base[k], trained[k]) for k in base)
+
+    calls = []
+    loss = sft_module.completion_loss
+
+    def dies_at_step_3(model, batch):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt("killed")
+        return loss(model, batch)
+
+    monkeypatch.setattr(sft_module, "completion_loss", dies_at_step_3)
+    with pytest.raises(KeyboardInterrupt):
+        build_warm_start(tiny_warm_start, tmp_path / "resumed", checkpoint_dir=tmp_path / "ckpt", progress=False)
+    assert (tmp_path / "ckpt" / sft_module.SFT_STATE).is_file()
+    monkeypatch.setattr(sft_module, "completion_loss", loss)
+    resumed = build_warm_start(tiny_warm_start, tmp_path / "resumed", checkpoint_dir=tmp_path / "ckpt", progress=False)
+    assert resumed["sft"] == clean["sft"]
+    again = _weights(tmp_path / "resumed")
+    for name, value in trained.items():
+        torch.testing.assert_close(again[name], value, atol=0, rtol=0)
+
+
+def test_a_changed_spec_is_not_current(tmp_path, monkeypatch, tiny_warm_start):
+    build_warm_start(tiny_warm_start, tmp_path / "m", progress=False)
+    monkeypatch.setitem(warm_start.WARM_STARTS, tiny_warm_start, WarmStartSpec(**{**SPEC.__dict__, "lr": 2e-3}))
+    assert not is_current_warm_start(tmp_path / "m", tiny_warm_start)
+    record = json.loads((tmp_path / "m" / warm_start.BUILD_RECORD).read_text())
+    assert record["spec"]["lr"] == 1e-3

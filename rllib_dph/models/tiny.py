@@ -475,10 +475,13 @@ def format_record(record: dict) -> str:
     lines = [f"{record['name']}: {size:.2f}M parameters, built in {record['build_seconds']}s"]
     if "sft" in record:
         s = record["sft"]
+        epochs = f", {s['epochs']} epochs" if "epochs" in s else ""
         lines.append(
-            f"  SFT: {s['examples']} examples, {s['epochs']} epochs, loss {s['first_loss']:.3f} -> "
-            f"{s['final_loss']:.3f} in {s['seconds']}s"
+            f"  SFT: {s['examples']} examples{epochs}, loss {s['first_loss']:.3f} -> {s['final_loss']:.3f}"
+            + (f" in {s['seconds']}s" if "seconds" in s else "")
         )
+        if "styles" in s:
+            lines.append("  styles: " + ", ".join(f"{k} {v}" for k, v in s["styles"].items()))
     for key, value in record.get("metrics", {}).items():
         lines.append(f"  {key:32s} {value:.3f}" if isinstance(value, float) else f"  {key:32s} {value}")
     return "\n".join(lines)

@@ -134,10 +134,12 @@ def build_warm_start(
         model = load_causal_lm(spec.base, dtype=torch.float32)
         examples = training_examples(spec)
         encoded = [encode_example(tokenizer, ex["messages"], ex["completion"]) for ex in examples]
+        sft_start = time.perf_counter()
         losses = sft(
             model, encoded, spec, pad_id=tokenizer.pad_token_id, progress=progress,
             checkpoint_dir=checkpoint_dir, checkpoint_every=spec.checkpoint_every,
         )
+        sft_seconds = round(time.perf_counter() - sft_start, 1)
     finally:
         torch.set_num_threads(threads)
     out_dir = Path(out_dir)
@@ -158,6 +160,7 @@ def build_warm_start(
             "styles": dict(sorted(styles.items())),
             "first_loss": losses[0],
             "final_loss": float(np.mean(losses[-10:])),
+            "seconds": sft_seconds,  # of this run (a resumed build counts only its own part)
         },
         "fingerprint": model_fingerprint(str(out_dir)),
         "build_seconds": round(time.perf_counter() - start, 1),

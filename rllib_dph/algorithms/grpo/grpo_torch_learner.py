@@ -34,7 +34,6 @@ from rllib_dph.losses import (
 from rllib_dph.rl_module import ENTROPY, LOGP, TOPK_LOGP, ResponseLM, autocast, scatter_tokens
 from rllib_dph.sharding import (
     full_optimizer_state,
-    is_sharded,
     load_full_optimizer_state,
     local,
     shard_response_lm,

@@ -305,7 +305,7 @@ DPH_CROSS_RULES = (
     ),
     CrossRule(
         "an exploration term is weighed by the D_exp size",
-        lambda c: c.divergence_spec.exploration_term is not None and c.resolved_exp_path is None,
+        lambda c: c.has_exploration_term and c.resolved_exp_path is None,
         lambda c: (
             f"divergence={c.divergence!r} needs the D_exp file to weigh the exploration term by "
             "β₁ = η·|D_pef|/|D_exp|; set .dph(exp_path=...) or .dph(presample_dir=...)."

@@ -143,12 +143,18 @@ class DPHConfig(GRPOConfig):
         """The ``losses.F_DIVERGENCES`` entry of ``divergence``."""
         return F_DIVERGENCES[self.divergence]
 
+    @property
+    def has_exploration_term(self) -> bool:
+        """Whether ``divergence`` adds a term on exploration rows (``FDivergenceSpec.exploration_term``),
+        which needs a live reference model and the D_exp file; False for an unknown name."""
+        spec = F_DIVERGENCES.get(self.divergence)  # an unknown name is refused by validate()
+        return spec is not None and spec.exploration_term is not None
+
     @override(GRPOConfig)
     def reference_model_users(self) -> list[str]:
         """GRPO's, plus a divergence with an exploration term (its log π_ref is computed live)."""
         users = super().reference_model_users()
-        spec = F_DIVERGENCES.get(self.divergence)  # an unknown name is refused by validate()
-        return users + [f"divergence={self.divergence!r}"] if spec and spec.exploration_term else users
+        return users + [f"divergence={self.divergence!r}"] if self.has_exploration_term else users
 
     @property
     def sampling_env_config(self) -> dict:

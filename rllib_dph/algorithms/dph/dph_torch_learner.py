@@ -60,7 +60,7 @@ class DPHTorchLearner(GRPOTorchLearner):
             seed=cfg.seed or 0,
         )
         self.js_beta1 = None
-        if cfg.divergence_spec.exploration_term is not None:
+        if cfg.has_exploration_term:
             num_pef = pq.read_metadata(cfg.resolved_pef_path).num_rows
             num_exp = pq.read_metadata(cfg.resolved_exp_path).num_rows
             self.js_beta1 = cfg.pef_coeff * num_pef / max(1, num_exp)

@@ -40,7 +40,8 @@ VARIANTS = {
     "DPPO TopK-TV": {"trust_region": "dppo_topk_tv", "rollout_top_k": 20},
     "CISPO (C=5)": {"trust_region": "none", "is_truncation": 5.0},
 }
-MASK_KINDS = {"ppo": {}, "binary_tv": {}, "binary_kl": {}, "topk_tv": {"topk": True}, "topk_kl": {"topk": True}}
+#: Trust regions whose mask cost is measured (``losses.TRUST_REGIONS`` names).
+MASK_KINDS = ("ppo", "dppo_binary_tv", "dppo_binary_kl", "dppo_topk_tv", "dppo_topk_kl")
 
 
 def _config(overrides: dict, seed: int, model: str | None):
@@ -88,7 +89,7 @@ def mask_cost(model: str | None) -> dict[str, float]:
 
     from rllib_dph import columns as C
     from rllib_dph.env_runner import LLMEnvRunner
-    from rllib_dph.losses import group_advantages, trust_region_mask
+    from rllib_dph.losses import TRUST_REGIONS, group_advantages, trust_region_mask
 
     config = _config({"rollout_top_k": 20}, 0, model)
     runner = LLMEnvRunner(config=config)
@@ -112,8 +113,8 @@ def mask_cost(model: str | None) -> dict[str, float]:
     topk_p = topk_q + 0.01 * torch.randn(topk_q.shape)
     adv = torch.as_tensor(batch[C.ADVANTAGES])[:, None]
     shares = {"learner_update_s": update_s}
-    for kind, opts in MASK_KINDS.items():
-        kw = dict(topk_logp=topk_p, topk_behavior_logp=topk_q) if opts.get("topk") else {}
+    for kind in MASK_KINDS:
+        kw = dict(topk_logp=topk_p, topk_behavior_logp=topk_q) if TRUST_REGIONS[kind].needs_topk else {}
         trust_region_mask(logp, q, adv, kind=kind, low=0.2, high=0.2, **kw)
         t0 = time.perf_counter()
         for _ in range(20):
@@ -165,7 +166,7 @@ def main() -> None:
     shares = mask_cost(args.model)
     print(f"\nmask cost on one batch (learner update {shares['learner_update_s']:.2f} s):")
     for kind in MASK_KINDS:
-        print(f"  {kind:<10} {100 * shares[kind]:6.2f} % of the update")
+        print(f"  {kind:<14} {100 * shares[kind]:6.2f} % of the update")
     if args.mask_cost_only:
         return
 

@@ -22,8 +22,8 @@ Papers referred to below:
 from __future__ import annotations
 
 import math
-from functools import partial
-from typing import Callable, Dict, Optional
+from dataclasses import dataclass
+from typing import Callable, Dict, Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -306,139 +306,19 @@ def _alpha_generator(log_u: torch.Tensor, alpha: float) -> torch.Tensor:
     return (torch.exp((1 - alpha) * log_u) - (1 - alpha) * u - alpha) / (alpha * (alpha - 1))
 
 
-#: DPH-RL generators f(u) as functions of (log u, α); α is used by "alpha" only.
-F_DIVERGENCES: Dict[str, Callable[[torch.Tensor, float], torch.Tensor]] = {
-    "forward_kl": _forward_kl_generator,
-    "js": _js_generator,
-    "alpha": _alpha_generator,
-}
+def _js_mixture_ref_generator(log_u: torch.Tensor, alpha: float) -> torch.Tensor:
+    """KL(π_ref‖M) per token, the D_pef half of the JS "divergence definition" (DPH-RL Appendix F,
+    Eq. 17), M = (π_ref + π_θ)/2 per token.
 
-
-def f_divergence(
-    logp: torch.Tensor,
-    ref_logp: torch.Tensor,
-    *,
-    kind: str,
-    alpha: float = 0.5,
-    clamp: float = 20.0,
-    max_term: float = MAX_TERM,
-) -> torch.Tensor:
-    """Per-token DPH-RL f-divergence term on D_pef rows, "generator" form (DPH-RL §4.2.1, Table 5).
-
-    With u = π_θ(a)/π_ref(a) = exp(clamp(log π_θ(a) − log π_ref(a), −clamp, clamp)):
-
-        "forward_kl"  f(u) = u − 1 − log u                                    (DPH-F)
-        "js"          f(u) = ½·[u·log u − (u + 1)·log((u + 1)/2)]             (DPH-JS)
-        "alpha"       f(u) = (u^(1−α) − (1−α)·u − α) / (α(α − 1)),  0 < α < 1
-
-    The tokens a are those of stored reference responses, sampled from π_ref during
-    pre-sampling, so no reference model runs during training. The expectation under π_ref is
-    the f-divergence D_f(π_θ‖π_ref) = E_{a∼π_ref}[f(π_θ(a)/π_ref(a))] of DPH-RL Eq. 6 (with the
-    paper's naming): "forward_kl" gives KL(π_ref‖π_θ) (generator −log u; the added u − 1 has
-    zero mean under π_ref and makes the sample estimate non-negative), "js" the Jensen-Shannon
-    divergence (the original code used twice this), "alpha" the α-divergence
-    (Σ π_θ^(1−α) π_ref^α − 1) / (α(α−1)), which tends to forward KL as α → 1 and to reverse KL
-    as α → 0. Each f is convex with f(1) = 0 and f'(1) = 0, so the term is ≥ 0, and 0 with
-    zero gradient where π_θ = π_ref; its gradient is an unbiased estimate of ∇D_f because the
-    samples come from the fixed π_ref.
-
-    u is per token, conditioned on the reference prefix, as in the original implementation:
-    sequence-level likelihood ratios are products over hundreds of tokens and overflow. The
-    log-ratio is clamped to ±``clamp`` (the original's ±20) and the term to ≤ ``max_term``
-    (the original's ``low_var_kl`` clamp of 10); beyond either the term is constant and has no
-    gradient.
-
-    Args:
-        logp: (B, T) log π_θ of the reference response tokens.
-        ref_logp: (B, T) stored log π_ref of the same tokens.
-        kind: one of ``F_DIVERGENCES``.
-        alpha: α of the "alpha" divergence, 0 < α < 1.
-        clamp: bound on |log u|.
-        max_term: bound on the per-token term (default :data:`MAX_TERM`).
-
-    Returns:
-        (B, T) float32 per-token terms in [0, max_term].
+    JS(π_ref, π_θ) = ½ KL(π_ref‖M) + ½ KL(π_θ‖M). This first half is estimated from the stored
+    reference responses (tokens a ∼ π_ref). With u = π_θ(a)/π_ref(a) and
+    w = M(a)/π_ref(a) = (1 + u)/2 the term is w − 1 − log w, the k3 estimator of KL(π_ref‖M)
+    from π_ref samples: its mean is KL(π_ref‖M) and, the samples coming from the fixed π_ref,
+    its gradient an unbiased estimate of ∇_θ KL(π_ref‖M). It equals the original code's
+    ``kl_penalty(ref_logp, log M, "low_var_kl")``; no reference model is needed for this half.
     """
-    _check_kind(kind, F_DIVERGENCES, "kind")
-    if kind == "alpha" and not 0 < alpha < 1:
-        raise ValueError(
-            f"alpha={alpha} is outside (0, 1); use kind='forward_kl' for α = 1 or pick 0 < α < 1."
-        )
-    log_u = (_upcast(logp) - _upcast(ref_logp)).clamp(-clamp, clamp)  # (B, T)
-    return F_DIVERGENCES[kind](log_u, alpha).clamp_max(max_term)
-
-
-#: How η weighs the D_pef term against the policy loss (``DPHConfig.pef_loss_normalization``).
-PEF_NORMALIZATIONS = ("original", "token_mean")
-#: The original code's generators relative to ours: its "js_low_var" is 2 × the JS of Table 5.
-ORIGINAL_GENERATOR_SCALE = {"forward_kl": 1.0, "js": 2.0, "alpha": 1.0, "js_definition": 1.0}
-
-
-def pef_loss_weight(
-    pef_coeff: float,
-    *,
-    normalization: str,
-    divergence: str,
-    num_pef_rows: float,
-    num_exp_rows: float,
-) -> float:
-    """Weight w of the D_pef term in ``loss = L_policy + w · token-mean(f)`` (DPH-RL Eq. 7).
-
-        "token_mean"  w = η                                   (Eq. 7 read literally)
-        "original"    w = η · s_f · N_pef / N_exp             (the original code's weight)
-
-    The original implementation routes micro-batches by row type and averages them with
-    gradient accumulation, so each term is weighted by its share of the mini-batch's rows:
-    (N_exp/N)·L_policy + (N_pef/N)·η·L_pef, i.e. relative to the policy loss η·N_pef/N_exp
-    (≈ η/8 at its 2048 : 256 mix). Its "js_low_var" generator is twice the JS generator of
-    Table 5 (s_js = 2; s = 1 for forward KL and α). With "original", the paper's η values
-    (Table 6, tuned with that code) mean what they meant there.
-
-    Args:
-        pef_coeff: η ≥ 0.
-        normalization: one of ``PEF_NORMALIZATIONS``.
-        divergence: "forward_kl", "js", "alpha" or "js_definition" (its s_f).
-        num_pef_rows, num_exp_rows: D_pef and exploration rows of the mini-batch (all learners).
-
-    Returns:
-        w ≥ 0.
-    """
-    if normalization == "token_mean":
-        return pef_coeff
-    if normalization != "original":
-        raise ValueError(f"normalization={normalization!r} is not one of {list(PEF_NORMALIZATIONS)}.")
-    _check_kind(divergence, ORIGINAL_GENERATOR_SCALE, "divergence")
-    return pef_coeff * ORIGINAL_GENERATOR_SCALE[divergence] * num_pef_rows / max(num_exp_rows, 1.0)
-
-
-def js_mixture_ref_term(
-    logp: torch.Tensor, ref_logp: torch.Tensor, *, clamp: float = 20.0, max_term: float = MAX_TERM
-) -> torch.Tensor:
-    """Per-token KL(π_ref‖M) on D_pef rows, JS "divergence definition" (DPH-RL Appendix F, Eq. 17).
-
-    JS(π_ref, π_θ) = ½ KL(π_ref‖M) + ½ KL(π_θ‖M) with M = (π_ref + π_θ)/2 per token. This is
-    the first half, estimated from the stored reference responses (tokens a ∼ π_ref) and
-    their stored log π_ref. With u = π_θ(a)/π_ref(a) and w = M(a)/π_ref(a) = (1 + u)/2:
-
-        term = w − 1 − log w        (the k3 estimator of KL(π_ref‖M) from π_ref samples)
-
-    E_{π_ref}[term] = KL(π_ref‖M) per position, and since the samples come from the fixed π_ref
-    the gradient is an unbiased estimate of ∇_θ KL(π_ref‖M). Equals the original code's
-    ``kl_penalty(ref_logp, log M, "low_var_kl")``. The loss of Eq. 17 is its aggregate; no
-    reference model is needed for this half.
-
-    Args:
-        logp: (B, T) log π_θ of the reference response tokens.
-        ref_logp: (B, T) stored log π_ref of the same tokens.
-        clamp: bound on |log u|.
-        max_term: bound on the per-token term (default :data:`MAX_TERM`).
-
-    Returns:
-        (B, T) float32 per-token terms in [0, max_term], zero with zero gradient where π_θ = π_ref.
-    """
-    log_u = (_upcast(logp) - _upcast(ref_logp)).clamp(-clamp, clamp)  # (B, T)
     log_w = F.softplus(log_u) - math.log(2.0)  # log((1 + u) / 2)
-    return _low_variance_kl(log_w).clamp_max(max_term)
+    return _low_variance_kl(log_w)
 
 
 def js_mixture_policy_term(
@@ -446,9 +326,9 @@ def js_mixture_policy_term(
 ) -> torch.Tensor:
     """Per-token KL(π_θ‖M) on exploration rows, JS "divergence definition" (DPH-RL Appendix F, Eq. 15).
 
-    The second half of JS(π_ref, π_θ), estimated from the online rollouts (tokens a ∼ μ ≈ π_θ)
-    with log π_ref(a) from a live reference model. With v = π_ref(a)/π_θ(a) and
-    w = M(a)/π_θ(a) = (1 + v)/2:
+    The second half of JS(π_ref, π_θ) (the first: ``f_divergence(kind="js_definition")``),
+    estimated from the online rollouts (tokens a ∼ μ ≈ π_θ) with log π_ref(a) from a live
+    reference model. With v = π_ref(a)/π_θ(a) and w = M(a)/π_θ(a) = (1 + v)/2:
 
         term = w − 1 − log w        (the k3 estimator of KL(π_θ‖M) from π_θ samples)
 
@@ -471,6 +351,135 @@ def js_mixture_policy_term(
     log_u = (_upcast(logp) - _upcast(ref_logp)).clamp(-clamp, clamp)  # (B, T)
     log_w = F.softplus(-log_u) - math.log(2.0)  # log((1 + 1/u) / 2)
     return _low_variance_kl(log_w).clamp_max(max_term)
+
+
+@dataclass(frozen=True)
+class FDivergenceSpec:
+    """One divergence of DPH-RL's regulariser, under its ``DPHConfig.divergence`` name.
+
+    Attributes:
+        generator: The D_pef term f as a function of (log u, α), u = π_θ/π_ref per token
+            (:func:`f_divergence`).
+        original_scale: s_f, the original code's generator over ``generator``
+            (:func:`pef_loss_weight`).
+        uses_alpha: f reads α (the α-divergence), which must then lie in (0, 1).
+        exploration_term: A second term on the exploration rows, (log π_θ, log π_ref) -> (B, T),
+            with log π_ref from a live reference model and weighted by β₁ = η·|D_pef|/|D_exp|
+            (so it also needs the D_exp file); None when the D_pef term is the whole regulariser.
+    """
+
+    generator: Callable[[torch.Tensor, float], torch.Tensor]
+    original_scale: float = 1.0
+    uses_alpha: bool = False
+    exploration_term: Optional[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = None
+
+
+#: DPH-RL's divergences (Table 5, Appendix F). The original code's "js_low_var" generator is
+#: 2 × the JS generator of Table 5 (s_js = 2).
+F_DIVERGENCES: Dict[str, FDivergenceSpec] = {
+    "forward_kl": FDivergenceSpec(_forward_kl_generator),
+    "js": FDivergenceSpec(_js_generator, original_scale=2.0),
+    "alpha": FDivergenceSpec(_alpha_generator, uses_alpha=True),
+    "js_definition": FDivergenceSpec(_js_mixture_ref_generator, exploration_term=js_mixture_policy_term),
+}
+
+
+def f_divergence(
+    logp: torch.Tensor,
+    ref_logp: torch.Tensor,
+    *,
+    kind: str,
+    alpha: float = 0.5,
+    clamp: float = 20.0,
+    max_term: float = MAX_TERM,
+) -> torch.Tensor:
+    """Per-token DPH-RL f-divergence term on D_pef rows, "generator" form (DPH-RL §4.2.1, Table 5).
+
+    With u = π_θ(a)/π_ref(a) = exp(clamp(log π_θ(a) − log π_ref(a), −clamp, clamp)):
+
+        "forward_kl"     f(u) = u − 1 − log u                                 (DPH-F)
+        "js"             f(u) = ½·[u·log u − (u + 1)·log((u + 1)/2)]          (DPH-JS)
+        "alpha"          f(u) = (u^(1−α) − (1−α)·u − α) / (α(α − 1)),  0 < α < 1
+        "js_definition"  f(u) = w − 1 − log w,  w = (1 + u)/2:  KL(π_ref‖M)   (Appendix F, Eq. 17)
+
+    The tokens a are those of stored reference responses, sampled from π_ref during
+    pre-sampling, so no reference model runs for this term. The expectation under π_ref is
+    the f-divergence D_f(π_θ‖π_ref) = E_{a∼π_ref}[f(π_θ(a)/π_ref(a))] of DPH-RL Eq. 6 (with the
+    paper's naming): "forward_kl" gives KL(π_ref‖π_θ) (generator −log u; the added u − 1 has
+    zero mean under π_ref and makes the sample estimate non-negative), "js" the Jensen-Shannon
+    divergence (the original code used twice this), "alpha" the α-divergence
+    (Σ π_θ^(1−α) π_ref^α − 1) / (α(α−1)), which tends to forward KL as α → 1 and to reverse KL
+    as α → 0, "js_definition" KL(π_ref‖M) with M = (π_ref + π_θ)/2, the D_pef half of JS (its
+    other half is :func:`js_mixture_policy_term`). Each f is convex with f(1) = 0 and
+    f'(1) = 0, so the term is ≥ 0, and 0 with zero gradient where π_θ = π_ref; its gradient is
+    an unbiased estimate of ∇D_f because the samples come from the fixed π_ref.
+
+    u is per token, conditioned on the reference prefix, as in the original implementation:
+    sequence-level likelihood ratios are products over hundreds of tokens and overflow. The
+    log-ratio is clamped to ±``clamp`` (the original's ±20) and the term to ≤ ``max_term``
+    (the original's ``low_var_kl`` clamp of 10); beyond either the term is constant and has no
+    gradient.
+
+    Args:
+        logp: (B, T) log π_θ of the reference response tokens.
+        ref_logp: (B, T) stored log π_ref of the same tokens.
+        kind: one of ``F_DIVERGENCES``.
+        alpha: α of the "alpha" divergence, 0 < α < 1.
+        clamp: bound on |log u|.
+        max_term: bound on the per-token term (default :data:`MAX_TERM`).
+
+    Returns:
+        (B, T) float32 per-token terms in [0, max_term].
+    """
+    _check_kind(kind, F_DIVERGENCES, "kind")
+    spec = F_DIVERGENCES[kind]
+    if spec.uses_alpha and not 0 < alpha < 1:
+        raise ValueError(
+            f"alpha={alpha} is outside (0, 1); use kind='forward_kl' for α = 1 or pick 0 < α < 1."
+        )
+    log_u = (_upcast(logp) - _upcast(ref_logp)).clamp(-clamp, clamp)  # (B, T)
+    return spec.generator(log_u, alpha).clamp_max(max_term)
+
+
+#: How η weighs the D_pef term against the policy loss (``DPHConfig.pef_loss_normalization``).
+PEF_NORMALIZATIONS = ("original", "token_mean")
+
+
+def pef_loss_weight(
+    pef_coeff: float,
+    *,
+    normalization: str,
+    divergence: str,
+    num_pef_rows: float,
+    num_exp_rows: float,
+) -> float:
+    """Weight w of the D_pef term in ``loss = L_policy + w · token-mean(f)`` (DPH-RL Eq. 7).
+
+        "token_mean"  w = η                                   (Eq. 7 read literally)
+        "original"    w = η · s_f · N_pef / N_exp             (the original code's weight)
+
+    The original implementation routes micro-batches by row type and averages them with
+    gradient accumulation, so each term is weighted by its share of the mini-batch's rows:
+    (N_exp/N)·L_policy + (N_pef/N)·η·L_pef, i.e. relative to the policy loss η·N_pef/N_exp
+    (≈ η/8 at its 2048 : 256 mix). Its "js_low_var" generator is twice the JS generator of
+    Table 5 (s_js = 2; s = 1 for the others, ``FDivergenceSpec.original_scale``). With
+    "original", the paper's η values (Table 6, tuned with that code) mean what they meant there.
+
+    Args:
+        pef_coeff: η ≥ 0.
+        normalization: one of ``PEF_NORMALIZATIONS``.
+        divergence: one of ``F_DIVERGENCES`` (its s_f).
+        num_pef_rows, num_exp_rows: D_pef and exploration rows of the mini-batch (all learners).
+
+    Returns:
+        w ≥ 0.
+    """
+    if normalization == "token_mean":
+        return pef_coeff
+    if normalization != "original":
+        raise ValueError(f"normalization={normalization!r} is not one of {list(PEF_NORMALIZATIONS)}.")
+    _check_kind(divergence, F_DIVERGENCES, "divergence")
+    return pef_coeff * F_DIVERGENCES[divergence].original_scale * num_pef_rows / max(num_exp_rows, 1.0)
 
 
 # ------------------------------------------------------------------ log-probs and entropy
@@ -592,14 +601,59 @@ def _topk_kl(logp, behavior_logp, topk_logp, topk_behavior_logp):
     return _kl(_topk_masses(topk_behavior_logp), _topk_masses(topk_logp))
 
 
-#: DPPO divergence approximations D(μ‖π_θ) per token (DPPO §4.4, Eq. 13-16).
-TRUST_REGION_DIVERGENCES = {
-    "binary_tv": _binary_tv,
-    "binary_kl": _binary_kl,
-    "topk_tv": _topk_tv,
-    "topk_kl": _topk_kl,
+def _ratio_keep(logp, behavior_logp, advantages, low, high, divergence):
+    ratio = torch.exp(logp - behavior_logp)  # (B, T)
+    drop = ((advantages > 0) & (ratio > 1 + high)) | ((advantages < 0) & (ratio < 1 - low))
+    return ~drop
+
+
+def _divergence_keep(logp, behavior_logp, advantages, low, high, divergence):
+    up, down = logp > behavior_logp, logp < behavior_logp
+    drop = ((advantages > 0) & up & (divergence > high)) | ((advantages < 0) & down & (divergence > low))
+    return ~drop
+
+
+def _keep_all(logp, behavior_logp, advantages, low, high, divergence):
+    return torch.ones(torch.broadcast_shapes(logp.shape, advantages.shape), dtype=torch.bool, device=logp.device)
+
+
+@dataclass(frozen=True)
+class TrustRegionSpec:
+    """One trust region of :func:`trust_region_mask`, under its ``GRPOConfig.trust_region`` name.
+
+    Attributes:
+        keep: The mask rule, (logp, behavior_logp, advantages, low, high, divergence) -> (B, T)
+            bool, True where a token keeps its gradient.
+        divergence: D(μ‖π_θ) per token, (logp, behavior_logp, topk_logp, topk_behavior_logp)
+            -> (B, T) (DPPO §4.4); None for PPO's ratio and for no trust region, whose
+            thresholds are the PPO ε (``clip_eps_low/high``) instead of a δ.
+        needs_topk: The divergence reads the rollout engine's top-K log-probs.
+        measure: What δ bounds, "TV" or "KL" (divergence trust regions only).
+        default_delta: δ of both signs when ``trust_region_delta_low/high`` are None (DPPO
+            Appendix F).
+        max_delta: Exclusive upper bound of δ (a TV is at most 1), None for none (a KL).
+    """
+
+    keep: Callable[..., torch.Tensor]
+    divergence: Optional[Callable[..., torch.Tensor]] = None
+    needs_topk: bool = False
+    measure: Optional[str] = None
+    default_delta: Optional[float] = None
+    max_delta: Optional[float] = None
+
+
+_TV = dict(measure="TV", default_delta=0.15, max_delta=1)
+_KL = dict(measure="KL", default_delta=0.05)
+#: Trust regions by their ``GRPOConfig.trust_region`` name: PPO ratio clipping, the DPPO
+#: divergence masks (DPPO §4.3-4.4, Eq. 13-16), or none.
+TRUST_REGIONS: Dict[str, TrustRegionSpec] = {
+    "ppo": TrustRegionSpec(_ratio_keep),
+    "dppo_binary_tv": TrustRegionSpec(_divergence_keep, _binary_tv, **_TV),
+    "dppo_binary_kl": TrustRegionSpec(_divergence_keep, _binary_kl, **_KL),
+    "dppo_topk_tv": TrustRegionSpec(_divergence_keep, _topk_tv, needs_topk=True, **_TV),
+    "dppo_topk_kl": TrustRegionSpec(_divergence_keep, _topk_kl, needs_topk=True, **_KL),
+    "none": TrustRegionSpec(_keep_all),
 }
-_NEEDS_TOPK = ("topk_tv", "topk_kl")
 
 
 def trust_region_divergence(
@@ -616,10 +670,10 @@ def trust_region_divergence(
     lower bound of the full divergence that is exact when each cell is a single token
     (DPPO Appendix C). With P = μ and Q = π_θ:
 
-        "binary_tv"  |q − p|                                                  (Eq. 13)
-        "binary_kl"  q·log(q/p) + (1−q)·log((1−q)/(1−p))                         (Eq. 14)
-        "topk_tv"    ½(Σ_k |P_k − Q_k| + |P_other − Q_other|)                     (Eq. 15)
-        "topk_kl"    Σ_k P_k·log(P_k/Q_k) + P_other·log(P_other/Q_other)          (Eq. 16)
+        "dppo_binary_tv"  |q − p|                                                  (Eq. 13)
+        "dppo_binary_kl"  q·log(q/p) + (1−q)·log((1−q)/(1−p))                         (Eq. 14)
+        "dppo_topk_tv"    ½(Σ_k |P_k − Q_k| + |P_other − Q_other|)                     (Eq. 15)
+        "dppo_topk_kl"    Σ_k P_k·log(P_k/Q_k) + P_other·log(P_other/Q_other)          (Eq. 16)
 
     where p = π_θ(a_t), q = μ(a_t) (cells: the sampled token and the rest), and the top-K
     cells are the rollout engine's top-K tokens of μ (the sampled token included) plus an
@@ -631,55 +685,36 @@ def trust_region_divergence(
     Args:
         logp: (B, T) log π_θ of the sampled tokens.
         behavior_logp: (B, T) log μ of the sampled tokens (rollout engine).
-        kind: one of ``TRUST_REGION_DIVERGENCES``.
+        kind: a trust region of ``TRUST_REGIONS`` with a divergence (the "dppo_*" ones).
         topk_logp: (B, T, K) log π_θ of μ's top-K token ids; top-K kinds only.
         topk_behavior_logp: (B, T, K) log μ of the same ids; top-K kinds only.
 
     Returns:
         (B, T) float32 divergences, without gradient.
     """
-    _check_kind(kind, TRUST_REGION_DIVERGENCES, "kind")
-    if kind in _NEEDS_TOPK:
-        if topk_logp is None or topk_behavior_logp is None:
-            raise ValueError(
-                f"kind={kind!r} needs topk_logp and topk_behavior_logp (B, T, K); ask the rollout "
-                "engine for top-K log-probs or use a binary kind."
-            )
-        if topk_logp.shape != topk_behavior_logp.shape:
-            raise ValueError(
-                f"topk_logp {tuple(topk_logp.shape)} and topk_behavior_logp "
-                f"{tuple(topk_behavior_logp.shape)} must have the same (B, T, K) shape: the "
-                "log-probs of the same K ids under π_θ and μ."
-            )
+    _check_kind(kind, TRUST_REGIONS, "kind")
+    spec = TRUST_REGIONS[kind]
+    if spec.divergence is None:
+        with_divergence = [name for name, other in TRUST_REGIONS.items() if other.divergence is not None]
+        raise ValueError(f"kind={kind!r} bounds no divergence; pass one of {with_divergence}.")
+    if spec.needs_topk:
+        _check_topk(kind, topk_logp, topk_behavior_logp)
     with torch.no_grad():
-        return TRUST_REGION_DIVERGENCES[kind](_upcast(logp), _upcast(behavior_logp), topk_logp, topk_behavior_logp)
+        return spec.divergence(_upcast(logp), _upcast(behavior_logp), topk_logp, topk_behavior_logp)
 
 
-def _ratio_keep(logp, behavior_logp, advantages, low, high, topk_logp, topk_behavior_logp):
-    ratio = torch.exp(logp - behavior_logp)  # (B, T)
-    drop = ((advantages > 0) & (ratio > 1 + high)) | ((advantages < 0) & (ratio < 1 - low))
-    return ~drop
-
-
-def _divergence_keep(kind, logp, behavior_logp, advantages, low, high, topk_logp, topk_behavior_logp):
-    divergence = trust_region_divergence(
-        logp, behavior_logp, kind=kind, topk_logp=topk_logp, topk_behavior_logp=topk_behavior_logp
-    )  # (B, T)
-    up, down = logp > behavior_logp, logp < behavior_logp
-    drop = ((advantages > 0) & up & (divergence > high)) | ((advantages < 0) & down & (divergence > low))
-    return ~drop
-
-
-def _keep_all(logp, behavior_logp, advantages, low, high, topk_logp, topk_behavior_logp):
-    return torch.ones(torch.broadcast_shapes(logp.shape, advantages.shape), dtype=torch.bool, device=logp.device)
-
-
-#: Mask rules by kind: PPO ratio clipping, the DPPO divergence masks, or no trust region.
-TRUST_REGION_KINDS = {
-    "ppo": _ratio_keep,
-    **{kind: partial(_divergence_keep, kind) for kind in TRUST_REGION_DIVERGENCES},
-    "none": _keep_all,
-}
+def _check_topk(kind: str, topk_logp: Optional[torch.Tensor], topk_behavior_logp: Optional[torch.Tensor]) -> None:
+    if topk_logp is None or topk_behavior_logp is None:
+        raise ValueError(
+            f"kind={kind!r} needs topk_logp and topk_behavior_logp (B, T, K); ask the rollout "
+            "engine for top-K log-probs or use a binary kind."
+        )
+    if topk_logp.shape != topk_behavior_logp.shape:
+        raise ValueError(
+            f"topk_logp {tuple(topk_logp.shape)} and topk_behavior_logp "
+            f"{tuple(topk_behavior_logp.shape)} must have the same (B, T, K) shape: the "
+            "log-probs of the same K ids under π_θ and μ."
+        )
 
 
 def trust_region_mask(
@@ -692,39 +727,49 @@ def trust_region_mask(
     high: float,
     topk_logp: Optional[torch.Tensor] = None,
     topk_behavior_logp: Optional[torch.Tensor] = None,
-) -> torch.Tensor:
+    return_divergence: bool = False,
+) -> Union[torch.Tensor, tuple[torch.Tensor, Optional[torch.Tensor]]]:
     """Which tokens keep their policy gradient, M_t of DPPO Eq. 12 / Appendix D.
 
     With p = π_θ(a_t), q = μ(a_t) (μ: the rollout engine's distribution, the anchor of the
     trust region, DPPO §5.2) and Â_t the advantage, a token is dropped (M_t = 0) if
 
-        "ppo"             (Â > 0 and p/q > 1 + high) or (Â < 0 and p/q < 1 − low)
-        divergence kinds  (Â > 0 and p > q and D > high) or (Â < 0 and p < q and D > low)
-        "none"            never
+        "ppo"     (Â > 0 and p/q > 1 + high) or (Â < 0 and p/q < 1 − low)
+        "dppo_*"  (Â > 0 and p > q and D > high) or (Â < 0 and p < q and D > low)
+        "none"    never
 
-    with D from ``trust_region_divergence`` ("binary_tv", "binary_kl", "topk_tv", "topk_kl").
-    An update is only blocked when it moves the token further away from μ. The PPO rule with
-    high = ε_high (0.28, DAPO clip-higher) and low = ε_low (0.2) is GRPO's clipping; the DPPO
-    defaults are δ = 0.15 (TV) and 0.05 (KL) for both signs.
+    with D from :func:`trust_region_divergence`. An update is only blocked when it moves the
+    token further away from μ. The PPO rule with high = ε_high (0.28, DAPO clip-higher) and
+    low = ε_low (0.2) is GRPO's clipping; the DPPO defaults are δ = 0.15 (TV) and 0.05 (KL)
+    for both signs (``TrustRegionSpec.default_delta``).
 
     Args:
         logp: (B, T) log π_θ of the sampled tokens (gradients are not used).
         behavior_logp: (B, T) log μ of the sampled tokens.
         advantages: Â, broadcastable to (B, T), e.g. (B, 1) per sequence.
-        kind: one of ``TRUST_REGION_KINDS``.
-        low: ε_low ("ppo") or δ for negative advantages (divergence kinds).
-        high: ε_high ("ppo") or δ for positive advantages (divergence kinds).
+        kind: one of ``TRUST_REGIONS``.
+        low: ε_low ("ppo") or δ for negative advantages ("dppo_*").
+        high: ε_high ("ppo") or δ for positive advantages ("dppo_*").
         topk_logp: (B, T, K) log π_θ of μ's top-K ids; top-K kinds only.
         topk_behavior_logp: (B, T, K) log μ of the same ids; top-K kinds only.
+        return_divergence: also return the (B, T) divergence D the mask used (None for "ppo"
+            and "none"), so that metrics need not compute it again.
 
     Returns:
-        (B, T) bool, True where the token keeps its gradient.
+        (B, T) bool, True where the token keeps its gradient; with ``return_divergence`` the
+        pair (mask, D or None).
     """
-    _check_kind(kind, TRUST_REGION_KINDS, "kind")
+    _check_kind(kind, TRUST_REGIONS, "kind")
+    spec = TRUST_REGIONS[kind]
     with torch.no_grad():
-        return TRUST_REGION_KINDS[kind](
-            _upcast(logp), _upcast(behavior_logp), _upcast(advantages), low, high, topk_logp, topk_behavior_logp
-        )
+        logp, behavior_logp = _upcast(logp), _upcast(behavior_logp)
+        divergence = None
+        if spec.divergence is not None:
+            divergence = trust_region_divergence(
+                logp, behavior_logp, kind=kind, topk_logp=topk_logp, topk_behavior_logp=topk_behavior_logp
+            )  # (B, T)
+        keep = spec.keep(logp, behavior_logp, _upcast(advantages), low, high, divergence)  # (B, T)
+    return (keep, divergence) if return_divergence else keep
 
 
 def dual_clip_mask(

@@ -172,7 +172,7 @@ def test_dph_js_run_loads_no_reference_model(ray_session, presampled):
 
 def test_js_definition_uses_a_reference_model(ray_session, presampled):
     out, _ = presampled
-    config = _dph_config(out / "d_pef.parquet", js_definition=True, exp_path=str(out / "d_exp.parquet"))
+    config = _dph_config(out / "d_pef.parquet", divergence="js_definition", exp_path=str(out / "d_exp.parquet"))
     config.validate()
     learner = config.build_learner(env=envs_make())
     assert learner.ref_model is not None
@@ -198,7 +198,7 @@ def envs_make():
         ({"presample_k": 4, "presample_min_correct": 5}, "presample_min_correct=5 must be <= presample_k=4"),
         ({"pef_path": "/nonexistent/d_pef.parquet"}, "does not exist"),
         ({"pef_path": None}, "no D_pef file"),
-        ({"js_definition": True}, "js_definition=True needs the D_exp file"),
+        ({"divergence": "js_definition"}, "divergence='js_definition' needs the D_exp file"),
     ],
 )
 def test_validate_messages(presampled, dph, message):
@@ -209,9 +209,14 @@ def test_validate_messages(presampled, dph, message):
     assert message in str(err.value)
 
 
+def test_js_definition_is_a_divergence_not_a_flag():
+    with pytest.raises(TypeError, match="js_definition"):
+        DPHConfig().dph(js_definition=True)
+
+
 def test_validate_refuses_js_definition_without_reference_model(presampled):
     out, _ = presampled
-    config = _dph_config(out / "d_pef.parquet", js_definition=True).llm(reference_model=None)
+    config = _dph_config(out / "d_pef.parquet", divergence="js_definition").llm(reference_model=None)
     with pytest.raises(ValueError, match="needs a live reference model"):
         config.validate()
 

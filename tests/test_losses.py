@@ -8,8 +8,7 @@ import torch
 from rllib_dph.losses import (
     AGGREGATIONS,
     MAX_TERM,
-    TRUST_REGION_DIVERGENCES,
-    TRUST_REGION_KINDS,
+    TRUST_REGIONS,
     aggregate_parts,
     bad_update_fraction,
     dual_clip_mask,
@@ -17,7 +16,6 @@ from rllib_dph.losses import (
     group_advantages,
     has_reward_variance,
     js_mixture_policy_term,
-    js_mixture_ref_term,
     kl_estimate,
     masked_aggregate,
     masked_mean,
@@ -31,6 +29,8 @@ from rllib_dph.losses import (
     trust_region_mask,
 )
 
+#: The trust regions with a divergence (the DPPO ones).
+DIVERGENCE_TRUST_REGIONS = [kind for kind, spec in TRUST_REGIONS.items() if spec.divergence is not None]
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 LN2 = math.log(2.0)
 
@@ -184,6 +184,7 @@ def test_masked_mean_by_hand():
         ("js", 0.5, -LN2, 0.5 * (0.5 * -LN2 - 1.5 * math.log(0.75))),
         ("alpha", 0.5, LN2, (math.sqrt(2) - 1 - 0.5) / (0.5 * -0.5)),
         ("alpha", 0.2, -LN2, (0.5**0.8 - 0.8 * 0.5 - 0.2) / (0.2 * -0.8)),
+        ("js_definition", 0.5, LN2, 1.5 - 1 - math.log(1.5)),  # w = (1 + u) / 2 = 1.5
     ],
 )
 def test_f_divergence_by_hand(kind, alpha, log_u, expected):
@@ -210,7 +211,7 @@ DIVERGENCE_TERMS = {
         lambda p, q: 0.5 * (_kl(p, (p + q) / 2) + _kl(q, (p + q) / 2)),
     ),
     "alpha": (lambda lp, lr, **kw: f_divergence(lp, lr, kind="alpha", alpha=0.3, **kw), "ref", _alpha_div),
-    "js_mixture_ref": (js_mixture_ref_term, "ref", lambda p, q: _kl(q, (p + q) / 2)),
+    "js_mixture_ref": (lambda lp, lr, **kw: f_divergence(lp, lr, kind="js_definition", **kw), "ref", lambda p, q: _kl(q, (p + q) / 2)),
     "js_mixture_policy": (js_mixture_policy_term, "policy", lambda p, q: _kl(p, (p + q) / 2)),
 }
 
@@ -269,7 +270,7 @@ def test_js_generator_is_the_sum_of_the_two_mixture_halves():
     pi, ref = random_categoricals((3,), 8, seed=3)
     unbounded = dict(max_term=math.inf)
     generator = (ref * f_divergence(pi.log(), ref.log(), kind="js", **unbounded)).sum(-1)
-    halves = 0.5 * (ref * js_mixture_ref_term(pi.log(), ref.log(), **unbounded)).sum(-1) + 0.5 * (
+    halves = 0.5 * (ref * f_divergence(pi.log(), ref.log(), kind="js_definition", **unbounded)).sum(-1) + 0.5 * (
         pi * js_mixture_policy_term(pi.log(), ref.log(), **unbounded)
     ).sum(-1)
     torch.testing.assert_close(generator, halves)
@@ -367,11 +368,11 @@ PAPER_HIGH = (0.99, 0.80, -1.0)  # high-probability token pushed down
     "kind,low,high,token,keep",
     [
         ("ppo", 0.2, 0.28, PAPER_LOW, False),  # ratio 100 > 1.28
-        ("binary_tv", 0.15, 0.15, PAPER_LOW, True),  # |π − μ| = 0.0099
-        ("binary_kl", 0.05, 0.05, PAPER_LOW, True),  # D ≈ 0.0095
+        ("dppo_binary_tv", 0.15, 0.15, PAPER_LOW, True),  # |π − μ| = 0.0099
+        ("dppo_binary_kl", 0.05, 0.05, PAPER_LOW, True),  # D ≈ 0.0095
         ("ppo", 0.2, 0.28, PAPER_HIGH, True),  # ratio 0.808 > 0.8
-        ("binary_tv", 0.15, 0.15, PAPER_HIGH, False),  # |π − μ| = 0.19
-        ("binary_kl", 0.05, 0.05, PAPER_HIGH, False),  # D ≈ 0.181
+        ("dppo_binary_tv", 0.15, 0.15, PAPER_HIGH, False),  # |π − μ| = 0.19
+        ("dppo_binary_kl", 0.05, 0.05, PAPER_HIGH, False),  # D ≈ 0.181
         ("none", 0.0, 0.0, PAPER_LOW, True),
         ("none", 0.0, 0.0, PAPER_HIGH, True),
     ],
@@ -413,7 +414,7 @@ def test_ppo_ratio_mask_truth_table(mu, pi, adv, keep):
     ],
 )
 def test_divergence_mask_truth_table_uses_low_for_negative_and_high_for_positive(mu, pi, adv, keep):
-    mask = trust_region_mask(t([[math.log(pi)]]), t([[math.log(mu)]]), t([[adv]]), kind="binary_tv", low=0.1, high=0.3)
+    mask = trust_region_mask(t([[math.log(pi)]]), t([[math.log(mu)]]), t([[adv]]), kind="dppo_binary_tv", low=0.1, high=0.3)
     assert mask.item() is keep
 
 
@@ -421,22 +422,22 @@ def test_mask_broadcasts_sequence_advantages_and_has_no_gradient():
     logp = torch.log(t([[0.9, 0.2], [0.9, 0.2]])).requires_grad_(True)
     behavior = torch.log(t([[0.5, 0.5], [0.5, 0.5]]))
     adv = t([[1.0], [-1.0]])  # (B, 1)
-    for kind in TRUST_REGION_KINDS:
+    for kind in TRUST_REGIONS:
         topk = dict(topk_logp=logp[..., None], topk_behavior_logp=behavior[..., None])
         mask = trust_region_mask(logp, behavior, adv, kind=kind, low=0.2, high=0.2, **topk)
         assert mask.shape == (2, 2) and not mask.requires_grad
-    mask = trust_region_mask(logp, behavior, adv, kind="binary_tv", low=0.2, high=0.2)
+    mask = trust_region_mask(logp, behavior, adv, kind="dppo_binary_tv", low=0.2, high=0.2)
     assert mask.tolist() == [[False, True], [True, False]]
 
 
 @pytest.mark.parametrize(
     "kind,expected",
     [
-        ("binary_tv", 0.1),
-        ("binary_kl", 0.5 * math.log(0.5 / 0.4) + 0.5 * math.log(0.5 / 0.6)),
+        ("dppo_binary_tv", 0.1),
+        ("dppo_binary_kl", 0.5 * math.log(0.5 / 0.4) + 0.5 * math.log(0.5 / 0.6)),
         # μ top-2 masses (0.5, 0.3), other 0.2; π at those ids (0.4, 0.4), other 0.2
-        ("topk_tv", 0.5 * (0.1 + 0.1 + 0.0)),
-        ("topk_kl", 0.5 * math.log(0.5 / 0.4) + 0.3 * math.log(0.3 / 0.4)),
+        ("dppo_topk_tv", 0.5 * (0.1 + 0.1 + 0.0)),
+        ("dppo_topk_kl", 0.5 * math.log(0.5 / 0.4) + 0.3 * math.log(0.3 / 0.4)),
     ],
 )
 def test_trust_region_divergence_by_hand(kind, expected):
@@ -458,7 +459,7 @@ def _full_and_approximate_divergences(mu, pi, k, seed):
     topk = dict(topk_logp=pi.gather(-1, top).log(), topk_behavior_logp=mu.gather(-1, top).log())
     logp, behavior = pi.gather(-1, sampled).squeeze(-1).log(), mu.gather(-1, sampled).squeeze(-1).log()
     full = {"tv": 0.5 * (mu - pi).abs().sum(-1), "kl": _kl(mu, pi)}
-    approx = {kind: trust_region_divergence(logp, behavior, kind=kind, **topk) for kind in TRUST_REGION_DIVERGENCES}
+    approx = {kind: trust_region_divergence(logp, behavior, kind=kind, **topk) for kind in DIVERGENCE_TRUST_REGIONS}
     return full, approx
 
 
@@ -467,30 +468,46 @@ def test_approximate_divergences_lower_bound_the_full_ones(seed):
     mu, pi = random_categoricals((4, 6), 30, seed=seed)
     full, approx = _full_and_approximate_divergences(mu, pi, k=5, seed=seed)
     for kind, value in approx.items():
-        assert (value <= full[kind.split("_")[1]] + 1e-9).all(), kind
+        assert (value <= full[kind.rsplit("_", 1)[1]] + 1e-9).all(), kind
         assert (value >= 0).all(), kind
 
 
 def test_topk_divergences_are_exact_when_k_covers_the_vocabulary():
     mu, pi = random_categoricals((4, 6), 12, seed=5)
     full, approx = _full_and_approximate_divergences(mu, pi, k=12, seed=5)
-    torch.testing.assert_close(approx["topk_tv"], full["tv"])
-    torch.testing.assert_close(approx["topk_kl"], full["kl"])
+    torch.testing.assert_close(approx["dppo_topk_tv"], full["tv"])
+    torch.testing.assert_close(approx["dppo_topk_kl"], full["kl"])
 
 
 def test_divergences_are_finite_on_degenerate_probabilities():
     # padding-like rows: log μ = 0 (μ = 1), π = 1, zero top-K log-probs summing above 1
     logp, behavior = t([[0.0, -30.0]]), t([[0.0, 0.0]])
     zeros = torch.zeros(1, 2, 3)
-    for kind in TRUST_REGION_DIVERGENCES:
+    for kind in DIVERGENCE_TRUST_REGIONS:
         out = trust_region_divergence(logp, behavior, kind=kind, topk_logp=zeros, topk_behavior_logp=zeros)
         assert torch.isfinite(out).all(), kind
 
 
-@pytest.mark.parametrize("kind", ["topk_tv", "topk_kl"])
+@pytest.mark.parametrize("kind", ["dppo_topk_tv", "dppo_topk_kl"])
 def test_topk_kinds_require_topk_logprobs(kind):
     with pytest.raises(ValueError, match=f"kind='{kind}' needs topk_logp"):
         trust_region_mask(t([[0.0]]), t([[0.0]]), t([[1.0]]), kind=kind, low=0.1, high=0.1)
+
+
+@pytest.mark.parametrize("kind", sorted(TRUST_REGIONS))
+def test_mask_returns_the_divergence_it_used(kind):
+    g = torch.Generator().manual_seed(1)
+    behavior = torch.log_softmax(torch.randn(3, 5, 4, generator=g), -1)  # (B, T, V)
+    logp_all = behavior + 0.5 * torch.randn(3, 5, 4, generator=g)
+    topk = dict(topk_logp=logp_all[..., :2], topk_behavior_logp=behavior[..., :2])
+    adv = torch.randn(3, 1, generator=g)
+    args = (logp_all[..., 0], behavior[..., 0], adv)
+    keep, divergence = trust_region_mask(*args, kind=kind, low=0.1, high=0.1, return_divergence=True, **topk)
+    assert torch.equal(keep, trust_region_mask(*args, kind=kind, low=0.1, high=0.1, **topk))
+    if TRUST_REGIONS[kind].divergence is None:
+        assert divergence is None
+    else:
+        assert torch.equal(divergence, trust_region_divergence(*args[:2], kind=kind, **topk))
 
 
 def test_trust_region_functions_reject_unknown_kind():
@@ -511,7 +528,7 @@ def test_policy_gradient_loss_by_hand():
     torch.testing.assert_close(logp.grad, t([[-1.5, -1.5, 0.0]]))
 
 
-@pytest.mark.parametrize("kind", sorted(TRUST_REGION_KINDS))
+@pytest.mark.parametrize("kind", sorted(TRUST_REGIONS))
 def test_gradient_is_exactly_zero_on_masked_tokens_and_nonzero_elsewhere(kind):
     g = torch.Generator().manual_seed(6)
     behavior = torch.log_softmax(torch.randn(6, 8, 5, generator=g), -1)  # (B, T, V)
@@ -563,12 +580,12 @@ def test_bf16_inputs_give_float32_terms_and_gradients(device):
     behavior = (logp32 + 0.3 * torch.randn(3, 4, device=device)).clamp_max(0).bfloat16()
     logp = logp32.bfloat16().requires_grad_(True)
     adv = torch.randn(3, 1, device=device).bfloat16()
-    mask = trust_region_mask(logp, behavior, adv, kind="binary_kl", low=0.05, high=0.05)
+    mask = trust_region_mask(logp, behavior, adv, kind="dppo_binary_kl", low=0.05, high=0.05)
     terms = {
         "pg": policy_gradient_loss(logp, behavior, adv, mask),
         "kl": kl_estimate(logp, behavior),
         "f": f_divergence(logp, behavior, kind="js"),
-        "js_ref": js_mixture_ref_term(logp, behavior),
+        "js_ref": f_divergence(logp, behavior, kind="js_definition"),
     }
     for name, term in terms.items():
         assert term.dtype == torch.float32, name
@@ -576,7 +593,7 @@ def test_bf16_inputs_give_float32_terms_and_gradients(device):
             "pg": policy_gradient_loss(logp.float(), behavior.float(), adv.float(), mask),
             "kl": kl_estimate(logp.float(), behavior.float()),
             "f": f_divergence(logp.float(), behavior.float(), kind="js"),
-            "js_ref": js_mixture_ref_term(logp.float(), behavior.float()),
+            "js_ref": f_divergence(logp.float(), behavior.float(), kind="js_definition"),
         }[name]
         torch.testing.assert_close(term, expected)
     loss = sum(masked_aggregate(term, torch.ones(3, 4, device=device), mode="token-mean") for term in terms.values())
@@ -637,6 +654,7 @@ def test_dual_clip_needs_c_above_one():
         ("original", "js", 0.2 * 2 * 16 / 128),  # the original's js_low_var is 2 × JS
         ("original", "forward_kl", 0.2 * 16 / 128),
         ("original", "alpha", 0.2 * 16 / 128),
+        ("original", "js_definition", 0.2 * 16 / 128),
     ],
 )
 def test_pef_loss_weight(normalization, divergence, expected):

@@ -1,10 +1,11 @@
-"""Rules for numeric config fields, as data: type, finiteness and range, with a fix for each.
+"""Config rules as data: numeric fields, choices and cross-field rules, each with its message.
 
-``GRPOConfig.validate()`` and ``DPHConfig.validate()`` check their fields against these tables
-before any cross-field rule, so every numeric field is refused for the same reasons with the
-same kind of message: the field, the value, the rule and a fix. NaN never passes (every bound
-is checked with a comparison that NaN fails), and neither does a string or a bool where a
-number is due.
+``GRPOConfig.validate()`` and ``DPHConfig.validate()`` run these tables: first the numeric rules
+(``NumberRule``: type, finiteness and range), then the config's ``config_rules`` in order
+(``ChoiceRule``: a name from a registry; the DPPO thresholds of the trust region;
+``CrossRule``: rules across fields). DPH's tables are GRPO's plus its own. Every message states
+the field, the value, the rule and a fix. NaN never passes a number rule (every bound is checked
+with a comparison that NaN fails), and neither does a string or a bool where a number is due.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Collection, Iterable, Iterator, Optional
 
 
 @dataclass(frozen=True)
@@ -74,18 +75,87 @@ class NumberRule:
         fix = f"; {self.fix}" if self.fix else ""
         return f"{self.field}={value!r}{typed} is invalid: it must be {self.describe()}{fix}."
 
+    def violation(self, config: Any) -> Optional[str]:
+        """The message when ``config``'s field breaks the rule, else None."""
+        value = getattr(config, self.field)
+        return None if self.holds(value) else self.message(value)
 
-def first_violation(config: Any, rules: Iterable[NumberRule]) -> Optional[str]:
-    """The message of the first rule ``config`` breaks, or None when all hold."""
+
+@dataclass(frozen=True)
+class ChoiceRule:
+    """A field whose value must be one of a registry's names.
+
+    Attributes:
+        field: The config attribute.
+        choices: The allowed values: a registry dict (its keys) or a tuple.
+    """
+
+    field: str
+    choices: Collection[str]
+
+    def violation(self, config: Any) -> Optional[str]:
+        """The message when ``config``'s field is not one of ``choices``, else None."""
+        value = getattr(config, self.field)
+        if value in self.choices:
+            return None
+        return f"{self.field}={value!r} is not one of {list(self.choices)}; pick one of those."
+
+
+@dataclass(frozen=True)
+class CrossRule:
+    """A rule a number or choice rule cannot state: across fields, or about one special value.
+
+    Attributes:
+        name: The rule in a few words.
+        broken: Whether a config breaks it.
+        message: The error for a config that breaks it: the values, the rule and the fix.
+    """
+
+    name: str
+    broken: Callable[[Any], bool]
+    message: Callable[[Any], str]
+
+    def violation(self, config: Any) -> Optional[str]:
+        """The message when ``config`` breaks the rule, else None."""
+        return self.message(config) if self.broken(config) else None
+
+
+@dataclass(frozen=True)
+class DeltaRule:
+    """The DPPO thresholds δ by what the trust region bounds (``losses.TrustRegionSpec``):
+    a TV in (0, 1), a KL > 0, None for the default (DPPO Appendix F); no rule for PPO's ratio
+    or no trust region."""
+
+    fields: tuple[str, ...] = ("trust_region_delta_low", "trust_region_delta_high")
+
+    def violation(self, config: Any) -> Optional[str]:
+        """The message when a threshold of ``config``'s trust region is out of range, else None."""
+        spec = config.trust_region_spec
+        if spec.divergence is None:
+            return None
+        bounds = dict(low=0, low_open=True, high=spec.max_delta, high_open=True, optional=True)
+        rules = [NumberRule(name, **bounds, fix=f"None for the default {spec.default_delta}") for name in self.fields]
+        problem = first_violation(config, rules)
+        if problem is None:
+            return None
+        return f"{problem} (trust_region={config.trust_region!r} thresholds a {spec.measure} divergence)"
+
+
+def violations(config: Any, rules: Iterable[Any]) -> Iterator[str]:
+    """The messages of the rules ``config`` breaks, in table order (each rule has ``violation``)."""
     for rule in rules:
-        value = getattr(config, rule.field)
-        if not rule.holds(value):
-            return rule.message(value)
-    return None
+        message = rule.violation(config)
+        if message is not None:
+            yield message
+
+
+def first_violation(config: Any, rules: Iterable[Any]) -> Optional[str]:
+    """The message of the first rule ``config`` breaks, or None when all hold."""
+    return next(violations(config, rules), None)
 
 
 #: RLlib fields and GRPO's own numeric fields (see ``GRPOConfig``'s docstrings).
-GRPO_RULES = (
+GRPO_NUMBER_RULES = (
     NumberRule("lr", low=0, low_open=True, fix="a learning rate such as 3e-4 (tiny model) or 1e-6 (7B)"),
     NumberRule("grad_clip", low=0, low_open=True, optional=True, fix="e.g. 1.0, or None to disable clipping"),
     NumberRule("num_epochs", integer=True, low=1, fix="1 for one pass over each batch"),
@@ -112,17 +182,133 @@ GRPO_RULES = (
     NumberRule("val_limit", integer=True, low=1, optional=True, fix="None evaluates every validation prompt"),
 )
 
-#: DPPO thresholds δ by the divergence of the trust region (DPPO Appendix F: TV 0.15, KL 0.05).
-DELTA_RULES = {
-    "tv": dict(low=0, high=1, low_open=True, high_open=True, optional=True, fix="None for the default 0.15"),
-    "kl": dict(low=0, low_open=True, optional=True, fix="None for the default 0.05"),
-}
-
 #: DPH-RL's own numeric fields (see ``DPHConfig.dph``).
-DPH_RULES = (
+DPH_NUMBER_RULES = (
     NumberRule("pef_coeff", low=0, fix="η of the paper, 0.01-0.2"),
     NumberRule("alpha", low=0, high=1, low_open=True, high_open=True, fix="α of the α-divergence, e.g. 0.5"),
     NumberRule("pef_ratio", low=0, low_open=True, fix="exploration rows per D_pef row, paper: 8"),
     NumberRule("presample_k", integer=True, low=1, fix="paper: 8 samples per prompt"),
     NumberRule("presample_min_correct", integer=True, low=1, fix="paper: 7 of 8"),
+)
+
+#: fp16 training needs loss scaling, which the learner does not do (``GRPOConfig.llm``).
+FLOAT16_TRAINING_RULE = CrossRule(
+    "no float16 training",
+    lambda c: c.dtype == "float16",
+    lambda c: (
+        "dtype='float16' would train the learner under fp16 autocast, which needs loss "
+        "scaling (a GradScaler) against gradient underflow, and this learner has none; "
+        "set dtype='bfloat16' (fp32's exponent range: no scaling needed) or 'float32'. "
+        "For an fp16 rollout engine only, set engine_kwargs={'dtype': 'float16'}."
+    ),
+)
+
+#: What the trust region (``losses.TRUST_REGIONS``) asks of the other fields.
+TRUST_REGION_RULES = (
+    DeltaRule(),
+    CrossRule(
+        "top-K trust regions need top-K log-probs",
+        lambda c: c.trust_region_spec.needs_topk and c.rollout_top_k < 1,
+        lambda c: (
+            f"trust_region={c.trust_region!r} needs the rollout engine's top-K log-probs, "
+            f"but rollout_top_k={c.rollout_top_k}; set rollout_top_k (e.g. 20)."
+        ),
+    ),
+)
+
+#: GRPO's rules across fields (see ``GRPOConfig``'s docstrings).
+GRPO_CROSS_RULES = (
+    CrossRule(
+        "fsdp2 needs two learners",
+        lambda c: c.sharding == "fsdp2" and c.num_learners < 2,
+        lambda c: (
+            f"sharding='fsdp2' shards the model over the Ray learners, but num_learners="
+            f"{c.num_learners}; set .learners(num_learners=N) with N >= 2 (e.g. one per "
+            "GPU), or sharding='ddp' for a single learner."
+        ),
+    ),
+    CrossRule(
+        "fsdp2 clips by a global norm or by value",
+        lambda c: c.sharding == "fsdp2" and c.grad_clip is not None and c.grad_clip_by == "norm",
+        lambda c: (
+            "grad_clip_by='norm' clips each gradient tensor by its own norm, which an FSDP2 "
+            "learner only holds a shard of; with sharding='fsdp2' use grad_clip_by="
+            "'global_norm' (default) or 'value'."
+        ),
+    ),
+    CrossRule(
+        "a prompt per env runner and per learner",
+        lambda c: c.prompts_per_step < max(1, c.num_env_runners, c.num_learners),
+        lambda c: (
+            f"prompts_per_step={c.prompts_per_step} must be >= num_env_runners="
+            f"{c.num_env_runners} and >= num_learners={c.num_learners} (every env runner "
+            "samples, and every learner trains on, at least one prompt per step)."
+        ),
+    ),
+    CrossRule(
+        "vLLM log-probs need top_p = 1",
+        lambda c: c.engine == "vllm" and c.top_p < 1,
+        lambda c: (
+            f"engine='vllm' with top_p={c.top_p}: vLLM reports log-probs of the top-p-"
+            "renormalised nucleus, not of the full tempered softmax the learner's π_θ is "
+            "(engines.base.SamplingParams), so π_θ/μ would start at the nucleus mass instead "
+            "of 1; set top_p=1.0 (as DAPO and DPH-RL do) or engine='hf'."
+        ),
+    ),
+    CrossRule(
+        "overlong buffer shorter than the response",
+        lambda c: c.overlong_buffer_length >= c.max_response_length,
+        lambda c: (
+            f"overlong_buffer_length={c.overlong_buffer_length} must be < "
+            f"max_response_length={c.max_response_length}; 0 disables it."
+        ),
+    ),
+    CrossRule(
+        "a reference model may be loaded when a term needs one",
+        lambda c: c.needs_reference_model and c.reference_model is None,
+        lambda c: (
+            f"this config needs a live reference model ({', '.join(c.reference_model_users())}), "
+            "but reference_model=None forbids loading one; set reference_model='initial' "
+            "(or a model path), or drop the term that needs it."
+        ),
+    ),
+    CrossRule(
+        "validation needs a validation split",
+        lambda c: bool(c.val_interval) and c.val_env_config is None,
+        lambda c: (
+            f"val_interval={c.val_interval} but no validation split: set "
+            ".validation(val_env_config={'data': 'sql_synth/test'}) (or val_interval=0)."
+        ),
+    ),
+    CrossRule(
+        "mini-batches of whole groups",
+        lambda c: c.minibatch_size is not None
+        and not (c.minibatch_size <= c.train_rows_per_step and c.minibatch_size % c.group_size == 0),
+        lambda c: (
+            f"minibatch_size={c.minibatch_size} must be a multiple of group_size="
+            f"{c.group_size} (groups stay whole) and <= prompts_per_step * group_size = "
+            f"{c.train_rows_per_step} (it counts exploration rows over all learners); or None for one "
+            "optimizer step per epoch."
+        ),
+    ),
+)
+
+#: DPH-RL's rules across fields (see ``DPHConfig.dph``).
+DPH_CROSS_RULES = (
+    CrossRule(
+        "m of k correct",
+        lambda c: c.presample_min_correct > c.presample_k,
+        lambda c: (
+            f"presample_min_correct={c.presample_min_correct} must be <= presample_k="
+            f"{c.presample_k} (paper: 7 of 8)."
+        ),
+    ),
+    CrossRule(
+        "an exploration term is weighed by the D_exp size",
+        lambda c: c.has_exploration_term and c.resolved_exp_path is None,
+        lambda c: (
+            f"divergence={c.divergence!r} needs the D_exp file to weigh the exploration term by "
+            "β₁ = η·|D_pef|/|D_exp|; set .dph(exp_path=...) or .dph(presample_dir=...)."
+        ),
+    ),
 )

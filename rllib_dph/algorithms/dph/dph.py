@@ -5,7 +5,7 @@ between π_θ and the initial policy π_ref on the near-perfect prompts D_pef. T
 uses reference responses and their log-probs stored by the pre-sampling stage
 (``rllib_dph.presample``) and mixed into each update by the offline-data connector
 (``rllib_dph.connectors.AddPefRows``), so DPH-F, DPH-JS and α-divergence load no reference
-model. Only the JS "divergence definition" variant (Appendix F) needs one.
+model. Only the JS "divergence definition" (Appendix F, ``divergence="js_definition"``) needs one.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
 from ray.rllib.utils.annotations import override
 
 from rllib_dph.algorithms.grpo.grpo import GRPO, GRPOConfig
-from rllib_dph.algorithms.rules import DPH_RULES, GRPO_RULES
-from rllib_dph.losses import PEF_NORMALIZATIONS
+from rllib_dph.algorithms.rules import DPH_CROSS_RULES, DPH_NUMBER_RULES, GRPO_NUMBER_RULES, ChoiceRule
+from rllib_dph.losses import F_DIVERGENCES, PEF_NORMALIZATIONS, FDivergenceSpec
 from rllib_dph.presample import (
     EXP_FILE,
     PEF_FILE,
@@ -28,7 +28,11 @@ from rllib_dph.presample import (
     read_metadata,
 )
 
-DIVERGENCES = ("forward_kl", "js", "alpha")
+#: Fields whose value names an entry of a registry (``DPHConfig.validate``).
+DPH_CHOICE_RULES = (
+    ChoiceRule("divergence", F_DIVERGENCES),
+    ChoiceRule("pef_loss_normalization", PEF_NORMALIZATIONS),
+)
 
 
 class DPHConfig(GRPOConfig):
@@ -54,7 +58,6 @@ class DPHConfig(GRPOConfig):
         self.pef_path = None
         self.exp_path = None
         self.pef_ratio = 8.0
-        self.js_definition = False
         self.presample_dir = None
         self.presample_k = 8
         self.presample_min_correct = 7
@@ -75,7 +78,6 @@ class DPHConfig(GRPOConfig):
         pef_path: Optional[str] = NotProvided,
         exp_path: Optional[str] = NotProvided,
         pef_ratio: Optional[float] = NotProvided,
-        js_definition: Optional[bool] = NotProvided,
         presample_dir: Optional[str] = NotProvided,
         presample_k: Optional[int] = NotProvided,
         presample_min_correct: Optional[int] = NotProvided,
@@ -83,9 +85,13 @@ class DPHConfig(GRPOConfig):
         """Sets the DPH-RL specific configuration.
 
         Args:
-            divergence: f-divergence of the D_pef term: ``"forward_kl"`` (DPH-F),
-                ``"js"`` (DPH-JS; default) or ``"alpha"`` (α-divergence), see
-                ``losses.f_divergence``.
+            divergence: The divergence to π_ref (``losses.F_DIVERGENCES``): ``"forward_kl"``
+                (DPH-F), ``"js"`` (DPH-JS; default) or ``"alpha"`` (α-divergence), an
+                f-divergence term on D_pef rows (``losses.f_divergence``); or
+                ``"js_definition"``, the JS "divergence definition" (Appendix F): D_pef term
+                KL(π_ref‖M) and exploration term β₁·KL(π_θ‖M), M = (π_ref + π_θ)/2 per token,
+                β₁ = η·|D_pef|/|D_exp|. It needs a live reference model for exploration rows and
+                the D_exp file.
             pef_coeff: η, weight of the D_pef term (paper Eq. 7; 0.01–0.2, default 0.05).
             pef_loss_normalization: What η multiplies (``losses.pef_loss_weight``):
                 ``"original"`` (default): as in the original DPH-RL code, whose micro-batch
@@ -100,9 +106,6 @@ class DPHConfig(GRPOConfig):
             exp_path: The ``d_exp.parquet`` whose prompts the env runners sample (overrides
                 ``env_config["data"]``). Defaults to ``<presample_dir>/d_exp.parquet``.
             pef_ratio: Exploration rows per D_pef row in every update (paper: 2048 : 256 = 8).
-            js_definition: Use the JS "divergence definition" (Appendix F): D_pef term
-                KL(π_ref‖M) and exploration term β₁·KL(π_θ‖M), M = (π_ref + π_θ)/2 per token,
-                β₁ = η·|D_pef|/|D_exp|. Needs a live reference model for exploration rows.
             presample_dir: Directory of the pre-sampling stage. When its files are missing,
                 the algorithm runs pre-sampling there first (with the policy model, the env's
                 ``env_config`` data, ``presample_k`` and ``presample_min_correct``).
@@ -117,7 +120,6 @@ class DPHConfig(GRPOConfig):
             pef_path=pef_path,
             exp_path=exp_path,
             pef_ratio=pef_ratio,
-            js_definition=js_definition,
             presample_dir=presample_dir,
             presample_k=presample_k,
             presample_min_correct=presample_min_correct,
@@ -136,10 +138,23 @@ class DPHConfig(GRPOConfig):
             return self.exp_path
         return os.path.join(self.presample_dir, EXP_FILE) if self.presample_dir else None
 
+    @property
+    def divergence_spec(self) -> FDivergenceSpec:
+        """The ``losses.F_DIVERGENCES`` entry of ``divergence``."""
+        return F_DIVERGENCES[self.divergence]
+
+    @property
+    def has_exploration_term(self) -> bool:
+        """Whether ``divergence`` adds a term on exploration rows (``FDivergenceSpec.exploration_term``),
+        which needs a live reference model and the D_exp file; False for an unknown name."""
+        spec = F_DIVERGENCES.get(self.divergence)  # an unknown name is refused by validate()
+        return spec is not None and spec.exploration_term is not None
+
     @override(GRPOConfig)
     def reference_model_users(self) -> list[str]:
+        """GRPO's, plus a divergence with an exploration term (its log π_ref is computed live)."""
         users = super().reference_model_users()
-        return users + ["js_definition=True"] if self.js_definition else users
+        return users + [f"divergence={self.divergence!r}"] if self.has_exploration_term else users
 
     @property
     def sampling_env_config(self) -> dict:
@@ -177,30 +192,22 @@ class DPHConfig(GRPOConfig):
         """True when ``presample_dir`` is set and its D_pef file does not exist yet."""
         return bool(self.presample_dir) and not os.path.exists(self.resolved_pef_path)
 
-    number_rules = GRPO_RULES + DPH_RULES
+    number_rules = GRPO_NUMBER_RULES + DPH_NUMBER_RULES
+    config_rules = GRPOConfig.config_rules + DPH_CHOICE_RULES + DPH_CROSS_RULES
 
     @override(GRPOConfig)
     def validate(self) -> None:
-        """GRPO's checks, DPH's rules and the D_pef file; never builds or loads a model.
+        """GRPO's rule tables with DPH's added, then the D_pef file; never builds or loads a model.
 
         The D_pef file's model fingerprint is checked here only when the policy model is at
         hand without building or downloading it; ``DPH.setup`` checks it in every case.
         """
         super().validate()
+        self._validate_pef_source()
+
+    def _validate_pef_source(self) -> None:
+        """Refuses a missing D_pef file unless pre-sampling will make it, then checks the file."""
         err = self._value_error
-        for name, choices in (("divergence", DIVERGENCES), ("pef_loss_normalization", PEF_NORMALIZATIONS)):
-            if getattr(self, name) not in choices:
-                err(f"{name}={getattr(self, name)!r} is not one of {list(choices)}; pick one of those.")
-        if self.presample_min_correct > self.presample_k:
-            err(
-                f"presample_min_correct={self.presample_min_correct} must be <= presample_k="
-                f"{self.presample_k} (paper: 7 of 8)."
-            )
-        if self.js_definition and self.resolved_exp_path is None:
-            err(
-                "js_definition=True needs the D_exp file to weigh the exploration term by "
-                "β₁ = η·|D_pef|/|D_exp|; set .dph(exp_path=...) or .dph(presample_dir=...)."
-            )
         pef = self.resolved_pef_path
         if pef is None:
             err(

@@ -14,13 +14,7 @@ from ray.rllib.utils.annotations import override
 from rllib_dph import columns as C
 from rllib_dph.algorithms.grpo.grpo_torch_learner import GRPOTorchLearner
 from rllib_dph.connectors.pef import AddPefRows
-from rllib_dph.losses import (
-    f_divergence,
-    js_mixture_policy_term,
-    js_mixture_ref_term,
-    masked_mean,
-    pef_loss_weight,
-)
+from rllib_dph.losses import f_divergence, masked_mean, pef_loss_weight
 from rllib_dph.rl_module import LOGP
 
 # Metric keys under ``learners/<module_id>/``.
@@ -41,9 +35,10 @@ class DPHTorchLearner(GRPOTorchLearner):
 
     with the stored log π_ref of the reference responses and w = ``losses.pef_loss_weight``
     (η scaled as ``pef_loss_normalization`` says: by default as in the original code, η times
-    the D_pef share of the mini-batch's rows). In the JS "divergence definition"
-    variant (Appendix F) the D_pef term is KL(π_ref‖M) and the exploration rows get
-    β₁·KL(π_θ‖M), β₁ = η·|D_pef|/|D_exp|, from a live reference model.
+    the D_pef share of the mini-batch's rows). A divergence with an exploration term
+    (``FDivergenceSpec.exploration_term``; the JS "divergence definition" of Appendix F, whose
+    D_pef term is KL(π_ref‖M)) adds β₁·KL(π_θ‖M) on the exploration rows,
+    β₁ = η·|D_pef|/|D_exp|, from a live reference model.
 
     Each learner mixes its own shard of D_pef into its share of every batch with the
     :class:`~rllib_dph.connectors.AddPefRows` connector piece before the mini-batch loop, which
@@ -65,7 +60,7 @@ class DPHTorchLearner(GRPOTorchLearner):
             seed=cfg.seed or 0,
         )
         self.js_beta1 = None
-        if cfg.js_definition:
+        if cfg.has_exploration_term:
             num_pef = pq.read_metadata(cfg.resolved_pef_path).num_rows
             num_exp = pq.read_metadata(cfg.resolved_exp_path).num_rows
             self.js_beta1 = cfg.pef_coeff * num_pef / max(1, num_exp)
@@ -108,15 +103,13 @@ class DPHTorchLearner(GRPOTorchLearner):
         logp = fwd_out[LOGP]  # (B, L)
         ref_logp = batch[C.REF_LOGP].float()  # (B, L), stored π_ref on D_pef rows
         pef = self.pef_mask(batch)  # (B, L)
-        valid = self.exploration_mask(batch)  # (B, L)
-        if config.js_definition:
-            pef_terms = js_mixture_ref_term(logp, ref_logp)  # (B, L)
-            exp_terms = js_mixture_policy_term(logp, self.reference_logp(batch))  # (B, L)
-            exp_loss = self.aggregate(exp_terms, valid, row_type=C.ROW_TYPE_EXP)
+        exploration_term = config.divergence_spec.exploration_term
+        if exploration_term is not None:
+            exp_terms = exploration_term(logp, self.reference_logp(batch))  # (B, L)
+            exp_loss = self.aggregate(exp_terms, self.exploration_mask(batch), row_type=C.ROW_TYPE_EXP)
             loss = loss + self.js_beta1 * exp_loss
             metrics[JS_EXPLORATION_LOSS] = exp_loss
-        else:
-            pef_terms = f_divergence(logp, ref_logp, kind=config.divergence, alpha=config.alpha)
+        pef_terms = f_divergence(logp, ref_logp, kind=config.divergence, alpha=config.alpha)  # (B, L)
         pef_loss = self.aggregate(pef_terms, pef, row_type=C.ROW_TYPE_PEF)
         rows = self._step_denominators  # rows with tokens = the seq-mean denominators (all learners)
         num_pef_rows = rows[(C.ROW_TYPE_PEF, "seq-mean-token-mean")].item()
@@ -124,7 +117,7 @@ class DPHTorchLearner(GRPOTorchLearner):
         weight = pef_loss_weight(
             config.pef_coeff,
             normalization=config.pef_loss_normalization,
-            divergence="js_definition" if config.js_definition else config.divergence,
+            divergence=config.divergence,
             num_pef_rows=num_pef_rows,
             num_exp_rows=num_exp_rows,
         )

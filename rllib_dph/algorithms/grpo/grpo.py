@@ -33,12 +33,22 @@ from ray.rllib.utils.metrics import (
 )
 
 from rllib_dph import columns as C
-from rllib_dph.algorithms.rules import DELTA_RULES, GRPO_RULES, NumberRule, first_violation
+from rllib_dph.algorithms.rules import (
+    FLOAT16_TRAINING_RULE,
+    GRPO_CROSS_RULES,
+    GRPO_NUMBER_RULES,
+    TRUST_REGION_RULES,
+    ChoiceRule,
+    first_violation,
+    violations,
+)
 from rllib_dph.batch import concat_batches, select_rows, shard_groups
 from rllib_dph.sharding import SHARDINGS, ShardedLearnerGroup
 from rllib_dph.losses import (
     AGGREGATIONS,
     KL_ESTIMATORS,
+    TRUST_REGIONS,
+    TrustRegionSpec,
     group_advantages,
     has_reward_variance,
     overlong_penalty,
@@ -54,21 +64,21 @@ def num_minibatches(rows: int, minibatch_size: Optional[int]) -> int:
     """Optimizer steps per epoch for ``rows`` exploration rows: ⌈rows / minibatch_size⌉, 1 for None."""
     return 1 if minibatch_size is None else max(1, math.ceil(rows / minibatch_size))
 
-#: ``trust_region`` choices → the mask kind of ``losses.trust_region_mask``.
-TRUST_REGIONS = {
-    "ppo": "ppo",
-    "dppo_binary_tv": "binary_tv",
-    "dppo_binary_kl": "binary_kl",
-    "dppo_topk_tv": "topk_tv",
-    "dppo_topk_kl": "topk_kl",
-    "none": "none",
-}
-#: Default thresholds δ of the DPPO divergence masks (DPPO paper, Appendix F).
-DEFAULT_DELTAS = {"binary_tv": 0.15, "topk_tv": 0.15, "binary_kl": 0.05, "topk_kl": 0.05}
+
 ANCHORS = ("behavior", "recompute")
 ENGINES = ("hf", "vllm")
-#: Learner compute dtypes (``float16`` is refused: see ``GRPOConfig.validate``).
+#: Learner compute dtypes (``float16`` is refused: see ``rules.FLOAT16_TRAINING_RULE``).
 DTYPES = ("float32", "bfloat16")
+#: Fields whose value names an entry of a registry (``GRPOConfig.validate``).
+GRPO_CHOICE_RULES = (
+    ChoiceRule("engine", ENGINES),
+    ChoiceRule("dtype", DTYPES),
+    ChoiceRule("trust_region", TRUST_REGIONS),
+    ChoiceRule("loss_agg_mode", AGGREGATIONS),
+    ChoiceRule("kl_estimator", KL_ESTIMATORS),
+    ChoiceRule("trust_region_anchor", ANCHORS),
+    ChoiceRule("sharding", SHARDINGS),
+)
 
 
 class GRPOConfig(AlgorithmConfig):
@@ -196,21 +206,21 @@ class GRPOConfig(AlgorithmConfig):
         return dict(self.env_config)
 
     @property
-    def mask_kind(self) -> str:
-        """The ``losses.trust_region_mask`` kind of ``trust_region``."""
+    def trust_region_spec(self) -> TrustRegionSpec:
+        """The ``losses.TRUST_REGIONS`` entry of ``trust_region``."""
         return TRUST_REGIONS[self.trust_region]
 
     @property
     def trust_region_bounds(self) -> tuple[float, float]:
         """(low, high) thresholds of the trust-region mask: ε for ``ppo``, δ for DPPO."""
-        kind = self.mask_kind
-        if kind in ("ppo", "none"):
+        spec = self.trust_region_spec
+        if spec.divergence is None:
             return self.clip_eps_low, self.clip_eps_high
         low = self.trust_region_delta_low
         high = self.trust_region_delta_high
         return (
-            DEFAULT_DELTAS[kind] if low is None else low,
-            DEFAULT_DELTAS[kind] if high is None else high,
+            spec.default_delta if low is None else low,
+            spec.default_delta if high is None else high,
         )
 
     def llm(
@@ -449,108 +459,24 @@ class GRPOConfig(AlgorithmConfig):
         return self.prompts_per_step * self.group_size
 
     #: Numeric field rules of this config class (``rules.NumberRule``), checked first.
-    number_rules = GRPO_RULES
+    number_rules = GRPO_NUMBER_RULES
+    #: Every other rule, in the order they are checked (``rules.py``): choices, trust region,
+    #: cross-field rules.
+    config_rules = (FLOAT16_TRAINING_RULE, *GRPO_CHOICE_RULES, *TRUST_REGION_RULES, *GRPO_CROSS_RULES)
 
     @override(AlgorithmConfig)
     def validate(self) -> None:
-        """Refuses bad values: numbers by the rule table, then choices, then cross-field rules.
+        """Refuses bad values: the first broken number rule, then every broken rule of
+        ``config_rules`` (each message states the value, the rule and the fix).
 
         Only checks: never loads, builds or trains anything.
         """
         super().validate()
-        err = self._value_error
         problem = first_violation(self, self.number_rules)
         if problem:
-            err(problem)
-        if self.dtype == "float16":
-            err(
-                "dtype='float16' would train the learner under fp16 autocast, which needs loss "
-                "scaling (a GradScaler) against gradient underflow, and this learner has none; "
-                "set dtype='bfloat16' (fp32's exponent range: no scaling needed) or 'float32'. "
-                "For an fp16 rollout engine only, set engine_kwargs={'dtype': 'float16'}."
-            )
-        for name, choices in (
-            ("engine", ENGINES),
-            ("dtype", DTYPES),
-            ("trust_region", TRUST_REGIONS),
-            ("loss_agg_mode", AGGREGATIONS),
-            ("kl_estimator", KL_ESTIMATORS),
-            ("trust_region_anchor", ANCHORS),
-            ("sharding", SHARDINGS),
-        ):
-            if getattr(self, name) not in choices:
-                err(f"{name}={getattr(self, name)!r} is not one of {list(choices)}; pick one of those.")
-        self._validate_trust_region()
-        self._validate_cross_field_rules()
-
-    def _validate_trust_region(self) -> None:
-        """DPPO thresholds by the mask's divergence (TV in (0, 1), KL > 0) and top-K needs."""
-        err = self._value_error
-        divergence = self.mask_kind.rsplit("_", 1)[-1]
-        if divergence in DELTA_RULES:
-            rules = [NumberRule(name, **DELTA_RULES[divergence]) for name in ("trust_region_delta_low", "trust_region_delta_high")]
-            problem = first_violation(self, rules)
-            if problem:
-                err(f"{problem} (trust_region={self.trust_region!r} thresholds a {divergence.upper()} divergence)")
-        if self.mask_kind.startswith("topk") and self.rollout_top_k < 1:
-            err(
-                f"trust_region={self.trust_region!r} needs the rollout engine's top-K log-probs, "
-                f"but rollout_top_k={self.rollout_top_k}; set rollout_top_k (e.g. 20)."
-            )
-
-    def _validate_cross_field_rules(self) -> None:
-        err = self._value_error
-        if self.sharding == "fsdp2" and self.num_learners < 2:
-            err(
-                f"sharding='fsdp2' shards the model over the Ray learners, but num_learners="
-                f"{self.num_learners}; set .learners(num_learners=N) with N >= 2 (e.g. one per "
-                "GPU), or sharding='ddp' for a single learner."
-            )
-        if self.sharding == "fsdp2" and self.grad_clip is not None and self.grad_clip_by == "norm":
-            err(
-                "grad_clip_by='norm' clips each gradient tensor by its own norm, which an FSDP2 "
-                "learner only holds a shard of; with sharding='fsdp2' use grad_clip_by="
-                "'global_norm' (default) or 'value'."
-            )
-        if self.prompts_per_step < max(1, self.num_env_runners, self.num_learners):
-            err(
-                f"prompts_per_step={self.prompts_per_step} must be >= num_env_runners="
-                f"{self.num_env_runners} and >= num_learners={self.num_learners} (every env runner "
-                "samples, and every learner trains on, at least one prompt per step)."
-            )
-        if self.engine == "vllm" and self.top_p < 1:
-            err(
-                f"engine='vllm' with top_p={self.top_p}: vLLM reports log-probs of the top-p-"
-                "renormalised nucleus, not of the full tempered softmax the learner's π_θ is "
-                "(engines.base.SamplingParams), so π_θ/μ would start at the nucleus mass instead "
-                "of 1; set top_p=1.0 (as DAPO and DPH-RL do) or engine='hf'."
-            )
-        if self.overlong_buffer_length >= self.max_response_length:
-            err(
-                f"overlong_buffer_length={self.overlong_buffer_length} must be < "
-                f"max_response_length={self.max_response_length}; 0 disables it."
-            )
-        if self.needs_reference_model and self.reference_model is None:
-            err(
-                f"this config needs a live reference model ({', '.join(self.reference_model_users())}), "
-                "but reference_model=None forbids loading one; set reference_model='initial' "
-                "(or a model path), or drop the term that needs it."
-            )
-        if self.val_interval and self.val_env_config is None:
-            err(
-                f"val_interval={self.val_interval} but no validation split: set "
-                ".validation(val_env_config={'data': 'sql_synth/test'}) (or val_interval=0)."
-            )
-        rows = self.train_rows_per_step
-        if self.minibatch_size is not None and not (
-            self.minibatch_size <= rows and self.minibatch_size % self.group_size == 0
-        ):
-            err(
-                f"minibatch_size={self.minibatch_size} must be a multiple of group_size="
-                f"{self.group_size} (groups stay whole) and <= prompts_per_step * group_size = "
-                f"{rows} (it counts exploration rows over all learners); or None for one "
-                "optimizer step per epoch."
-            )
+            self._value_error(problem)
+        for message in violations(self, self.config_rules):
+            self._value_error(message)
 
 
 class GRPO(Algorithm):

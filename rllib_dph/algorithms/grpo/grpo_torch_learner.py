@@ -28,14 +28,12 @@ from rllib_dph.losses import (
     kl_estimate,
     masked_mean,
     policy_gradient_loss,
-    trust_region_divergence,
     token_logprobs,
     trust_region_mask,
 )
 from rllib_dph.rl_module import ENTROPY, LOGP, TOPK_LOGP, ResponseLM, autocast, scatter_tokens
 from rllib_dph.sharding import (
     full_optimizer_state,
-    is_sharded,
     load_full_optimizer_state,
     local,
     shard_response_lm,
@@ -276,9 +274,10 @@ class GRPOTorchLearner(TorchLearner):
             topk_logp=fwd_out.get(TOPK_LOGP),
             topk_behavior_logp=batch.get(C.TOPK_ANCHOR_LOGP, batch.get(C.TOPK_BEHAVIOR_LOGP)),
         )
-        keep = trust_region_mask(
-            logp.detach(), anchor_logp, advantages, kind=config.mask_kind, low=low, high=high, **topk
-        )  # (B, L)
+        keep, divergence = trust_region_mask(
+            logp.detach(), anchor_logp, advantages, kind=config.trust_region, low=low, high=high,
+            return_divergence=True, **topk
+        )  # (B, L), (B, L) or None
         dual_keep = dual_clip_mask(logp.detach(), anchor_logp, advantages, clip_ratio_c=config.clip_ratio_c)  # (B, L)
         pg = policy_gradient_loss(
             logp, anchor_logp, advantages, keep & dual_keep, truncation=config.is_truncation
@@ -287,7 +286,7 @@ class GRPOTorchLearner(TorchLearner):
         metrics[POLICY_LOSS] = loss
         metrics[NUM_EXP_TOKENS] = valid.sum().float()
         metrics[DUAL_CLIP_FRACTION] = masked_mean((~dual_keep).float(), valid)
-        metrics.update(self._trust_region_metrics(logp.detach(), behavior_logp, anchor_logp, advantages, keep, valid, config, topk))
+        metrics.update(self._trust_region_metrics(logp.detach(), behavior_logp, advantages, keep, divergence, valid))
         return loss
 
     def aggregate(
@@ -321,9 +320,10 @@ class GRPOTorchLearner(TorchLearner):
             loss = loss - config.entropy_coeff * entropy
         return loss
 
-    def _trust_region_metrics(self, logp, behavior_logp, anchor_logp, advantages, keep, valid, config, topk):
-        """Masked fractions by advantage sign, the mask's divergence (to the anchor), and the
-        train-inference mismatch to the rollout policy μ: |π − μ|, KL, bad updates (DPPO §5.3)."""
+    def _trust_region_metrics(self, logp, behavior_logp, advantages, keep, divergence, valid):
+        """Masked fractions by advantage sign, the mask's divergence (to the anchor; None for
+        a trust region without one), and the train-inference mismatch to the rollout policy μ:
+        |π − μ|, KL, bad updates (DPPO §5.3)."""
         adv = advantages.expand_as(logp)  # (B, L)
         dropped = (~keep).float()
         prob_diff = (logp.exp() - behavior_logp.exp()).abs()  # (B, L)
@@ -337,9 +337,8 @@ class GRPOTorchLearner(TorchLearner):
             APPROX_KL: masked_mean(torch.exp(-log_ratio) + log_ratio - 1, valid),
             BAD_UPDATE_FRACTION: bad_update_fraction(logp, behavior_logp, advantages, valid),
         }
-        if config.mask_kind not in ("ppo", "none"):
-            div = trust_region_divergence(logp, anchor_logp, kind=config.mask_kind, **topk)
-            out[TRUST_REGION_DIVERGENCE] = masked_mean(div, valid)
+        if divergence is not None:
+            out[TRUST_REGION_DIVERGENCE] = masked_mean(divergence, valid)
         return out
 
     # ------------------------------------------------------------------ mini-batches

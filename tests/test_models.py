@@ -14,9 +14,10 @@ import torch
 from envs import suites
 from rllib_dph.models import __main__ as models_cli
 from rllib_dph.models import hub
+from rllib_dph.chat import encode_prompt
+from rllib_dph.evaluation.metrics import pass_at_k
 from rllib_dph.models.hub import (
     build_model,
-    encode_prompt,
     load_causal_lm,
     load_tokenizer,
     model_fingerprint,
@@ -29,7 +30,6 @@ from rllib_dph.models.tiny import (
     TINY_MODELS,
     TinyModelSpec,
     corpus_texts,
-    pass_at_k,
     sft_corpus,
     train_tokenizer,
 )
@@ -171,7 +171,7 @@ def test_pass_at_k(n, c, k, expected):
 
 
 def test_pass_at_k_rejects_k_above_n():
-    with pytest.raises(ValueError, match="k=9 must be in 1..n=8"):
+    with pytest.raises(ValueError, match="k=9 with n=8 samples; k must be in"):
         pass_at_k(8, 1, 9)
 
 

@@ -175,6 +175,26 @@ def test_pass_at_k_rejects_k_above_n():
         pass_at_k(8, 1, 9)
 
 
+def test_quality_check_samples_through_the_rollout_path(monkeypatch):
+    from rllib_dph.models import tiny
+
+    load_split = suites.load_split
+    monkeypatch.setattr(tiny.suites, "load_split", lambda name: load_split(name)[:4])
+    model, tokenizer = load_causal_lm("tiny-sql-math"), load_tokenizer("tiny-sql-math")
+    metrics = tiny.evaluate_base_policy(model, tokenizer, samples=4, max_new_tokens=96, progress=False)
+
+    assert set(metrics) == {
+        "sql_test/greedy_acc", "sql_test/greedy_styles", "sql_test/pass@1", "sql_test/pass@4",
+        "sql_test/sample_styles", "sql_test/correct_sample_styles", "sql_test_cross/greedy_acc",
+        "math_test/greedy_acc",
+    }
+    assert 0 <= metrics["sql_test/pass@1"] <= metrics["sql_test/pass@4"] <= 1
+    assert sum(metrics["sql_test/greedy_styles"].values()) == 4
+    assert sum(metrics["sql_test/sample_styles"].values()) == 16
+    assert list(metrics["sql_test/sample_styles"])[:5] == list(suites.STYLES["sql_synth"])
+    assert metrics["sql_test/greedy_acc"] > 0  # the shipped model solves some SQL prompts greedily
+
+
 def test_sft_learns_completions(tokenizer, tiny_random):
     torch.manual_seed(0)
     examples = [

@@ -370,18 +370,9 @@ def _evaluate(args) -> None:
     env_config = _json(args.env_config, "--env-config")
     baseline = EvalResult.from_json(args.baseline) if args.baseline else None  # fail before evaluating
     settings = EvalSettings(
-        n=args.n,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        max_new_tokens=args.max_new_tokens,
-        ks=args.ks,
-        greedy=not args.no_greedy,
-        seed=args.seed,
-        style_suite=args.style_suite,
-        limit=args.limit,
-        batch_prompts=args.batch_prompts,
-        keep_completions=args.keep_completions,
-        progress=True,
+        n=args.n, temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
+        ks=args.ks, greedy=not args.no_greedy, seed=args.seed, style_suite=args.style_suite, limit=args.limit,
+        batch_prompts=args.batch_prompts, keep_completions=args.keep_completions, progress=True,
     )
     result = evaluate(
         args.policy,

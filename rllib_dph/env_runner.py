@@ -4,7 +4,7 @@ RLlib's stock ``SingleAgentEnvRunner`` steps gymnasium envs through connector pi
 split ``spaces.Text`` observations into characters. An LLM episode is one prompt and one whole
 completion, and the expensive part is batched generation, so this runner generates all
 completions of a call at once through a :class:`~rllib_dph.engines.base.RolloutEngine` and uses
-the env only to show prompts and score completions.
+the env only to show prompts and score completions (both in :func:`rllib_dph.rollout.rollout`).
 """
 
 from __future__ import annotations

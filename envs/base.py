@@ -152,3 +152,29 @@ class VerifierEnv(gym.Env):
         if verdict.error is not None:
             info["error"] = verdict.error
         return task.prompt_text, float(verdict.reward), True, False, info
+
+    def answer_key(self, index: int, completion: str) -> str | None:
+        """The majority-vote key of a completion: completions with equal keys give the same answer.
+
+        This default compares whole texts: the stripped completion (None when empty). Envs that
+        can extract an answer override it (SQL: the query's result rows; math: the final answer).
+
+        Args:
+            index: The task's index in :attr:`tasks`.
+            completion: The completion text.
+        """
+        return completion.strip() or None
+
+    def solution_style(self, index: int, completion: str, suite: str | None = None) -> str | None:
+        """The name of the solution style of a completion, or None when this env names none.
+
+        This default names none. Envs whose tasks come from a suite with style names
+        (``envs.suites.style_of``) override it.
+
+        Args:
+            index: The task's index in :attr:`tasks`.
+            completion: The completion text.
+            suite: Name the style with this suite's style function (one of
+                ``envs.suites.STYLE_SUITES``) instead of the task's ``data_source``.
+        """
+        return None

@@ -51,6 +51,7 @@ from typing import Any, Mapping, Sequence
 
 from envs.base import Task, Verdict, VerifierEnv
 from envs.data import load_tasks
+from envs.suites import task_style
 
 logger = logging.getLogger(__name__)
 
@@ -577,6 +578,22 @@ class MathEnv(VerifierEnv):
 
     def _verify(self, completion: str, task: Task) -> Verdict:
         return verify_math(completion, task.ground_truth, timeout_s=self.timeout_s)
+
+    def answer_key(self, index: int, completion: str) -> str | None:
+        """The extracted final answer without whitespace; None when there is none.
+
+        Equal values written differently (``0.5``, ``\\frac{1}{2}``) are different keys.
+
+        Args:
+            index: The task's index in :attr:`tasks`.
+            completion: The completion text.
+        """
+        answer = extract_answer(completion)
+        return None if answer is None else re.sub(r"\s+", "", answer)
+
+    def solution_style(self, index: int, completion: str, suite: str | None = None) -> str | None:
+        """The math style (``envs.suites.style_of``) when the task's suite has styles, else None."""
+        return task_style(self.tasks[index].data_source, completion, suite)
 
 
 class _Interrupted(BaseException):

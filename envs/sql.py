@@ -84,6 +84,7 @@ recomputed. Connections are dropped in a forked child.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import heapq
 import itertools
 import math
@@ -98,6 +99,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from envs.base import Task, Verdict, VerifierEnv
+from envs.suites import task_style
 
 #: Most rows a query may return; more is an error ("result too large").
 MAX_ROWS = 100_000
@@ -1059,6 +1061,30 @@ class SQLEnv(VerifierEnv):
             partial_credit=self.partial_credit,
             format_penalty=self.format_penalty,
         )
+
+    def answer_key(self, index: int, completion: str) -> str | None:
+        """The query's execution result on the task's database, as a hash of its set of rows.
+
+        Column order is kept, row order and duplicates are ignored (as in BIRD's comparison);
+        None when there is no ```sql block or the query fails.
+
+        Args:
+            index: The task's index in :attr:`tasks`.
+            completion: The completion text.
+        """
+        sql = extract_sql(completion)
+        if sql is None:
+            return None
+        try:
+            rows = execute_sql(sql, self.tasks[index].ground_truth["db_path"], timeout_s=self.timeout_s)
+        except SQLExecutionError:
+            return None
+        canonical = repr(sorted({tuple(row) for row in rows}, key=repr))
+        return "rows:" + hashlib.sha1(canonical.encode()).hexdigest()[:16]
+
+    def solution_style(self, index: int, completion: str, suite: str | None = None) -> str | None:
+        """The SQL style (``envs.suites.style_of``) when the task's suite has styles, else None."""
+        return task_style(self.tasks[index].data_source, completion, suite)
 
 
 def _check_ground_truth(task: Task, *, needs_cmp_method: bool) -> None:

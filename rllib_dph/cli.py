@@ -358,6 +358,7 @@ def _default_eval_out(policy: str, env: str, env_config: dict) -> str:
 def _evaluate(args) -> None:
     from rllib_dph.evaluation import (
         EvalResult,
+        EvalSettings,
         compare,
         evaluate,
         finite_or_none,
@@ -368,21 +369,16 @@ def _evaluate(args) -> None:
     import_user_modules(args.imports)
     env_config = _json(args.env_config, "--env-config")
     baseline = EvalResult.from_json(args.baseline) if args.baseline else None  # fail before evaluating
+    settings = EvalSettings(
+        n=args.n, temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
+        ks=args.ks, greedy=not args.no_greedy, seed=args.seed, style_suite=args.style_suite, limit=args.limit,
+        batch_prompts=args.batch_prompts, keep_completions=args.keep_completions, progress=True,
+    )
     result = evaluate(
         args.policy,
         args.env,
         env_config,
-        n=args.n,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        max_new_tokens=args.max_new_tokens,
-        ks=args.ks,
-        greedy=not args.no_greedy,
-        seed=args.seed,
-        style_suite=args.style_suite,
-        limit=args.limit,
-        batch_prompts=args.batch_prompts,
-        keep_completions=args.keep_completions,
+        settings,
         engine=args.engine,
         dtype=args.dtype,
         device=args.device,

@@ -4,13 +4,13 @@ RLlib's stock ``SingleAgentEnvRunner`` steps gymnasium envs through connector pi
 split ``spaces.Text`` observations into characters. An LLM episode is one prompt and one whole
 completion, and the expensive part is batched generation, so this runner generates all
 completions of a call at once through a :class:`~rllib_dph.engines.base.RolloutEngine` and uses
-the env only to show prompts and score completions.
+the env only to show prompts and score completions (both in :func:`rllib_dph.rollout.rollout`).
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Collection, Optional, Union
+from typing import Collection, Optional, Union
 
 import gymnasium as gym
 import numpy as np
@@ -32,7 +32,10 @@ from ray.rllib.utils.typing import ResultDict, StateDict
 
 from rllib_dph import columns as C
 from rllib_dph.batch import sequence_rows
+from rllib_dph.engines import build_engine
 from rllib_dph.engines.base import SamplingParams
+from rllib_dph.evaluation.runner import EvalSettings, evaluate_engine
+from rllib_dph.rollout import encode_task, make_env, rollout
 
 # Metric keys logged under ``env_runners/``.
 REWARD_MEAN = "reward_mean"
@@ -42,22 +45,6 @@ TRUNCATION_RATE = "truncation_rate"
 GENERATION_TOKENS_PER_S = "generation_tokens_per_s"
 GENERATION_TIME_S = "generation_time_s"
 SCORING_TIME_S = "scoring_time_s"
-
-
-def make_env(env_id: Any, env_config: dict) -> gym.Env:
-    """Creates the env named in ``config.environment(...)``.
-
-    Accepts an env class, a Ray Tune registered name, or a gymnasium id (``rllib_dph/SQL-v0``;
-    importing ``envs`` registers the bundled ones).
-    """
-    import envs  # noqa: F401  (registers the bundled envs with gymnasium)
-    from ray.tune.registry import ENV_CREATOR, _global_registry
-
-    if isinstance(env_id, type):
-        return env_id(**env_config)
-    if _global_registry.contains(ENV_CREATOR, env_id):
-        return _global_registry.get(ENV_CREATOR, env_id)(env_config)
-    return gym.make(env_id, **env_config).unwrapped
 
 
 class LLMEnvRunner(EnvRunner, Checkpointable):
@@ -102,8 +89,6 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
 
     @override(EnvRunner)
     def make_module(self) -> None:
-        from rllib_dph.engines import build_engine
-
         self.engine = build_engine(self.config)
         self.tokenizer = self.engine.tokenizer
 
@@ -125,10 +110,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
 
     def _encode(self, index: int) -> list[int]:
         if index not in self._prompt_ids:
-            from rllib_dph.models.hub import encode_prompt
-
-            messages = [dict(m) for m in self.env.tasks[index].messages]
-            self._prompt_ids[index] = encode_prompt(self.tokenizer, messages)
+            self._prompt_ids[index] = encode_task(self.tokenizer, self.env.tasks[index])
         return self._prompt_ids[index]
 
     def sampling_params(self, *, greedy: bool = False, n: Optional[int] = None) -> SamplingParams:
@@ -159,19 +141,12 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         prompts = [self._encode(i) for i in indices]
         params = self.sampling_params()
         self._num_calls += 1
+        sampled = rollout(self.engine, self.env, indices, params, prompt_ids=prompts)
 
-        t0 = time.perf_counter()
-        groups = self.engine.generate(prompts, params)
-        gen_time = time.perf_counter() - t0
-
-        t0 = time.perf_counter()
-        rows = [(i, p, c) for i, p, group in zip(indices, prompts, groups) for c in group]
-        rewards, correct = self.score([i for i, _, _ in rows], [c.token_ids for _, _, c in rows])
-        score_time = time.perf_counter() - t0
-
-        completions = [c for _, _, c in rows]
+        rows = [(group, c) for group in sampled.groups for c in group.completions]
+        completions = [c for _, c in rows]
         batch = sequence_rows(
-            [p for _, p, _ in rows],
+            [group.prompt_ids for group, _ in rows],
             [c.token_ids for c in completions],
             [c.logprobs for c in completions],
             topk_ids=[c.topk_ids for c in completions] if params.top_k_logprobs else None,
@@ -180,25 +155,14 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         # Group ids unique across env runners and calls: (call, runner, prompt slot).
         base = (self._num_calls * 4096 + self.worker_index) * 65536
         batch[C.GROUP_IDS] = base + np.repeat(np.arange(num_prompts), params.n)
-        batch[C.REWARDS] = rewards
-        batch[C.CORRECT] = correct
+        batch[C.REWARDS] = np.concatenate([group.rewards for group in sampled.groups])
+        batch[C.CORRECT] = np.concatenate([group.correct for group in sampled.groups])
         batch[C.TRUNCATED] = np.array([c.finish_reason == "length" for c in completions])
         batch[C.ROW_TYPE] = np.full(len(rows), C.ROW_TYPE_EXP, dtype=np.int64)
 
         num_tokens = int(batch[C.RESPONSE_LENGTH].sum())
-        self._log_sample_metrics(batch, num_tokens, gen_time, score_time)
+        self._log_sample_metrics(batch, num_tokens, sampled.generation_time_s, sampled.scoring_time_s)
         return batch
-
-    def score(self, indices: list[int], responses: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-        """Rewards and correctness of each response to task ``indices[i]``, from the env."""
-        rewards = np.zeros(len(indices), dtype=np.float32)
-        correct = np.zeros(len(indices), dtype=bool)
-        for row, (index, ids) in enumerate(zip(indices, responses)):
-            text = self.tokenizer.decode(ids, skip_special_tokens=True)
-            self.env.reset(options={"index": index})
-            _, reward, _, _, info = self.env.step(text)
-            rewards[row], correct[row] = reward, info["correct"]
-        return rewards, correct
 
     def _log_sample_metrics(self, batch, num_tokens: int, gen_time: float, score_time: float):
         n = len(batch[C.REWARDS])
@@ -224,24 +188,30 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
     def evaluate(self, env_config: dict, *, n: int, limit: Optional[int] = None, seed: int = 0) -> dict:
         """pass@k, greedy accuracy, mean@n, style shares of the current weights on an env split.
 
-        Returns the flat float metrics of :func:`rllib_dph.evaluation.evaluate_engine`.
-        """
-        from rllib_dph.evaluation import evaluate_engine
+        Samples at the config's temperature, top-p and ``max_response_length``.
 
+        Args:
+            env_config: The env's keyword arguments for the split (the env is built once per split).
+            n: Samples per prompt.
+            limit: Evaluate only the first ``limit`` tasks; None evaluates all.
+            seed: Sampling seed (see :class:`~rllib_dph.evaluation.runner.EvalSettings`).
+
+        Returns:
+            The flat float metrics of :func:`rllib_dph.evaluation.runner.evaluate_engine`.
+        """
         key = repr(sorted(env_config.items()))
         if key not in self._eval_envs:
             self._eval_envs[key] = make_env(self.config.env, env_config)
-        result = evaluate_engine(
-            self.engine,
-            self._eval_envs[key],
+        cfg = self.config
+        settings = EvalSettings(
             n=n,
-            temperature=self.config.temperature,
-            top_p=self.config.top_p,
-            max_new_tokens=self.config.max_response_length,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            max_new_tokens=cfg.max_response_length,
             seed=seed,
             limit=limit,
         )
-        return result.flat_metrics()
+        return evaluate_engine(self.engine, self._eval_envs[key], settings).flat_metrics()
 
     # ------------------------------------------------------------------ state
     @override(Checkpointable)

@@ -189,8 +189,8 @@ def env_problems(env_id: Any, env_config: Mapping, where: str = "env") -> list[P
     """
     import gymnasium as gym
 
-    from rllib_dph.env_runner import make_env
     from rllib_dph.imports import ensure_package_envs
+    from rllib_dph.rollout import make_env
 
     ensure_package_envs()  # registers the bundled envs
     if not isinstance(env_id, str):

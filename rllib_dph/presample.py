@@ -47,7 +47,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from rllib_dph.engines import build_engine
 from rllib_dph.engines.base import SamplingParams
+from rllib_dph.models.hub import model_fingerprint, resolve_model
+from rllib_dph.rollout import encode_task, make_env, rollout
 
 PEF_FILE = "d_pef.parquet"
 EXP_FILE = "d_exp.parquet"
@@ -173,10 +176,6 @@ class Presampler:
     """Runs the pre-sampling stage with one rollout engine and one env."""
 
     def __init__(self, config: PresampleConfig, *, engine=None, env=None):
-        from rllib_dph.engines import build_engine
-        from rllib_dph.env_runner import make_env
-        from rllib_dph.models.hub import model_fingerprint, resolve_model
-
         config.validate()
         self.config = config
         self.env = env if env is not None else make_env(config.env, dict(config.env_config))
@@ -186,120 +185,73 @@ class Presampler:
         (self.out / "parts").mkdir(parents=True, exist_ok=True)
         self.fingerprint = model_fingerprint(resolve_model(config.model_name))
 
-    def _prompt_ids(self, indices) -> list[list[int]]:
-        from rllib_dph.models.hub import encode_prompt
-
-        return [
-            encode_prompt(self.tokenizer, [dict(m) for m in self.env.tasks[i].messages])
-            for i in indices
-        ]
-
-    def _score(self, index: int, ids) -> bool:
-        self.env.reset(options={"index": index})
-        text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        return bool(self.env.step(text)[4]["correct"])
-
-    def _params(self, n: int, seed: int) -> SamplingParams:
-        c = self.config
-        return SamplingParams(
-            n=n,
-            temperature=c.temperature,
-            top_p=c.top_p,
-            max_new_tokens=c.max_response_length,
-            seed=seed,
-        )
-
     def _chunks(self, indices: list[int]):
         size = self.config.prompts_per_chunk
         for start in range(0, len(indices), size):
             yield start // size, indices[start : start + size]
 
-    def _sample_stage(self, progress: bool) -> pa.Table:
-        """Stage 1: k samples per prompt → (index, pass_count, first correct sample)."""
+    def _stage(self, stage: str, indices: list[int], n: int, seed: int, progress: bool) -> pa.Table:
+        """Samples ``n`` completions per prompt → (index, pass_count, first correct sample).
+
+        Chunk c of ``indices`` is sampled with seed ``seed + c`` and its rows written to
+        ``parts/<stage>-<c>.parquet``; chunks whose part file exists are read back instead.
+
+        Args:
+            stage: ``"sample"`` (k samples per prompt) or ``"refine"`` (one per D_pef candidate).
+            indices: Task indices, in order.
+            n: Samples per prompt.
+            seed: Seed of chunk 0.
+            progress: Show a progress bar over chunks.
+        """
         from tqdm.auto import tqdm
 
-        indices = list(range(len(self.env.tasks)))
-        chunks = list(self._chunks(indices))
+        c = self.config
         parts = []
-        for chunk, idx in tqdm(chunks, desc=f"pre-sampling k={self.config.k}", disable=not progress):
-            path = self.out / "parts" / f"sample-{chunk:05d}.parquet"
+        desc = f"pre-sampling k={n}" if stage == "sample" else "refinement"
+        for chunk, idx in tqdm(list(self._chunks(indices)), desc=desc, disable=not progress):
+            path = self.out / "parts" / f"{stage}-{chunk:05d}.parquet"
             if not path.exists():
-                groups = self.engine.generate(
-                    self._prompt_ids(idx), self._params(self.config.k, self.config.seed + chunk)
+                params = SamplingParams(
+                    n=n,
+                    temperature=c.temperature,
+                    top_p=c.top_p,
+                    max_new_tokens=c.max_response_length,
+                    seed=seed + chunk,
                 )
                 rows = []
-                for i, group in zip(idx, groups):
-                    correct = [self._score(i, c.token_ids) for c in group]
-                    first = next((c for c, ok in zip(group, correct) if ok), None)
+                for group in rollout(self.engine, self.env, idx, params).groups:
+                    first = next((comp for comp, ok in zip(group.completions, group.correct) if ok), None)
                     rows.append(
                         {
-                            "index": i,
-                            "pass_count": int(sum(correct)),
+                            "index": group.index,
+                            "pass_count": int(group.correct.sum()),
                             "response_ids": None if first is None else first.token_ids.tolist(),
                             "ref_logp": None if first is None else first.logprobs.tolist(),
                         }
                     )
                 _write_parquet(_parts_table(rows), path, {})
             parts.append(pq.read_table(path))
-        return pa.concat_tables(parts)
-
-    def _refine_stage(self, candidates: list[int], progress: bool) -> pa.Table:
-        """Stage 2: one more sample per D_pef candidate; correct → reference response."""
-        from tqdm.auto import tqdm
-
-        parts = []
-        chunks = list(self._chunks(candidates))
-        for chunk, idx in tqdm(chunks, desc="refinement", disable=not progress):
-            path = self.out / "parts" / f"refine-{chunk:05d}.parquet"
-            if not path.exists():
-                groups = self.engine.generate(
-                    self._prompt_ids(idx), self._params(1, self.config.seed + 1_000_003 + chunk)
-                )
-                rows = []
-                for i, (c,) in zip(idx, groups):
-                    ok = self._score(i, c.token_ids)
-                    rows.append(
-                        {
-                            "index": i,
-                            "pass_count": int(ok),
-                            "response_ids": c.token_ids.tolist() if ok else None,
-                            "ref_logp": c.logprobs.tolist() if ok else None,
-                        }
-                    )
-                _write_parquet(_parts_table(rows), path, {})
-            parts.append(pq.read_table(path))
         return pa.concat_tables(parts) if parts else _parts_table([])
 
-    def run(self, *, progress: bool = True) -> dict[str, Any]:
-        """Runs (or resumes) the stage; writes the output files and returns the summary."""
+    def _reference_responses(self, progress: bool) -> tuple[dict[int, int], list[int], dict[int, dict]]:
+        """Stages 1-3: pass counts of every prompt, the D_pef candidates, and the reference
+        response (``response_ids``, ``ref_logp``) of each prompt that stays in D_pef."""
         c = self.config
-        tasks = self.env.tasks
-        sampled = self._sample_stage(progress).to_pylist()
+        sampled = self._stage("sample", list(range(len(self.env.tasks))), c.k, c.seed, progress).to_pylist()
         pass_count = {r["index"]: r["pass_count"] for r in sampled}
         candidates = sorted(i for i, n in pass_count.items() if n >= c.min_correct)
         if c.refine:
-            refined = {r["index"]: r for r in self._refine_stage(candidates, progress).to_pylist()}
+            refine_seed = c.seed + 1_000_003
+            refined = {r["index"]: r for r in self._stage("refine", candidates, 1, refine_seed, progress).to_pylist()}
             reference = {i: refined[i] for i in candidates if refined[i]["response_ids"] is not None}
         else:
             by_index = {r["index"]: r for r in sampled}
             reference = {i: by_index[i] for i in candidates}
-        pef = sorted(reference)
-        exp = [i for i in range(len(tasks)) if i not in reference]
+        return pass_count, candidates, reference
 
-        prompt_ids = self._prompt_ids(pef)
-        pef_rows = []
-        for i, ids in zip(pef, prompt_ids):
-            ref = reference[i]
-            pef_rows.append(
-                {
-                    **_task_row(tasks[i]),
-                    "prompt_ids": ids,
-                    "response_ids": ref["response_ids"],
-                    "ref_logp": ref["ref_logp"],
-                    "response": self.tokenizer.decode(ref["response_ids"], skip_special_tokens=True),
-                    "pass_count": pass_count[i],
-                }
-            )
+    def _metadata(self) -> dict[str, Any]:
+        """The schema metadata of both parquet files (see the module docstring)."""
+        c = self.config
         metadata = {
             META_PREFIX + "model_fingerprint": self.fingerprint,
             META_PREFIX + "model_name": c.model_name,
@@ -311,9 +263,32 @@ class Presampler:
             META_PREFIX + "min_correct": c.min_correct,
             META_PREFIX + "schema_version": 2,
         }
-        db_root = _db_root(tasks)
+        db_root = _db_root(self.env.tasks)
         if db_root is not None:
             metadata[META_PREFIX + "db_root"] = db_root
+        return metadata
+
+    def run(self, *, progress: bool = True) -> dict[str, Any]:
+        """Runs (or resumes) the stage; writes the output files and returns the summary."""
+        c = self.config
+        tasks = self.env.tasks
+        pass_count, candidates, reference = self._reference_responses(progress)
+        pef = sorted(reference)
+        exp = [i for i in range(len(tasks)) if i not in reference]
+        pef_rows = []
+        for i in pef:
+            ref = reference[i]
+            pef_rows.append(
+                {
+                    **_task_row(tasks[i]),
+                    "prompt_ids": encode_task(self.tokenizer, tasks[i]),
+                    "response_ids": ref["response_ids"],
+                    "ref_logp": ref["ref_logp"],
+                    "response": self.tokenizer.decode(ref["response_ids"], skip_special_tokens=True),
+                    "pass_count": pass_count[i],
+                }
+            )
+        metadata = self._metadata()
         _write_parquet(_pef_table(pef_rows), self.out / PEF_FILE, metadata)
         _write_parquet(pa.Table.from_pylist([_task_row(tasks[i]) for i in exp]), self.out / EXP_FILE, metadata)
 
@@ -327,7 +302,7 @@ class Presampler:
             "pass_at_1": float(counts.mean() / c.k),
             "pass_at_k": float((counts > 0).mean()),
             "pass_count_histogram": np.bincount(counts, minlength=c.k + 1).tolist(),
-            "db_root": db_root,
+            "db_root": metadata.get(META_PREFIX + "db_root"),
             "model_fingerprint": self.fingerprint,
             "config": asdict(c),
         }

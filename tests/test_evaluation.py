@@ -11,13 +11,14 @@ import pytest
 import torch
 
 from envs.suites import load_split
+from rllib_dph.chat import encode_prompt
 from rllib_dph.cli import main
 from rllib_dph.engines.base import Completion
 from rllib_dph.engines.hf import HFEngine
 from rllib_dph.evaluation import (
     EvalResult,
+    EvalSettings,
     PromptRecord,
-    answer_key,
     compare,
     default_ks,
     evaluate,
@@ -32,7 +33,7 @@ from rllib_dph.evaluation import (
     plot_pass_at_k,
     style_entropy,
 )
-from rllib_dph.models.hub import encode_prompt, load_tokenizer
+from rllib_dph.models.hub import load_tokenizer
 
 SQL_ENV = "rllib_dph/SQL-v0"
 SQL_TEST = {"data": "sql_synth/test"}
@@ -273,7 +274,7 @@ def test_evaluate_engine_scores_votes_and_styles(sql_env):
         for task, s, g in zip(sql_env.tasks, samples, greedy)
     }
     engine = ScriptedEngine(tokenizer, script)
-    result = evaluate_engine(engine, sql_env, n=4, batch_prompts=2, keep_completions=True)
+    result = evaluate_engine(engine, sql_env, EvalSettings(n=4, batch_prompts=2, keep_completions=True))
 
     assert [r.correct for r in result.records] == [
         [True, True, False, False],
@@ -301,20 +302,11 @@ def test_evaluate_engine_scores_votes_and_styles(sql_env):
 def test_evaluate_engine_checks_its_settings(sql_env):
     engine = ScriptedEngine(load_tokenizer("tiny-random"), {})
     with pytest.raises(ValueError, match=r"ks=\[8\] must all be in \[1, n=4\]"):
-        evaluate_engine(engine, sql_env, n=4, ks=[8])
+        evaluate_engine(engine, sql_env, EvalSettings(n=4, ks=[8]))
     with pytest.raises(ValueError, match="style_suite='spider'"):
-        evaluate_engine(engine, sql_env, n=4, style_suite="spider")
+        evaluate_engine(engine, sql_env, EvalSettings(n=4, style_suite="spider"))
     with pytest.raises(ValueError, match="temperature=0"):
-        evaluate_engine(engine, sql_env, n=4, temperature=0)
-
-
-def test_math_answer_key_is_the_final_answer():
-    from envs.math import MathEnv
-
-    env = MathEnv(load_split("math_synth/test")[:1])
-    task = env.tasks[0]
-    assert answer_key(env, task, "so x = 2.\n\\boxed{ -22 }") == "-22"
-    assert answer_key(env, task, "I do not know") is None
+        evaluate_engine(engine, sql_env, EvalSettings(n=4, temperature=0))
 
 
 # ------------------------------------------------------------------------------ CLI and checkpoints
@@ -372,12 +364,12 @@ def test_checkpoint_evaluates_like_the_weights_it_was_saved_with(ray_session, ti
     algo.save_to_path(str(tmp_path / "ckpt"))
     algo.stop()
 
-    kwargs = dict(n=2, limit=3, max_new_tokens=12, keep_completions=True, progress=False)
-    from_checkpoint = evaluate(str(tmp_path / "ckpt"), SQL_ENV, SQL_TEST, **kwargs)
+    settings = EvalSettings(n=2, limit=3, max_new_tokens=12, keep_completions=True, progress=False)
+    from_checkpoint = evaluate(str(tmp_path / "ckpt"), SQL_ENV, SQL_TEST, settings)
     engine = HFEngine.from_pretrained("tiny-random")
-    base = evaluate(engine, SQL_ENV, SQL_TEST, **kwargs)
+    base = evaluate(engine, SQL_ENV, SQL_TEST, settings)
     engine.update_weights(saved)
-    expected = evaluate(engine, SQL_ENV, SQL_TEST, **kwargs)
+    expected = evaluate(engine, SQL_ENV, SQL_TEST, settings)
 
     greedy = [r.greedy_completion for r in from_checkpoint.records]
     assert greedy == [r.greedy_completion for r in expected.records]

@@ -14,9 +14,10 @@ import torch
 from envs import suites
 from rllib_dph.models import __main__ as models_cli
 from rllib_dph.models import hub
+from rllib_dph.chat import encode_prompt
+from rllib_dph.evaluation.metrics import pass_at_k
 from rllib_dph.models.hub import (
     build_model,
-    encode_prompt,
     load_causal_lm,
     load_tokenizer,
     model_fingerprint,
@@ -29,7 +30,6 @@ from rllib_dph.models.tiny import (
     TINY_MODELS,
     TinyModelSpec,
     corpus_texts,
-    pass_at_k,
     sft_corpus,
     train_tokenizer,
 )
@@ -171,8 +171,28 @@ def test_pass_at_k(n, c, k, expected):
 
 
 def test_pass_at_k_rejects_k_above_n():
-    with pytest.raises(ValueError, match="k=9 must be in 1..n=8"):
+    with pytest.raises(ValueError, match="k=9 with n=8 samples; k must be in"):
         pass_at_k(8, 1, 9)
+
+
+def test_quality_check_samples_through_the_rollout_path(monkeypatch):
+    from rllib_dph.models import tiny
+
+    load_split = suites.load_split
+    monkeypatch.setattr(tiny.suites, "load_split", lambda name: load_split(name)[:4])
+    model, tokenizer = load_causal_lm("tiny-sql-math"), load_tokenizer("tiny-sql-math")
+    metrics = tiny.evaluate_base_policy(model, tokenizer, samples=4, max_new_tokens=96, progress=False)
+
+    assert set(metrics) == {
+        "sql_test/greedy_acc", "sql_test/greedy_styles", "sql_test/pass@1", "sql_test/pass@4",
+        "sql_test/sample_styles", "sql_test/correct_sample_styles", "sql_test_cross/greedy_acc",
+        "math_test/greedy_acc",
+    }
+    assert 0 <= metrics["sql_test/pass@1"] <= metrics["sql_test/pass@4"] <= 1
+    assert sum(metrics["sql_test/greedy_styles"].values()) == 4
+    assert sum(metrics["sql_test/sample_styles"].values()) == 16
+    assert list(metrics["sql_test/sample_styles"])[:5] == list(suites.STYLES["sql_synth"])
+    assert metrics["sql_test/greedy_acc"] > 0  # the shipped model solves some SQL prompts greedily
 
 
 def test_sft_learns_completions(tokenizer, tiny_random):

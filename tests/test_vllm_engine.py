@@ -25,12 +25,13 @@ import torch
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm")
 
+from rllib_dph.chat import encode_prompt  # noqa: E402
 from rllib_dph.engines import RolloutEngine, build_engine  # noqa: E402
 from rllib_dph.engines.base import SamplingParams  # noqa: E402
 from rllib_dph.engines.hf import HFEngine  # noqa: E402
 from rllib_dph.engines.vllm import VLLMEngine  # noqa: E402
 from rllib_dph.models import smollm2  # noqa: E402
-from rllib_dph.models.hub import encode_prompt, resolve_model  # noqa: E402
+from rllib_dph.models.hub import resolve_model  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 # Engine arguments of every test engine: room for the long prompt, a small KV cache.

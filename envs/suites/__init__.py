@@ -37,8 +37,8 @@ from .sql_query import SQL_STYLES, sql_style
 from .storage import sql_db_root, suite_root, write_bytes_atomic
 
 __all__ = [
-    "SPLITS", "STYLES", "SQL_SUITE", "MATH_SUITE", "load_split", "sft_examples", "style_of",
-    "suite_root", "sql_db_root", "ensure_databases",
+    "SPLITS", "STYLES", "STYLE_SUITES", "SQL_SUITE", "MATH_SUITE", "load_split", "sft_examples", "style_of",
+    "task_style", "suite_root", "sql_db_root", "ensure_databases",
 ]
 
 SQL_SUITE = "sql_synth"
@@ -51,6 +51,8 @@ SPLITS: tuple[str, ...] = (
 )
 #: Solution style names per suite; :func:`style_of` also returns "other" and "none".
 STYLES: dict[str, tuple[str, ...]] = {SQL_SUITE: SQL_STYLES, MATH_SUITE: MATH_STYLES}
+#: Data sources whose completions :func:`style_of` names a style for.
+STYLE_SUITES: tuple[str, ...] = (SQL_SUITE, SQL_CROSS_SOURCE, MATH_SUITE)
 
 _SQL_BLOCK = re.compile(r"```sql[ \t]*\n?(.*?)```", re.DOTALL | re.IGNORECASE)
 
@@ -171,3 +173,19 @@ def style_of(suite: str, completion: str) -> str:
     if suite == MATH_SUITE:
         return math_style(completion)
     raise ValueError(f"Unknown suite {suite!r} for style_of; use {SQL_SUITE!r} or {MATH_SUITE!r}.")
+
+
+def task_style(data_source: str, completion: str, suite: str | None = None) -> str | None:
+    """The style of a completion to a task, or None when its data source has no style names.
+
+    Args:
+        data_source: The task's ``data_source``; its style function is used when it is one of
+            :data:`STYLE_SUITES`.
+        completion: The model's whole answer.
+        suite: Use this suite's style function instead (one of :data:`STYLE_SUITES`).
+
+    Returns:
+        As :func:`style_of`, or None.
+    """
+    suite = suite or data_source
+    return style_of(suite, completion) if suite in STYLE_SUITES else None

@@ -2,7 +2,6 @@
 
 from rllib_dph.models.hub import (
     build_model,
-    encode_prompt,
     load_causal_lm,
     load_tokenizer,
     model_fingerprint,
@@ -14,7 +13,6 @@ from rllib_dph.models.tiny import TINY_MODELS
 __all__ = [
     "TINY_MODELS",
     "build_model",
-    "encode_prompt",
     "load_causal_lm",
     "load_tokenizer",
     "model_fingerprint",

@@ -25,8 +25,6 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Mapping, Sequence
-
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
@@ -235,25 +233,6 @@ def load_causal_lm(
     if model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = model.config.pad_token_id
     return model.to(device).eval()
-
-
-def encode_prompt(tokenizer, messages: Sequence[Mapping[str, str]]) -> list[int]:
-    """Token ids of a chat prompt, ready for generation, as a plain list.
-
-    With a chat template the messages are rendered with ``add_generation_prompt=True`` and the
-    text is tokenized without adding special tokens (the template already holds them). Without
-    one, the message contents are joined by blank lines and tokenized normally.
-
-    Args:
-        tokenizer: A Hugging Face tokenizer.
-        messages: Chat messages ``{"role", "content"}``.
-    """
-    if getattr(tokenizer, "chat_template", None):
-        chat = [dict(m) for m in messages]
-        text = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
-        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-    text = "\n\n".join(m["content"] for m in messages)
-    return list(tokenizer(text)["input_ids"])
 
 
 def model_fingerprint(name_or_path: str) -> str:

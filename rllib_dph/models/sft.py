@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from rllib_dph.chat import encode_prompt
+
 #: File of the resumable SFT state inside a checkpoint folder.
 SFT_STATE = "sft_state.pt"
 
@@ -29,8 +31,6 @@ def encode_example(tokenizer, messages, completion: str) -> tuple[list[int], int
     Returns:
         ``(ids, num_prompt_tokens)``; the SFT loss covers ``ids[num_prompt_tokens:]``.
     """
-    from rllib_dph.models.hub import encode_prompt
-
     prompt = encode_prompt(tokenizer, messages)
     response = tokenizer(completion, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
     return prompt + response, len(prompt)

@@ -16,8 +16,8 @@ Usage::
 
 from __future__ import annotations
 
+import functools
 import json
-import math
 import os
 import time
 from dataclasses import asdict, dataclass
@@ -37,7 +37,14 @@ from transformers import (
 )
 from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX as QWEN2_PRETOKENIZE_REGEX
 
+from envs import suites
+from envs.math import MathEnv
+from envs.sql import SQLEnv
+from rllib_dph.engines.base import SamplingParams
+from rllib_dph.engines.hf import HFEngine
+from rllib_dph.evaluation.metrics import mean_pass_at_k
 from rllib_dph.models.sft import encode_example, sft
+from rllib_dph.rollout import ScoredGroup, rollout
 
 PAD_TOKEN = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -125,8 +132,6 @@ def sft_corpus() -> list[dict]:
         Dicts with ``messages`` (the prompt as chat messages), ``completion``, ``style`` and
         ``task_id`` (see ``envs.suites.sft_examples``).
     """
-    from envs import suites
-
     examples = []
     for suite in SUITES:
         examples.extend(suites.sft_examples(f"{suite}/train"))
@@ -230,79 +235,6 @@ def build_model(tokenizer: PreTrainedTokenizerFast, spec: TinyModelSpec) -> Qwen
     return model
 
 
-@torch.no_grad()
-def generate(
-    model: Qwen2ForCausalLM,
-    tokenizer: PreTrainedTokenizerFast,
-    prompts: Sequence[Sequence[int]],
-    *,
-    n: int = 1,
-    temperature: float = 0.0,
-    max_new_tokens: int = 160,
-    batch_size: int = 64,
-    seed: int = 0,
-    progress: bool = False,
-    desc: str = "generate",
-) -> list[list[str]]:
-    """Decodes ``n`` completions per prompt with ``model.generate`` (KV cache, left padding).
-
-    Args:
-        model: A causal LM in eval mode.
-        tokenizer: Its tokenizer (pad and EOS ids, decoding).
-        prompts: Prompt token ids.
-        n: Completions per prompt.
-        temperature: 0 for greedy decoding, else plain sampling at this temperature (no top-k,
-            no top-p).
-        max_new_tokens: Longest completion.
-        batch_size: Sequences per ``generate`` call (prompts per call = batch_size // n).
-        seed: Seed of the sampler.
-        progress: Show a tqdm progress bar.
-        desc: Label of the progress bar.
-
-    Returns:
-        For every prompt, its ``n`` completion texts (special tokens removed).
-    """
-    torch.manual_seed(seed)
-    per_call = max(1, batch_size // n)
-    if temperature > 0:
-        sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
-    else:
-        sampling = {"do_sample": False}
-    out: list[list[str]] = []
-    for start in tqdm(range(0, len(prompts), per_call), desc=desc, disable=not progress, dynamic_ncols=True):
-        chunk = prompts[start : start + per_call]
-        T = max(len(p) for p in chunk)
-        input_ids = torch.full((len(chunk), T), tokenizer.pad_token_id, dtype=torch.long)  # (P, T)
-        attention_mask = torch.zeros((len(chunk), T), dtype=torch.long)  # (P, T)
-        for i, p in enumerate(chunk):
-            input_ids[i, T - len(p) :] = torch.tensor(p)
-            attention_mask[i, T - len(p) :] = 1
-        sequences = model.generate(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            max_new_tokens=max_new_tokens,
-            num_return_sequences=n,
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
-            **sampling,
-        )  # (P * n, T + new)
-        texts = tokenizer.batch_decode(sequences[:, T:], skip_special_tokens=True)
-        out.extend(texts[i * n : (i + 1) * n] for i in range(len(chunk)))
-    return out
-
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k estimate from ``n`` samples of which ``c`` are correct (Chen et al., 2021).
-
-    pass@k = 1 - C(n - c, k) / C(n, k).
-    """
-    if not 0 < k <= n:
-        raise ValueError(f"k={k} must be in 1..n={n}; draw at least k samples per prompt.")
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
-
-
 def evaluate_base_policy(
     model: Qwen2ForCausalLM,
     tokenizer: PreTrainedTokenizerFast,
@@ -312,7 +244,7 @@ def evaluate_base_policy(
     seed: int = 0,
     progress: bool = True,
 ) -> dict:
-    """Measures a policy on the bundled test splits.
+    """Measures a policy on the bundled test splits, through the rollout path and an ``HFEngine``.
 
     Greedy accuracy on ``sql_synth/test``, ``sql_synth/test_cross`` and ``math_synth/test``;
     pass@1 and pass@``samples`` (unbiased) and the count of each solution style among
@@ -329,53 +261,53 @@ def evaluate_base_policy(
     Returns:
         A flat dict of metrics (JSON-serialisable).
     """
-    from envs import suites
-    from envs.math import math_reward
-    from envs.sql import sql_reward
-    from rllib_dph.models.hub import encode_prompt
-
-    def sql_score(completion, task):
-        truth = task.ground_truth
-        cmp_method = truth.get("cmp_method", "bird")
-        return sql_reward(completion, truth["gold_sql"], truth["db_path"], cmp_method=cmp_method)
-
-    def math_score(completion, task):
-        return math_reward(completion, task.ground_truth)
-
-    def run(split, score, n, temperature):
-        tasks = suites.load_split(split)
-        prompts = [encode_prompt(tokenizer, t.messages) for t in tasks]
-        completions = generate(
-            model, tokenizer, prompts, n=n, temperature=temperature, max_new_tokens=max_new_tokens,
-            seed=seed, progress=progress, desc=f"{split} n={n}",
-        )
-        correct = [[score(c, task) == 1.0 for c in group] for task, group in zip(tasks, completions)]
-        return completions, np.array(correct)  # (P, n)
-
-    metrics = {}
-    sql_greedy, correct = run("sql_synth/test", sql_score, 1, 0.0)
-    metrics["sql_test/greedy_acc"] = float(correct.mean())
-    metrics["sql_test/greedy_styles"] = _style_counts("sql_synth", [g[0] for g in sql_greedy])
+    engine = HFEngine(model, tokenizer, device=model.device)
+    sql_test = SQLEnv(suites.load_split("sql_synth/test"))
+    run = functools.partial(_rollout_split, engine, max_new_tokens=max_new_tokens, seed=seed, progress=progress)
+    greedy = run(sql_test, 1, 0.0)
+    metrics = {
+        "sql_test/greedy_acc": _accuracy(greedy),
+        "sql_test/greedy_styles": _style_counts("sql_synth", [g.texts[0] for g in greedy]),
+    }
     if samples > 0:
-        sql_sampled, correct = run("sql_synth/test", sql_score, samples, 1.0)
-        num_correct = correct.sum(axis=1)
+        sampled = run(sql_test, samples, 1.0)
+        num_correct = [int(g.correct.sum()) for g in sampled]
         for k in (1, samples):
-            metrics[f"sql_test/pass@{k}"] = float(np.mean([pass_at_k(samples, c, k) for c in num_correct]))
-        metrics["sql_test/sample_styles"] = _style_counts("sql_synth", [c for g in sql_sampled for c in g])
+            metrics[f"sql_test/pass@{k}"] = mean_pass_at_k([samples] * len(sampled), num_correct, k)
+        metrics["sql_test/sample_styles"] = _style_counts("sql_synth", [t for g in sampled for t in g.texts])
         metrics["sql_test/correct_sample_styles"] = _style_counts(
-            "sql_synth", [c for g, ok in zip(sql_sampled, correct) for c, y in zip(g, ok) if y]
+            "sql_synth", [t for g in sampled for t, ok in zip(g.texts, g.correct) if ok]
         )
-    _, correct = run("sql_synth/test_cross", sql_score, 1, 0.0)
-    metrics["sql_test_cross/greedy_acc"] = float(correct.mean())
-    _, correct = run("math_synth/test", math_score, 1, 0.0)
-    metrics["math_test/greedy_acc"] = float(correct.mean())
+    metrics["sql_test_cross/greedy_acc"] = _accuracy(run(SQLEnv(suites.load_split("sql_synth/test_cross")), 1, 0.0))
+    metrics["math_test/greedy_acc"] = _accuracy(run(MathEnv(suites.load_split("math_synth/test")), 1, 0.0))
     return metrics
+
+
+def _rollout_split(
+    engine: HFEngine, env, n: int, temperature: float, *, max_new_tokens: int, seed: int, progress: bool
+) -> list[ScoredGroup]:
+    """``n`` scored completions for every task of ``env``; prompt chunk j is sampled with seed ``seed + j``.
+
+    A chunk holds ``engine.max_batch_size // n`` prompts (at least one): one decoding batch.
+    """
+    per_chunk = max(1, engine.max_batch_size // n)
+    starts = range(0, len(env.tasks), per_chunk)
+    groups: list[ScoredGroup] = []
+    desc = f"{env.tasks[0].data_source} n={n}"
+    for j, start in enumerate(tqdm(starts, desc=desc, disable=not progress, dynamic_ncols=True)):
+        indices = list(range(start, min(start + per_chunk, len(env.tasks))))
+        params = SamplingParams(n=n, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed + j)
+        groups += rollout(engine, env, indices, params).groups
+    return groups
+
+
+def _accuracy(groups: Sequence[ScoredGroup]) -> float:
+    """The share of correct completions over all groups."""
+    return float(np.mean([ok for g in groups for ok in g.correct]))
 
 
 def _style_counts(suite: str, completions: Sequence[str]) -> dict[str, int]:
     """How many completions show each style of ``suite`` (styles in their fixed order, then others)."""
-    from envs import suites
-
     counts = {style: 0 for style in suites.STYLES[suite]}
     for completion in completions:
         style = suites.style_of(suite, completion)
@@ -421,22 +353,7 @@ def build_tiny_model(
             "torch_version": torch.__version__,
         }
         if spec.sft_steps > 0:
-            encoded = [encode_example(tokenizer, ex["messages"], ex["completion"]) for ex in examples]
-            too_long = max(len(ids) for ids, _ in encoded)
-            if too_long > spec.max_position_embeddings:
-                raise ValueError(
-                    f"an SFT example has {too_long} tokens, more than max_position_embeddings="
-                    f"{spec.max_position_embeddings}; raise max_position_embeddings in the spec."
-                )
-            sft_start = time.perf_counter()
-            losses = sft(model, encoded, spec, pad_id=tokenizer.pad_token_id, progress=progress)
-            record["sft"] = {
-                "examples": len(encoded),
-                "epochs": round(spec.sft_steps * spec.batch_size / len(encoded), 2),
-                "first_loss": losses[0],
-                "final_loss": float(np.mean(losses[-20:])),
-                "seconds": round(time.perf_counter() - sft_start, 1),
-            }
+            record["sft"] = _run_sft(model, tokenizer, examples, spec, progress)
         model.eval()
         if spec.eval_samples > 0:
             eval_start = time.perf_counter()
@@ -453,6 +370,26 @@ def build_tiny_model(
     model.save_pretrained(out_dir)
     (out_dir / BUILD_RECORD).write_text(json.dumps(record, indent=2) + "\n")
     return record
+
+
+def _run_sft(model, tokenizer, examples: Sequence[dict], spec: TinyModelSpec, progress: bool) -> dict:
+    """Supervised fine-tuning of the fresh model on the corpus; returns the record's ``sft`` entry."""
+    encoded = [encode_example(tokenizer, ex["messages"], ex["completion"]) for ex in examples]
+    too_long = max(len(ids) for ids, _ in encoded)
+    if too_long > spec.max_position_embeddings:
+        raise ValueError(
+            f"an SFT example has {too_long} tokens, more than max_position_embeddings="
+            f"{spec.max_position_embeddings}; raise max_position_embeddings in the spec."
+        )
+    start = time.perf_counter()
+    losses = sft(model, encoded, spec, pad_id=tokenizer.pad_token_id, progress=progress)
+    return {
+        "examples": len(encoded),
+        "epochs": round(spec.sft_steps * spec.batch_size / len(encoded), 2),
+        "first_loss": losses[0],
+        "final_loss": float(np.mean(losses[-20:])),
+        "seconds": round(time.perf_counter() - start, 1),
+    }
 
 
 def is_current_build(path: str | os.PathLike, name: str) -> bool:

@@ -1,0 +1,74 @@
+"""Evaluation of a policy on a verifier env: greedy accuracy, pass@k, mean@k, maj@k, keep and
+exploration rates (DPH-RL paper §6.1) and the diversity of solution styles.
+
+Three modules, one concern each:
+
+- :mod:`~rllib_dph.evaluation.metrics`: pure functions of per-prompt outcomes (pass@k, ...);
+- :mod:`~rllib_dph.evaluation.results`: :class:`PromptRecord`, :class:`EvalResult` and its
+  files (JSON, CSV), :func:`compare` with a baseline, :func:`plot_pass_at_k`, :func:`format_summary`;
+- :mod:`~rllib_dph.evaluation.runner`: :class:`EvalSettings`, :func:`evaluate_engine` (a built
+  engine and env, e.g. during training), :func:`evaluate` (names or an RLlib checkpoint).
+
+A saved result can be re-summarised, compared with a baseline or plotted without generating
+again::
+
+    from rllib_dph.evaluation import EvalSettings, compare, evaluate, plot_pass_at_k
+
+    settings = EvalSettings(n=16)
+    base = evaluate("tiny-sql-math", "rllib_dph/SQL-v0", {"data": "sql_synth/test"}, settings)
+    tuned = evaluate("~/ray_results/GRPO/trial/checkpoint_000003", "rllib_dph/SQL-v0",
+                     {"data": "sql_synth/test"}, settings)
+    tuned.summary()["pass@8"], compare(tuned, base, k=8)["keep_rate"]
+    plot_pass_at_k([base, tuned], "pass_at_k.png")
+
+During training, :meth:`EvalResult.flat_metrics` gives the floats to log. The command line is
+``rllib evaluate`` (see ``rllib_dph.cli``).
+"""
+
+from rllib_dph.evaluation.metrics import (
+    default_ks,
+    keep_and_exploration_rates,
+    maj_at_k,
+    majority_vote,
+    mean_at_k,
+    mean_pass_at_k,
+    pass_at_k,
+    style_entropy,
+)
+from rllib_dph.evaluation.results import (
+    EvalResult,
+    PromptRecord,
+    compare,
+    finite_or_none,
+    format_summary,
+    plot_pass_at_k,
+)
+from rllib_dph.evaluation.runner import (
+    EvalSettings,
+    evaluate,
+    evaluate_engine,
+    find_module_checkpoint,
+    load_engine,
+)
+
+__all__ = [
+    "EvalResult",
+    "EvalSettings",
+    "PromptRecord",
+    "compare",
+    "default_ks",
+    "evaluate",
+    "evaluate_engine",
+    "find_module_checkpoint",
+    "finite_or_none",
+    "format_summary",
+    "keep_and_exploration_rates",
+    "load_engine",
+    "maj_at_k",
+    "majority_vote",
+    "mean_at_k",
+    "mean_pass_at_k",
+    "pass_at_k",
+    "plot_pass_at_k",
+    "style_entropy",
+]

@@ -1,0 +1,331 @@
+"""Evaluation results: per-prompt records, the result of one evaluation and its files (JSON, CSV),
+comparison with a baseline (keep / exploration rates), the pass@k plot and the text summary."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from collections import Counter
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+from rllib_dph.evaluation.metrics import (
+    keep_and_exploration_rates,
+    maj_at_k,
+    mean_at_k,
+    mean_over_prompts,
+    mean_pass_at_k,
+    pass_at_k,
+    style_entropy,
+)
+
+
+@dataclass
+class PromptRecord:
+    """What the policy did on one prompt.
+
+    Attributes:
+        task_id: The task's id in its data set.
+        index: The task's index in the env.
+        correct: Whether each of the n samples is correct.
+        answers: Majority-vote key of each sample (None: no answer), see
+            ``envs.base.VerifierEnv.answer_key``.
+        styles: Solution style of each sample (``envs.base.VerifierEnv.solution_style``); empty
+            when the env names no style for the task.
+        num_truncated: Samples that hit ``max_new_tokens`` without stopping.
+        greedy_correct: Whether the greedy completion is correct; None when not generated.
+        completions: The n sample texts, when kept.
+        greedy_completion: The greedy text, when kept.
+    """
+
+    task_id: str
+    index: int
+    correct: list[bool]
+    answers: list[Optional[str]]
+    styles: list[str]
+    num_truncated: int
+    greedy_correct: Optional[bool] = None
+    completions: Optional[list[str]] = None
+    greedy_completion: Optional[str] = None
+
+    @property
+    def n(self) -> int:
+        """Samples drawn."""
+        return len(self.correct)
+
+    @property
+    def num_correct(self) -> int:
+        """Correct samples (c of pass@k)."""
+        return sum(self.correct)
+
+
+@dataclass
+class EvalResult:
+    """Per-prompt outcomes of one evaluation and the settings that produced them.
+
+    Attributes:
+        records: One :class:`PromptRecord` per prompt, in env order.
+        n: Samples per prompt.
+        temperature: Sampling temperature of the n samples.
+        top_p: Nucleus mass of the n samples.
+        max_new_tokens: Longest response.
+        seed: Sampling seed.
+        ks: The k reported for pass@k and maj@k.
+        policy: What was evaluated (model name, path, checkpoint or engine class).
+        env_id: The env id.
+        env_config: The env's keyword arguments.
+        name: Label in plots and tables (defaults to ``policy``).
+        duration_s: Wall-clock time of the evaluation.
+    """
+
+    records: list[PromptRecord]
+    n: int
+    temperature: float
+    top_p: float
+    max_new_tokens: int
+    seed: int
+    ks: list[int]
+    policy: str = ""
+    env_id: str = ""
+    env_config: dict = field(default_factory=dict)
+    name: str = ""
+    duration_s: float = 0.0
+
+    @property
+    def label(self) -> str:
+        """``name``, else ``policy``."""
+        return self.name or self.policy
+
+    def pass_at(self, k: int) -> list[float]:
+        """pass@k of every prompt, in record order."""
+        return [pass_at_k(r.n, r.num_correct, k) for r in self.records]
+
+    def style_counts(self) -> dict[str, int]:
+        """Number of sampled completions per solution style, over all prompts, most used first."""
+        return dict(Counter(s for r in self.records for s in r.styles).most_common())
+
+    def summary(self) -> dict[str, Any]:
+        """The data-set metrics.
+
+        Returns:
+            ``num_prompts``, ``n``, ``temperature``, ``top_p``, ``max_new_tokens``,
+            ``greedy_accuracy`` (None without greedy completions), ``pass@k`` and ``maj@k`` for
+            each k of ``ks``, ``mean@n`` (see :func:`mean_at_k`), ``truncation_rate`` (share of
+            samples that hit ``max_new_tokens``) and, when styles were recorded, ``style_counts``
+            and ``style_entropy_bits``.
+        """
+        greedy = [r.greedy_correct for r in self.records]
+        out: dict[str, Any] = {
+            "num_prompts": len(self.records),
+            "n": self.n,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "max_new_tokens": self.max_new_tokens,
+            "greedy_accuracy": None if None in greedy else mean_over_prompts([float(g) for g in greedy]),
+        }
+        correct = [r.correct for r in self.records]
+        answers = [r.answers for r in self.records]
+        num_samples, num_correct = [r.n for r in self.records], [r.num_correct for r in self.records]
+        for k in self.ks:
+            out[f"pass@{k}"] = mean_pass_at_k(num_samples, num_correct, k)
+        out[f"mean@{self.n}"] = mean_at_k(correct, self.n)
+        for k in self.ks:
+            out[f"maj@{k}"] = maj_at_k(answers, correct, k)
+        out["truncation_rate"] = sum(r.num_truncated for r in self.records) / (len(self.records) * self.n)
+        counts = self.style_counts()
+        if counts:
+            out["style_counts"] = counts
+            out["style_entropy_bits"] = style_entropy(counts)
+        return out
+
+    def flat_metrics(self, prefix: str = "") -> dict[str, float]:
+        """The summary as a flat ``{name: float}`` dict for RLlib's metrics logger or Tune results.
+
+        Keys (after ``prefix``): ``greedy_accuracy`` (when generated), ``pass@k``, ``mean@n``,
+        ``maj@k``, ``truncation_rate``, ``style_entropy_bits`` and ``style/<name>`` (share of
+        samples in that style) when styles were recorded.
+
+        Args:
+            prefix: Put before every key, e.g. ``"eval/"``.
+        """
+        summary = self.summary()
+        keys = [k for k in summary if k.startswith(("pass@", "mean@", "maj@"))]
+        keys += ["truncation_rate", "style_entropy_bits"]
+        if summary["greedy_accuracy"] is not None:
+            keys.insert(0, "greedy_accuracy")
+        flat = {prefix + k: float(summary[k]) for k in keys if k in summary}
+        counts = summary.get("style_counts", {})
+        total = sum(counts.values())
+        flat.update({f"{prefix}style/{s}": c / total for s, c in counts.items()})
+        return flat
+
+    def to_dict(self) -> dict[str, Any]:
+        """Settings, summary and records as plain JSON-able data (what :meth:`to_json` writes)."""
+        settings = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "records"}
+        return {"settings": settings, "summary": self.summary(), "records": [asdict(r) for r in self.records]}
+
+    def to_json(self, path: str | os.PathLike) -> Path:
+        """Writes :meth:`to_dict` as JSON (parent folders created); returns the path."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=1))
+        return path
+
+    @classmethod
+    def from_json(cls, path: str | os.PathLike) -> "EvalResult":
+        """Reads a result written by :meth:`to_json`."""
+        data = json.loads(Path(path).read_text())
+        if not {"settings", "records"} <= set(data):
+            raise ValueError(
+                f"{path} holds no evaluation result (keys {sorted(data)}, expected 'settings' and "
+                "'records'); give a results JSON written by `rllib evaluate` or EvalResult.to_json."
+            )
+        return cls(records=[PromptRecord(**r) for r in data["records"]], **data["settings"])
+
+    def to_csv(self, path: str | os.PathLike) -> Path:
+        """Writes one row per prompt; returns the path.
+
+        Columns: ``task_id``, ``index``, ``n``, ``num_correct``, ``greedy_correct`` (empty when
+        not generated), ``num_truncated``, ``pass@k`` for each k, and ``style/<name>`` (samples
+        in that style) for every style seen.
+        """
+        styles = list(self.style_counts())
+        header = ["task_id", "index", "n", "num_correct", "greedy_correct", "num_truncated"]
+        header += [f"pass@{k}" for k in self.ks] + [f"style/{s}" for s in styles]
+        pass_at = {k: self.pass_at(k) for k in self.ks}
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(header)
+            for i, r in enumerate(self.records):
+                counts = Counter(r.styles)
+                greedy = "" if r.greedy_correct is None else int(r.greedy_correct)
+                row = [r.task_id, r.index, r.n, r.num_correct, greedy, r.num_truncated]
+                row += [f"{pass_at[k][i]:.6f}" for k in self.ks] + [counts[s] for s in styles]
+                writer.writerow(row)
+        return path
+
+
+def compare(result: EvalResult, baseline: EvalResult, k: int) -> dict[str, float]:
+    """Keep and exploration rates of ``result`` against ``baseline`` at pass@k (DPH-RL §6.1).
+
+    Prompts are matched by task id; every prompt of ``result`` must be in ``baseline``.
+    See :func:`keep_and_exploration_rates` for the formulas.
+
+    Args:
+        result: The trained policy's evaluation.
+        baseline: The base policy's evaluation on the same prompts.
+        k: The k of pass@k, at most the n of both.
+
+    Returns:
+        ``keep_rate``, ``exploration_rate`` (NaN when undefined), and ``base_solved`` /
+        ``base_failed``: the expected numbers of prompts the baseline solves / fails at pass@k
+        (the denominators).
+    """
+    base_by_id = {r.task_id: r for r in baseline.records}
+    missing = [r.task_id for r in result.records if r.task_id not in base_by_id]
+    if missing:
+        raise ValueError(
+            f"compare: {len(missing)} of {len(result.records)} prompts are not in the baseline "
+            f"(e.g. {missing[0]!r}); evaluate both on the same env split (and --limit)."
+        )
+    base = [base_by_id[r.task_id] for r in result.records]
+    base_pass = [pass_at_k(b.n, b.num_correct, k) for b in base]
+    keep, exploration = keep_and_exploration_rates(base_pass, result.pass_at(k))
+    return {
+        "keep_rate": keep,
+        "exploration_rate": exploration,
+        "base_solved": sum(base_pass),
+        "base_failed": len(base_pass) - sum(base_pass),
+    }
+
+
+def plot_pass_at_k(
+    results: Sequence[EvalResult | str | os.PathLike],
+    out_png: str | os.PathLike,
+    *,
+    title: Optional[str] = None,
+) -> Path:
+    """Plots pass@k against k (log2 axis), one line per evaluation, into a PNG.
+
+    Args:
+        results: Evaluations, or paths of their JSON files; each is labelled by its ``label``
+            (``run <i>`` when it has none).
+        out_png: Where to write the figure (parent folders created).
+        title: Figure title; by default the env and its data of the first result.
+
+    Returns:
+        The path of the PNG.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    loaded = [r if isinstance(r, EvalResult) else EvalResult.from_json(r) for r in results]
+    if not loaded:
+        raise ValueError("plot_pass_at_k: no results to plot; give at least one EvalResult or JSON path.")
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for i, r in enumerate(loaded):
+        summary = r.summary()
+        ax.plot(r.ks, [100 * summary[f"pass@{k}"] for k in r.ks], marker="o", label=r.label or f"run {i + 1}")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted({k for r in loaded for k in r.ks}))
+    ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.set_xlabel("k")
+    ax.set_ylabel("pass@k (%)")
+    first = loaded[0]
+    ax.set_title(title or f"{first.env_id} {json.dumps(first.env_config)}", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    out_png = Path(out_png)
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png, dpi=120)
+    plt.close(fig)
+    return out_png
+
+
+def format_summary(result: EvalResult, comparisons: Optional[Mapping[int, Mapping[str, float]]] = None) -> str:
+    """A plain-text table of a result's summary (and keep / exploration rates per k).
+
+    Args:
+        result: The evaluation.
+        comparisons: ``{k: compare(result, baseline, k)}`` for the k to show keep and
+            exploration rates at.
+    """
+    s = result.summary()
+    lines = [
+        f"policy: {result.label}",
+        f"env: {result.env_id} {json.dumps(result.env_config)}",
+        f"prompts: {s['num_prompts']}  n={s['n']}  temperature={s['temperature']}  top_p={s['top_p']}  "
+        f"max_new_tokens={s['max_new_tokens']}  ({result.duration_s:.1f} s)",
+    ]
+    if s["greedy_accuracy"] is not None:
+        lines.append(f"greedy accuracy   {s['greedy_accuracy']:.3f}")
+    lines.append(f"mean@{result.n:<12} {s[f'mean@{result.n}']:.3f}")
+    lines.append(f"truncation rate   {s['truncation_rate']:.3f}")
+    header = f"{'k':>4} {'pass@k':>8} {'maj@k':>8}"
+    comparisons = comparisons or {}
+    if comparisons:
+        header += f" {'keep':>8} {'explore':>8}"
+    lines.append(header)
+    for k in result.ks:
+        line = f"{k:>4} {s[f'pass@{k}']:>8.3f} {s[f'maj@{k}']:>8.3f}"
+        if k in comparisons:
+            line += f" {comparisons[k]['keep_rate']:>8.3f} {comparisons[k]['exploration_rate']:>8.3f}"
+        lines.append(line)
+    if "style_counts" in s:
+        total = sum(s["style_counts"].values())
+        shares = ", ".join(f"{style} {count / total:.2f}" for style, count in s["style_counts"].items())
+        lines.append(f"styles ({s['style_entropy_bits']:.3f} bits): {shares}")
+    return "\n".join(lines)
+
+
+def finite_or_none(values: Mapping[str, float]) -> dict[str, Optional[float]]:
+    """``values`` with NaN and infinities replaced by None (JSON has no NaN)."""
+    return {k: (v if math.isfinite(v) else None) for k, v in values.items()}

@@ -1,0 +1,267 @@
+"""Running an evaluation: the settings, the loop over an env's prompts, and loading a policy.
+
+For every prompt of an env split the policy draws ``n`` samples (temperature / top-p) and, by
+default, one greedy completion, through :func:`rllib_dph.rollout.rollout`; the env scores each
+and names its majority-vote answer and solution style (``envs.base.VerifierEnv.answer_key`` /
+``solution_style``). :func:`evaluate_engine` runs on a built engine and env (the env runner
+during training); :func:`evaluate` builds both from names or an RLlib checkpoint.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+from envs.suites import STYLE_SUITES
+from rllib_dph.engines import ENGINE_CLASSES
+from rllib_dph.engines.base import RolloutEngine, SamplingParams
+from rllib_dph.evaluation.metrics import default_ks
+from rllib_dph.evaluation.results import EvalResult, PromptRecord
+from rllib_dph.rollout import ScoredGroup, encode_task, make_env, rollout
+
+#: Longest generated response, in tokens, unless told otherwise (GRPOConfig's default).
+DEFAULT_MAX_NEW_TOKENS = 128
+#: Prompts per ``engine.generate`` call (16 prompts x n=16 fills the HF engine's 256-row batch).
+DEFAULT_BATCH_PROMPTS = 16
+#: Where an Algorithm checkpoint keeps the learner's RL modules.
+RL_MODULE_SUBDIR = Path("learner_group") / "learner" / "rl_module"
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """How to evaluate a policy; checked when built (``ValueError`` naming the first bad field).
+
+    Attributes:
+        n: Samples per prompt, >= 1.
+        temperature: Sampling temperature of the n samples, > 0.
+        top_p: Nucleus mass in (0, 1].
+        max_new_tokens: Longest response, in tokens.
+        ks: The k of pass@k and maj@k, each in [1, n]; None (default) becomes 1, 2, 4, ... <= n
+            and n (:func:`~rllib_dph.evaluation.metrics.default_ks`).
+        greedy: Also generate one greedy completion per prompt (greedy accuracy).
+        seed: Sampling seed: prompt chunk j is sampled with seed ``seed + j``, so the same seed,
+            ``batch_prompts`` and weights give the same samples.
+        style_suite: Suite whose style function names the solution styles (one of
+            ``envs.suites.STYLE_SUITES``); None uses each task's ``data_source`` when it is one
+            of them and records no styles otherwise.
+        limit: Evaluate only the first ``limit`` tasks (>= 1); None evaluates all.
+        batch_prompts: Prompts per ``generate`` call, >= 1.
+        keep_completions: Keep the completion texts in the records.
+        progress: Show a progress bar over prompts.
+    """
+
+    n: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    ks: Optional[Sequence[int]] = None
+    greedy: bool = True
+    seed: int = 0
+    style_suite: Optional[str] = None
+    limit: Optional[int] = None
+    batch_prompts: int = DEFAULT_BATCH_PROMPTS
+    keep_completions: bool = False
+    progress: bool = False
+
+    def __post_init__(self):
+        ks = list(self.ks or ())
+        rules = [
+            (self.n >= 1, f"n={self.n} samples per prompt must be >= 1"),
+            (
+                self.temperature > 0,
+                f"temperature={self.temperature} must be > 0 for the n samples (greedy=True adds greedy)",
+            ),
+            (
+                all(1 <= k <= self.n for k in ks),
+                f"ks={ks} must all be in [1, n={self.n}]; drop the larger k or raise n",
+            ),
+            (self.batch_prompts >= 1, f"batch_prompts={self.batch_prompts} must be >= 1"),
+            (self.limit is None or self.limit >= 1, f"limit={self.limit} must be >= 1, or None for every prompt"),
+            (
+                self.style_suite is None or self.style_suite in STYLE_SUITES,
+                f"style_suite={self.style_suite!r} has no style function; use one of {STYLE_SUITES} or None",
+            ),
+        ]
+        for ok, message in rules:
+            if not ok:
+                raise ValueError(f"evaluate: {message}.")
+        object.__setattr__(self, "ks", tuple(ks) if ks else tuple(default_ks(self.n)))
+
+
+def evaluate_engine(engine: RolloutEngine, env, settings: EvalSettings) -> EvalResult:
+    """Evaluates a rollout engine on the tasks of a built verifier env (no file I/O).
+
+    Prompts are encoded with the engine's tokenizer and chat template (as the env runner does)
+    and generated ``settings.batch_prompts`` at a time; chunk j is sampled with seed
+    ``settings.seed + j``, then (with ``settings.greedy``) decoded greedily.
+
+    Args:
+        engine: A rollout engine (``generate``, ``tokenizer``), e.g. an env runner's.
+        env: A verifier env (``envs.base.VerifierEnv``: ``tasks``, ``reset``, ``step``,
+            ``answer_key``, ``solution_style``).
+        settings: What to sample and report.
+    """
+    from tqdm.auto import tqdm
+
+    s = settings
+    indices = list(range(len(env.tasks) if s.limit is None else min(s.limit, len(env.tasks))))
+    greedy_params = SamplingParams(n=1, temperature=0.0, max_new_tokens=s.max_new_tokens)
+    start = time.perf_counter()
+    records = []
+    with tqdm(total=len(indices), desc=f"evaluating n={s.n}", unit="prompt", disable=not s.progress) as bar:
+        for j, chunk_start in enumerate(range(0, len(indices), s.batch_prompts)):
+            chunk = indices[chunk_start : chunk_start + s.batch_prompts]
+            prompts = [encode_task(engine.tokenizer, env.tasks[i]) for i in chunk]
+            params = SamplingParams(
+                n=s.n, temperature=s.temperature, top_p=s.top_p, max_new_tokens=s.max_new_tokens, seed=s.seed + j
+            )
+            sampled = rollout(engine, env, chunk, params, prompt_ids=prompts).groups
+            greedy = [None] * len(chunk)
+            if s.greedy:
+                greedy = rollout(engine, env, chunk, greedy_params, prompt_ids=prompts).groups
+            records += [_record(env, group, greedy_group, s) for group, greedy_group in zip(sampled, greedy)]
+            bar.update(len(chunk))
+    return EvalResult(
+        records=records,
+        n=s.n,
+        temperature=s.temperature,
+        top_p=s.top_p,
+        max_new_tokens=s.max_new_tokens,
+        seed=s.seed,
+        ks=list(s.ks),
+        policy=type(engine).__name__,
+        env_id=getattr(env, "name", type(env).__name__),
+        duration_s=time.perf_counter() - start,
+    )
+
+
+def _record(env, sampled: ScoredGroup, greedy: Optional[ScoredGroup], settings: EvalSettings) -> PromptRecord:
+    """The record of one prompt: its scored samples, their answers and styles, and its greedy completion."""
+    index, texts = sampled.index, sampled.texts
+    styles = [env.solution_style(index, text, settings.style_suite) for text in texts]
+    keep = settings.keep_completions
+    return PromptRecord(
+        task_id=env.tasks[index].id,
+        index=index,
+        correct=sampled.correct.tolist(),
+        answers=[env.answer_key(index, text) for text in texts],
+        styles=[] if None in styles else styles,  # None: the env names no style for this task
+        num_truncated=sum(c.finish_reason == "length" for c in sampled.completions),
+        greedy_correct=None if greedy is None else bool(greedy.correct[0]),
+        completions=texts if keep else None,
+        greedy_completion=greedy.texts[0] if keep and greedy is not None else None,
+    )
+
+
+def find_module_checkpoint(path: str | os.PathLike) -> Optional[Path]:
+    """The learner's RL-module folder of an RLlib Algorithm checkpoint, or None for other folders.
+
+    Args:
+        path: A folder written by ``algo.save_to_path`` (or a Tune ``checkpoint_00000N``).
+
+    Raises:
+        ValueError: ``path`` is an RLlib checkpoint without a learner RL module, or a Tune trial
+            folder (``checkpoint_*`` sub-folders and no model ``config.json``).
+    """
+    path = Path(path).expanduser()
+    if (path / "rllib_checkpoint.json").is_file():
+        from ray.rllib.core import DEFAULT_MODULE_ID
+
+        module_dir = path / RL_MODULE_SUBDIR / DEFAULT_MODULE_ID
+        if not module_dir.is_dir():
+            raise ValueError(
+                f"{path} is an RLlib checkpoint without {RL_MODULE_SUBDIR / DEFAULT_MODULE_ID}; give "
+                "the Algorithm checkpoint folder that algo.save_to_path (or Tune) wrote."
+            )
+        return module_dir
+    nested = sorted(path.glob("checkpoint_*"))
+    if nested and not (path / "config.json").is_file():  # a model folder has a config.json
+        raise ValueError(
+            f"{path} is a Tune trial folder, not a checkpoint; give one of its checkpoints, "
+            f"e.g. {nested[-1]}."
+        )
+    return None
+
+
+def load_engine(
+    policy: str | os.PathLike,
+    *,
+    engine: str = "hf",
+    dtype: Optional[str] = None,
+    device: str = "cpu",
+    engine_kwargs: Optional[Mapping[str, Any]] = None,
+) -> RolloutEngine:
+    """Builds a rollout engine for a model name, local model folder, HF id or RLlib checkpoint.
+
+    For a checkpoint, the engine is built from the model named in the learner's RL-module config
+    (``model_config["model"]``) and then gets the checkpoint's weights (``update_weights``).
+
+    Args:
+        policy: Bundled tiny name, ``save_pretrained`` folder, Hugging Face id, or an Algorithm
+            checkpoint folder (``algo.save_to_path`` / Tune ``checkpoint_00000N``).
+        engine: Engine name, a key of ``rllib_dph.engines.ENGINE_CLASSES``.
+        dtype: Weight dtype (``"float32"``, ``"bfloat16"``, ...); None keeps the checkpoint's
+            (for an RLlib checkpoint: the learner's compute dtype, ``GRPOConfig.llm(dtype=...)``;
+            its float32 master weights are cast to it).
+        device: Where to run the engine.
+        engine_kwargs: More keyword arguments of the engine's ``from_pretrained``.
+    """
+    if engine not in ENGINE_CLASSES:
+        raise ValueError(f"engine={engine!r} is not available; choose one of {sorted(ENGINE_CLASSES)}.")
+    module_name, class_name = ENGINE_CLASSES[engine].split(":")
+    engine_class = getattr(importlib.import_module(module_name), class_name)
+    kwargs = {"device": device, **dict(engine_kwargs or {})}
+    module_dir = find_module_checkpoint(policy) if Path(policy).expanduser().is_dir() else None
+    if module_dir is None:
+        return engine_class.from_pretrained(str(policy), dtype=dtype, **kwargs)
+    from ray.rllib.core.rl_module.rl_module import RLModule
+
+    module = RLModule.from_checkpoint(str(module_dir))
+    model_config = module.model_config
+    dtype = dtype or model_config.get("dtype")
+    built = engine_class.from_pretrained(model_config["model"], dtype=dtype, **kwargs)
+    built.update_weights(module.get_state())
+    return built
+
+
+def evaluate(
+    policy: str | os.PathLike | RolloutEngine,
+    env_id: str,
+    env_config: Optional[Mapping[str, Any]] = None,
+    settings: Optional[EvalSettings] = None,
+    *,
+    engine: str = "hf",
+    dtype: Optional[str] = None,
+    device: str = "cpu",
+    engine_kwargs: Optional[Mapping[str, Any]] = None,
+    name: str = "",
+) -> EvalResult:
+    """Evaluates a policy on an env split: n samples (and one greedy completion) per prompt.
+
+    Args:
+        policy: A model name / local folder / HF id, an RLlib Algorithm checkpoint folder (see
+            :func:`load_engine`), or an already-built rollout engine.
+        env_id: Env id (``"rllib_dph/SQL-v0"``), Tune env name or env class.
+        env_config: The env's keyword arguments, e.g. ``{"data": "sql_synth/test"}``.
+        settings: What to sample and report; None uses the :class:`EvalSettings` defaults.
+        engine, dtype, device, engine_kwargs: How to build the engine (:func:`load_engine`);
+            unused when ``policy`` is an engine.
+        name: Label of the result in plots (default: ``policy``).
+    """
+    env_config = dict(env_config or {})
+    if isinstance(policy, RolloutEngine):
+        built, described = policy, type(policy).__name__
+    else:
+        built = load_engine(policy, engine=engine, dtype=dtype, device=device, engine_kwargs=engine_kwargs)
+        described = str(policy)
+    env = make_env(env_id, env_config)
+    try:
+        result = evaluate_engine(built, env, settings or EvalSettings())
+    finally:
+        env.close()
+    result.policy, result.env_id, result.env_config, result.name = described, str(env_id), env_config, name
+    return result

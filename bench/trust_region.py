@@ -44,7 +44,7 @@ MASK_KINDS = {"ppo": {}, "binary_tv": {}, "binary_kl": {}, "topk_tv": {"topk": T
 
 
 def _config(overrides: dict, seed: int, model: str | None):
-    from rllib_dph.cli import load_tuned_example
+    from rllib_dph.experiments import load_tuned_example
 
     config, _ = load_tuned_example(str(EXAMPLE))
     config.update_from_dict({**OFF_POLICY, **overrides, "seed": seed, **({"model_name": model} if model else {})})

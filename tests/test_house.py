@@ -87,7 +87,9 @@ def _ours(name: str, modules: set[str]) -> str | None:
 def _imports(path: Path, modules: set[str]) -> list[tuple[str, int]]:
     """(our imported module, line) of every import in ``path``, module-level or in a function.
 
-    ``from x import y`` where ``x.y`` is a module counts as importing ``x.y``.
+    ``from x import y`` where ``x.y`` is a module counts as importing ``x.y``; relative imports
+    are resolved. The parent packages that Python initialises on the way (``x/__init__.py``) are
+    not counted: they would put every package's ``__init__`` on a cycle with its own modules.
     """
     module, is_package = _module_name(path), path.name == "__init__.py"
     found = []

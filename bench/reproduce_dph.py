@@ -75,7 +75,7 @@ def load_results(out: pathlib.Path) -> dict:
 
 def train(method: str, seed: int, out: pathlib.Path, args) -> pathlib.Path:
     """Trains one method/seed for the budget; returns its checkpoint directory."""
-    from rllib_dph.cli import load_tuned_example
+    from rllib_dph.experiments import load_tuned_example
 
     ckpt = out / "checkpoint"
     if (ckpt / "learner_group").exists():
@@ -170,7 +170,7 @@ def plots(base: dict, runs: dict, out: pathlib.Path) -> None:
 def prepare(methods: list[str], args) -> None:
     """Runs the DPH pre-sampling stage once, before parallel jobs would race to write it."""
     from rllib_dph.algorithms.dph import DPHConfig
-    from rllib_dph.cli import load_tuned_example
+    from rllib_dph.experiments import load_tuned_example
     from rllib_dph.presample import presample
 
     for method in methods:

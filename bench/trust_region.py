@@ -45,7 +45,7 @@ MASK_KINDS = ("ppo", "dppo_binary_tv", "dppo_binary_kl", "dppo_topk_tv", "dppo_t
 
 
 def _config(overrides: dict, seed: int, model: str | None):
-    from rllib_dph.cli import load_tuned_example
+    from rllib_dph.experiments import load_tuned_example
 
     config, _ = load_tuned_example(str(EXAMPLE))
     config.update_from_dict({**OFF_POLICY, **overrides, "seed": seed, **({"model_name": model} if model else {})})

@@ -931,6 +931,23 @@ def verify_sql(
     if sql is None:
         return Verdict(0.0 - format_penalty, False, "no ```sql block")
     deadline = time.monotonic() + timeout_s
+    return _run_and_compare(sql, gold_sql, db_path, compare, deadline, partial_credit)
+
+
+def _run_and_compare(sql: str, gold_sql: str, db_path: str, compare, deadline: float, partial_credit: bool) -> Verdict:
+    """Runs the gold and the predicted query before ``deadline`` and compares their rows.
+
+    Args:
+        sql: The completion's query.
+        gold_sql: The reference query.
+        db_path: The SQLite database file.
+        compare: A ``COMPARATORS`` function ``(pred_rows, gold_rows, gold_sql) -> bool``.
+        deadline: ``time.monotonic()`` value by which both queries must have finished.
+        partial_credit: Score a differing result by column overlap instead of 0.
+
+    Returns:
+        The verdict of :func:`verify_sql`; never raises.
+    """
     try:
         try:
             gold = _gold_rows(gold_sql, db_path, deadline)

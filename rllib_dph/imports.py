@@ -13,6 +13,7 @@ every Ray worker.
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import importlib.machinery
 import importlib.util
@@ -97,6 +98,14 @@ def import_user_modules(names: Sequence[str], launch_dir: str | None = None) -> 
             raise SystemExit(f"rllib: --import {name}: {type(e).__name__}: {e}") from None
         imported.append(name)
     return imported
+
+
+def add_import_flag(parser: argparse.ArgumentParser) -> None:
+    """Adds ``--import MODULE`` (repeatable; read by :func:`import_user_modules`) to ``parser``."""
+    parser.add_argument(
+        "--import", dest="imports", action="append", default=[], metavar="MODULE",
+        help="import this module first (it may register envs); repeatable",
+    )
 
 
 def setup_worker() -> None:

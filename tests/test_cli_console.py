@@ -6,7 +6,7 @@ import re
 import pytest
 
 from rllib_dph.algorithms.grpo import GRPOConfig
-from rllib_dph.cli import default_experiment_name
+from rllib_dph.experiments import default_experiment_name
 from rllib_dph.console import best_pass_at_k, error_summary, iteration_line
 from rllib_dph.tracking import logger_callbacks, mlflow_uri, tracking_problems
 

@@ -120,39 +120,65 @@ def load_tasks(
         )
     if prompt_format is not None:
         check_prompt_format(prompt_format)
+    layout = {
+        "task": task,
+        "prompt_format": prompt_format,
+        "ground_truth_field": ground_truth_field,
+        "system_prompt": system_prompt,
+    }
     if isinstance(data, (str, os.PathLike)):
         path = os.fspath(data)
         if not path.endswith(FILE_SUFFIXES):
             return _load_suite(path)
-        columns, rows, lines = _read_file(path, prompt_format, ground_truth_field)
-        ctx = _Context(
-            source=path,
-            lines=lines,
-            task=task,
-            db_root=os.path.abspath(db_root or os.path.dirname(os.path.abspath(path))),
-            default_data_source=os.path.splitext(os.path.basename(path))[0],
-            prompt_format=prompt_format,
-            ground_truth_field=ground_truth_field,
-            system_prompt=system_prompt,
-        )
-        _check_columns(ctx, columns)
-        return [_row_to_task(ctx, i, row) for i, row in enumerate(rows)]
+        return _load_file(path, db_root, layout)
     if isinstance(data, Sequence):
-        ctx = _Context(
-            source="data (an in-memory list)",
-            lines=None,
-            task=task,
-            db_root=os.path.abspath(db_root or os.getcwd()),
-            default_data_source="custom",
-            prompt_format=prompt_format,
-            ground_truth_field=ground_truth_field,
-            system_prompt=system_prompt,
-        )
-        return [_item_to_task(ctx, i, item) for i, item in enumerate(data)]
+        return _load_list(data, db_root, layout)
     raise TypeError(
         f"data must be a .parquet/.jsonl path, a suite split name or a list of tasks/dicts; "
         f"got a {type(data).__name__}."
     )
+
+
+def _load_file(path: str, db_root: str | os.PathLike | None, layout: dict[str, Any]) -> list[Task]:
+    """The tasks of a ``.parquet`` or ``.jsonl`` file.
+
+    Args:
+        path: The file.
+        db_root: SQL only: the folder of the databases (default: the file's folder).
+        layout: ``task``, ``prompt_format``, ``ground_truth_field`` and ``system_prompt`` of
+            :func:`load_tasks`.
+    """
+    columns, rows, lines = _read_file(path, layout["prompt_format"], layout["ground_truth_field"])
+    ctx = _Context(
+        source=path,
+        lines=lines,
+        db_root=os.path.abspath(db_root or os.path.dirname(os.path.abspath(path))),
+        default_data_source=os.path.splitext(os.path.basename(path))[0],
+        **layout,
+    )
+    _check_columns(ctx, columns)
+    return [_row_to_task(ctx, i, row) for i, row in enumerate(rows)]
+
+
+def _load_list(
+    data: Sequence[Task | Mapping[str, Any]], db_root: str | os.PathLike | None, layout: dict[str, Any]
+) -> list[Task]:
+    """The tasks of an in-memory list of :class:`Task` objects and/or row dicts.
+
+    Args:
+        data: The list.
+        db_root: SQL only: the folder of the databases (default: the current directory).
+        layout: ``task``, ``prompt_format``, ``ground_truth_field`` and ``system_prompt`` of
+            :func:`load_tasks`.
+    """
+    ctx = _Context(
+        source="data (an in-memory list)",
+        lines=None,
+        db_root=os.path.abspath(db_root or os.getcwd()),
+        default_data_source="custom",
+        **layout,
+    )
+    return [_item_to_task(ctx, i, item) for i, item in enumerate(data)]
 
 
 def check_prompt_format(prompt_format: PromptFormat) -> tuple[str, ...]:

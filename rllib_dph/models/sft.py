@@ -132,27 +132,12 @@ def sft(
     Returns:
         The training loss of every step.
     """
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": spec.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=spec.lr,
-        betas=(0.9, 0.95),
-    )
+    optimizer = _adamw(model, spec)
     state_path = Path(checkpoint_dir) / SFT_STATE if checkpoint_dir is not None else None
-    losses: list[float] = []
-    if state_path is not None and state_path.is_file():
-        state = torch.load(state_path, map_location="cpu", weights_only=False)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        losses = list(state["losses"])
+    losses = _load_state(state_path, model, optimizer)
     rng = np.random.default_rng(spec.seed)
     lengths = [len(ids) for ids, _ in encoded]
-    batches: list[np.ndarray] = []
-    for _ in range(len(losses)):  # replay the batch order up to the saved step
-        if not batches:
-            batches = bucketed_batches(lengths, spec.batch_size, rng)
-        batches.pop()
+    batches = _batches_left(len(losses), lengths, spec.batch_size, rng)  # replay up to the saved step
     model.train()
     bar = tqdm(range(len(losses), spec.sft_steps), desc="SFT", disable=not progress, dynamic_ncols=True,
                initial=len(losses), total=spec.sft_steps)
@@ -172,9 +157,49 @@ def sft(
         bar.set_postfix(loss=f"{losses[-1]:.3f}", lr=f"{lr:.1e}")
         done = step + 1
         if state_path is not None and checkpoint_every and (done % checkpoint_every == 0) and done < spec.sft_steps:
-            state_path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = state_path.with_suffix(".tmp")
-            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "losses": losses}, tmp)
-            os.replace(tmp, state_path)
+            _save_state(state_path, model, optimizer, losses)
     model.eval()
     return losses
+
+
+def _batches_left(steps: int, lengths: Sequence[int], batch_size: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """The batches of the current epoch still to train on after ``steps`` steps.
+
+    Draws the epochs from ``rng`` exactly as the training loop does, so a resumed run continues
+    with the batch the interrupted one would have taken next.
+    """
+    batches: list[np.ndarray] = []
+    for _ in range(steps):
+        if not batches:
+            batches = bucketed_batches(lengths, batch_size, rng)
+        batches.pop()
+    return batches
+
+
+def _adamw(model, spec) -> torch.optim.AdamW:
+    """AdamW with ``spec.weight_decay`` on the matrices (dim >= 2) and none on biases and norms."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": spec.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=spec.lr,
+        betas=(0.9, 0.95),
+    )
+
+
+def _load_state(state_path: Path | None, model, optimizer) -> list[float]:
+    """Loads a saved SFT state into ``model`` and ``optimizer``; returns its losses ([] if none)."""
+    if state_path is None or not state_path.is_file():
+        return []
+    state = torch.load(state_path, map_location="cpu", weights_only=False)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    return list(state["losses"])
+
+
+def _save_state(state_path: Path, model, optimizer, losses: list[float]) -> None:
+    """Saves the resumable SFT state: to a temporary file, then renamed (never half-written)."""
+    state_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = state_path.with_suffix(".tmp")
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "losses": losses}, tmp)
+    os.replace(tmp, state_path)

@@ -146,22 +146,13 @@ def build_warm_start(
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
-    styles: dict[str, int] = {}
-    for ex in examples:
-        styles[ex["style"]] = styles.get(ex["style"], 0) + 1
     record = {
         "name": name,
         "warm_start_version": WARM_START_VERSION,
         "spec": asdict(spec),
         "base_fingerprint": _base_fingerprint(spec.base),
         "num_parameters": sum(p.numel() for p in model.parameters()),
-        "sft": {
-            "examples": len(encoded),
-            "styles": dict(sorted(styles.items())),
-            "first_loss": losses[0],
-            "final_loss": float(np.mean(losses[-10:])),
-            "seconds": sft_seconds,  # of this run (a resumed build counts only its own part)
-        },
+        "sft": _sft_summary(examples, losses, sft_seconds),
         "fingerprint": model_fingerprint(str(out_dir)),
         "build_seconds": round(time.perf_counter() - start, 1),
     }
@@ -169,6 +160,26 @@ def build_warm_start(
     if checkpoint_dir is not None:
         shutil.rmtree(checkpoint_dir, ignore_errors=True)
     return record
+
+
+def _sft_summary(examples: list[dict], losses: list[float], seconds: float) -> dict:
+    """The ``sft`` part of a build record.
+
+    Args:
+        examples: The training examples (``training_examples``), each with its ``style``.
+        losses: The loss of every SFT step.
+        seconds: SFT time of this run (a resumed build counts only its own part).
+    """
+    styles: dict[str, int] = {}
+    for ex in examples:
+        styles[ex["style"]] = styles.get(ex["style"], 0) + 1
+    return {
+        "examples": len(examples),
+        "styles": dict(sorted(styles.items())),
+        "first_loss": losses[0],
+        "final_loss": float(np.mean(losses[-10:])),
+        "seconds": seconds,
+    }
 
 
 def is_current_warm_start(path: str | os.PathLike, name: str) -> bool:

@@ -1,0 +1,294 @@
+"""Experiment runners: an algorithm config through Ray Tune, as ``rllib train`` and tuned examples run it.
+
+``rllib train`` (``rllib_dph.cli``) and a tuned example run as a script
+(``python tuned_examples/grpo/sql_tiny_grpo.py --stop JSON``, through :func:`run_tuned_example`)
+share the flags of a run (:func:`add_run_flags`) and :func:`run_from_args`, which
+
+1. checks every setting before Ray starts (:func:`check_run`, ``rllib_dph.preflight``);
+2. builds missing tiny models and runs DPH pre-sampling in this process (:func:`prepare_run`);
+3. runs the experiment through Ray Tune (:func:`run_experiment`), so results, checkpoints and
+   TensorBoard files land in the usual Tune output directory (``--storage-path``, default
+   ``~/ray_results``), one folder per run.
+
+Benchmarks and tests read a tuned example's ``config`` and ``stop`` with :func:`load_tuned_example`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import runpy
+import sys
+import time
+from typing import Any, Optional
+
+from rllib_dph.imports import add_import_flag, ensure_package_envs, import_user_modules, ray_runtime_env
+
+#: Exit code of a run refused by the preflight checks.
+PREFLIGHT_EXIT_CODE = 2
+
+
+def json_flag(text: Optional[str], flag: str) -> dict:
+    """The JSON object given to a flag such as ``--config`` ({} when the flag is absent or empty).
+
+    Raises:
+        SystemExit: ``text`` is not valid JSON or not a JSON object (the message names ``flag``).
+    """
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"rllib: {flag} is not valid JSON ({e.msg} at char {e.pos}): {text!r}")
+    if not isinstance(value, dict):
+        raise SystemExit(f"rllib: {flag} must be a JSON object like '{{\"key\": 1}}', got {text!r}")
+    return value
+
+
+def slug(text: str) -> str:
+    """``text`` as a folder name: runs of characters other than letters, digits, ``_.-`` become ``_``."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_.")[-80:]
+
+
+def load_tuned_example(path: str) -> tuple[Any, dict]:
+    """Runs a tuned-example file and returns its module-level ``config`` and ``stop``."""
+    if not os.path.isfile(path):
+        raise SystemExit(f"rllib: no such tuned-example file: {path}")
+    namespace = runpy.run_path(path, run_name="rllib_tuned_example")
+    if "config" not in namespace:
+        raise SystemExit(
+            f"rllib: {path} defines no module-level `config`; a tuned example must assign its "
+            "AlgorithmConfig to `config` (and may define a `stop` dict)."
+        )
+    return namespace["config"], dict(namespace.get("stop") or {})
+
+
+def default_experiment_name(config) -> str:
+    """``<Algo>_<env>_<YYYY-mm-dd_HH-MM-SS>``: a new folder for every run."""
+    return f"{config.algo_class.__name__}_{slug(str(config.env))}_{time.strftime('%Y-%m-%d_%H-%M-%S')}"
+
+
+def run_experiment(
+    config,
+    stop: dict,
+    *,
+    storage_path: Optional[str] = None,
+    name: Optional[str] = None,
+    checkpoint_freq: int = 0,
+    checkpoint_at_end: bool = False,
+    num_samples: int = 1,
+    resume: bool = False,
+    verbose: int = 0,
+    callbacks: Optional[list] = None,
+    user_modules: tuple = (),
+):
+    """Runs ``config`` through Ray Tune until ``stop``; returns Tune's ``ResultGrid``.
+
+    Args:
+        verbose: 0 prints one line per iteration (``rllib_dph.console``); 1-3 are Tune's own
+            verbosity levels (status table, config, results).
+        callbacks: More Tune callbacks (e.g. ``rllib_dph.tracking.logger_callbacks``).
+        user_modules: Modules that every Ray worker imports first (``--import``).
+    """
+    from ray import tune
+
+    from rllib_dph.console import IterationPrinter
+
+    _start_ray(verbose, user_modules)
+    storage_path = os.path.abspath(os.path.expanduser(storage_path or "~/ray_results"))
+    name = name or default_experiment_name(config)
+    callbacks = [*(callbacks or []), *([IterationPrinter()] if verbose == 0 else [])]
+    experiment_dir = os.path.join(storage_path, name)
+    if resume and tune.Tuner.can_restore(experiment_dir):
+        tuner = tune.Tuner.restore(experiment_dir, trainable=config.algo_class, resume_errored=True)
+    else:
+        tuner = tune.Tuner(
+            config.algo_class,
+            param_space=config,
+            tune_config=tune.TuneConfig(num_samples=num_samples),
+            run_config=tune.RunConfig(
+                name=name,
+                storage_path=storage_path,
+                stop=stop,
+                verbose=verbose,
+                callbacks=callbacks,
+                checkpoint_config=tune.CheckpointConfig(
+                    checkpoint_frequency=checkpoint_freq, checkpoint_at_end=checkpoint_at_end
+                ),
+            ),
+        )
+    print(f"rllib: experiment folder {experiment_dir} (tensorboard --logdir {experiment_dir})", flush=True)
+    results = tuner.fit()
+    _exit_on_failed_trials(results, verbose)
+    return results
+
+
+def _start_ray(verbose: int, user_modules: tuple) -> None:
+    """``ray.init`` (quiet unless ``verbose``; every worker imports ``user_modules`` first) and
+    the Tune names of the registered envs."""
+    import ray
+
+    from rllib_dph.console import quiet_logging
+
+    envs = ensure_package_envs()
+    if verbose == 0:
+        quiet_logging()
+        os.environ["RAY_AIR_NEW_OUTPUT"] = "0"  # Tune's legacy reporter prints nothing at verbose=0
+    if not ray.is_initialized():
+        ray.init(
+            include_dashboard=False,
+            log_to_driver=verbose > 0,
+            logging_level=logging.INFO if verbose else logging.ERROR,
+            runtime_env=ray_runtime_env(user_modules),
+        )
+    envs.register_tune_envs()
+
+
+def _exit_on_failed_trials(results, verbose: int) -> None:
+    """Exits naming the first failed trial's error once: its exception line and traceback file
+    (the whole error with ``verbose``)."""
+    from rllib_dph.console import error_summary
+
+    failed = [r for r in results if r.error]
+    if failed:
+        first = failed[0]
+        detail = f"{error_summary(first.error)}\n  full traceback: {os.path.join(first.path, 'error.txt')}"
+        raise SystemExit(f"rllib: {len(failed)} trial(s) failed; first error: " + (str(first.error) if verbose else detail))
+
+
+def add_run_flags(parser: argparse.ArgumentParser) -> None:
+    """Adds the flags of one run (read by :func:`run_from_args`) to ``parser``."""
+    parser.add_argument(
+        "--config",
+        help="config overrides as JSON, e.g. '{\"model_name\": \"Qwen/Qwen2.5-0.5B\", "
+        "\"env_config\": {\"data\": \"train.parquet\"}}'",
+    )
+    parser.add_argument("--stop", help="stop criteria as JSON, e.g. '{\"training_iteration\": 2}'")
+    parser.add_argument("--storage-path", help="Tune output directory (default ~/ray_results)")
+    parser.add_argument("--name", help="experiment name (default: <algo>_<env>_<date>_<time>, new per run)")
+    parser.add_argument("--checkpoint-freq", type=int, default=0, help="checkpoint every N iterations")
+    parser.add_argument("--checkpoint-at-end", action="store_true", help="checkpoint when stopping")
+    parser.add_argument("--num-samples", type=int, default=1, help="Tune samples of the config")
+    parser.add_argument("--resume", action="store_true", help="resume the experiment named by --name")
+    parser.add_argument(
+        "-v", "--verbose", type=int, nargs="?", const=1, default=0,
+        help="0 (default): one line per iteration; 1-3 (--verbose = 1): Tune's own status table",
+    )
+    parser.add_argument("--wandb-project", help="log to this W&B project (pip install \"rllib_dph[tracking]\")")
+    parser.add_argument("--wandb-offline", action="store_true", help="W&B offline mode (sync later)")
+    parser.add_argument("--mlflow-tracking-uri", help="log to MLflow: a tracking URI or a local folder (file store)")
+    add_import_flag(parser)
+
+
+def _refuse(problems: list) -> None:
+    """Prints the preflight problems once, to stderr, and exits with PREFLIGHT_EXIT_CODE."""
+    from rllib_dph.preflight import format_problems
+
+    if problems:
+        print(format_problems(problems), file=sys.stderr)
+        raise SystemExit(PREFLIGHT_EXIT_CODE)
+
+
+def check_run(config, stop: dict, args, overrides: dict) -> None:
+    """Preflight of a run (applies ``overrides`` to ``config``): every problem of the config, stop,
+    paths and trackers, printed once; exits with PREFLIGHT_EXIT_CODE on any."""
+    from rllib_dph.preflight import Problem, preflight
+    from rllib_dph.tracking import tracking_problems
+
+    problems = preflight(config, stop, config_overrides=overrides)
+    tracking = tracking_problems(wandb_project=args.wandb_project, mlflow_tracking_uri=args.mlflow_tracking_uri)
+    problems += [Problem("tracking", message) for message in tracking]
+    if args.resume and not args.name:
+        problems.append(Problem("--resume", "needs --name: the experiment folder to continue."))
+    _refuse(problems)
+
+
+def prepare_run(config) -> None:
+    """Work that must not happen inside a Tune trial, done here with in-place progress bars.
+
+    Builds a bundled tiny model that is neither shipped nor cached, and runs DPH pre-sampling
+    when ``presample_dir`` has no files yet (the trial then finds them).
+    """
+    from rllib_dph.models.hub import resolve_model
+    from rllib_dph.models.tiny import TINY_MODELS
+    from rllib_dph.preflight import search_variants, validate_problems
+
+    for name in {config.model_name, getattr(config, "reference_model_name", None)} & set(TINY_MODELS):
+        resolve_model(name)
+    for variant in search_variants(config):
+        if getattr(variant, "needs_presampling", False):
+            from rllib_dph.presample import presample_once
+
+            presample_once(variant.presample_config())  # one run per folder, also across commands
+            _refuse(validate_problems(variant))
+
+
+def run_from_args(config, stop: dict, args: argparse.Namespace) -> None:
+    """Checks, prepares and runs ``config`` until ``stop`` with the flags of :func:`add_run_flags`.
+
+    Args:
+        config: The algorithm config; ``--config`` overrides are applied to it.
+        stop: Stop criteria; ``--stop`` entries replace or add to them.
+        args: The parsed flags of :func:`add_run_flags`.
+    """
+    from rllib_dph.tracking import logger_callbacks
+
+    from rllib_dph.console import quiet_logging
+
+    if args.verbose == 0:
+        quiet_logging()
+    overrides = json_flag(args.config, "--config")
+    stop = {**stop, **json_flag(args.stop, "--stop")}
+    user_modules = import_user_modules(args.imports)
+    check_run(config, stop, args, overrides)
+    prepare_run(config)
+    name = args.name or default_experiment_name(config)
+    callbacks = logger_callbacks(
+        name,
+        wandb_project=args.wandb_project,
+        wandb_offline=args.wandb_offline,
+        mlflow_tracking_uri=args.mlflow_tracking_uri,
+    )
+    results = run_experiment(
+        config,
+        stop,
+        storage_path=args.storage_path,
+        name=name,
+        checkpoint_freq=args.checkpoint_freq,
+        checkpoint_at_end=args.checkpoint_at_end,
+        num_samples=args.num_samples,
+        resume=args.resume,
+        verbose=args.verbose,
+        callbacks=callbacks,
+        user_modules=tuple(user_modules),
+    )
+    _print_summary(results)
+
+
+def _print_summary(results) -> None:
+    """One line per trial (iterations, mean return) and, with several trials, the best one."""
+    metric = "env_runners/episode_return_mean"
+    for result in results:
+        print(
+            f"trial {result.path}: training_iteration={result.metrics.get('training_iteration')} "
+            f"{metric}={result.metrics.get('env_runners', {}).get('episode_return_mean')}"
+        )
+    if len(results) > 1:
+        best = results.get_best_result(metric=metric, mode="max")
+        print(f"best trial by {metric}: {best.path}")
+        configs = [r.config for r in results]
+        varied = {k for k in best.config if len({repr(c.get(k)) for c in configs}) > 1}
+        print(f"best trial's swept values: {json.dumps({k: best.config[k] for k in sorted(varied)}, default=str)}")
+
+
+def run_tuned_example(config, stop: dict, argv: Optional[list[str]] = None) -> None:
+    """``python <tuned_example.py> [--stop JSON] ...``: what ``rllib train file`` does."""
+    ensure_package_envs()
+    parser = argparse.ArgumentParser(description="Run this tuned example through Ray Tune.")
+    add_run_flags(parser)
+    run_from_args(config, stop, parser.parse_args(argv))
+
+

@@ -1,0 +1,198 @@
+"""The shape of the house, checked on the source text (pure AST: nothing of the package is imported).
+
+- No import cycle among our own modules (``rllib_dph.*``, ``envs.*``), counting the imports
+  inside functions too.
+- No function or method longer than 60 lines including its docstring (config builder methods
+  are allowed a 60-line body after their docstring: their docstrings document every field).
+- Engine names are spelled in one place, ``rllib_dph/engines/``.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGES = ("rllib_dph", "envs")
+MAX_LINES = 60
+#: Config builder methods (``AlgorithmConfig`` setters under ``rllib_dph/algorithms/``) whose
+#: body after the docstring must be <= MAX_LINES; their docstrings document every field.
+CONFIG_BUILDERS = ("training", "validation")
+ENGINE_NAMES = ("hf", "vllm")
+
+# Known offenders in files that other branches of issue #12 are changing right now; the lead
+# empties this set after merging them. Entries: "cycle: a -> b -> a" (the modules of a cycle,
+# rotated to start at the smallest name), "long: path::qualname", "engine: path".
+PENDING = {
+    # rollout/evaluation branch: env_runner.make_env <-> evaluation.evaluate_engine (issue item 2).
+    "cycle: rllib_dph.env_runner -> rllib_dph.evaluation -> rllib_dph.env_runner",
+    # tiny-model branch: hub.encode_prompt <-> tiny.build_tiny_model (issue item 2).
+    "cycle: rllib_dph.models.hub -> rllib_dph.models.tiny -> rllib_dph.models.hub",
+    # models/hub.py dispatches to the builders, which call back into hub (encode_prompt,
+    # model_fingerprint, resolve_model, load_causal_lm, load_tokenizer): needs those helpers in a
+    # module below hub (hub.py belongs to the tiny-model branch).
+    "cycle: rllib_dph.models.hub -> rllib_dph.models.tiny -> rllib_dph.models.sft -> rllib_dph.models.hub",
+    "cycle: rllib_dph.models.hub -> rllib_dph.models.smollm2 -> rllib_dph.models.hub",
+    "cycle: rllib_dph.models.hub -> rllib_dph.models.warm_start -> rllib_dph.models.hub",
+    # algorithms branch: GRPOConfig.get_default_learner_class imports the learner, which imports
+    # CONSECUTIVE_SKIPPED_UPDATES and num_minibatches from grpo.py.
+    "cycle: rllib_dph.algorithms.grpo.grpo -> rllib_dph.algorithms.grpo.grpo_torch_learner -> rllib_dph.algorithms.grpo.grpo",
+    # rollout/evaluation branch (issue item 1).
+    "long: rllib_dph/evaluation.py::evaluate_engine",
+    "long: rllib_dph/evaluation.py::evaluate",
+    "long: rllib_dph/presample.py::Presampler.run",
+    "long: rllib_dph/models/tiny.py::evaluate_base_policy",
+    # tiny-model branch.
+    "long: rllib_dph/models/tiny.py::build_tiny_model",
+    # The lead's engine registry (issue item 5) replaces these spellings.
+    "engine: rllib_dph/algorithms/grpo/grpo.py",
+    "engine: rllib_dph/cli.py",
+    "engine: rllib_dph/evaluation.py",
+    "engine: rllib_dph/presample.py",
+}
+
+
+def _source_files() -> list[Path]:
+    return sorted(p for package in PACKAGES for p in (REPO / package).rglob("*.py"))
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _parse(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+
+
+def _resolve_from(module: str, is_package: bool, node: ast.ImportFrom) -> str:
+    """The absolute module of ``from <node.module> import ...`` written in ``module``."""
+    if node.level == 0:
+        return node.module or ""
+    base = module.split(".")
+    base = base if is_package else base[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _ours(name: str, modules: set[str]) -> str | None:
+    """The longest prefix of the dotted ``name`` that is one of our modules (None if none)."""
+    parts = name.split(".")
+    for end in range(len(parts), 0, -1):
+        if ".".join(parts[:end]) in modules:
+            return ".".join(parts[:end])
+    return None
+
+
+def _imports(path: Path, modules: set[str]) -> list[tuple[str, int]]:
+    """(our imported module, line) of every import in ``path``, module-level or in a function.
+
+    ``from x import y`` where ``x.y`` is a module counts as importing ``x.y``; relative imports
+    are resolved. The parent packages that Python initialises on the way (``x/__init__.py``) are
+    not counted: they would put every package's ``__init__`` on a cycle with its own modules.
+    """
+    module, is_package = _module_name(path), path.name == "__init__.py"
+    found = []
+    for node in ast.walk(_parse(path)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = _resolve_from(module, is_package, node)
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+        else:
+            continue
+        found += [(target, node.lineno) for target in map(lambda n: _ours(n, modules), names) if target]
+    return [(target, line) for target, line in found if target != module]
+
+
+def _import_graph() -> dict[str, dict[str, str]]:
+    """module → {imported module: "path:line" of the first such import}."""
+    files = _source_files()
+    modules = {_module_name(p) for p in files}
+    graph: dict[str, dict[str, str]] = {m: {} for m in modules}
+    for path in files:
+        for target, line in _imports(path, modules):
+            graph[_module_name(path)].setdefault(target, f"{path.relative_to(REPO)}:{line}")
+    return graph
+
+
+def _cycles(graph: dict[str, dict[str, str]]) -> list[list[str]]:
+    """One shortest cycle through each module that lies on a cycle, deduplicated."""
+    cycles = set()
+    for start in sorted(graph):
+        paths, seen = [[start]], {start}
+        while paths:  # breadth first: the shortest way back to ``start``
+            path = paths.pop(0)
+            for nxt in sorted(graph[path[-1]]):
+                if nxt == start:
+                    i = path.index(min(path))
+                    cycles.add(tuple(path[i:] + path[:i]))
+                    paths = []
+                    break
+                if nxt not in seen:
+                    seen.add(nxt)
+                    paths.append(path + [nxt])
+    return [list(c) for c in sorted(cycles)]
+
+
+def test_no_import_cycle():
+    graph = _import_graph()
+    offenders = []
+    for cycle in _cycles(graph):
+        key = "cycle: " + " -> ".join(cycle + cycle[:1])
+        if key not in PENDING:
+            where = ", ".join(graph[a][b] for a, b in zip(cycle, cycle[1:] + cycle[:1]))
+            offenders.append(f"{key} ({where})")
+    assert not offenders, "import cycles among our modules (imports in functions count):\n" + "\n".join(offenders)
+
+
+def _functions(tree: ast.Module):
+    """(qualified name, node, enclosing class or None) of every function and method."""
+    stack = [(tree, "", None)]
+    while stack:
+        parent, prefix, owner = stack.pop()
+        for node in ast.iter_child_nodes(parent):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                yield prefix + node.name, node, owner
+                stack.append((node, f"{prefix}{node.name}.", None))
+            elif isinstance(node, ast.ClassDef):
+                stack.append((node, f"{prefix}{node.name}.", node))
+            else:
+                stack.append((node, prefix, owner))
+
+
+def _length(node, config_builder: bool) -> int:
+    """Lines from ``def`` to the end; for a config builder, of the body after its docstring."""
+    body = node.body
+    if config_builder and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        return node.end_lineno - body[1].lineno + 1 if len(body) > 1 else 0
+    return node.end_lineno - node.lineno + 1
+
+
+def test_no_function_over_60_lines():
+    offenders = []
+    for path in _source_files():
+        rel = path.relative_to(REPO)
+        in_algorithms = rel.parts[:2] == ("rllib_dph", "algorithms")
+        for name, node, owner in _functions(_parse(path)):
+            builder = in_algorithms and owner is not None and node.name in CONFIG_BUILDERS
+            lines = _length(node, builder)
+            if lines > MAX_LINES and f"long: {rel}::{name}" not in PENDING:
+                what = "body after the docstring" if builder else "lines"
+                offenders.append(f"{rel}:{node.lineno} {name}: {lines} {what}")
+    assert not offenders, f"functions over {MAX_LINES} lines; split them into named helpers:\n" + "\n".join(offenders)
+
+
+def test_engine_names_live_in_engines():
+    offenders = []
+    for path in _source_files():
+        rel = path.relative_to(REPO)
+        if rel.parts[:2] == ("rllib_dph", "engines"):
+            continue
+        for node in ast.walk(_parse(path)):
+            if isinstance(node, ast.Constant) and node.value in ENGINE_NAMES:
+                if f"engine: {rel}" not in PENDING:
+                    offenders.append(f"{rel}:{node.lineno} {node.value!r}")
+    assert not offenders, (
+        "engine names spelled outside rllib_dph/engines/ (use its registry instead):\n" + "\n".join(offenders)
+    )

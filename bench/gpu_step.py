@@ -13,7 +13,7 @@ tokens/s and peak GPU memory. ``--dtypes`` are ``GRPOConfig.llm(dtype=...)`` val
 ``bfloat16`` the learner trains in mixed precision (float32 master weights and Adam state, the
 forward pass under bf16 autocast); the rollout engine of part 2 holds pure bf16 weights.
 
-Part 2, generation: the HF rollout engine (``HFEngine.from_pretrained``) samples
+Part 2, generation: the HF rollout engine (``engines.make_engine``) samples
 ``--gen-rows`` rows (prompts × ``--n``) of ``--max-new-tokens`` tokens; it reports generated
 tokens/s (median of ``--gen-iters`` calls after a warm-up) and the gap between the engine's μ
 and a teacher-forced recompute of the same tokens by the learner's code path
@@ -278,9 +278,9 @@ def gaps(mu: list[np.ndarray], ref: list[np.ndarray]) -> tuple[float, float]:
 
 def generation_case(model: str, dtype: str, device: torch.device, args) -> dict:
     from rllib_dph.engines.base import SamplingParams
-    from rllib_dph.engines.hf import HFEngine
+    from rllib_dph.engines import make_engine
 
-    engine = HFEngine.from_pretrained(model, dtype=dtype, device=device, max_batch_size=args.gen_rows)
+    engine = make_engine("hf", model, dtype=dtype, device=device, max_batch_size=args.gen_rows)
     hf = engine.model
     vocab = hf.config.vocab_size
     num_prompts = max(1, args.gen_rows // args.n)

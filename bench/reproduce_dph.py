@@ -58,12 +58,12 @@ def eval_path(out: pathlib.Path, split: str) -> pathlib.Path:
 
 def evaluate_all(policy, name: str, out: pathlib.Path, args) -> None:
     """Evaluates ``policy`` on every split into JSON files under ``out`` (kept when present)."""
-    from rllib_dph.evaluation import EvalSettings, evaluate
+    from rllib_dph.evaluation import EvalSettings, evaluate_policy
 
     settings = EvalSettings(n=args.n, temperature=1.0, max_new_tokens=64, limit=args.eval_limit, seed=0)
     for split, (env_id, env_config) in SPLITS.items():
         if not eval_path(out, split).exists():
-            evaluate(str(policy), env_id, env_config, settings, name=name).to_json(eval_path(out, split))
+            evaluate_policy(str(policy), env_id, env_config, settings, name=name).to_json(eval_path(out, split))
 
 
 def load_results(out: pathlib.Path) -> dict:

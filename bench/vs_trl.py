@@ -323,7 +323,7 @@ class TRLWorker:
 def build_ours(args, model_dir: str, pool: list[int]):
     """Our GRPO algorithm with the benchmark's overrides; its env runner takes ``pool``'s
     prompts in order, ``prompts_per_step`` at a time (cycling)."""
-    from rllib_dph.cli import load_tuned_example
+    from rllib_dph.experiments import load_tuned_example
 
     config, _ = load_tuned_example(args.example)
     config.update_from_dict({
@@ -433,7 +433,8 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     from envs.data import load_tasks
-    from rllib_dph.models.hub import encode_prompt, load_tokenizer, resolve_model
+    from rllib_dph.chat import encode_prompt
+    from rllib_dph.models.hub import load_tokenizer, resolve_model
 
     model_dir = str(pathlib.Path(resolve_model(args.model)).resolve())
     if not pathlib.Path(model_dir).is_dir():

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+import math
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -132,6 +133,11 @@ def group_units(group_ids: np.ndarray, row_type: np.ndarray) -> tuple[list[np.nd
     order = np.argsort(first, kind="stable")  # groups in order of first appearance
     groups = [exp[inverse == g] for g in order]
     return groups, np.flatnonzero(row_type == C.ROW_TYPE_PEF)
+
+
+def num_minibatches(rows: int, minibatch_size: Optional[int]) -> int:
+    """Optimizer steps per epoch for ``rows`` exploration rows: ⌈rows / minibatch_size⌉, 1 for None."""
+    return 1 if minibatch_size is None else max(1, math.ceil(rows / minibatch_size))
 
 
 def minibatch_plan(

@@ -23,6 +23,7 @@ import os
 import sys
 from typing import Any, Optional
 
+from rllib_dph.engines import DEFAULT_ENGINE, ENGINES
 from rllib_dph.experiments import add_run_flags, json_flag, load_tuned_example, run_from_args, slug
 from rllib_dph.imports import add_import_flag, ensure_package_envs, import_user_modules
 
@@ -100,7 +101,7 @@ def _evaluate(args) -> None:
         EvalResult,
         EvalSettings,
         compare,
-        evaluate,
+        evaluate_policy,
         finite_or_none,
         format_summary,
         plot_pass_at_k,
@@ -114,7 +115,7 @@ def _evaluate(args) -> None:
         ks=args.ks, greedy=not args.no_greedy, seed=args.seed, style_suite=args.style_suite, limit=args.limit,
         batch_prompts=args.batch_prompts, keep_completions=args.keep_completions, progress=True,
     )
-    result = evaluate(
+    result = evaluate_policy(
         args.policy,
         args.env,
         env_config,
@@ -195,7 +196,7 @@ def _add_presample_parser(sub) -> None:
     pre.add_argument("--max-response-length", type=int, default=128)
     pre.add_argument("--seed", type=int, default=0)
     pre.add_argument("--prompts-per-chunk", type=int, default=64)
-    pre.add_argument("--engine", default="hf", choices=["hf", "vllm"])
+    pre.add_argument("--engine", default=DEFAULT_ENGINE, choices=sorted(ENGINES))
     pre.add_argument("--engine-kwargs", help="engine kwargs as JSON")
     pre.add_argument("--dtype", default="float32")
     add_import_flag(pre)
@@ -228,7 +229,7 @@ def _add_evaluate_parser(sub) -> None:
     ev.add_argument("--plot", nargs="+", default=[], help="more results.json files to draw on the same plot")
     ev.add_argument("--out", help="output folder (default eval_results/<policy>__<env>_<data>)")
     ev.add_argument("--name", help="label of this run in plots (default: the policy argument)")
-    ev.add_argument("--engine", default="hf", help="rollout engine (default hf)")
+    ev.add_argument("--engine", default=DEFAULT_ENGINE, help=f"rollout engine (default {DEFAULT_ENGINE})")
     ev.add_argument("--engine-kwargs", help="engine kwargs as JSON")
     ev.add_argument("--dtype", help="weight dtype (default: the checkpoint's)")
     ev.add_argument("--device", default="cpu", help="device of the engine (default cpu)")

@@ -185,7 +185,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
     def get_metrics(self) -> ResultDict:
         return self.metrics.reduce()
 
-    def evaluate(self, env_config: dict, *, n: int, limit: Optional[int] = None, seed: int = 0) -> dict:
+    def evaluate_split(self, env_config: dict, *, n: int, limit: Optional[int] = None, seed: int = 0) -> dict:
         """pass@k, greedy accuracy, mean@n, style shares of the current weights on an env split.
 
         Samples at the config's temperature, top-p and ``max_response_length``.

@@ -49,7 +49,8 @@ def export_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike,
     Returns:
         ``out_dir`` as a Path.
     """
-    from rllib_dph.models.hub import as_dtype, load_tokenizer
+    from rllib_dph.models.folders import as_dtype
+    from rllib_dph.models.hub import load_tokenizer
 
     module = load_checkpoint_policy(checkpoint)
     model = module.model

@@ -47,7 +47,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rllib_dph.engines import build_engine
+from rllib_dph.engines import DEFAULT_ENGINE, build_engine
 from rllib_dph.engines.base import SamplingParams
 from rllib_dph.models.hub import model_fingerprint, resolve_model
 from rllib_dph.rollout import encode_task, make_env, rollout
@@ -93,7 +93,7 @@ class PresampleConfig:
     max_response_length: int = 128
     seed: int = 0
     prompts_per_chunk: int = 64
-    engine: str = "hf"
+    engine: str = DEFAULT_ENGINE
     engine_kwargs: dict = field(default_factory=dict)
     dtype: str = "float32"
     num_gpus_per_env_runner: float = 0

@@ -143,7 +143,8 @@ class LLMRLModule(TorchRLModule):
 
     @override(TorchRLModule)
     def setup(self):
-        from rllib_dph.models.hub import as_dtype, load_causal_lm
+        from rllib_dph.models.folders import as_dtype
+        from rllib_dph.models.hub import load_causal_lm
 
         cfg = self.model_config
         self.temperature = float(cfg.get("temperature", 1.0))

@@ -14,14 +14,14 @@ from envs.suites import load_split
 from rllib_dph.chat import encode_prompt
 from rllib_dph.cli import main
 from rllib_dph.engines.base import Completion
-from rllib_dph.engines.hf import HFEngine
+from rllib_dph.engines import make_engine
 from rllib_dph.evaluation import (
     EvalResult,
     EvalSettings,
     PromptRecord,
     compare,
     default_ks,
-    evaluate,
+    evaluate_policy,
     evaluate_engine,
     find_module_checkpoint,
     keep_and_exploration_rates,
@@ -365,11 +365,11 @@ def test_checkpoint_evaluates_like_the_weights_it_was_saved_with(ray_session, ti
     algo.stop()
 
     settings = EvalSettings(n=2, limit=3, max_new_tokens=12, keep_completions=True, progress=False)
-    from_checkpoint = evaluate(str(tmp_path / "ckpt"), SQL_ENV, SQL_TEST, settings)
-    engine = HFEngine.from_pretrained("tiny-random")
-    base = evaluate(engine, SQL_ENV, SQL_TEST, settings)
+    from_checkpoint = evaluate_policy(str(tmp_path / "ckpt"), SQL_ENV, SQL_TEST, settings)
+    engine = make_engine("hf", "tiny-random")
+    base = evaluate_policy(engine, SQL_ENV, SQL_TEST, settings)
     engine.update_weights(saved)
-    expected = evaluate(engine, SQL_ENV, SQL_TEST, settings)
+    expected = evaluate_policy(engine, SQL_ENV, SQL_TEST, settings)
 
     greedy = [r.greedy_completion for r in from_checkpoint.records]
     assert greedy == [r.greedy_completion for r in expected.records]

@@ -12,6 +12,7 @@ from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 from rllib_dph.engines import RolloutEngine, build_engine
 from rllib_dph.engines.base import SamplingParams
 from rllib_dph.engines.hf import HFEngine
+from rllib_dph.models.hub import resolve_model
 
 SENTENCES = [
     "select name , age from users where age > 30 order by name",
@@ -313,6 +314,6 @@ def test_build_engine_passes_config_to_from_pretrained(monkeypatch):
         num_gpus_per_env_runner=0,
     )
     assert build_engine(config) == "engine"
-    assert calls == [("tiny-random", {"dtype": "bfloat16", "max_batch_size": 8, "device": "cpu"})]
+    assert calls == [(resolve_model("tiny-random"), {"dtype": "bfloat16", "max_batch_size": 8, "device": "cpu"})]
     with pytest.raises(ValueError, match="engine='nope'"):
         build_engine(SimpleNamespace(engine="nope"))

@@ -17,39 +17,9 @@ PACKAGES = ("rllib_dph", "envs")
 MAX_LINES = 60
 #: Config builder methods (``AlgorithmConfig`` setters under ``rllib_dph/algorithms/``) whose
 #: body after the docstring must be <= MAX_LINES; their docstrings document every field.
-CONFIG_BUILDERS = ("training", "validation")
+CONFIG_BUILDERS = ("training", "held_out")
 ENGINE_NAMES = ("hf", "vllm")
 
-# Known offenders in files that other branches of issue #12 are changing right now; the lead
-# empties this set after merging them. Entries: "cycle: a -> b -> a" (the modules of a cycle,
-# rotated to start at the smallest name), "long: path::qualname", "engine: path".
-PENDING = {
-    # rollout/evaluation branch: env_runner.make_env <-> evaluation.evaluate_engine (issue item 2).
-    "cycle: rllib_dph.env_runner -> rllib_dph.evaluation -> rllib_dph.env_runner",
-    # tiny-model branch: hub.encode_prompt <-> tiny.build_tiny_model (issue item 2).
-    "cycle: rllib_dph.models.hub -> rllib_dph.models.tiny -> rllib_dph.models.hub",
-    # models/hub.py dispatches to the builders, which call back into hub (encode_prompt,
-    # model_fingerprint, resolve_model, load_causal_lm, load_tokenizer): needs those helpers in a
-    # module below hub (hub.py belongs to the tiny-model branch).
-    "cycle: rllib_dph.models.hub -> rllib_dph.models.tiny -> rllib_dph.models.sft -> rllib_dph.models.hub",
-    "cycle: rllib_dph.models.hub -> rllib_dph.models.smollm2 -> rllib_dph.models.hub",
-    "cycle: rllib_dph.models.hub -> rllib_dph.models.warm_start -> rllib_dph.models.hub",
-    # algorithms branch: GRPOConfig.get_default_learner_class imports the learner, which imports
-    # CONSECUTIVE_SKIPPED_UPDATES and num_minibatches from grpo.py.
-    "cycle: rllib_dph.algorithms.grpo.grpo -> rllib_dph.algorithms.grpo.grpo_torch_learner -> rllib_dph.algorithms.grpo.grpo",
-    # rollout/evaluation branch (issue item 1).
-    "long: rllib_dph/evaluation.py::evaluate_engine",
-    "long: rllib_dph/evaluation.py::evaluate",
-    "long: rllib_dph/presample.py::Presampler.run",
-    "long: rllib_dph/models/tiny.py::evaluate_base_policy",
-    # tiny-model branch.
-    "long: rllib_dph/models/tiny.py::build_tiny_model",
-    # The lead's engine registry (issue item 5) replaces these spellings.
-    "engine: rllib_dph/algorithms/grpo/grpo.py",
-    "engine: rllib_dph/cli.py",
-    "engine: rllib_dph/evaluation.py",
-    "engine: rllib_dph/presample.py",
-}
 
 
 def _source_files() -> list[Path]:
@@ -139,10 +109,8 @@ def test_no_import_cycle():
     graph = _import_graph()
     offenders = []
     for cycle in _cycles(graph):
-        key = "cycle: " + " -> ".join(cycle + cycle[:1])
-        if key not in PENDING:
-            where = ", ".join(graph[a][b] for a, b in zip(cycle, cycle[1:] + cycle[:1]))
-            offenders.append(f"{key} ({where})")
+        where = ", ".join(graph[a][b] for a, b in zip(cycle, cycle[1:] + cycle[:1]))
+        offenders.append(f"cycle: {' -> '.join(cycle + cycle[:1])} ({where})")
     assert not offenders, "import cycles among our modules (imports in functions count):\n" + "\n".join(offenders)
 
 
@@ -177,7 +145,7 @@ def test_no_function_over_60_lines():
         for name, node, owner in _functions(_parse(path)):
             builder = in_algorithms and owner is not None and node.name in CONFIG_BUILDERS
             lines = _length(node, builder)
-            if lines > MAX_LINES and f"long: {rel}::{name}" not in PENDING:
+            if lines > MAX_LINES:
                 what = "body after the docstring" if builder else "lines"
                 offenders.append(f"{rel}:{node.lineno} {name}: {lines} {what}")
     assert not offenders, f"functions over {MAX_LINES} lines; split them into named helpers:\n" + "\n".join(offenders)
@@ -191,8 +159,7 @@ def test_engine_names_live_in_engines():
             continue
         for node in ast.walk(_parse(path)):
             if isinstance(node, ast.Constant) and node.value in ENGINE_NAMES:
-                if f"engine: {rel}" not in PENDING:
-                    offenders.append(f"{rel}:{node.lineno} {node.value!r}")
+                offenders.append(f"{rel}:{node.lineno} {node.value!r}")
     assert not offenders, (
         "engine names spelled outside rllib_dph/engines/ (use its registry instead):\n" + "\n".join(offenders)
     )

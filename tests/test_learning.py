@@ -22,13 +22,13 @@ VALIDATION = dict(val_env_config={"data": "sql_synth/test"}, val_n=4, val_limit=
 def _train(example: str, iterations: int, tmp_path) -> tuple[dict, list[dict], dict]:
     """Validation metrics before training, the iterations' results, validation metrics after."""
     config, _ = load_tuned_example(str(REPO / example))
-    config.validation(**VALIDATION)
+    config.held_out(**VALIDATION)
     if hasattr(config, "presample_dir"):
         config.dph(presample_dir=str(tmp_path / "presample"))
     algo = config.build_algo()
-    before = algo.validate_policy()
+    before = algo.evaluate_held_out()
     results = [algo.train() for _ in range(iterations)]
-    after = algo.validate_policy()
+    after = algo.evaluate_held_out()
     algo.stop()
     return before, results, after
 

@@ -6,12 +6,12 @@ from envs.sql import SQLEnv
 from envs.suites import load_split
 from rllib_dph.chat import encode_prompt
 from rllib_dph.engines.base import SamplingParams
-from rllib_dph.engines.hf import HFEngine
+from rllib_dph.engines import make_engine
 from rllib_dph.rollout import make_env, rollout
 
 
 def test_rollout_equals_engine_and_env_by_hand():
-    engine = HFEngine.from_pretrained("tiny-random")
+    engine = make_engine("hf", "tiny-random")
     env = SQLEnv(load_split("sql_synth/test")[:3])
     indices = [2, 0]
     params = SamplingParams(n=3, temperature=1.0, max_new_tokens=12, seed=7)

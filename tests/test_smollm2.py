@@ -69,9 +69,9 @@ def model_dir():
 
 @pytest.fixture(scope="module")
 def engine(model_dir):
-    from rllib_dph.engines.hf import HFEngine
+    from rllib_dph.engines import make_engine
 
-    return HFEngine.from_pretrained(SMOLLM2_NAME, dtype="float32")
+    return make_engine("hf", SMOLLM2_NAME, dtype="float32")
 
 
 @needs_package

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm")
 
 from rllib_dph.chat import encode_prompt  # noqa: E402
-from rllib_dph.engines import RolloutEngine, build_engine  # noqa: E402
+from rllib_dph.engines import RolloutEngine, build_engine, make_engine  # noqa: E402
 from rllib_dph.engines.base import SamplingParams  # noqa: E402
 from rllib_dph.engines.hf import HFEngine  # noqa: E402
 from rllib_dph.engines.vllm import VLLMEngine  # noqa: E402
@@ -77,7 +77,7 @@ def engines(request):
         num_gpus_per_env_runner=0,
     )
     vllm_engine = build_engine(config)
-    hf_engine = HFEngine.from_pretrained(request.param, dtype="float32")
+    hf_engine = make_engine("hf", request.param, dtype="float32")
     yield hf_engine, vllm_engine
     del vllm_engine
     gc.collect()
@@ -269,8 +269,8 @@ def test_stop_token_ids_match_hf_engine(engines):
 def test_bfloat16_engine(engines):
     hf_engine, _ = engines
     model_name = hf_engine.model.name_or_path
-    engine = VLLMEngine.from_pretrained(model_name, dtype="bfloat16", **ENGINE_KWARGS)
-    bf16 = HFEngine.from_pretrained(model_name, dtype="bfloat16").model
+    engine = make_engine("vllm", model_name, dtype="bfloat16", **ENGINE_KWARGS)
+    bf16 = make_engine("hf", model_name, dtype="bfloat16").model
     params = SamplingParams(n=2, temperature=0.7, max_new_tokens=8, seed=0, top_k_logprobs=2)
     for prompt, c in all_completions(engine.generate(PROMPTS, params)):
         assert c.logprobs.dtype == np.float32 and c.topk_logprobs.dtype == np.float32
@@ -310,7 +310,7 @@ def test_invalid_requests_are_named(engines, params, match):
 )
 def test_from_pretrained_refuses_bad_arguments(engines, kwargs, match):
     with pytest.raises(ValueError, match=match):
-        VLLMEngine.from_pretrained("tiny-random", **kwargs)
+        make_engine("vllm", "tiny-random", **kwargs)
 
 
 def test_from_pretrained_refuses_a_second_process_mode(engines):
@@ -320,7 +320,7 @@ def test_from_pretrained_refuses_a_second_process_mode(engines):
     # before this one may have shut another engine down, which clears the cache.
     vllm.envs.enable_envs_cache()
     with pytest.raises(ValueError, match="a running in-process vLLM engine fixed"):
-        VLLMEngine.from_pretrained("tiny-random", multiprocessing=True)
+        make_engine("vllm", "tiny-random", multiprocessing=True)
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"  # restored
 
 
@@ -334,13 +334,13 @@ def test_multiprocessing_mode_matches_hf_engine(tmp_path):
         import sys
         sys.path.insert(0, {str(Path(__file__).parent)!r})  # for `perturbed`
         from rllib_dph.engines.base import SamplingParams
-        from rllib_dph.engines.vllm import VLLMEngine
+        from rllib_dph.engines import make_engine
         from rllib_dph.models.hub import load_causal_lm
         from test_vllm_engine import perturbed
 
         if __name__ == "__main__":
-            engine = VLLMEngine.from_pretrained(
-                "tiny-random", multiprocessing=True, **{ENGINE_KWARGS!r}
+            engine = make_engine(
+                "vllm", "tiny-random", multiprocessing=True, **{ENGINE_KWARGS!r}
             )
             params = SamplingParams(**{dataclasses.asdict(params)!r})
             tokens = [[g[0].token_ids.tolist() for g in engine.generate({PROMPTS!r}, params)]]
@@ -353,7 +353,7 @@ def test_multiprocessing_mode_matches_hf_engine(tmp_path):
     )
     assert out.returncode == 0, out.stderr[-4000:]
     line = next(line for line in out.stdout.splitlines() if line.startswith("TOKENS="))
-    hf_engine = HFEngine.from_pretrained("tiny-random")
+    hf_engine = make_engine("hf", "tiny-random")
     expected = [[g[0].token_ids.tolist() for g in hf_engine.generate(PROMPTS, params)]]
     hf_engine.update_weights(perturbed(hf_engine.model.state_dict()))
     expected.append([g[0].token_ids.tolist() for g in hf_engine.generate(PROMPTS, params)])

@@ -19,6 +19,11 @@ def tiny_warm_start(monkeypatch):
     return "tiny-sft-test"
 
 
+@pytest.fixture
+def base_dir():
+    return resolve_model("tiny-random")
+
+
 def _weights(folder):
     return {k: v.clone() for k, v in load_causal_lm(str(folder), dtype=torch.float32).state_dict().items()}
 
@@ -28,15 +33,15 @@ def test_smollm2_warm_start_is_a_model_name():
     assert warm_start.WARM_STARTS["smollm2-135m-sft"].base == "smollm2-135m-instruct"
 
 
-def test_warm_start_trains_records_and_resumes(tmp_path, monkeypatch, tiny_warm_start):
+def test_warm_start_trains_records_and_resumes(tmp_path, monkeypatch, tiny_warm_start, base_dir):
     """A build killed after its first checkpoint resumes there and ends with the weights of an
     uninterrupted build; the record names the spec, the base and the styles trained on."""
-    clean = build_warm_start(tiny_warm_start, tmp_path / "clean", checkpoint_dir=tmp_path / "ckpt-clean", progress=False)
+    clean = build_warm_start(tiny_warm_start, tmp_path / "clean", base_dir=base_dir, checkpoint_dir=tmp_path / "ckpt-clean", progress=False)
     assert clean["sft"]["examples"] == 8 and sum(clean["sft"]["styles"].values()) == 8
     assert clean["spec"]["base"] == "tiny-random" and len(clean["fingerprint"]) == 16
-    assert is_current_warm_start(tmp_path / "clean", tiny_warm_start)
+    assert is_current_warm_start(tmp_path / "clean", tiny_warm_start, base_dir)
     assert not (tmp_path / "ckpt-clean").exists()  # removed after a complete build
-    base = _weights(resolve_model("tiny-random"))
+    base = _weights(base_dir)
     trained = _weights(tmp_path / "clean")
     assert any(not torch.equal(base[k], trained[k]) for k in base)
 
@@ -51,19 +56,19 @@ def test_warm_start_trains_records_and_resumes(tmp_path, monkeypatch, tiny_warm_
 
     monkeypatch.setattr(sft_module, "completion_loss", dies_at_step_3)
     with pytest.raises(KeyboardInterrupt):
-        build_warm_start(tiny_warm_start, tmp_path / "resumed", checkpoint_dir=tmp_path / "ckpt", progress=False)
+        build_warm_start(tiny_warm_start, tmp_path / "resumed", base_dir=base_dir, checkpoint_dir=tmp_path / "ckpt", progress=False)
     assert (tmp_path / "ckpt" / sft_module.SFT_STATE).is_file()
     monkeypatch.setattr(sft_module, "completion_loss", loss)
-    resumed = build_warm_start(tiny_warm_start, tmp_path / "resumed", checkpoint_dir=tmp_path / "ckpt", progress=False)
+    resumed = build_warm_start(tiny_warm_start, tmp_path / "resumed", base_dir=base_dir, checkpoint_dir=tmp_path / "ckpt", progress=False)
     assert {k: v for k, v in resumed["sft"].items() if k != "seconds"} == {k: v for k, v in clean["sft"].items() if k != "seconds"}
     again = _weights(tmp_path / "resumed")
     for name, value in trained.items():
         torch.testing.assert_close(again[name], value, atol=0, rtol=0)
 
 
-def test_a_changed_spec_is_not_current(tmp_path, monkeypatch, tiny_warm_start):
-    build_warm_start(tiny_warm_start, tmp_path / "m", progress=False)
+def test_a_changed_spec_is_not_current(tmp_path, monkeypatch, tiny_warm_start, base_dir):
+    build_warm_start(tiny_warm_start, tmp_path / "m", base_dir=base_dir, progress=False)
     monkeypatch.setitem(warm_start.WARM_STARTS, tiny_warm_start, WarmStartSpec(**{**SPEC.__dict__, "lr": 2e-3}))
-    assert not is_current_warm_start(tmp_path / "m", tiny_warm_start)
+    assert not is_current_warm_start(tmp_path / "m", tiny_warm_start, base_dir)
     record = json.loads((tmp_path / "m" / warm_start.BUILD_RECORD).read_text())
     assert record["spec"]["lr"] == 1e-3

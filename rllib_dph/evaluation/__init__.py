@@ -12,11 +12,11 @@ Three modules, one concern each:
 A saved result can be re-summarised, compared with a baseline or plotted without generating
 again::
 
-    from rllib_dph.evaluation import EvalSettings, compare, evaluate, plot_pass_at_k
+    from rllib_dph.evaluation import EvalSettings, compare, evaluate_policy, plot_pass_at_k
 
     settings = EvalSettings(n=16)
-    base = evaluate("tiny-sql-math", "rllib_dph/SQL-v0", {"data": "sql_synth/test"}, settings)
-    tuned = evaluate("~/ray_results/GRPO/trial/checkpoint_000003", "rllib_dph/SQL-v0",
+    base = evaluate_policy("tiny-sql-math", "rllib_dph/SQL-v0", {"data": "sql_synth/test"}, settings)
+    tuned = evaluate_policy("~/ray_results/GRPO/trial/checkpoint_000003", "rllib_dph/SQL-v0",
                      {"data": "sql_synth/test"}, settings)
     tuned.summary()["pass@8"], compare(tuned, base, k=8)["keep_rate"]
     plot_pass_at_k([base, tuned], "pass_at_k.png")
@@ -45,7 +45,7 @@ from rllib_dph.evaluation.results import (
 )
 from rllib_dph.evaluation.runner import (
     EvalSettings,
-    evaluate,
+    evaluate_policy,
     evaluate_engine,
     find_module_checkpoint,
     load_engine,
@@ -57,7 +57,7 @@ __all__ = [
     "PromptRecord",
     "compare",
     "default_ks",
-    "evaluate",
+    "evaluate_policy",
     "evaluate_engine",
     "find_module_checkpoint",
     "finite_or_none",

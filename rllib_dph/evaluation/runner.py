@@ -9,7 +9,6 @@ during training); :func:`evaluate` builds both from names or an RLlib checkpoint
 
 from __future__ import annotations
 
-import importlib
 import os
 import time
 from dataclasses import dataclass
@@ -17,7 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 from envs.suites import STYLE_SUITES
-from rllib_dph.engines import ENGINE_CLASSES
+from rllib_dph.engines import DEFAULT_ENGINE, check_engine_name, make_engine
 from rllib_dph.engines.base import RolloutEngine, SamplingParams
 from rllib_dph.evaluation.metrics import default_ks
 from rllib_dph.evaluation.results import EvalResult, PromptRecord
@@ -190,7 +189,7 @@ def find_module_checkpoint(path: str | os.PathLike) -> Optional[Path]:
 def load_engine(
     policy: str | os.PathLike,
     *,
-    engine: str = "hf",
+    engine: str = DEFAULT_ENGINE,
     dtype: Optional[str] = None,
     device: str = "cpu",
     engine_kwargs: Optional[Mapping[str, Any]] = None,
@@ -203,38 +202,35 @@ def load_engine(
     Args:
         policy: Bundled tiny name, ``save_pretrained`` folder, Hugging Face id, or an Algorithm
             checkpoint folder (``algo.save_to_path`` / Tune ``checkpoint_00000N``).
-        engine: Engine name, a key of ``rllib_dph.engines.ENGINE_CLASSES``.
+        engine: Engine name, a key of ``rllib_dph.engines.ENGINES``.
         dtype: Weight dtype (``"float32"``, ``"bfloat16"``, ...); None keeps the checkpoint's
             (for an RLlib checkpoint: the learner's compute dtype, ``GRPOConfig.llm(dtype=...)``;
             its float32 master weights are cast to it).
         device: Where to run the engine.
         engine_kwargs: More keyword arguments of the engine's ``from_pretrained``.
     """
-    if engine not in ENGINE_CLASSES:
-        raise ValueError(f"engine={engine!r} is not available; choose one of {sorted(ENGINE_CLASSES)}.")
-    module_name, class_name = ENGINE_CLASSES[engine].split(":")
-    engine_class = getattr(importlib.import_module(module_name), class_name)
+    check_engine_name(engine)
     kwargs = {"device": device, **dict(engine_kwargs or {})}
     module_dir = find_module_checkpoint(policy) if Path(policy).expanduser().is_dir() else None
     if module_dir is None:
-        return engine_class.from_pretrained(str(policy), dtype=dtype, **kwargs)
+        return make_engine(engine, str(policy), dtype=dtype, **kwargs)
     from ray.rllib.core.rl_module.rl_module import RLModule
 
     module = RLModule.from_checkpoint(str(module_dir))
     model_config = module.model_config
     dtype = dtype or model_config.get("dtype")
-    built = engine_class.from_pretrained(model_config["model"], dtype=dtype, **kwargs)
+    built = make_engine(engine, model_config["model"], dtype=dtype, **kwargs)
     built.update_weights(module.get_state())
     return built
 
 
-def evaluate(
+def evaluate_policy(
     policy: str | os.PathLike | RolloutEngine,
     env_id: str,
     env_config: Optional[Mapping[str, Any]] = None,
     settings: Optional[EvalSettings] = None,
     *,
-    engine: str = "hf",
+    engine: str = DEFAULT_ENGINE,
     dtype: Optional[str] = None,
     device: str = "cpu",
     engine_kwargs: Optional[Mapping[str, Any]] = None,

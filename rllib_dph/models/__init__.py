@@ -1,21 +1,6 @@
-"""Models: the bundled tiny base models (built offline) and loading of any model by name, path or HF id."""
+"""Models: the bundled base models (tiny ones built offline, SmolLM2 converted from its GGUF file,
+warm starts) and loading of any model by name, folder or HF id.
 
-from rllib_dph.models.hub import (
-    build_model,
-    load_causal_lm,
-    load_tokenizer,
-    model_fingerprint,
-    resolve_model,
-    rllib_dph_home,
-)
-from rllib_dph.models.tiny import TINY_MODELS
-
-__all__ = [
-    "TINY_MODELS",
-    "build_model",
-    "load_causal_lm",
-    "load_tokenizer",
-    "model_fingerprint",
-    "resolve_model",
-    "rllib_dph_home",
-]
+Layers, each importing only those below it: ``folders`` (load a folder) <- ``sft``, ``tiny``,
+``smollm2``, ``warm_start`` (build a folder) <- ``hub`` (names -> folders, building on first use).
+"""

@@ -8,7 +8,8 @@ base-policy metrics.
 import argparse
 import sys
 
-from rllib_dph.models.hub import BUNDLED_MODELS, build_model, model_fingerprint, rllib_dph_home
+from rllib_dph.models.folders import rllib_dph_home
+from rllib_dph.models.hub import BUNDLED_MODELS, build_model, model_fingerprint
 from rllib_dph.models.tiny import BUILD_THREADS, format_record
 
 

@@ -19,52 +19,24 @@ Anywhere rllib_dph takes a model, it accepts three kinds of names and treats the
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import PreTrainedModel
+
+from rllib_dph.models.folders import folder_fingerprint, load_model_folder, load_tokenizer_folder, rllib_dph_home
 
 from rllib_dph.models.smollm2 import SMOLLM2_NAME, convert_smollm2, is_current_conversion
 from rllib_dph.models.tiny import BUILD_RECORD, BUILD_THREADS, TINY_MODELS, build_tiny_model, is_current_build
 from rllib_dph.models.warm_start import WARM_STARTS, build_warm_start, is_current_warm_start
 
-#: Environment variable naming the cache root of rllib_dph.
-HOME_ENV_VAR = "RLLIB_DPH_HOME"
 #: Names resolved to a folder in the model cache, built or converted there on first use.
 BUNDLED_MODELS = (*sorted(TINY_MODELS), SMOLLM2_NAME, *sorted(WARM_STARTS))
-#: Accepted ``dtype`` strings.
-DTYPES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-}
 #: Folder of the tiny-model builds shipped with the package (one sub-folder per name).
 SHIPPED_DIR = Path(__file__).resolve().parent / "bundled"
-#: Files that determine a model's behaviour: weights and tokenizer (see ``model_fingerprint``).
-WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer.model",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "vocab.json",
-    "merges.txt",
-    "chat_template.jinja",
-)
-
-
-def rllib_dph_home() -> Path:
-    """The cache root: ``$RLLIB_DPH_HOME`` when set, else ``~/.cache/rllib_dph``."""
-    return Path(os.environ.get(HOME_ENV_VAR) or Path.home() / ".cache" / "rllib_dph").expanduser()
-
-
 def shipped_model_dir(name: str) -> Path | None:
     """The build of tiny model ``name`` shipped with the package, if present and current.
 
@@ -160,7 +132,10 @@ def build_model(
             elif name in WARM_STARTS:
                 # The resumable SFT state outlives a killed build (unlike `tmp`).
                 partial = out_dir.parent / f".{out_dir.name}.partial"
-                record = build_warm_start(name, tmp, checkpoint_dir=partial, num_threads=num_threads, progress=progress)
+                record = build_warm_start(
+                    name, tmp, base_dir=resolve_model(WARM_STARTS[name].base), checkpoint_dir=partial,
+                    num_threads=num_threads, progress=progress,
+                )
             else:
                 record = build_tiny_model(name, tmp, num_threads=num_threads, progress=progress)
             if out_dir.exists():
@@ -181,68 +156,38 @@ def is_current(path: str | os.PathLike, name: str) -> bool:
     if name == SMOLLM2_NAME:
         return is_current_conversion(path)
     if name in WARM_STARTS:
-        return is_current_warm_start(path, name)
+        try:
+            base_dir = resolve_model(WARM_STARTS[name].base, build=False)
+        except FileNotFoundError:
+            base_dir = None  # a base model not on disk is not checked
+        return is_current_warm_start(path, name, base_dir)
     return is_current_build(path, name)
 
 
-def as_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
-    """``"float32"``/``"bfloat16"``/``"float16"`` (or fp32/bf16/fp16, or a torch.dtype) as a torch.dtype.
-
-    ``None`` stays ``None`` (meaning: the dtype stored in the checkpoint).
-    """
-    if dtype is None or isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype={dtype!r} is not supported; use one of {sorted(DTYPES)} or a torch.dtype.")
-    return DTYPES[dtype]
-
-
 def load_tokenizer(name_or_path: str):
-    """Loads the tokenizer of a model (see ``resolve_model``), with a pad token set.
-
-    A tokenizer without a pad token gets its EOS token as pad token.
-    """
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model(name_or_path))
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
+    """Loads the tokenizer of a model (see ``resolve_model``), with a pad token set (EOS when it has none)."""
+    return load_tokenizer_folder(resolve_model(name_or_path))
 
 
 def load_causal_lm(
     name_or_path: str, *, dtype: str | torch.dtype | None = None, device: str | torch.device = "cpu"
 ) -> PreTrainedModel:
-    """Loads a causal LM (see ``resolve_model``) in eval mode.
+    """Loads a causal LM (see ``resolve_model``) in eval mode (``folders.load_model_folder``).
 
     Args:
-        name_or_path: Bundled tiny name, local directory or Hugging Face id.
+        name_or_path: Bundled model name, local directory or Hugging Face id.
         dtype: Parameter dtype (``"float32"``, ``"bfloat16"``, ``"float16"`` or a torch.dtype);
             ``None`` keeps the dtype stored in the checkpoint.
         device: Where to put the model.
-
-    Returns:
-        The model; its ``config.pad_token_id`` and ``generation_config.pad_token_id`` are set
-        (to the EOS id when the checkpoint has no pad token).
     """
-    torch_dtype = as_dtype(dtype)
-    model = AutoModelForCausalLM.from_pretrained(
-        resolve_model(name_or_path), dtype=torch_dtype if torch_dtype is not None else "auto"
-    )
-    if model.config.pad_token_id is None:
-        eos = model.config.eos_token_id
-        model.config.pad_token_id = eos[0] if isinstance(eos, (list, tuple)) else eos
-    if model.generation_config.pad_token_id is None:
-        model.generation_config.pad_token_id = model.config.pad_token_id
-    return model.to(device).eval()
+    return load_model_folder(resolve_model(name_or_path), dtype=dtype, device=device)
 
 
 def model_fingerprint(name_or_path: str) -> str:
-    """A short sha256 over a model's weight and tokenizer files (names and bytes).
-
-    Two directories with the same fingerprint hold the same weights and tokenizer, so data made
-    with one (pre-sampled responses, reference log-probs) is valid for the other.
+    """A short sha256 over a model's weight and tokenizer files (``folders.folder_fingerprint``).
 
     Args:
-        name_or_path: A local model directory, a bundled tiny name (must be built) or a Hugging
+        name_or_path: A local model directory, a bundled name (must be built) or a Hugging
             Face id present in the local HF cache.
 
     Returns:
@@ -253,18 +198,4 @@ def model_fingerprint(name_or_path: str) -> str:
         from huggingface_hub import snapshot_download
 
         path = Path(snapshot_download(name_or_path, local_files_only=True))
-    weights = {p for pattern in WEIGHT_PATTERNS for p in path.glob(pattern)}
-    files = sorted(p for p in weights | {path / f for f in TOKENIZER_FILES} if p.is_file())
-    if not any(p.suffix in (".safetensors", ".bin") for p in files):
-        raise FileNotFoundError(
-            f"no weight files ({', '.join(WEIGHT_PATTERNS)}) in {path}; give a directory written by "
-            "save_pretrained."
-        )
-    digest = hashlib.sha256()
-    for p in files:
-        digest.update(p.name.encode() + b"\0")
-        with open(p, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
-        digest.update(b"\0")
-    return digest.hexdigest()[:16]
+    return folder_fingerprint(path)

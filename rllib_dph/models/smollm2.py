@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from rllib_dph.models.folders import folder_fingerprint
 from rllib_dph.models.tiny import BUILD_RECORD
 
 #: The bundled name of the converted model.
@@ -134,12 +135,10 @@ def convert_smollm2(out_dir: str | os.PathLike, *, progress: bool = True) -> dic
     Returns:
         The record also written to ``out_dir/rllib_dph_build.json``: source package, version
         and sha256 of the GGUF file, parameter count, end-of-turn id, the folder's
-        ``model_fingerprint`` and the seconds it took.
+        ``folder_fingerprint`` and the seconds it took.
     """
     from tqdm.auto import tqdm
     from transformers import AutoTokenizer
-
-    from rllib_dph.models.hub import model_fingerprint
 
     source = gguf_path()
     start = time.perf_counter()
@@ -171,7 +170,7 @@ def convert_smollm2(out_dir: str | os.PathLike, *, progress: bool = True) -> dic
         "gguf_sha256": file_sha256(source),
         "num_parameters": sum(p.numel() for p in model.parameters()),
         "end_of_turn_id": end_of_turn,
-        "fingerprint": model_fingerprint(str(out_dir)),
+        "fingerprint": folder_fingerprint(out_dir),
         "build_seconds": round(time.perf_counter() - start, 1),
     }
     (out_dir / BUILD_RECORD).write_text(json.dumps(record, indent=2) + "\n")

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rllib_dph.models.folders import folder_fingerprint, load_model_folder, load_tokenizer_folder
 from rllib_dph.models.sft import encode_example, sft
 
 #: Version of the warm-start recipe; a build made by another version is rebuilt.
@@ -74,16 +75,14 @@ WARM_STARTS: dict[str, WarmStartSpec] = {
 }
 
 
-def _base_fingerprint(base: str) -> str:
-    """The base model's fingerprint: from its build record when it has one (cheap), else hashed."""
-    from rllib_dph.models.hub import model_fingerprint, resolve_model
-
-    record = Path(resolve_model(base, build=False)) / BUILD_RECORD
+def _base_fingerprint(base_dir: str | os.PathLike) -> str:
+    """The base model folder's fingerprint: from its build record when it has one (cheap), else hashed."""
+    record = Path(base_dir) / BUILD_RECORD
     if record.is_file():
         fingerprint = json.loads(record.read_text()).get("fingerprint")
         if fingerprint:
             return fingerprint
-    return model_fingerprint(base)
+    return folder_fingerprint(base_dir)
 
 
 def training_examples(spec: WarmStartSpec) -> list[dict]:
@@ -105,6 +104,7 @@ def build_warm_start(
     name: str,
     out_dir: str | os.PathLike,
     *,
+    base_dir: str | os.PathLike,
     checkpoint_dir: str | os.PathLike | None = None,
     num_threads: int | None = None,
     progress: bool = True,
@@ -114,6 +114,7 @@ def build_warm_start(
     Args:
         name: A key of :data:`WARM_STARTS`.
         out_dir: Directory to write into (created).
+        base_dir: The folder of the spec's base model (``hub.resolve_model(spec.base)``).
         checkpoint_dir: Where the resumable SFT state lives (kept across interrupted builds,
             removed after a complete one); None: no checkpoints.
         num_threads: Torch threads for the build (default: torch's current setting).
@@ -122,16 +123,14 @@ def build_warm_start(
     Returns:
         The build record (also written to ``out_dir/rllib_dph_build.json``).
     """
-    from rllib_dph.models.hub import load_causal_lm, load_tokenizer, model_fingerprint
-
     spec = WARM_STARTS[name]
     threads = torch.get_num_threads()
     if num_threads:
         torch.set_num_threads(num_threads)
     try:
         start = time.perf_counter()
-        tokenizer = load_tokenizer(spec.base)
-        model = load_causal_lm(spec.base, dtype=torch.float32)
+        tokenizer = load_tokenizer_folder(str(base_dir))
+        model = load_model_folder(str(base_dir), dtype=torch.float32)
         examples = training_examples(spec)
         encoded = [encode_example(tokenizer, ex["messages"], ex["completion"]) for ex in examples]
         sft_start = time.perf_counter()
@@ -150,10 +149,10 @@ def build_warm_start(
         "name": name,
         "warm_start_version": WARM_START_VERSION,
         "spec": asdict(spec),
-        "base_fingerprint": _base_fingerprint(spec.base),
+        "base_fingerprint": _base_fingerprint(base_dir),
         "num_parameters": sum(p.numel() for p in model.parameters()),
         "sft": _sft_summary(examples, losses, sft_seconds),
-        "fingerprint": model_fingerprint(str(out_dir)),
+        "fingerprint": folder_fingerprint(out_dir),
         "build_seconds": round(time.perf_counter() - start, 1),
     }
     (out_dir / BUILD_RECORD).write_text(json.dumps(record, indent=2) + "\n")
@@ -182,9 +181,9 @@ def _sft_summary(examples: list[dict], losses: list[float], seconds: float) -> d
     }
 
 
-def is_current_warm_start(path: str | os.PathLike, name: str) -> bool:
+def is_current_warm_start(path: str | os.PathLike, name: str, base_dir: str | os.PathLike | None) -> bool:
     """Whether ``path`` holds a complete build of warm start ``name`` by this recipe, spec and
-    base model (a base model not on disk is not checked)."""
+    base model (``base_dir``: its folder; None when it is not on disk, then it is not checked)."""
     record_path = Path(path) / BUILD_RECORD
     if not record_path.is_file():
         return False
@@ -192,7 +191,9 @@ def is_current_warm_start(path: str | os.PathLike, name: str) -> bool:
     spec = WARM_STARTS[name]
     if record.get("warm_start_version") != WARM_START_VERSION or record.get("spec") != json.loads(json.dumps(asdict(spec))):
         return False
+    if base_dir is None:
+        return True
     try:
-        return record.get("base_fingerprint") == _base_fingerprint(spec.base)
+        return record.get("base_fingerprint") == _base_fingerprint(base_dir)
     except (FileNotFoundError, OSError):
         return True

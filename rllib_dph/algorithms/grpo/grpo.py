@@ -42,7 +42,9 @@ from rllib_dph.algorithms.rules import (
     first_violation,
     violations,
 )
-from rllib_dph.batch import concat_batches, select_rows, shard_groups
+from rllib_dph.algorithms.grpo.grpo_torch_learner import CONSECUTIVE_SKIPPED_UPDATES, GRPOTorchLearner
+from rllib_dph.engines import DEFAULT_ENGINE, ENGINES
+from rllib_dph.batch import concat_batches, num_minibatches, select_rows, shard_groups
 from rllib_dph.sharding import SHARDINGS, ShardedLearnerGroup
 from rllib_dph.losses import (
     AGGREGATIONS,
@@ -56,17 +58,8 @@ from rllib_dph.losses import (
 
 #: Result key of the per-step phase times (seconds of this iteration, not smoothed).
 STEP_TIMES = "step_times"
-#: Learner metric: non-finite optimizer steps skipped in a row so far (see the learner).
-CONSECUTIVE_SKIPPED_UPDATES = "consecutive_skipped_updates"
-
-
-def num_minibatches(rows: int, minibatch_size: Optional[int]) -> int:
-    """Optimizer steps per epoch for ``rows`` exploration rows: ⌈rows / minibatch_size⌉, 1 for None."""
-    return 1 if minibatch_size is None else max(1, math.ceil(rows / minibatch_size))
-
 
 ANCHORS = ("behavior", "recompute")
-ENGINES = ("hf", "vllm")
 #: Learner compute dtypes (``float16`` is refused: see ``rules.FLOAT16_TRAINING_RULE``).
 DTYPES = ("float32", "bfloat16")
 #: Fields whose value names an entry of a registry (``GRPOConfig.validate``).
@@ -102,7 +95,7 @@ class GRPOConfig(AlgorithmConfig):
         # LLM and rollout engine.
         self.model_name = "tiny-sql-math"
         self.dtype = "float32"
-        self.engine = "hf"
+        self.engine = DEFAULT_ENGINE
         self.engine_kwargs = {}
         self.temperature = 1.0
         self.top_p = 1.0
@@ -165,8 +158,6 @@ class GRPOConfig(AlgorithmConfig):
 
     @override(AlgorithmConfig)
     def get_default_learner_class(self) -> Union[Type, str]:
-        from rllib_dph.algorithms.grpo.grpo_torch_learner import GRPOTorchLearner
-
         return GRPOTorchLearner
 
     @override(AlgorithmConfig)
@@ -252,7 +243,8 @@ class GRPOConfig(AlgorithmConfig):
                 one. ``"float16"`` is refused: fp16 training needs loss scaling, which this
                 learner does not do; an fp16 rollout engine is ``engine_kwargs={"dtype":
                 "float16"}``.
-            engine: Rollout engine: ``"hf"`` (transformers, CPU or GPU; default) or ``"vllm"``.
+            engine: Rollout engine, a key of ``rllib_dph.engines.ENGINES``: ``"hf"`` (transformers,
+                CPU or GPU; default) or ``"vllm"``.
             engine_kwargs: Passed to the engine (e.g. ``{"dtype": "bfloat16",
                 "gpu_memory_utilization": 0.5}`` for vLLM, ``{"max_batch_size": 128}`` for HF).
             temperature: Sampling temperature > 0 (default 1.0). The learner computes π_θ at the
@@ -421,7 +413,7 @@ class GRPOConfig(AlgorithmConfig):
             rl_module_spec = self.get_multi_rl_module_spec(env=env, spaces=spaces)
         return ShardedLearnerGroup(config=self.copy(), module_spec=rl_module_spec, placement_group=placement_group)
 
-    def validation(
+    def held_out(
         self,
         *,
         val_interval: Optional[int] = NotProvided,
@@ -599,7 +591,7 @@ class GRPO(Algorithm):
         for name, seconds in (("sampling_s", t1 - t0), ("learner_update_s", t2 - t1), ("weight_sync_s", t3 - t2)):
             self.metrics.log_value((STEP_TIMES, name), seconds, window=1)
         if cfg.val_interval and (self.iteration + 1) % cfg.val_interval == 0:
-            self.validate_policy()
+            self.evaluate_held_out()
 
     def _learner_data(self, batch: dict[str, np.ndarray]) -> dict:
         """The ``LearnerGroup.update`` data argument: the whole batch for a local learner, else
@@ -629,14 +621,14 @@ class GRPO(Algorithm):
                 "and the data for NaN, or restore the last checkpoint."
             )
 
-    def validate_policy(self) -> dict[str, float]:
-        """pass@k & co. of the current policy on the validation split (see ``validation()``)."""
+    def evaluate_held_out(self) -> dict[str, float]:
+        """pass@k & co. of the current policy on the validation split (see ``held_out()``)."""
         cfg = self.config
         env_config = {**cfg.sampling_env_config, **cfg.val_env_config}
         seed = self.iteration
 
         def evaluate(runner):
-            return runner.evaluate(env_config, n=cfg.val_n, limit=cfg.val_limit, seed=seed)
+            return runner.evaluate_split(env_config, n=cfg.val_n, limit=cfg.val_limit, seed=seed)
 
         group = self.env_runner_group
         if group.num_healthy_remote_workers():

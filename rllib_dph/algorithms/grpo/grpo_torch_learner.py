@@ -17,9 +17,8 @@ from ray.rllib.utils.torch_utils import convert_to_torch_tensor
 from ray.rllib.utils.typing import ModuleID, ParamDict, TensorType
 
 from rllib_dph import columns as C
-from rllib_dph.algorithms.grpo.grpo import CONSECUTIVE_SKIPPED_UPDATES
-from rllib_dph.algorithms.grpo.grpo import num_minibatches as num_minibatches_for
 from rllib_dph.batch import minibatch_plan, padding_row, token_budget_microbatches, trim_padding
+from rllib_dph.batch import num_minibatches as num_minibatches_for
 from rllib_dph.losses import (
     AGGREGATIONS,
     aggregate_parts,
@@ -55,6 +54,8 @@ APPROX_KL = "approx_kl_to_behavior"
 NUM_EXP_TOKENS = "num_exploration_tokens"
 DUAL_CLIP_FRACTION = "dual_clip_fraction"
 SKIPPED_UPDATES = "skipped_updates"
+#: Non-finite optimizer steps skipped in a row so far (the algorithm stops after too many).
+CONSECUTIVE_SKIPPED_UPDATES = "consecutive_skipped_updates"
 NUM_MICROBATCHES = "num_microbatches"
 
 
@@ -127,7 +128,7 @@ class GRPOTorchLearner(TorchLearner):
 
     @property
     def _compute_dtype(self) -> torch.dtype:
-        from rllib_dph.models.hub import as_dtype
+        from rllib_dph.models.folders import as_dtype
 
         return as_dtype(self.config.dtype)
 

@@ -37,18 +37,23 @@ def next_token_logits(model, batch: Dict[str, Any]) -> torch.Tensor:
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "output_multiplier_scale")
 
 
-def response_logits(model, batch: Dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+def response_logits(
+    model, batch: Dict[str, Any], *, share_prompts: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(N, V) logits at the N positions that predict a response token, and where they are.
 
-    The decoder runs on the whole right-padded sequences, but the LM head only on the hidden
-    states that predict response tokens: on a batch of 64-token prompts and 64-token responses
-    that is half the head's work, and far less memory for the (·, V) logits. Models whose
-    output layer is more than ``lm_head(hidden)`` (logit soft-capping or scaling) take the full
-    forward pass instead, so every model gets its own logits.
+    The LM head runs only on the hidden states that predict response tokens: on a batch of
+    64-token prompts and 64-token responses that is half the head's work, and far less memory
+    for the (·, V) logits. The decoder runs once per distinct prompt when rows share prompts
+    (a GRPO group: :func:`shared_prompt_hidden`), else on the whole right-padded sequences.
+    Models whose output layer is more than ``lm_head(hidden)`` (logit soft-capping or scaling)
+    take the full forward pass instead, so every model gets its own logits.
 
     Args:
         model: A HF causal LM.
         batch: ``INPUT_IDS``, ``ATTENTION_MASK`` and ``RESPONSE_MASK`` (B, L).
+        share_prompts: Allow :func:`shared_prompt_hidden` (off for FSDP2-sharded models, whose
+            layers are gathered once per forward pass).
 
     Returns:
         logits (N, V) in the compute dtype, and ``where`` (B, L-1) bool: position t predicts the
@@ -58,13 +63,107 @@ def response_logits(model, batch: Dict[str, Any]) -> tuple[torch.Tensor, torch.T
     config = model.config.get_text_config(decoder=True)
     if any(getattr(config, name, None) for name in _LOGIT_TRANSFORMS):
         return next_token_logits(model, batch)[where], where  # (N, V)
-    input_ids = batch[C.INPUT_IDS].long()  # (B, L)
-    attention_mask = batch[C.ATTENTION_MASK].long()  # (B, L)
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # (B, L)
-    hidden = model.get_decoder()(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
-    ).last_hidden_state  # (B, L, H)
-    return model.get_output_embeddings()(hidden[:, :-1][where]), where  # (N, V)
+    hidden = None
+    if share_prompts and not activation_checkpointing(model):
+        hidden = shared_prompt_hidden(model.get_decoder(), batch)  # (N, H) or None
+    if hidden is None:
+        input_ids = batch[C.INPUT_IDS].long()  # (B, L)
+        attention_mask = batch[C.ATTENTION_MASK].long()  # (B, L)
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # (B, L)
+        hidden = model.get_decoder()(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        ).last_hidden_state[:, :-1][where]  # (N, H)
+    return model.get_output_embeddings()(hidden), where  # (N, V)
+
+
+def activation_checkpointing(model) -> bool:
+    """Whether a HF model has activation (gradient) checkpointing on (either transformers API)."""
+    if hasattr(model, "is_activation_checkpointing"):
+        return bool(model.is_activation_checkpointing)
+    return bool(getattr(model, "is_gradient_checkpointing", False))
+
+
+def shared_prompt_hidden(decoder, batch: Dict[str, Any]) -> Optional[torch.Tensor]:
+    """(N, H) decoder states that predict the response tokens, each distinct prompt run once.
+
+    The rows of a GRPO group share their prompt: the decoder runs on the U distinct prompts
+    (right-padded to the longest, keeping their KV cache), the cache is copied to the B rows
+    that own each prompt (``batch_select_indices``: an index, so the gradients of every row flow
+    back into the one prompt pass), and the decoder runs on the responses alone on top of it,
+    at their true positions. Response token 0 is predicted by the prompt's last state, token j
+    by response state j - 1. Exact: the same attention over the same keys, so the states equal
+    the full pass's up to float summation order (~1e-6 in fp32). Returns None (take the full
+    pass) when it would not save token slots, U·P_max + B·R_max >= B·L (e.g. no shared prompt).
+
+    Args:
+        decoder: The causal LM's decoder (``model.get_decoder()``), not gradient-checkpointed
+            (HF turns the KV cache off under checkpointing).
+        batch: ``INPUT_IDS``, ``ATTENTION_MASK``, ``RESPONSE_MASK`` (B, L): right-padded
+            ``prompt + response`` rows; rows without response tokens are left out.
+    """
+    response_mask = batch[C.RESPONSE_MASK].bool()  # (B, L)
+    rows = torch.nonzero(response_mask.any(-1)).squeeze(-1)  # (B',) rows with a response
+    input_ids = batch[C.INPUT_IDS][rows].long()  # (B', L)
+    prompt_len = response_mask[rows].long().argmax(-1)  # (B',) first response position
+    response_len = response_mask[rows].sum(-1)  # (B',)
+    num_rows, width = input_ids.shape
+    if num_rows == 0 or int(prompt_len.min()) == 0:
+        return None
+    if not _prompt_then_response(batch, rows, prompt_len, response_len):
+        return None
+    prompt_ids, owner = distinct_prompts(input_ids, prompt_len)  # (U, P), (B',)
+    R = int(response_len.max())
+    if prompt_ids.numel() + num_rows * R >= num_rows * width:
+        return None
+    prompt_mask = (prompt_ids >= 0).long()  # (U, P); padding is -1
+    prompt_out = decoder(
+        input_ids=prompt_ids.clamp(min=0), attention_mask=prompt_mask,
+        position_ids=(prompt_mask.cumsum(-1) - 1).clamp(min=0), use_cache=True,
+    )
+    cache = prompt_out.past_key_values
+    cache.batch_select_indices(owner)  # (U, ...) -> (B', ...)
+    valid = torch.arange(R, device=rows.device)[None] < response_len[:, None]  # (B', R)
+    positions = prompt_len[:, None] + torch.arange(R, device=rows.device)[None]  # (B', R)
+    response_hidden = decoder(
+        input_ids=input_ids.gather(1, positions.clamp(max=width - 1)) * valid,  # (B', R)
+        attention_mask=torch.cat([prompt_mask[owner], valid.long()], dim=1),  # (B', P + R)
+        position_ids=positions, past_key_values=cache, use_cache=True,
+    ).last_hidden_state  # (B', R, H)
+    last_prompt = prompt_out.last_hidden_state[owner, prompt_len - 1]  # (B', H)
+    hidden = torch.cat([last_prompt[:, None], response_hidden[:, :-1]], dim=1)  # (B', R, H)
+    return hidden[valid]  # (N, H), row-major like ``where``
+
+
+def _prompt_then_response(batch, rows, prompt_len, response_len) -> bool:
+    """Whether each row is ``prompt + response`` from position 0 with nothing attended after."""
+    steps = torch.arange(batch[C.INPUT_IDS].shape[1], device=rows.device)[None]  # (1, L)
+    end = (prompt_len + response_len)[:, None]  # (B', 1)
+    response = (steps >= prompt_len[:, None]) & (steps < end)  # (B', L)
+    return bool(
+        torch.equal(batch[C.RESPONSE_MASK][rows].bool(), response)
+        and torch.equal(batch[C.ATTENTION_MASK][rows].bool(), steps < end)
+    )
+
+
+def distinct_prompts(input_ids: torch.Tensor, prompt_len: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The distinct prompts of the rows, right-padded with -1, and each row's prompt index.
+
+    Args:
+        input_ids: (B, L) token ids of ``prompt + response`` rows.
+        prompt_len: (B,) prompt length of each row.
+
+    Returns:
+        prompts (U, P_max) in order of first appearance, -1 after each prompt's end, and
+        owner (B,): row b's prompt is ``prompts[owner[b]]``.
+    """
+    index: dict[tuple, int] = {}
+    owner = [
+        index.setdefault(tuple(ids[:n].tolist()), len(index)) for ids, n in zip(input_ids, prompt_len.tolist())
+    ]
+    prompts = input_ids.new_full((len(index), max(map(len, index), default=0)), -1)  # (U, P)
+    for ids, u in index.items():
+        prompts[u, : len(ids)] = torch.tensor(ids, dtype=prompts.dtype, device=prompts.device)
+    return prompts, torch.tensor(owner, dtype=torch.long, device=input_ids.device)
 
 
 class ResponseLM(torch.nn.Module):
@@ -85,7 +184,7 @@ class ResponseLM(torch.nn.Module):
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_mask: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         batch = {C.INPUT_IDS: input_ids, C.ATTENTION_MASK: attention_mask, C.RESPONSE_MASK: response_mask}
-        return response_logits(self.lm, batch)
+        return response_logits(self.lm, batch, share_prompts=not is_sharded(self))
 
     def logits(self, batch: Dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`forward` on a batch's ``INPUT_IDS``, ``ATTENTION_MASK``, ``RESPONSE_MASK``."""

@@ -146,5 +146,8 @@ def test_gradient_checkpointing_takes_the_same_step():
         assert learner.module[DEFAULT_MODULE_ID].model.is_gradient_checkpointing == checkpointing
         learner.update(batch=_wrap(batch))
         states.append(learner.module[DEFAULT_MODULE_ID].model.state_dict())
+    # Without checkpointing the forward runs each shared prompt once (``rl_module.shared_prompt_hidden``),
+    # with it the full pass: the same step up to float summation order, which Adam's normalised
+    # step can carry into the weights at ~1e-6.
     for name, value in states[0].items():
-        torch.testing.assert_close(states[1][name], value, atol=1e-6, rtol=0)
+        torch.testing.assert_close(states[1][name], value, atol=1e-5, rtol=0)

@@ -6,7 +6,9 @@ result on the in-domain SQL test split, the cross-domain SQL split and out-of-do
 greedy accuracy, pass@k (n samples), keep / exploration rates against the base model (paper
 §6.1) and the entropy of the SQL solution styles. Writes to `--out`:
 
-- `results.md`: Markdown tables in the layout of the paper's Tables 1 and 2 (mean ± std over seeds);
+- `results.md`: Markdown tables in the layout of the paper's Tables 1 and 2 (mean over seeds and
+  prompts with 95 % bootstrap intervals, both redrawn), and each method's paired difference to the
+  base model and to GRPO;
 - `pass_at_k.png`: pass@k curves (in-domain) of the base model and each method;
 - `styles.png`: solution-style distributions (in-domain), like the paper's Figure 4;
 - `runs/<method>_seed<s>/...`: checkpoints and per-split evaluation JSON;
@@ -92,52 +94,95 @@ def train(method: str, seed: int, out: pathlib.Path, args) -> pathlib.Path:
     return ckpt
 
 
-def fmt(values: list[float], pct: bool = True) -> str:
-    values = [v for v in values if v is not None and np.isfinite(v)]
-    if not values:
-        return "n/a"
-    scale = 100 if pct else 1
-    mean, std = scale * np.mean(values), scale * np.std(values)
-    return f"{mean:.1f} ± {std:.1f}" if len(values) > 1 else f"{mean:.1f}"
+def stack(results: list, metric: str) -> np.ndarray:
+    """(S, P) per-prompt values of ``metric`` (``EvalResult.per_prompt``) of one split over seeds."""
+    ids = [r.task_id for r in results[0].records]
+    for result in results[1:]:
+        if [r.task_id for r in result.records] != ids:
+            raise ValueError(f"{result.label}: its prompts differ from {results[0].label}'s; evaluate all runs alike.")
+    return np.array([result.per_prompt(metric) for result in results])
+
+
+def cell(values: np.ndarray, pct: bool = True) -> tuple[str, dict]:
+    """``"62.0 [48.0, 74.0]"``: the mean over seeds and prompts with its 95 % interval (both redrawn)."""
+    from rllib_dph.evaluation.intervals import format_interval, mean_interval
+
+    mean, interval = float(values.mean()), mean_interval(values)
+    return format_interval(mean, interval, scale=100 if pct else 1), {"mean": mean, "ci95": list(interval)}
+
+
+def _row_cells(per_seed: list[dict], base: dict, k_mid: int, k_max: int, is_base: bool) -> dict:
+    """The cells of one method's row: metric name -> (text, numbers)."""
+    from rllib_dph.evaluation import compare, style_entropy
+    from rllib_dph.evaluation.intervals import entropy_interval, format_interval, keep_exploration_intervals
+
+    split = lambda name: [r[name] for r in per_seed]  # noqa: E731
+    cells = {
+        "greedy": cell(stack(split("in-domain"), "greedy_accuracy")),
+        **{f"pass@{k}": cell(stack(split("in-domain"), f"pass@{k}")) for k in (1, k_mid, k_max)},
+        "cross greedy": cell(stack(split("cross-domain"), "greedy_accuracy")),
+        f"cross pass@{k_max}": cell(stack(split("cross-domain"), f"pass@{k_max}")),
+        "math greedy": cell(stack(split("math (OOD)"), "greedy_accuracy")),
+        f"math pass@{k_max}": cell(stack(split("math (OOD)"), f"pass@{k_max}")),
+    }
+    if not is_base:
+        rates = [compare(r, base["in-domain"], k_max) for r in split("in-domain")]
+        keep_ci, explore_ci = keep_exploration_intervals(
+            base["in-domain"].per_prompt(f"pass@{k_max}"), stack(split("in-domain"), f"pass@{k_max}")
+        )
+        for name, key, ci in (("keep", "keep_rate", keep_ci), ("explore", "exploration_rate", explore_ci)):
+            mean = float(np.nanmean([x[key] for x in rates]))
+            cells[name] = (format_interval(mean, ci, scale=100), {"mean": mean, "ci95": list(ci)})
+    styles = sorted({s for r in split("in-domain") for s in r.style_counts()})
+    entropy = float(np.mean([r.summary().get("style_entropy_bits", 0.0) for r in split("in-domain")]))
+    ci = entropy_interval(np.array([r.style_matrix(styles) for r in split("in-domain")]), style_entropy, styles) if styles else None
+    cells["style entropy"] = (format_interval(entropy, ci, digits=2), {"mean": entropy, "ci95": list(ci or [])})
+    return cells
 
 
 def tables(base: dict, runs: dict, args) -> tuple[str, dict]:
-    """Markdown tables (paper Tables 1-2 layout) and the numbers behind them."""
-    from rllib_dph.evaluation import compare
-
+    """Markdown tables (paper Tables 1-2 layout, 95 % intervals) and the numbers behind them."""
     k_mid, k_max = max(1, args.n // 2), args.n
-    numbers: dict = {"base": {}, "methods": {}}
     header = (
         f"| method | greedy | pass@1 | pass@{k_mid} | pass@{k_max} | cross greedy | cross pass@{k_max} | "
         f"math greedy | math pass@{k_max} | keep@{k_max} | explore@{k_max} | style entropy (bits) |"
     )
     lines = [header, "|" + " --- |" * 12]
-
-    def row(name: str, per_seed: list[dict]) -> None:
-        cells = {
-            "greedy": [r["in-domain"].summary()["greedy_accuracy"] for r in per_seed],
-            "pass@1": [r["in-domain"].summary()["pass@1"] for r in per_seed],
-            f"pass@{k_mid}": [r["in-domain"].summary()[f"pass@{k_mid}"] for r in per_seed],
-            f"pass@{k_max}": [r["in-domain"].summary()[f"pass@{k_max}"] for r in per_seed],
-            "cross greedy": [r["cross-domain"].summary()["greedy_accuracy"] for r in per_seed],
-            f"cross pass@{k_max}": [r["cross-domain"].summary()[f"pass@{k_max}"] for r in per_seed],
-            "math greedy": [r["math (OOD)"].summary()["greedy_accuracy"] for r in per_seed],
-            f"math pass@{k_max}": [r["math (OOD)"].summary()[f"pass@{k_max}"] for r in per_seed],
-        }
-        rates = [compare(r["in-domain"], base["in-domain"], k_max) for r in per_seed]
-        cells["keep"] = [x["keep_rate"] for x in rates]
-        cells["explore"] = [x["exploration_rate"] for x in rates]
-        cells["style entropy"] = [r["in-domain"].summary().get("style_entropy_bits") for r in per_seed]
-        numbers["methods" if name != "Base model" else "base"][name] = cells
-        values = [fmt(v) for k, v in cells.items() if k != "style entropy"]
-        if name == "Base model":
-            values[-2:] = ["—", "—"]
-        lines.append(f"| {name} | " + " | ".join(values) + f" | {fmt(cells['style entropy'], pct=False)} |")
-
-    row("Base model", [base])
-    for method, per_seed in runs.items():
-        row(method, per_seed)
+    numbers: dict = {"methods": {}}
+    for name, per_seed in [("Base model", [base])] + list(runs.items()):
+        cells = _row_cells(per_seed, base, k_mid, k_max, name == "Base model")
+        numbers["methods"][name] = {metric: value for metric, (_, value) in cells.items()}
+        texts = [text for metric, (text, _) in cells.items() if metric != "style entropy"]
+        texts += ["—", "—"] if name == "Base model" else []
+        lines.append(f"| {name} | " + " | ".join(texts) + f" | {cells['style entropy'][0]} |")
+    lines += ["", differences(base, runs, k_max, numbers)]
     return "\n".join(lines), numbers
+
+
+def differences(base: dict, runs: dict, k_max: int, numbers: dict) -> str:
+    """A Markdown table of each method's paired difference to the base model and to GRPO."""
+    from rllib_dph.evaluation.intervals import format_interval, paired_difference_interval
+
+    metrics = [("in-domain", "greedy_accuracy", "greedy"), ("in-domain", f"pass@{k_max}", f"pass@{k_max}"),
+               ("cross-domain", f"pass@{k_max}", f"cross pass@{k_max}"), ("math (OOD)", f"pass@{k_max}", f"math pass@{k_max}")]
+    references = [("base", [base])] + ([("GRPO", runs["GRPO"])] if "GRPO" in runs else [])
+    head = " | ".join(f"{label} − {ref}" for ref, _ in references for _, _, label in metrics)
+    lines = ["Paired differences in points, with 95 % intervals (the same prompts redrawn for both sides):",
+             "", f"| method | {head} |", "|" + " --- |" * (1 + len(references) * len(metrics))]
+    numbers["differences"] = {}
+    for method, per_seed in runs.items():
+        texts = []
+        for ref, ref_seeds in references:
+            for split, metric, label in metrics:
+                if ref == method:
+                    texts.append("—")
+                    continue
+                a, b = stack([r[split] for r in per_seed], metric), stack([r[split] for r in ref_seeds], metric)
+                diff, ci = float(a.mean() - b.mean()), paired_difference_interval(a, b)
+                texts.append(format_interval(diff, ci, scale=100))
+                numbers["differences"].setdefault(method, {})[f"{label} − {ref}"] = {"mean": diff, "ci95": list(ci)}
+        lines.append(f"| {method} | " + " | ".join(texts) + " |")
+    return "\n".join(lines)
 
 
 def plots(base: dict, runs: dict, out: pathlib.Path) -> None:

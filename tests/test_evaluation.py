@@ -177,7 +177,12 @@ def test_compare_matches_prompts_by_task_id():
     ])
     out = compare(tuned, baseline, k=4)
     expected = {"keep_rate": 2 / 3, "exploration_rate": 1 / 2, "base_solved": 3, "base_failed": 2}
-    assert out == pytest.approx(expected)
+    assert {key: out[key] for key in expected} == pytest.approx(expected)
+    assert out["pass_diff"] == pytest.approx(0.0)  # 3 of 5 solved by each: one forgotten, one explored
+    low, high = out["keep_rate_ci"]
+    assert 0 <= low <= 2 / 3 <= high <= 1  # paired bootstrap interval around the estimate
+    low, high = out["pass_diff_ci"]
+    assert -1 <= low < 0 < high <= 1
     with pytest.raises(ValueError, match="1 of 1 prompts are not in the baseline"):
         compare(result_of([record("t9", [1, 1, 1, 1])]), baseline, k=4)
 
@@ -333,7 +338,11 @@ def test_rllib_evaluate_writes_results_plot_and_comparison(tmp_path, capsys):
     assert (tuned_dir / "pass_at_k.png").read_bytes()[:8] == PNG_MAGIC
     comparison = json.loads((tuned_dir / "compare.json").read_text())
     assert set(comparison["by_k"]) == {"1", "2", "4"}
-    assert set(comparison["by_k"]["4"]) == {"keep_rate", "exploration_rate", "base_solved", "base_failed"}
+    assert set(comparison["by_k"]["4"]) == {
+        "keep_rate", "exploration_rate", "base_solved", "base_failed",
+        "keep_rate_ci", "exploration_rate_ci", "pass_diff", "pass_diff_ci",
+    }
+    assert set(data["intervals_95"]) >= {"greedy_accuracy", "pass@1", "pass@4"}
 
 
 def test_trial_folders_and_partial_checkpoints_are_refused(tmp_path):

@@ -12,6 +12,15 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
+import numpy as np
+
+from rllib_dph.evaluation.intervals import (
+    entropy_interval,
+    format_interval,
+    keep_exploration_intervals,
+    mean_interval,
+    paired_difference_interval,
+)
 from rllib_dph.evaluation.metrics import (
     keep_and_exploration_rates,
     maj_at_k,
@@ -141,6 +150,38 @@ class EvalResult:
             out["style_entropy_bits"] = style_entropy(counts)
         return out
 
+    def per_prompt(self, metric: str) -> list[float]:
+        """Per-prompt values whose mean is ``metric``: ``"greedy_accuracy"`` (0/1) or ``"pass@k"``."""
+        if metric == "greedy_accuracy":
+            if any(r.greedy_correct is None for r in self.records):
+                raise ValueError(f"{self.label}: no greedy completions were generated (greedy=False).")
+            return [float(r.greedy_correct) for r in self.records]
+        if metric.startswith("pass@"):
+            return self.pass_at(int(metric[len("pass@") :]))
+        raise ValueError(f"per_prompt: metric={metric!r} is not 'greedy_accuracy' or 'pass@<k>'.")
+
+    def style_matrix(self, styles: Sequence[str]) -> np.ndarray:
+        """(P, K) number of samples of each of ``styles`` per prompt."""
+        return np.array([[Counter(r.styles)[s] for s in styles] for r in self.records], dtype=float)
+
+    def intervals(self, **kwargs) -> dict[str, tuple[float, float]]:
+        """95 % bootstrap intervals over prompts (``evaluation.intervals``) of ``greedy_accuracy``
+        (when generated), ``pass@k`` for each k and ``style_entropy_bits`` (when styles were recorded).
+
+        Args:
+            **kwargs: ``num_boot``, ``level``, ``seed`` of ``intervals.bootstrap_interval``.
+        """
+        out = {}
+        metrics = [f"pass@{k}" for k in self.ks]
+        if all(r.greedy_correct is not None for r in self.records):
+            metrics.insert(0, "greedy_accuracy")
+        for metric in metrics:
+            out[metric] = mean_interval(self.per_prompt(metric), **kwargs)
+        styles = list(self.style_counts())
+        if styles:
+            out["style_entropy_bits"] = entropy_interval(self.style_matrix(styles), style_entropy, styles, **kwargs)
+        return out
+
     def flat_metrics(self, prefix: str = "") -> dict[str, float]:
         """The summary as a flat ``{name: float}`` dict for RLlib's metrics logger or Tune results.
 
@@ -165,7 +206,8 @@ class EvalResult:
     def to_dict(self) -> dict[str, Any]:
         """Settings, summary and records as plain JSON-able data (what :meth:`to_json` writes)."""
         settings = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "records"}
-        return {"settings": settings, "summary": self.summary(), "records": [asdict(r) for r in self.records]}
+        intervals = {k: list(v) for k, v in self.intervals().items()}
+        return {"settings": settings, "summary": self.summary(), "intervals_95": intervals, "records": [asdict(r) for r in self.records]}
 
     def to_json(self, path: str | os.PathLike) -> Path:
         """Writes :meth:`to_dict` as JSON (parent folders created); returns the path."""
@@ -222,9 +264,10 @@ def compare(result: EvalResult, baseline: EvalResult, k: int) -> dict[str, float
         k: The k of pass@k, at most the n of both.
 
     Returns:
-        ``keep_rate``, ``exploration_rate`` (NaN when undefined), and ``base_solved`` /
-        ``base_failed``: the expected numbers of prompts the baseline solves / fails at pass@k
-        (the denominators).
+        ``keep_rate``, ``exploration_rate`` (NaN when undefined) and their 95 % intervals
+        (``*_ci``, paired bootstrap over prompts), ``pass_diff``: pass@k of ``result`` minus the
+        baseline's, with ``pass_diff_ci``, and ``base_solved`` / ``base_failed``: the expected
+        numbers of prompts the baseline solves / fails at pass@k (the denominators).
     """
     base_by_id = {r.task_id: r for r in baseline.records}
     missing = [r.task_id for r in result.records if r.task_id not in base_by_id]
@@ -235,10 +278,16 @@ def compare(result: EvalResult, baseline: EvalResult, k: int) -> dict[str, float
         )
     base = [base_by_id[r.task_id] for r in result.records]
     base_pass = [pass_at_k(b.n, b.num_correct, k) for b in base]
-    keep, exploration = keep_and_exploration_rates(base_pass, result.pass_at(k))
+    new_pass = result.pass_at(k)
+    keep, exploration = keep_and_exploration_rates(base_pass, new_pass)
+    keep_ci, exploration_ci = keep_exploration_intervals(base_pass, new_pass)
     return {
         "keep_rate": keep,
         "exploration_rate": exploration,
+        "keep_rate_ci": keep_ci,
+        "exploration_rate_ci": exploration_ci,
+        "pass_diff": float(np.mean(new_pass) - np.mean(base_pass)),
+        "pass_diff_ci": paired_difference_interval(new_pass, base_pass),
         "base_solved": sum(base_pass),
         "base_failed": len(base_pass) - sum(base_pass),
     }
@@ -250,16 +299,19 @@ def plot_pass_at_k(
     *,
     title: Optional[str] = None,
 ) -> Path:
-    """Plots pass@k against k (log2 axis), one line per evaluation, into a PNG.
+    """Plots pass@k against k (log2 axis, 0-100 %) with 95 % bands, one line per evaluation.
 
     Args:
-        results: Evaluations, or paths of their JSON files; each is labelled by its ``label``
-            (``run <i>`` when it has none).
+        results: Evaluations of one data set (the same env and env config), or paths of their
+            JSON files; each is labelled by its ``label`` (``run <i>`` when it has none).
         out_png: Where to write the figure (parent folders created).
-        title: Figure title; by default the env and its data of the first result.
+        title: Figure title; by default the env and its data.
 
     Returns:
         The path of the PNG.
+
+    Raises:
+        ValueError: when the results come from different data sets (one title would mislabel them).
     """
     import matplotlib
 
@@ -269,17 +321,25 @@ def plot_pass_at_k(
     loaded = [r if isinstance(r, EvalResult) else EvalResult.from_json(r) for r in results]
     if not loaded:
         raise ValueError("plot_pass_at_k: no results to plot; give at least one EvalResult or JSON path.")
+    data_sets = sorted({f"{r.env_id} {json.dumps(r.env_config, sort_keys=True)}" for r in loaded})
+    if len(data_sets) > 1:
+        raise ValueError(
+            f"plot_pass_at_k: the results come from {len(data_sets)} data sets ({'; '.join(data_sets)}); "
+            "plot each data set in its own figure."
+        )
     fig, ax = plt.subplots(figsize=(6, 4))
     for i, r in enumerate(loaded):
-        summary = r.summary()
-        ax.plot(r.ks, [100 * summary[f"pass@{k}"] for k in r.ks], marker="o", label=r.label or f"run {i + 1}")
+        summary, intervals = r.summary(), r.intervals()
+        line, = ax.plot(r.ks, [100 * summary[f"pass@{k}"] for k in r.ks], marker="o", label=r.label or f"run {i + 1}")
+        low, high = zip(*(intervals[f"pass@{k}"] for k in r.ks))
+        ax.fill_between(r.ks, 100 * np.array(low), 100 * np.array(high), color=line.get_color(), alpha=0.15)
     ax.set_xscale("log", base=2)
     ax.set_xticks(sorted({k for r in loaded for k in r.ks}))
     ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.set_ylim(0, 100)
     ax.set_xlabel("k")
-    ax.set_ylabel("pass@k (%)")
-    first = loaded[0]
-    ax.set_title(title or f"{first.env_id} {json.dumps(first.env_config)}", fontsize=9)
+    ax.set_ylabel("pass@k (%), 95 % bootstrap band")
+    ax.set_title(title or data_sets[0], fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -291,14 +351,15 @@ def plot_pass_at_k(
 
 
 def format_summary(result: EvalResult, comparisons: Optional[Mapping[int, Mapping[str, float]]] = None) -> str:
-    """A plain-text table of a result's summary (and keep / exploration rates per k).
+    """A plain-text table of a result's summary with 95 % intervals (and keep / exploration rates
+    and the paired pass@k difference to a baseline per k).
 
     Args:
         result: The evaluation.
         comparisons: ``{k: compare(result, baseline, k)}`` for the k to show keep and
             exploration rates at.
     """
-    s = result.summary()
+    s, ci = result.summary(), result.intervals()
     lines = [
         f"policy: {result.label}",
         f"env: {result.env_id} {json.dumps(result.env_config)}",
@@ -306,26 +367,36 @@ def format_summary(result: EvalResult, comparisons: Optional[Mapping[int, Mappin
         f"max_new_tokens={s['max_new_tokens']}  ({result.duration_s:.1f} s)",
     ]
     if s["greedy_accuracy"] is not None:
-        lines.append(f"greedy accuracy   {s['greedy_accuracy']:.3f}")
+        lines.append(f"greedy accuracy   {format_interval(s['greedy_accuracy'], ci.get('greedy_accuracy'), digits=3)}")
     lines.append(f"mean@{result.n:<12} {s[f'mean@{result.n}']:.3f}")
     lines.append(f"truncation rate   {s['truncation_rate']:.3f}")
-    header = f"{'k':>4} {'pass@k':>8} {'maj@k':>8}"
+    header = f"{'k':>4} {'pass@k [95% interval]':>24} {'maj@k':>7}"
     comparisons = comparisons or {}
     if comparisons:
-        header += f" {'keep':>8} {'explore':>8}"
+        header += f" {'keep':>22} {'explore':>22} {'pass@k - base':>26}"
     lines.append(header)
     for k in result.ks:
-        line = f"{k:>4} {s[f'pass@{k}']:>8.3f} {s[f'maj@{k}']:>8.3f}"
+        line = f"{k:>4} {format_interval(s[f'pass@{k}'], ci[f'pass@{k}'], digits=3):>24} {s[f'maj@{k}']:>7.3f}"
         if k in comparisons:
-            line += f" {comparisons[k]['keep_rate']:>8.3f} {comparisons[k]['exploration_rate']:>8.3f}"
+            c = comparisons[k]
+            line += f" {format_interval(c['keep_rate'], c['keep_rate_ci'], digits=3):>22}"
+            line += f" {format_interval(c['exploration_rate'], c['exploration_rate_ci'], digits=3):>22}"
+            line += f" {format_interval(c['pass_diff'], c['pass_diff_ci'], digits=3):>26}"
         lines.append(line)
     if "style_counts" in s:
         total = sum(s["style_counts"].values())
         shares = ", ".join(f"{style} {count / total:.2f}" for style, count in s["style_counts"].items())
-        lines.append(f"styles ({s['style_entropy_bits']:.3f} bits): {shares}")
+        entropy = format_interval(s["style_entropy_bits"], ci.get("style_entropy_bits"), digits=3)
+        lines.append(f"styles ({entropy} bits): {shares}")
     return "\n".join(lines)
 
 
-def finite_or_none(values: Mapping[str, float]) -> dict[str, Optional[float]]:
-    """``values`` with NaN and infinities replaced by None (JSON has no NaN)."""
-    return {k: (v if math.isfinite(v) else None) for k, v in values.items()}
+def finite_or_none(values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` with NaN and infinities replaced by None (JSON has no NaN), also inside intervals."""
+
+    def clean(v):
+        if isinstance(v, (tuple, list)):
+            return [clean(x) for x in v]
+        return v if math.isfinite(v) else None
+
+    return {k: clean(v) for k, v in values.items()}

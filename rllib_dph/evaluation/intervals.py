@@ -1,0 +1,166 @@
+"""95 % bootstrap intervals for evaluation metrics, over prompts and (when there are several) seeds.
+
+A metric of an evaluation is a function of its prompts (and of its training seeds, for a method
+trained several times). The percentile bootstrap redraws the prompts with replacement (and the
+seeds, independently), recomputes the metric on every redraw, and reports the 2.5 % and 97.5 %
+quantiles (Efron & Tibshirani, 1993, ch. 13). Differences between two policies evaluated on the
+same prompts are *paired*: one redraw of prompt indices serves both, so the variation the two
+share (which prompts are easy) cancels (keep / exploration rates, pass@k of a method minus the
+base model's).
+
+Every function takes per-prompt values as arrays: (S, P) for S seeds × P prompts, or (P,) for one.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+#: Coverage of the reported intervals.
+LEVEL = 0.95
+#: Bootstrap redraws per interval.
+NUM_BOOTSTRAP = 1000
+
+#: A statistic of redrawn data: (prompt indices (P,), seed indices (S,)) -> float (NaN allowed).
+Statistic = Callable[[np.ndarray, np.ndarray], float]
+
+
+def bootstrap_interval(
+    statistic: Statistic,
+    num_prompts: int,
+    num_seeds: int = 1,
+    *,
+    num_boot: int = NUM_BOOTSTRAP,
+    level: float = LEVEL,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """Percentile bootstrap interval of ``statistic`` over prompts (and seeds).
+
+    Each redraw takes ``num_prompts`` prompt indices and ``num_seeds`` seed indices with
+    replacement (a two-stage bootstrap when there are several seeds); redraws where the
+    statistic is undefined (NaN, e.g. a keep rate with no base-solved prompt drawn) are left out.
+
+    Args:
+        statistic: ``(prompts (P,), seeds (S,)) -> float`` computed on the redrawn indices.
+        num_prompts: P >= 1.
+        num_seeds: S >= 1.
+        num_boot: Redraws, >= 1.
+        level: Coverage in (0, 1).
+        seed: Seed of the redraws (the same seed gives the same interval).
+
+    Returns:
+        ``(low, high)``; ``(nan, nan)`` when every redraw was undefined.
+    """
+    if num_prompts < 1 or num_seeds < 1 or num_boot < 1 or not 0 < level < 1:
+        raise ValueError(
+            f"bootstrap_interval: num_prompts={num_prompts}, num_seeds={num_seeds} and num_boot="
+            f"{num_boot} must be >= 1 and level={level} in (0, 1)."
+        )
+    rng = np.random.default_rng(seed)
+    values = np.array([
+        statistic(rng.integers(0, num_prompts, num_prompts), rng.integers(0, num_seeds, num_seeds))
+        for _ in range(num_boot)
+    ])  # (num_boot,)
+    values = values[np.isfinite(values)]
+    if values.size == 0:
+        return (math.nan, math.nan)
+    low, high = np.quantile(values, [(1 - level) / 2, (1 + level) / 2])
+    return (float(low), float(high))
+
+
+def _seeds_by_prompts(values: Sequence) -> np.ndarray:
+    """(S, P) float array of per-prompt values; a (P,) input is one seed."""
+    array = np.asarray(values, dtype=float)
+    return array[None] if array.ndim == 1 else array
+
+
+def mean_interval(values: Sequence, **kwargs) -> tuple[float, float]:
+    """Interval of the mean over seeds and prompts of per-prompt values (pass@k, greedy 0/1, ...).
+
+    Args:
+        values: (S, P) or (P,) per-prompt values.
+        **kwargs: ``num_boot``, ``level``, ``seed`` of :func:`bootstrap_interval`.
+    """
+    v = _seeds_by_prompts(values)  # (S, P)
+    return bootstrap_interval(lambda p, s: v[np.ix_(s, p)].mean(), v.shape[1], v.shape[0], **kwargs)
+
+
+def paired_difference_interval(values: Sequence, baseline: Sequence, **kwargs) -> tuple[float, float]:
+    """Interval of mean(values) − mean(baseline) on the same prompts (paired over prompts).
+
+    Args:
+        values: (S, P) or (P,) per-prompt values of the policy (S seeds).
+        baseline: (S_b, P) or (P,) per-prompt values of the baseline on the same P prompts in the
+            same order; its seeds are redrawn independently of ``values``' seeds.
+        **kwargs: ``num_boot``, ``level``, ``seed`` of :func:`bootstrap_interval`.
+    """
+    v, b = _seeds_by_prompts(values), _seeds_by_prompts(baseline)  # (S, P), (S_b, P)
+    if v.shape[1] != b.shape[1]:
+        raise ValueError(f"paired_difference_interval: {v.shape[1]} prompts vs {b.shape[1]} in the baseline.")
+    rng = np.random.default_rng(kwargs.pop("seed", 0) + 1)
+
+    def diff(p, s):
+        seeds_b = rng.integers(0, b.shape[0], b.shape[0])
+        return v[np.ix_(s, p)].mean() - b[np.ix_(seeds_b, p)].mean()
+
+    return bootstrap_interval(diff, v.shape[1], v.shape[0], **kwargs)
+
+
+def keep_exploration_intervals(
+    base_pass: Sequence, new_pass: Sequence, **kwargs
+) -> tuple[tuple[float, float], tuple[float, float]]:
+    """Intervals of the keep and exploration rates (``metrics.keep_and_exploration_rates``).
+
+    Args:
+        base_pass: (P,) or (S_b, P) base pass@k per prompt (seeds averaged per prompt first).
+        new_pass: (S, P) or (P,) pass@k of the trained policy on the same prompts.
+        **kwargs: ``num_boot``, ``level``, ``seed`` of :func:`bootstrap_interval`.
+
+    Returns:
+        ``((keep_low, keep_high), (exploration_low, exploration_high))``.
+    """
+    b = _seeds_by_prompts(base_pass).mean(axis=0)  # (P,)
+    v = _seeds_by_prompts(new_pass)  # (S, P)
+
+    def rate(weights: np.ndarray) -> Statistic:
+        def statistic(p, s):
+            w = weights[p]  # (P,)
+            total = w.sum()
+            return float((w * v[np.ix_(s, p)].mean(axis=0)).sum() / total) if total > 0 else math.nan
+
+        return statistic
+
+    keep = bootstrap_interval(rate(b), v.shape[1], v.shape[0], **kwargs)
+    exploration = bootstrap_interval(rate(1 - b), v.shape[1], v.shape[0], **kwargs)
+    return keep, exploration
+
+
+def entropy_interval(style_counts: Sequence, entropy: Callable[[dict], float], styles: Sequence[str], **kwargs) -> tuple[float, float]:
+    """Interval of the style entropy of pooled per-prompt style counts.
+
+    Args:
+        style_counts: (S, P, K) or (P, K) counts of each of the K ``styles`` per prompt.
+        entropy: ``metrics.style_entropy`` (a function of a ``{style: count}`` dict).
+        styles: The K style names, in the order of the last axis.
+        **kwargs: ``num_boot``, ``level``, ``seed`` of :func:`bootstrap_interval`.
+    """
+    counts = np.asarray(style_counts, dtype=float)
+    counts = counts[None] if counts.ndim == 2 else counts  # (S, P, K)
+
+    def statistic(p, s):
+        pooled = counts[np.ix_(s, p)].sum(axis=(0, 1))  # (K,)
+        return entropy(dict(zip(styles, pooled)))
+
+    return bootstrap_interval(statistic, counts.shape[1], counts.shape[0], **kwargs)
+
+
+def format_interval(value: Optional[float], interval: Optional[tuple[float, float]], scale: float = 1.0, digits: int = 1) -> str:
+    """``"62.0 [48.0, 74.0]"``: a value and its interval, scaled (100 for %); ``"—"`` for None/NaN."""
+    if value is None or not math.isfinite(value):
+        return "—"
+    text = f"{scale * value:.{digits}f}"
+    if interval is not None and all(math.isfinite(x) for x in interval):
+        text += f" [{scale * interval[0]:.{digits}f}, {scale * interval[1]:.{digits}f}]"
+    return text

@@ -1,0 +1,91 @@
+"""95 % bootstrap intervals: over prompts, over seeds, paired differences, rates and entropies."""
+
+import math
+
+import numpy as np
+import pytest
+
+from rllib_dph.evaluation import EvalResult, PromptRecord, plot_pass_at_k, style_entropy
+from rllib_dph.evaluation.intervals import (
+    entropy_interval,
+    format_interval,
+    keep_exploration_intervals,
+    mean_interval,
+    paired_difference_interval,
+)
+
+
+def test_mean_interval_is_deterministic_contains_the_mean_and_collapses_for_constants():
+    values = (np.random.default_rng(1).random(100) < 0.3).astype(float)
+    low, high = mean_interval(values)
+    assert low < values.mean() < high and high - low < 0.25
+    assert mean_interval(values) == (low, high)  # same seed, same interval
+    assert mean_interval(np.full(50, 0.4)) == pytest.approx((0.4, 0.4))
+
+
+def test_mean_interval_covers_the_true_rate_about_95_percent_of_the_time():
+    rng = np.random.default_rng(0)
+    covered = 0
+    for trial in range(40):
+        low, high = mean_interval((rng.random(200) < 0.3).astype(float), seed=trial, num_boot=400)
+        covered += low <= 0.3 <= high
+    assert covered >= 34  # 95 % nominal; a broken interval (e.g. no redraw) covers far less
+
+
+def test_seeds_are_redrawn_too():
+    two_seeds = np.stack([np.zeros(30), np.ones(30)])  # (S=2, P=30): the seeds disagree entirely
+    assert mean_interval(two_seeds) == (0.0, 1.0)  # a redraw can take seed 0 twice, or seed 1 twice
+    assert mean_interval(two_seeds.mean(axis=0)) == (0.5, 0.5)  # pooled first: no seed variation left
+
+
+def test_paired_difference_cancels_what_both_policies_share():
+    rng = np.random.default_rng(2)
+    base = rng.random(80)  # per-prompt difficulty varies a lot
+    assert paired_difference_interval(base + 0.1, base) == pytest.approx((0.1, 0.1))
+    assert paired_difference_interval(base, base) == (0.0, 0.0)
+    with pytest.raises(ValueError, match="80 prompts vs 79"):
+        paired_difference_interval(base, base[:-1])
+
+
+def test_keep_and_exploration_intervals_hold_the_rates_and_nan_when_undefined():
+    base = np.array([1, 1, 1, 0, 0, 0], dtype=float)
+    new = np.array([1, 1, 0, 1, 0, 0], dtype=float)
+    (keep_low, keep_high), (explore_low, explore_high) = keep_exploration_intervals(base, new)
+    assert keep_low <= 2 / 3 <= keep_high and explore_low <= 1 / 3 <= explore_high
+    _, explore = keep_exploration_intervals(np.ones(5), np.ones(5))  # the base failed nothing
+    assert all(math.isnan(x) for x in explore)
+
+
+def test_entropy_interval_recomputes_the_entropy_of_redrawn_prompts():
+    styles = ["plain", "cte"]
+    one_style = np.array([[4, 0]] * 10)  # (P, K): every prompt used one style only
+    assert entropy_interval(one_style, style_entropy, styles) == (0.0, 0.0)
+    mixed = np.array([[4, 0], [0, 4]] * 10)
+    low, high = entropy_interval(mixed, style_entropy, styles)
+    assert 0.5 < low < 1.0 and high == pytest.approx(1.0)
+
+
+def test_format_interval():
+    assert format_interval(0.62, (0.48, 0.74), scale=100) == "62.0 [48.0, 74.0]"
+    assert format_interval(math.nan, (0.1, 0.2)) == "—" and format_interval(0.5, (math.nan, math.nan)) == "0.5"
+
+
+def _result(data: str, correct: list[list[int]]) -> EvalResult:
+    records = [
+        PromptRecord(task_id=f"t{i}", index=i, correct=[bool(c) for c in row], answers=[None] * len(row),
+                     styles=[], num_truncated=0, greedy_correct=bool(row[0]))
+        for i, row in enumerate(correct)
+    ]
+    return EvalResult(records=records, n=4, temperature=1.0, top_p=1.0, max_new_tokens=8, seed=0,
+                      ks=[1, 2, 4], env_id="rllib_dph/SQL-v0", env_config={"data": data})
+
+
+def test_results_carry_intervals_and_the_plot_refuses_two_data_sets(tmp_path):
+    result = _result("sql_synth/test", [[1, 0, 0, 1], [0, 0, 0, 0], [1, 1, 1, 1]])
+    intervals = result.intervals()
+    assert set(intervals) == {"greedy_accuracy", "pass@1", "pass@2", "pass@4"}
+    low, high = intervals["pass@1"]
+    assert low <= result.summary()["pass@1"] <= high
+    assert plot_pass_at_k([result], tmp_path / "one.png").is_file()
+    with pytest.raises(ValueError, match="2 data sets"):
+        plot_pass_at_k([result, _result("sql_synth/test_cross", [[1, 0, 0, 0]])], tmp_path / "two.png")

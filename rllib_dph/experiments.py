@@ -269,19 +269,51 @@ def run_from_args(config, stop: dict, args: argparse.Namespace) -> None:
 
 
 def _print_summary(results) -> None:
-    """One line per trial (iterations, mean return) and, with several trials, the best one."""
-    metric = "env_runners/episode_return_mean"
+    """One line per trial and, with several trials, the best one and any tie.
+
+    The best trial is chosen by validation pass@k at the largest k of the trials' last held-out
+    evaluation (``GRPOConfig.held_out``) when they ran one, else by the training reward; trials
+    whose value equals the best are reported as tied.
+    """
+    metric = _selection_metric(results)
     for result in results:
         print(
             f"trial {result.path}: training_iteration={result.metrics.get('training_iteration')} "
-            f"{metric}={result.metrics.get('env_runners', {}).get('episode_return_mean')}"
+            f"{metric}={_metric_value(result.metrics, metric)}"
         )
-    if len(results) > 1:
-        best = results.get_best_result(metric=metric, mode="max")
-        print(f"best trial by {metric}: {best.path}")
-        configs = [r.config for r in results]
-        varied = {k for k in best.config if len({repr(c.get(k)) for c in configs}) > 1}
-        print(f"best trial's swept values: {json.dumps({k: best.config[k] for k in sorted(varied)}, default=str)}")
+    if len(results) < 2:
+        return
+    scored = [r for r in results if _metric_value(r.metrics, metric) is not None]
+    if not scored:
+        return
+    best = max(scored, key=lambda r: _metric_value(r.metrics, metric))  # the first of equals
+    best_value = _metric_value(best.metrics, metric)
+    print(f"best trial by {metric}: {best.path}")
+    configs = [r.config for r in results]
+    varied = sorted(k for k in best.config if len({repr(c.get(k)) for c in configs}) > 1)
+    print(f"best trial's swept values: {json.dumps({k: best.config[k] for k in varied}, default=str)}")
+    tied = [r for r in scored if r is not best and _metric_value(r.metrics, metric) == best_value]
+    for other in tied:
+        values = json.dumps({k: other.config.get(k) for k in varied}, default=str)
+        print(f"tie: {other.path} ({values}) has the same {metric}={best_value}; the runs cannot tell them apart")
+
+
+def _selection_metric(results) -> str:
+    """``evaluation/pass@<largest k>`` when every trial has a held-out evaluation, else the training reward."""
+    ks = [
+        {int(key[len("pass@") :]) for key in (r.metrics.get("evaluation") or {}) if key.startswith("pass@")}
+        for r in results
+    ]
+    common = set.intersection(*ks) if ks else set()
+    return f"evaluation/pass@{max(common)}" if common else "env_runners/episode_return_mean"
+
+
+def _metric_value(metrics: dict, metric: str):
+    """``metrics["a"]["b"]`` for ``metric="a/b"`` (None when absent)."""
+    value = metrics
+    for part in metric.split("/"):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
 
 
 def run_tuned_example(config, stop: dict, argv: Optional[list[str]] = None) -> None:

@@ -72,3 +72,29 @@ def test_logger_callbacks(tmp_path, monkeypatch):
     assert isinstance(mlflow_cb, MLflowLoggerCallback) and mlflow_cb.tracking_uri == (tmp_path / "mlruns").as_uri()
     assert os.environ["WANDB_MODE"] == "offline"
     assert logger_callbacks("exp1") == []
+
+
+class _Trial:
+    def __init__(self, path, eta, metrics):
+        self.path, self.config, self.metrics = path, {"pef_coeff": eta, "lr": 3e-4}, metrics
+
+
+def test_a_sweep_picks_its_best_trial_by_validation_pass_at_the_largest_k_and_reports_ties(capsys):
+    from rllib_dph.experiments import _print_summary
+
+    def metrics(reward, pass_at_8):
+        return {"training_iteration": 20, "env_runners": {"episode_return_mean": reward},
+                "evaluation": {"pass@1": 0.3, "pass@4": 0.6, "pass@8": pass_at_8}}
+
+    _print_summary([
+        _Trial("t0", 0.01, metrics(0.9, 0.70)),  # the best training reward, not the best validation
+        _Trial("t1", 0.05, metrics(0.5, 0.76)),
+        _Trial("t2", 0.2, metrics(0.4, 0.76)),
+    ])
+    out = capsys.readouterr().out
+    assert "best trial by evaluation/pass@8: t1" in out and '{"pef_coeff": 0.05}' in out
+    assert "tie: t2" in out and "evaluation/pass@8=0.76" in out
+    _print_summary([_Trial("a", 0.01, {"env_runners": {"episode_return_mean": 0.2}}),
+                    _Trial("b", 0.2, {"env_runners": {"episode_return_mean": 0.4}})])
+    out = capsys.readouterr().out
+    assert "best trial by env_runners/episode_return_mean: b" in out and "tie" not in out

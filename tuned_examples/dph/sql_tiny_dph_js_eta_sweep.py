@@ -5,8 +5,9 @@ How to run:
     python tuned_examples/dph/sql_tiny_dph_js_eta_sweep.py --stop '{"training_iteration": 3}'
 
 Three trials (η = 0.01, 0.05, 0.2) run one after another on 2 CPU cores (each trial takes the
-whole machine); all share one pre-sampling directory. At the end the best trial by
-`env_runners/episode_return_mean` (training reward) is printed.
+whole machine); all share one pre-sampling directory. Every 5 iterations each trial measures
+pass@k on the first 50 prompts of the held-out split (n = 8); at the end the best trial by
+validation pass@8 (the largest k) of its last evaluation is printed, and trials that tie with it.
 
 The swept eta values mean what it meant in the original code: with
 pef_loss_normalization="original" (the default) the D_pef term weighs eta x (D_pef rows /
@@ -42,6 +43,7 @@ config = (
         pef_loss_normalization="original",  # η as in the paper's code (see docstring)
         presample_dir=os.path.expanduser("~/.cache/rllib_dph/presample/sql_tiny_k8"),
     )
+    .held_out(val_env_config={"data": "sql_synth/test"}, val_interval=5, val_n=8, val_limit=50)
     .debugging(seed=0)
 )
 

@@ -1,0 +1,134 @@
+"""Where GRPO's sharpening starts to cost pass@k: validation pass@k along a long GRPO run.
+
+Trains `tuned_examples/grpo/sql_tiny_grpo.py` (16 prompts x 8 completions per iteration, one
+optimizer step each) for `--iterations` iterations and, before training and every `--every`
+iterations, evaluates the current policy on the first `--limit` prompts of `sql_synth/test`:
+`--n` samples per prompt at temperature 1 (64 new tokens, as in training) plus one greedy
+completion. Every evaluation uses the same sampling seed (common random numbers), so the
+checkpoints differ by their weights only. Prints and writes (`--out`):
+
+- a table: iteration, greedy, pass@1 and pass@k at the largest k with 95 % bootstrap intervals
+  over prompts, and the paired difference of pass@k(max) to the base model (iteration 0);
+- `curve.json`: every evaluation's summary, intervals and paired differences;
+- `curve.png`: pass@1 and pass@k(max) against iterations with their bands (0-100 % axis).
+
+The first evaluation after which pass@k(max) stays below the base model's, with an interval
+that excludes 0, is where GRPO's sharpening costs coverage (the DPH-RL paper's collapse); the
+reproduction's budget comes from that curve (README, "The DPH-RL comparison").
+
+    python bench/grpo_budget.py                         # 200 iterations, every 20, n = 32, 100 prompts
+    python bench/grpo_budget.py --iterations 40 --every 20 --limit 20 --n 8    # a smoke run
+"""
+
+import argparse
+import json
+import pathlib
+import time
+
+import numpy as np
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "tuned_examples/grpo/sql_tiny_grpo.py"
+SPLIT = ("rllib_dph/SQL-v0", {"data": "sql_synth/test"})
+
+
+def evaluate(algo, env, settings, base=None) -> tuple:
+    """The current policy's EvalResult on ``env`` and its row of numbers."""
+    from rllib_dph.evaluation import evaluate_engine
+    from rllib_dph.evaluation.intervals import paired_difference_interval
+
+    result = evaluate_engine(algo.env_runner.engine, env, settings)
+    summary, intervals = result.summary(), result.intervals()
+    k_max = max(settings.ks)
+    row = {
+        "iteration": algo.iteration,
+        "summary": {k: v for k, v in summary.items() if k != "style_counts"},
+        "intervals": {k: list(v) for k, v in intervals.items()},
+    }
+    if base is not None:
+        for metric in ("greedy_accuracy", f"pass@{k_max}"):
+            diff = float(np.mean(result.per_prompt(metric)) - np.mean(base.per_prompt(metric)))
+            row[f"{metric} - base"] = [diff, list(paired_difference_interval(result.per_prompt(metric), base.per_prompt(metric)))]
+    return result, row
+
+
+def line(row: dict, k_max: int) -> str:
+    from rllib_dph.evaluation.intervals import format_interval
+
+    s, ci = row["summary"], row["intervals"]
+    cells = [format_interval(s[m], ci[m], scale=100) for m in ("greedy_accuracy", "pass@1", f"pass@{k_max}")]
+    diff = row.get(f"pass@{k_max} - base")
+    cells.append(format_interval(diff[0], diff[1], scale=100) if diff else "—")
+    return f"| {row['iteration']} | " + " | ".join(cells) + " |"
+
+
+def plot(rows: list, k_max: int, out_png: pathlib.Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    its = [r["iteration"] for r in rows]
+    for metric in ("pass@1", f"pass@{k_max}", "greedy_accuracy"):
+        line_, = ax.plot(its, [100 * r["summary"][metric] for r in rows], marker="o", label=metric)
+        low, high = zip(*(r["intervals"][metric] for r in rows))
+        ax.fill_between(its, 100 * np.array(low), 100 * np.array(high), color=line_.get_color(), alpha=0.15)
+    ax.set_ylim(0, 100)
+    ax.set_xlabel("GRPO iteration")
+    ax.set_ylabel("sql_synth/test (%), 95 % band")
+    ax.set_title("GRPO on tiny-sql-math: validation along training", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=120)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--iterations", type=int, default=200)
+    parser.add_argument("--every", type=int, default=20)
+    parser.add_argument("--n", type=int, default=32)
+    parser.add_argument("--limit", type=int, default=100)
+    parser.add_argument("--seed", type=int, default=0, help="training seed")
+    parser.add_argument("--out", default=str(REPO / "bench/out/grpo_budget"))
+    args = parser.parse_args()
+
+    import ray
+    import torch
+
+    from rllib_dph.evaluation import EvalSettings
+    from rllib_dph.experiments import load_tuned_example
+    from rllib_dph.rollout import make_env
+
+    torch.set_num_threads(2)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    config, _ = load_tuned_example(str(EXAMPLE))
+    config.update_from_dict({"seed": args.seed, "val_interval": 0})
+    algo = config.build_algo()
+    env = make_env(*SPLIT)
+    settings = EvalSettings(n=args.n, temperature=1.0, max_new_tokens=config.max_response_length,
+                            limit=args.limit, seed=12345)
+    k_max = max(settings.ks)
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    base, row = evaluate(algo, env, settings)
+    rows, rewards = [row], []
+    print(f"| iteration | greedy | pass@1 | pass@{k_max} | pass@{k_max} − base |\n| --- | --- | --- | --- | --- |")
+    print(line(row, k_max), flush=True)
+    for _ in range(args.iterations):
+        rewards.append(float(algo.train()["env_runners"]["reward_mean"]))
+        if algo.iteration % args.every == 0:
+            rows.append(evaluate(algo, env, settings, base)[1])
+            print(line(rows[-1], k_max), flush=True)
+    algo.stop()
+    seconds = time.perf_counter() - start
+    (out / "curve.json").write_text(json.dumps({"args": vars(args), "rows": rows, "train_reward": rewards, "seconds": seconds}, indent=1))
+    plot(rows, k_max, out / "curve.png")
+    print(f"{args.iterations} iterations in {seconds:.0f} s; wrote {out / 'curve.json'}, {out / 'curve.png'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -217,32 +217,46 @@ def trim_padding(batch: dict) -> dict:
     return {k: v[:, :width] if k in _TOKEN_COLUMNS or k in _TOPK_COLUMNS else v for k, v in batch.items()}
 
 
-def token_budget_microbatches(lengths: np.ndarray, max_tokens: int) -> list[np.ndarray]:
+def token_budget_microbatches(
+    lengths: np.ndarray, max_tokens: int, units: Optional[np.ndarray] = None
+) -> list[np.ndarray]:
     """Rows grouped into micro-batches of at most ``max_tokens`` padded tokens each.
 
-    Rows are sorted by length (longest first) and packed greedily, so rows of similar length
-    share a micro-batch and little padding is computed; a micro-batch holds ``rows × its
-    longest row`` tokens ≤ ``max_tokens``, except a single row longer than the budget, which
-    gets a micro-batch of its own.
+    Packing units (by default, single rows; with ``units``, the rows that share a unit id, e.g.
+    a GRPO group, so that the learner's forward still runs their shared prompt once) are sorted
+    by their longest row (longest first) and packed greedily, so rows of similar length share a
+    micro-batch and little padding is computed. A micro-batch holds ``rows × its longest row``
+    tokens ≤ ``max_tokens``; a unit over the budget is split into its rows, and a single row
+    over the budget gets a micro-batch of its own.
 
     Args:
         lengths: (B,) tokens of each row (prompt + response).
         max_tokens: The budget, >= 1.
+        units: (B,) packing-unit id of each row; None packs rows one by one.
 
     Returns:
         Arrays of row indices, together covering every row once.
     """
     if max_tokens < 1:
         raise ValueError(f"max_tokens={max_tokens} must be >= 1.")
-    order = np.argsort(-np.asarray(lengths), kind="stable")
-    groups, current, width = [], [], 0
-    for row in order:
-        width_with = max(width, int(lengths[row]))
-        if current and width_with * (len(current) + 1) > max_tokens:
-            groups.append(np.array(current, dtype=np.int64))
-            current, width_with = [], int(lengths[row])
-        current.append(row)
+    lengths = np.asarray(lengths)
+    rows_of = [np.array([row]) for row in range(len(lengths))]
+    if units is not None:
+        _, first, inverse = np.unique(units, return_index=True, return_inverse=True)
+        rows_of = []
+        for unit in np.argsort(first, kind="stable"):  # units in order of first appearance
+            rows = np.flatnonzero(inverse == unit)
+            fits = len(rows) * lengths[rows].max() <= max_tokens
+            rows_of += [rows] if fits else [rows[i : i + 1] for i in range(len(rows))]
+    rows_of.sort(key=lambda rows: -int(lengths[rows].max()))  # stable: equal widths keep their order
+    batches, current, width = [], [], 0
+    for rows in rows_of:
+        width_with = max(width, int(lengths[rows].max()))
+        if current and width_with * (len(current) + len(rows)) > max_tokens:
+            batches.append(np.array(current, dtype=np.int64))
+            current, width_with = [], int(lengths[rows].max())
+        current.extend(int(r) for r in rows)
         width = width_with
     if current:
-        groups.append(np.array(current, dtype=np.int64))
-    return groups
+        batches.append(np.array(current, dtype=np.int64))
+    return batches

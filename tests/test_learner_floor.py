@@ -77,3 +77,16 @@ def test_microbatch_gradients_equal_the_whole_minibatch(pef_file, mode):  # noqa
     assert passes == 1 and micro_passes >= 4
     torch.testing.assert_close(accumulated, whole, atol=1e-6, rtol=0)
     assert whole.abs().max() > 1e-4  # a real gradient was compared
+
+
+def test_token_budget_microbatches_keep_a_group_whole_when_it_fits():
+    lengths = np.array([10, 3, 9, 4, 8, 2, 5])
+    units = np.array([7, 7, 7, 9, 9, 5, 11])  # groups 7 and 9, two rows of their own
+    batches = token_budget_microbatches(lengths, 30, units)
+    assert sorted(np.concatenate(batches).tolist()) == list(range(7))
+    for rows in batches:
+        assert lengths[rows].max() * len(rows) <= 30
+    where = {row: i for i, rows in enumerate(batches) for row in rows.tolist()}
+    assert where[0] == where[1] == where[2] and where[3] == where[4]  # whole groups
+    too_big = token_budget_microbatches(lengths, 20, units)  # group 7 (3 x 10 tokens) cannot fit
+    assert all(lengths[rows].max() * len(rows) <= 20 or len(rows) == 1 for rows in too_big)

@@ -410,7 +410,10 @@ class GRPOTorchLearner(TorchLearner):
         averaged.
         """
         lengths = columns[C.ATTENTION_MASK].sum(-1).cpu().numpy()
-        microbatches = token_budget_microbatches(lengths, max_tokens)
+        # A GRPO group stays in one micro-batch when it fits, so its prompt is still run once.
+        pef = columns[C.ROW_TYPE].cpu().numpy() == C.ROW_TYPE_PEF
+        units = np.where(pef, -1 - np.arange(len(lengths)), columns[C.GROUP_IDS].cpu().numpy())
+        microbatches = token_budget_microbatches(lengths, max_tokens, units)
         microbatches += [None] * (self._same_count_on_all_learners(len(microbatches)) - len(microbatches))
         for optim in self._optimizer_parameters:
             optim.zero_grad(set_to_none=True)

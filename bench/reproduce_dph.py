@@ -103,12 +103,12 @@ def stack(results: list, metric: str) -> np.ndarray:
     return np.array([result.per_prompt(metric) for result in results])
 
 
-def cell(values: np.ndarray, pct: bool = True) -> tuple[str, dict]:
-    """``"62.0 [48.0, 74.0]"``: the mean over seeds and prompts with its 95 % interval (both redrawn)."""
+def cell(values: np.ndarray) -> tuple[str, dict]:
+    """``"62.0 [48.0, 74.0]"``: the mean in % over seeds and prompts with its 95 % interval (both redrawn)."""
     from rllib_dph.evaluation.intervals import format_interval, mean_interval
 
     mean, interval = float(values.mean()), mean_interval(values)
-    return format_interval(mean, interval, scale=100 if pct else 1), {"mean": mean, "ci95": list(interval)}
+    return format_interval(mean, interval, scale=100), {"mean": mean, "ci95": list(interval)}
 
 
 def _row_cells(per_seed: list[dict], base: dict, k_mid: int, k_max: int, is_base: bool) -> dict:
@@ -116,7 +116,9 @@ def _row_cells(per_seed: list[dict], base: dict, k_mid: int, k_max: int, is_base
     from rllib_dph.evaluation import compare, style_entropy
     from rllib_dph.evaluation.intervals import entropy_interval, format_interval, keep_exploration_intervals
 
-    split = lambda name: [r[name] for r in per_seed]  # noqa: E731
+    def split(name: str) -> list:
+        return [r[name] for r in per_seed]
+
     cells = {
         "greedy": cell(stack(split("in-domain"), "greedy_accuracy")),
         **{f"pass@{k}": cell(stack(split("in-domain"), f"pass@{k}")) for k in (1, k_mid, k_max)},
@@ -135,7 +137,10 @@ def _row_cells(per_seed: list[dict], base: dict, k_mid: int, k_max: int, is_base
             cells[name] = (format_interval(mean, ci, scale=100), {"mean": mean, "ci95": list(ci)})
     styles = sorted({s for r in split("in-domain") for s in r.style_counts()})
     entropy = float(np.mean([r.summary().get("style_entropy_bits", 0.0) for r in split("in-domain")]))
-    ci = entropy_interval(np.array([r.style_matrix(styles) for r in split("in-domain")]), style_entropy, styles) if styles else None
+    ci = None
+    if styles:
+        counts = np.array([r.style_matrix(styles) for r in split("in-domain")])  # (S, P, K)
+        ci = entropy_interval(counts, style_entropy, styles)
     cells["style entropy"] = (format_interval(entropy, ci, digits=2), {"mean": entropy, "ci95": list(ci or [])})
     return cells
 

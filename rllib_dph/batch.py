@@ -240,14 +240,13 @@ def token_budget_microbatches(
     if max_tokens < 1:
         raise ValueError(f"max_tokens={max_tokens} must be >= 1.")
     lengths = np.asarray(lengths)
-    rows_of = [np.array([row]) for row in range(len(lengths))]
-    if units is not None:
-        _, first, inverse = np.unique(units, return_index=True, return_inverse=True)
-        rows_of = []
-        for unit in np.argsort(first, kind="stable"):  # units in order of first appearance
-            rows = np.flatnonzero(inverse == unit)
-            fits = len(rows) * lengths[rows].max() <= max_tokens
-            rows_of += [rows] if fits else [rows[i : i + 1] for i in range(len(rows))]
+    units = np.arange(len(lengths)) if units is None else np.asarray(units)
+    _, first, inverse = np.unique(units, return_index=True, return_inverse=True)
+    rows_of = []
+    for unit in np.argsort(first, kind="stable"):  # units in order of first appearance
+        rows = np.flatnonzero(inverse == unit)
+        fits = len(rows) * lengths[rows].max() <= max_tokens
+        rows_of += [rows] if fits else [rows[i : i + 1] for i in range(len(rows))]
     rows_of.sort(key=lambda rows: -int(lengths[rows].max()))  # stable: equal widths keep their order
     batches, current, width = [], [], 0
     for rows in rows_of:

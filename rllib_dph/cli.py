@@ -181,6 +181,12 @@ def _add_build_model_parser(sub) -> None:
     build.set_defaults(func=_build_model)
 
 
+def _engine_help() -> str:
+    """``--engine``'s help: every engine of the registry with its description, and the default."""
+    engines = "; ".join(f"{name}: {spec.description}" for name, spec in sorted(ENGINES.items()))
+    return f"rollout engine ({engines}; default {DEFAULT_ENGINE})"
+
+
 def _add_presample_parser(sub) -> None:
     """``rllib presample --out DIR ...``: DPH-RL pre-sampling."""
     pre = sub.add_parser("presample", help="DPH-RL pre-sampling: split prompts into D_pef / D_exp")
@@ -196,7 +202,7 @@ def _add_presample_parser(sub) -> None:
     pre.add_argument("--max-response-length", type=int, default=128)
     pre.add_argument("--seed", type=int, default=0)
     pre.add_argument("--prompts-per-chunk", type=int, default=64)
-    pre.add_argument("--engine", default=DEFAULT_ENGINE, choices=sorted(ENGINES))
+    pre.add_argument("--engine", default=DEFAULT_ENGINE, choices=sorted(ENGINES), help=_engine_help())
     pre.add_argument("--engine-kwargs", help="engine kwargs as JSON")
     pre.add_argument("--dtype", default="float32")
     add_import_flag(pre)
@@ -229,7 +235,7 @@ def _add_evaluate_parser(sub) -> None:
     ev.add_argument("--plot", nargs="+", default=[], help="more results.json files to draw on the same plot")
     ev.add_argument("--out", help="output folder (default eval_results/<policy>__<env>_<data>)")
     ev.add_argument("--name", help="label of this run in plots (default: the policy argument)")
-    ev.add_argument("--engine", default=DEFAULT_ENGINE, help=f"rollout engine (default {DEFAULT_ENGINE})")
+    ev.add_argument("--engine", default=DEFAULT_ENGINE, help=_engine_help())
     ev.add_argument("--engine-kwargs", help="engine kwargs as JSON")
     ev.add_argument("--dtype", help="weight dtype (default: the checkpoint's)")
     ev.add_argument("--device", default="cpu", help="device of the engine (default cpu)")

@@ -156,13 +156,13 @@ def distinct_prompts(input_ids: torch.Tensor, prompt_len: torch.Tensor) -> tuple
         prompts (U, P_max) in order of first appearance, -1 after each prompt's end, and
         owner (B,): row b's prompt is ``prompts[owner[b]]``.
     """
-    index: dict[tuple, int] = {}
-    owner = [
-        index.setdefault(tuple(ids[:n].tolist()), len(index)) for ids, n in zip(input_ids, prompt_len.tolist())
-    ]
-    prompts = input_ids.new_full((len(index), max(map(len, index), default=0)), -1)  # (U, P)
-    for ids, u in index.items():
-        prompts[u, : len(ids)] = torch.tensor(ids, dtype=prompts.dtype, device=prompts.device)
+    index: dict[tuple, int] = {}  # prompt -> its index, in order of first appearance
+    rows = input_ids.tolist()  # one device-to-host copy
+    owner = [index.setdefault(tuple(ids[:n]), len(index)) for ids, n in zip(rows, prompt_len.tolist())]
+    width = max(map(len, index), default=0)
+    padded = [list(ids) + [-1] * (width - len(ids)) for ids in index]
+    prompts = torch.tensor(padded, dtype=input_ids.dtype, device=input_ids.device)
+    prompts = prompts.reshape(len(index), width)  # (U, P); (0, 0) when there is no row
     return prompts, torch.tensor(owner, dtype=torch.long, device=input_ids.device)
 
 

@@ -99,7 +99,7 @@ def paired_difference_interval(values: Sequence, baseline: Sequence, **kwargs) -
     v, b = _seeds_by_prompts(values), _seeds_by_prompts(baseline)  # (S, P), (S_b, P)
     if v.shape[1] != b.shape[1]:
         raise ValueError(f"paired_difference_interval: {v.shape[1]} prompts vs {b.shape[1]} in the baseline.")
-    rng = np.random.default_rng(kwargs.pop("seed", 0) + 1)
+    rng = np.random.default_rng(kwargs.get("seed", 0) + 1)  # the baseline's seed redraws
 
     def diff(p, s):
         seeds_b = rng.integers(0, b.shape[0], b.shape[0])
@@ -137,7 +137,9 @@ def keep_exploration_intervals(
     return keep, exploration
 
 
-def entropy_interval(style_counts: Sequence, entropy: Callable[[dict], float], styles: Sequence[str], **kwargs) -> tuple[float, float]:
+def entropy_interval(
+    style_counts: Sequence, entropy: Callable[[dict], float], styles: Sequence[str], **kwargs
+) -> tuple[float, float]:
     """Interval of the style entropy of pooled per-prompt style counts.
 
     Args:
@@ -156,7 +158,9 @@ def entropy_interval(style_counts: Sequence, entropy: Callable[[dict], float], s
     return bootstrap_interval(statistic, counts.shape[1], counts.shape[0], **kwargs)
 
 
-def format_interval(value: Optional[float], interval: Optional[tuple[float, float]], scale: float = 1.0, digits: int = 1) -> str:
+def format_interval(
+    value: Optional[float], interval: Optional[tuple[float, float]], scale: float = 1.0, digits: int = 1
+) -> str:
     """``"62.0 [48.0, 74.0]"``: a value and its interval, scaled (100 for %); ``"—"`` for None/NaN."""
     if value is None or not math.isfinite(value):
         return "—"

@@ -49,8 +49,8 @@ SPLITS = {
     "math (OOD)": ("rllib_dph/Math-v0", {"data": "math_synth/test"}),
 }
 BUDGETS = {
-    "full": dict(seeds=[0, 1, 2], iterations=60, eval_limit=100, n=16),
-    "quick": dict(seeds=[0], iterations=36, eval_limit=50, n=8),
+    "full": dict(seeds=[0, 1, 2], iterations=100, eval_limit=None, n=32),
+    "quick": dict(seeds=[0], iterations=36, eval_limit=100, n=16),
 }
 
 
@@ -161,6 +161,9 @@ def tables(base: dict, runs: dict, args) -> tuple[str, dict]:
         texts += ["—", "—"] if name == "Base model" else []
         lines.append(f"| {name} | " + " | ".join(texts) + f" | {cells['style entropy'][0]} |")
     lines += ["", differences(base, runs, k_max, numbers)]
+    entropy_differences(base, runs, numbers)
+    lines += ["", f"The paper's claims, read from the paired differences (margins: {MARGINS['rate']:g} points, "
+              f"{MARGINS['bits']:g} bits):", "", claims(numbers, k_max)]
     return "\n".join(lines), numbers
 
 
@@ -187,6 +190,83 @@ def differences(base: dict, runs: dict, k_max: int, numbers: dict) -> str:
                 texts.append(format_interval(diff, ci, scale=100))
                 numbers["differences"].setdefault(method, {})[f"{label} − {ref}"] = {"mean": diff, "ci95": list(ci)}
         lines.append(f"| {method} | " + " | ".join(texts) + " |")
+    return "\n".join(lines)
+
+
+def entropy_differences(base: dict, runs: dict, numbers: dict) -> None:
+    """Adds each method's paired style-entropy difference to the base model and to GRPO to ``numbers``."""
+    from rllib_dph.evaluation import style_entropy
+    from rllib_dph.evaluation.intervals import paired_entropy_difference_interval
+
+    references = [("base", [base])] + ([("GRPO", runs["GRPO"])] if "GRPO" in runs else [])
+    for method, per_seed in runs.items():
+        for ref, ref_seeds in references:
+            if ref == method:
+                continue
+            results = [r["in-domain"] for r in per_seed] + [r["in-domain"] for r in ref_seeds]
+            styles = sorted({s for r in results for s in r.style_counts() if s != "none"})
+            if not styles:
+                continue
+            a = np.array([r["in-domain"].style_matrix(styles) for r in per_seed])  # (S, P, K)
+            b = np.array([r["in-domain"].style_matrix(styles) for r in ref_seeds])
+            diff = style_entropy(dict(zip(styles, a.sum(axis=(0, 1))))) - style_entropy(dict(zip(styles, b.sum(axis=(0, 1)))))
+            ci = paired_entropy_difference_interval(a, b, style_entropy, styles)
+            numbers["differences"].setdefault(method, {})[f"style entropy − {ref}"] = {"mean": diff, "ci95": list(ci)}
+
+
+#: Margins of "kept" and "no difference": points for rates, bits for the style entropy.
+MARGINS = {"rate": 3.0, "bits": 0.1}
+
+
+def verdict(diff: dict, margin: float, scale: float) -> str:
+    """Plain reading of a paired difference ``{"mean", "ci95"}`` (in units of ``1/scale``).
+
+    "higher" / "lower": the 95 % interval excludes 0; "no difference beyond ±margin": it lies
+    within ±margin; "cannot tell": neither.
+    """
+    low, high = (x * scale for x in diff["ci95"])
+    if low > 0:
+        return "higher"
+    if high < 0:
+        return "lower" if low < -margin else f"lower, by less than {margin:g}"
+    if low >= -margin and high <= margin:
+        return f"no difference beyond ±{margin:g}"
+    return "cannot tell"
+
+
+def claims(numbers: dict, k_max: int, methods=("DPH-F", "DPH-JS")) -> str:
+    """One line per claim of the DPH-RL paper and DPH variant: the verdict with the numbers behind it.
+
+    Each claim is read from a paired difference and its 95 % interval (:func:`verdict`, margins
+    :data:`MARGINS`): "kept" claims against the base model, "better" claims against GRPO.
+    """
+    rate, bits = MARGINS["rate"], MARGINS["bits"]
+    rows = [
+        (f"pass@{k_max} kept (vs base)", f"pass@{k_max} − base", rate, 100),
+        (f"pass@{k_max} above GRPO", f"pass@{k_max} − GRPO", rate, 100),
+        ("greedy kept (vs base)", "greedy − base", rate, 100),
+        ("greedy as GRPO", "greedy − GRPO", rate, 100),
+        (f"cross-domain pass@{k_max} kept (vs base)", f"cross pass@{k_max} − base", rate, 100),
+        (f"cross-domain pass@{k_max} above GRPO", f"cross pass@{k_max} − GRPO", rate, 100),
+        (f"math (OOD) pass@{k_max} kept (vs base)", f"math pass@{k_max} − base", rate, 100),
+        (f"math (OOD) pass@{k_max} above GRPO", f"math pass@{k_max} − GRPO", rate, 100),
+        ("styles kept (entropy vs base, bits)", "style entropy − base", bits, 1),
+        ("styles above GRPO (entropy, bits)", "style entropy − GRPO", bits, 1),
+    ]
+    present = [m for m in methods if m in numbers["differences"]]
+    lines = [f"| claim | {' | '.join(present)} |", "|" + " --- |" * (1 + len(present))]
+    for claim, key, margin, scale in rows:
+        texts = []
+        for method in present:
+            diff = numbers["differences"][method].get(key)
+            if diff is None:
+                texts.append("—")
+                continue
+            low, high = (x * scale for x in diff["ci95"])
+            digits = 1 if scale == 100 else 2
+            texts.append(f"{verdict(diff, margin, scale)}: {diff['mean'] * scale:+.{digits}f} "
+                         f"[{low:+.{digits}f}, {high:+.{digits}f}]")
+        lines.append(f"| {claim} | " + " | ".join(texts) + " |")
     return "\n".join(lines)
 
 
@@ -247,7 +327,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="1 seed, short budget (~15 min)")
     parser.add_argument("--seeds", type=int, nargs="+")
     parser.add_argument("--iterations", type=int)
-    parser.add_argument("--eval-limit", type=int)
+    parser.add_argument("--eval-limit", type=int, help="evaluate the first N prompts of each split (full: all)")
     parser.add_argument("--n", type=int)
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--config", default="{}", help="config overrides for every run, as JSON")
@@ -278,7 +358,8 @@ def main() -> None:
     table, numbers = tables(base, runs, args)
     budget = (
         f"Budget: {args.iterations} iterations x 16 prompts x 8 completions per run, seeds {args.seeds}; "
-        f"evaluation on the first {args.eval_limit} prompts of each split, n={args.n} samples at "
+        f"evaluation on {'all' if args.eval_limit is None else f'the first {args.eval_limit}'} prompts of each "
+        f"split, n={args.n} samples at "
         f"temperature 1.0 plus one greedy sample; {args.workers} worker processes. "
         f"Total time {time.perf_counter() - t0:.0f} s."
     )

@@ -12,6 +12,7 @@ from rllib_dph.evaluation.intervals import (
     keep_exploration_intervals,
     mean_interval,
     paired_difference_interval,
+    paired_entropy_difference_interval,
 )
 
 
@@ -63,6 +64,17 @@ def test_entropy_interval_recomputes_the_entropy_of_redrawn_prompts():
     mixed = np.array([[4, 0], [0, 4]] * 10)
     low, high = entropy_interval(mixed, style_entropy, styles)
     assert 0.5 < low < 1.0 and high == pytest.approx(1.0)
+
+
+def test_paired_entropy_difference_is_zero_for_equal_counts_and_signed_otherwise():
+    styles = ["plain", "cte"]
+    mixed = np.array([[4, 0], [0, 4]] * 10)  # 1 bit pooled
+    one_style = np.array([[4, 0]] * 20)  # 0 bits
+    assert paired_entropy_difference_interval(mixed, mixed, style_entropy, styles) == (0.0, 0.0)
+    low, high = paired_entropy_difference_interval(one_style, mixed, style_entropy, styles)
+    assert high < 0 and low >= -1.0
+    with pytest.raises(ValueError, match="differ in P or K"):
+        paired_entropy_difference_interval(one_style[:-1], mixed, style_entropy, styles)
 
 
 def test_format_interval():

@@ -7,7 +7,7 @@ import pytest
 
 from rllib_dph.models import hub
 from rllib_dph.models.hub import SHIPPED_DIR, load_causal_lm, load_tokenizer, resolve_model
-from rllib_dph.models.tiny import BUILD_RECORD, is_current_build
+from rllib_dph.models.tiny import BUILD_RECORD, corpus_fingerprint, is_current_build, sft_corpus
 
 
 def test_shipped_build_is_current_small_and_complete():
@@ -20,6 +20,10 @@ def test_shipped_build_is_current_small_and_complete():
     assert size_mb < 10, size_mb
     record = json.loads((path / BUILD_RECORD).read_text())
     assert 0.3 <= record["metrics"]["sql_test/greedy_acc"] <= 0.7  # the measured base policy it ships with
+    assert record["corpus_sha256"] == corpus_fingerprint(sft_corpus()), (
+        "the suites' training data changed since the shipped build: bump tiny.BUILD_VERSION and re-ship a "
+        "fresh `rllib build-model tiny-sql-math --force` build"
+    )
 
 
 def test_resolve_model_uses_the_shipped_build_without_building(tmp_path, monkeypatch):

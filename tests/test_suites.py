@@ -145,6 +145,17 @@ def test_cross_split_uses_unseen_databases_and_phrasings():
     cross = load_split("sql_synth/test_cross")
     assert {t.ground_truth["db_id"] for t in in_domain} == {d.db_id for d in TRAIN_DOMAINS}
     assert {t.ground_truth["db_id"] for t in cross} == {d.db_id for d in CROSS_DOMAINS}
+    # Unseen schemas: no cross database pairs two tables a training database pairs, and no cross
+    # table has the columns of a training table of the same name.
+    train_pairs = {frozenset((d.parent.name, d.child.name)) for d in TRAIN_DOMAINS}
+    def columns(table):
+        return table.name, frozenset([table.category.name, *(c.name for c in table.numbers)])
+
+    train_tables = {columns(t) for d in TRAIN_DOMAINS for t in (d.parent, d.child)}
+    for domain in CROSS_DOMAINS:
+        assert frozenset((domain.parent.name, domain.child.name)) not in train_pairs, domain.name
+        for table in (domain.parent, domain.child):
+            assert columns(table) not in train_tables, (domain.name, table.name)
     train_phrasings = {p for tpl in sql_suite.TEMPLATES for p in tpl.train_phrasings}
     assert not train_phrasings & {p for tpl in sql_suite.TEMPLATES for p in tpl.cross_phrasings}
     patterns = {tpl.name: [_phrasing_pattern(p) for p in tpl.train_phrasings] for tpl in sql_suite.TEMPLATES}
@@ -159,7 +170,7 @@ def test_cross_split_uses_unseen_databases_and_phrasings():
 def test_styles_are_all_used_and_phrasings_vary():
     train = load_split("sql_synth/train")
     assert len({t.meta["template"] for t in train}) == len(sql_suite.TEMPLATES)
-    assert {t.meta["phrasing"] for t in train} == {0, 1}
+    assert {t.meta["phrasing"] for t in train} == {0, 1, 2}
 
 
 @pytest.mark.parametrize("name", SPLITS)

@@ -5,9 +5,9 @@ Splits (see :data:`SPLITS`):
 ==========================  =====  ===========================================================
 name                        size   content
 ==========================  =====  ===========================================================
-``sql_synth/train``         3000   6 databases, train phrasings
+``sql_synth/train``         3000   36 databases (6 written, 30 generated), 3 train phrasings
 ``sql_synth/test``          300    same databases and phrasings, question instances unseen
-``sql_synth/test_cross``    300    3 unseen databases, unseen phrasings of the same SQL skills
+``sql_synth/test_cross``    300    3 unseen schemas, unseen phrasings of the same SQL skills
 ``math_synth/train``        3000   11 word-problem generators
 ``math_synth/test``         300    same generators, question texts unseen in train
 ==========================  =====  ===========================================================

@@ -130,8 +130,8 @@ def _table(name, singular, plural, name_col, suffix, category, numbers, rows) ->
     return Table(name, singular, plural, f"{name}_id", name_col, suffix, category, tuple(numbers), rows)
 
 
-#: Domains of the train and in-domain test splits.
-TRAIN_DOMAINS: tuple[Domain, ...] = (
+#: Hand-written domains of the train and in-domain test splits.
+HAND_DOMAINS: tuple[Domain, ...] = (
     Domain(
         "concerts", 101,
         _table("stadium", "stadium", "stadiums", "stadium_name", " Arena",
@@ -188,38 +188,137 @@ TRAIN_DOMAINS: tuple[Domain, ...] = (
     ),
 )
 
-#: Domains of the cross-domain test split, never used for training or in-domain testing.
-CROSS_DOMAINS: tuple[Domain, ...] = (
-    Domain(
-        "aviation", 201,
-        _table("airline", "airline", "airlines", "airline_name", " Air",
-               _cat("country", "country", "Chile,Norway,Kenya,Peru,India"),
-               [_num("fleet_size", "fleet size", 10, 400, unique=True)], 8),
-        _table("pilot", "pilot", "pilots", "pilot_name", "",
-               _cat("pilot_rank", "rank", "captain,officer,trainee,instructor,commander"),
-               [_num("age", "age", 24, 64),
-                _num("flight_hours", "flight hours", 200, 20000, unique=True)], 36),
-    ),
-    Domain(
-        "farming", 202,
-        _table("farm", "farm", "farms", "farm_name", " Farm",
-               _cat("region", "region", "Alpine,Coastal,Desert,Valley,Prairie"),
-               [_num("acres", "acreage", 20, 5000, unique=True)], 8),
-        _table("animal", "animal", "animals", "animal_name", "",
-               _cat("species", "species", "cow,sheep,goat,horse,pig,llama"),
-               [_num("age", "age", 1, 20), _num("weight", "weight", 20, 1200, unique=True)], 36),
-    ),
-    Domain(
-        "museum", 203,
-        _table("museum", "museum", "museums", "museum_name", " Gallery",
-               _cat("city", "city", "Prague,Athens,Zurich,Lisbon,Warsaw"),
-               [_num("visitors", "visitor count", 1000, 99000, unique=True)], 8),
-        _table("painting", "painting", "paintings", "painting_title", "",
-               _cat("style", "style", "baroque,cubist,abstract,realist,impressionist,gothic"),
-               [_year("year", "year", 1400, 2000), _num("price", "price", 100, 9900, unique=True)], 36),
-    ),
+# ---------------------------------------------------------------------------------------------
+# Generated training domains
+#
+# Six hand-written databases let a small model memorise their schemas instead of reading the
+# schema lines of the prompt, and then it cannot answer a question on any other database. The
+# generated domains below pair entities and columns from word pools at random (seeded), so that
+# training covers many schemas and writing a query means copying names from the prompt.
+#
+# The cross-domain databases are drawn from the same pools: a model of a million parameters
+# cannot write a table or column name made of tokens it never saw in training (with unseen words,
+# as in an earlier version of this suite, the tiny model's pass@16 on the cross split was 0), so
+# "unseen database" here means an unseen schema — a pairing of tables and a set of columns that
+# no training database has — with its own rows.
+
+#: Entities of generated tables: (singular, plural, suffix of generated row names).
+_ENTITIES = (
+    ("castle", "castles", " Keep"), ("knight", "knights", ""), ("bakery", "bakeries", " Bakes"),
+    ("baker", "bakers", ""), ("island", "islands", " Isle"), ("lighthouse", "lighthouses", " Light"),
+    ("planet", "planets", ""), ("moon", "moons", ""), ("orchestra", "orchestras", " Ensemble"),
+    ("musician", "musicians", ""), ("theater", "theaters", " Stage"), ("actor", "actors", ""),
+    ("garden", "gardens", " Garden"), ("flower", "flowers", ""), ("river", "rivers", " River"),
+    ("bridge", "bridges", " Bridge"), ("village", "villages", ""), ("villager", "villagers", ""),
+    ("station", "stations", " Station"), ("train", "trains", " Express"), ("harbor", "harbors", " Port"),
+    ("boat", "boats", ""), ("studio", "studios", " Studios"), ("film", "films", ""),
+    ("kingdom", "kingdoms", ""), ("wizard", "wizards", ""), ("factory", "factories", " Works"),
+    ("robot", "robots", ""), ("hotel", "hotels", " Hotel"), ("guest", "guests", ""),
+    ("bank", "banks", " Bank"), ("client", "clients", ""), ("company", "companies", " Corp"),
+    ("employee", "employees", ""), ("shop", "shops", " Shop"), ("product", "products", ""),
+    ("club", "clubs", " Club"), ("member", "members", ""), ("park", "parks", " Park"),
+    ("tree", "trees", ""), ("mine", "mines", " Mine"), ("miner", "miners", ""),
+)
+#: Categorical columns of generated tables: (column, question words, values).
+_CATEGORIES = (
+    ("color", "color", "red,blue,green,amber,violet"),
+    ("material", "material", "stone,wood,glass,steel,clay"),
+    ("climate", "climate", "humid,arid,polar,temperate,tropical"),
+    ("shape", "shape", "round,square,oval,flat,spiral"),
+    ("mood", "mood", "calm,bright,dark,lively,gentle"),
+    ("grade", "grade", "gold,silver,bronze,iron,tin"),
+    ("district", "district", "Harbor,Uptown,Riverside,Market,Hillside"),
+    ("language", "language", "Latin,Greek,Hindi,Welsh,Swahili"),
+    ("season", "season", "spring,summer,autumn,winter"),
+    ("owner", "owner", "state,church,family,guild,crown"),
+    ("flavor", "flavor", "sweet,sour,salty,bitter,spicy"),
+    ("status", "status", "active,retired,pending,closed,open"),
+)
+#: Integer columns of generated tables: (column, question words, low, high, summable).
+_NUMBERS = (
+    ("height", "height", 10, 990, True), ("length", "length", 100, 9900, True),
+    ("rating", "rating", 1, 500, True), ("stock", "stock", 0, 9000, True),
+    ("speed", "top speed", 20, 900, True), ("depth", "depth", 5, 800, True),
+    ("score", "score", 0, 1000, True), ("income", "income", 1000, 99000, True),
+    ("width", "width", 10, 700, True), ("distance", "distance", 50, 5000, True),
+    ("power", "power", 1, 600, True), ("volume", "volume", 100, 8000, True),
+    ("built", "construction year", 1000, 2020, False), ("opened", "opening year", 1800, 2020, False),
 )
 
+
+def _generated_table(rng: random.Random, entity: tuple[str, str, str], categories: list, numbers: list,
+                     count: int, rows: int) -> Table:
+    """A table of ``entity`` with one category and ``count`` integer columns (the first unique)."""
+    singular, plural, suffix = entity
+    name, nl, values = categories.pop()
+    columns = []
+    for i in range(count):
+        col, col_nl, low, high, summable = numbers.pop()
+        columns.append(_num(col, col_nl, low, high, unique=i == 0, summable=summable))
+    rng.shuffle(columns)
+    return _table(singular, singular, plural, f"{singular}_name", suffix, _cat(name, nl, values), columns, rows)
+
+
+def generated_domains(count: int, seed: int) -> tuple[Domain, ...]:
+    """``count`` domains pairing distinct entities, each with columns drawn from the word pools.
+
+    Args:
+        count: Number of domains; at most ``len(_ENTITIES) // 2`` have distinct tables.
+        seed: Seed of the draw; domain ``i``'s data generator is seeded ``seed + i``.
+
+    Returns:
+        Domains named ``gen_00``, ``gen_01``, ...
+    """
+    rng = random.Random(seed)
+    domains = []
+    for i in range(count):
+        parent, child = rng.sample(_ENTITIES, 2)
+        categories = rng.sample(_CATEGORIES, 2)
+        numbers = rng.sample(_NUMBERS, 3)
+        domains.append(Domain(
+            f"gen_{i:02d}", seed + i,
+            _generated_table(rng, parent, categories, numbers, 1, 8),
+            _generated_table(rng, child, categories, numbers, 2, 36),
+        ))
+    return tuple(domains)
+
+
+def _signature(domain: Domain) -> frozenset:
+    """What makes a schema new: the table pair and the columns of each table."""
+    def columns(table: Table) -> frozenset:
+        return frozenset([table.category.name, *(c.name for c in table.numbers)])
+
+    return frozenset([(domain.parent.name, domain.child.name), (domain.parent.name, columns(domain.parent)),
+                      (domain.child.name, columns(domain.child))])
+
+
+def unseen_domains(count: int, seed: int, seen: tuple[Domain, ...], prefix: str) -> tuple[Domain, ...]:
+    """``count`` generated domains that share no table pair and no table schema with ``seen``.
+
+    Drawn as :func:`generated_domains` does, skipping candidates whose parent/child pair (either
+    way round) or whose parent or child table (name and columns) appears in ``seen``.
+    """
+    pairs = {frozenset((d.parent.name, d.child.name)) for d in seen}
+    tables = set().union(*(_signature(d) for d in seen))
+    kept: list[Domain] = []
+    candidates = generated_domains(len(_ENTITIES) ** 2, seed)
+    for candidate in candidates:
+        signature = _signature(candidate) - {(candidate.parent.name, candidate.child.name)}
+        if frozenset((candidate.parent.name, candidate.child.name)) in pairs or signature & tables:
+            continue
+        pairs.add(frozenset((candidate.parent.name, candidate.child.name)))
+        kept.append(Domain(f"{prefix}_{len(kept):02d}", candidate.seed, candidate.parent, candidate.child))
+        if len(kept) == count:
+            return tuple(kept)
+    raise ValueError(f"only {len(kept)} of {count} unseen domains could be drawn from the word pools")
+
+
+#: Generated domains of the train and in-domain test splits.
+GENERATED_DOMAINS: tuple[Domain, ...] = generated_domains(30, seed=300)
+#: Every domain of the train and in-domain test splits.
+TRAIN_DOMAINS: tuple[Domain, ...] = HAND_DOMAINS + GENERATED_DOMAINS
+#: Domains of the cross-domain test split: schemas that no training database has.
+CROSS_DOMAINS: tuple[Domain, ...] = unseen_domains(3, seed=900, seen=TRAIN_DOMAINS, prefix="cross")
 ALL_DOMAINS: tuple[Domain, ...] = TRAIN_DOMAINS + CROSS_DOMAINS
 
 

@@ -2,13 +2,16 @@
 
 Splits
 ------
-``train`` (3000 questions) and ``test`` (300) are drawn from the six :data:`TRAIN_DOMAINS`
-databases with the *train phrasings* of every template; a question instance (database, template
-and slot values) lands in exactly one of them, so no test question appears in training under any
-wording. ``test_cross`` (300) plays the role Spider plays against BIRD in the paper: it uses the
-three :data:`CROSS_DOMAINS` databases, never seen in training, and a separate set of *cross
-phrasings* of the same templates, never seen in training either. The SQL skills are the same, so
-a model can transfer what it learnt; only the schema vocabulary and the wording are new.
+``train`` (3000 questions) and ``test`` (300) are drawn from the 36 :data:`TRAIN_DOMAINS`
+databases (six written by hand, thirty generated from word pools) with the three *train
+phrasings* of every template; a question instance (database, template and slot values) lands in
+exactly one of them, so no test question appears in training under any wording. ``test_cross``
+(300) plays the role Spider plays against BIRD in the paper: it uses the three
+:data:`CROSS_DOMAINS` databases, whose schemas (table pairs and column sets) no training database
+has, and a separate *cross phrasing* of each template that no training question uses (its words
+appear in other templates' train phrasings). The SQL skills are the same, so a model can transfer
+what it learnt; the schema and the wording are new. With the shipped tiny model: pass@16 0.78
+in-domain, 0.23 cross-domain (``README.md``, "The tiny base model").
 
 Every question carries one solution per style of :data:`~envs.suites.sql_query.SQL_STYLES`,
 all returning the gold rows (same set of rows, same column order).
@@ -327,77 +330,98 @@ def _join_argmax(domain: Domain, conn: sqlite3.Connection) -> Iterator[Instance]
 
 TEMPLATES: tuple[Template, ...] = (
     Template("count_filter",
-             ("How many {ts} have {k} {v}?", "Count the {ts} whose {k} is {v}."),
+             ("How many {ts} have {k} {v}?", "Count the {ts} whose {k} is {v}.",
+              "Report the number of {ts} whose {k} is {v}."),
              ("What is the number of {ts} with {k} equal to {v}?",), _count_cat),
     Template("count_compare",
-             ("How many {ts} have {n} {op} {x}?", "Count the {ts} with {n} {op} {x}."),
+             ("How many {ts} have {n} {op} {x}?", "Count the {ts} with {n} {op} {x}.",
+              "Compute how many {ts} have {n} {op} {x}."),
              ("What is the number of {ts} whose {n} is {op} {x}?",), _count_num),
     Template("list_filter",
-             ("List the names of {ts} whose {k} is {v}.", "Which {ts} have {k} {v}? Give their names."),
+             ("List the names of {ts} whose {k} is {v}.", "Which {ts} have {k} {v}? Give their names.",
+              "Find the names of the {ts} that have {k} equal to {v}."),
              ("Show the name of every {t} with {k} equal to {v}.",), _list_cat),
     Template("list_compare",
              ("Give the name and {n} of each {t} with {n} {op} {x}.",
-              "Which {ts} have {n} {op} {x}? Show their names and {n}."),
+              "Which {ts} have {n} {op} {x}? Show their names and {n}.",
+              "Show the name and {n} of every {t} whose {n} is {op} {x}."),
              ("For every {t} whose {n} is {op} {x}, return its name and {n}.",), _list_num),
     Template("aggregate",
-             ("What is the {f} {n} of all {ts}?", "Find the {f} {n} over all {ts}."),
+             ("What is the {f} {n} of all {ts}?", "Find the {f} {n} over all {ts}.",
+              "Report the {f} {n} of every {t}."),
              ("Compute the {f} {n} across every {t}.",), _aggregate),
     Template("aggregate_filter",
              ("What is the {f} {n} of {ts} whose {k} is {v}?",
-              "Among {ts} with {k} {v}, what is the {f} {n}?"),
+              "Among {ts} with {k} {v}, what is the {f} {n}?",
+              "Compute the {f} {n} of the {ts} whose {k} is {v}."),
              ("Report the {f} {n} for the {ts} that have {k} equal to {v}.",), _aggregate_cat),
     Template("argmax",
-             ("Which {t} has the {dir} {n}?", "What is the name of the {t} with the {dir} {n}?"),
+             ("Which {t} has the {dir} {n}?", "What is the name of the {t} with the {dir} {n}?",
+              "Show the name of the {t} with the {dir} {n} of all."),
              ("Find the {t} whose {n} is the {dir} of all.",), _argmax),
     Template("top_k",
              ("List the names of the {m} {ts} with the {dir} {n}.",
-              "Which {m} {ts} have the {dir} {n}? Give their names."),
+              "Which {m} {ts} have the {dir} {n}? Give their names.",
+              "Find the {m} {ts} with the {dir} {n} values and give their names."),
              ("Show the names of {m} {ts} that have the {dir} {n} values.",), _top_k),
     Template("lookup",
-             ("What is the {n} of the {t} named {name}?", "Give the {n} of {t} {name}."),
+             ("What is the {n} of the {t} named {name}?", "Give the {n} of {t} {name}.",
+              "Report the {n} of the {t} called {name}."),
              ("Find the {n} for the {t} called {name}.",), _lookup),
     Template("group_count",
-             ("For each {k}, how many {ts} are there?", "Count the {ts} per {k}."),
+             ("For each {k}, how many {ts} are there?", "Count the {ts} per {k}.",
+              "Report every {k} together with its count of {ts}."),
              ("Show each {k} together with the number of {ts} that have it.",), _group_count),
     Template("group_having",
-             ("Which {k} values have more than {c} {ts}?", "List each {k} shared by more than {c} {ts}."),
+             ("Which {k} values have more than {c} {ts}?", "List each {k} shared by more than {c} {ts}.",
+              "Show the {k} values shared by over {c} {ts}."),
              ("Find the {k} values that occur for over {c} {ts}.",), _having),
     Template("group_argmax",
-             ("Which {k} has the {most} {ts}?", "Name the {k} with the {most} {ts}."),
+             ("Which {k} has the {most} {ts}?", "Name the {k} with the {most} {ts}.",
+              "Report the {k} that occurs for the {most} {ts}."),
              ("Find the {k} shared by the {most} {ts}.",), _argmax_group),
     Template("distinct",
              ("List the distinct {k} values of {ts} with {n} {op} {x}.",
-              "Which different {k} values appear among {ts} with {n} {op} {x}?"),
+              "Which different {k} values appear among {ts} with {n} {op} {x}?",
+              "Find the unique {k} values of {ts} that have {n} {op} {x}."),
              ("Show the unique {k} of {ts} whose {n} is {op} {x}.",), _distinct_num),
     Template("count_distinct",
              ("How many different {k} values do {ts} with {n} {op} {x} have?",
-              "Count the distinct {k} values among {ts} with {n} {op} {x}."),
+              "Count the distinct {k} values among {ts} with {n} {op} {x}.",
+              "Compute the number of unique {k} values among {ts} with {n} {op} {x}."),
              ("What is the number of unique {k} values of {ts} whose {n} is {op} {x}?",), _count_distinct),
     Template("two_filters",
              ("List the names of {ts} with {k} {v} and {n} {op} {x}.",
-              "Which {ts} have {k} {v} and {n} {op} {x}? Give their names."),
+              "Which {ts} have {k} {v} and {n} {op} {x}? Give their names.",
+              "Find the names of {ts} that have {k} equal to {v} and {n} {op} {x}."),
              ("Show the name of each {t} whose {k} is {v} and whose {n} is {op} {x}.",), _two_conditions),
     Template("join_filter",
              ("List the names of {cs} whose {p} has {pk} {v}.",
-              "Which {cs} belong to a {p} with {pk} {v}? Give their names."),
+              "Which {cs} belong to a {p} with {pk} {v}? Give their names.",
+              "Find the names of {cs} linked to a {p} with {pk} equal to {v}."),
              ("Show the name of every {c} linked to a {p} whose {pk} is {v}.",), _join_cat),
     Template("join_compare",
              ("List the names of {cs} whose {p} has {pn} {op} {x}.",
-              "Which {cs} belong to a {p} with {pn} {op} {x}? Give their names."),
+              "Which {cs} belong to a {p} with {pn} {op} {x}? Give their names.",
+              "Find the names of {cs} linked to a {p} that has {pn} {op} {x}."),
              ("Show the name of every {c} linked to a {p} whose {pn} is {op} {x}.",), _join_num),
     Template("join_lookup",
              ("What is the name of the {p} of the {c} named {name}?",
-              "Which {p} does the {c} {name} belong to?"),
+              "Which {p} does the {c} {name} belong to?",
+              "Report the {p} of the {c} called {name}."),
              ("Find the {p} linked to the {c} called {name}.",), _join_lookup),
     Template("join_count",
-             ("How many {cs} belong to the {p} named {name}?", "Count the {cs} of {p} {name}."),
+             ("How many {cs} belong to the {p} named {name}?", "Count the {cs} of {p} {name}.",
+              "Compute the number of {cs} of the {p} called {name}."),
              ("What is the number of {cs} linked to the {p} called {name}?",), _join_count),
     Template("join_group",
              ("For each {p}, give its name and the number of {cs}.",
-              "How many {cs} does each {p} have? Show the {p} name and the count."),
+              "How many {cs} does each {p} have? Show the {p} name and the count.",
+              "Report every {p} name and how many {cs} are linked to it."),
              ("Show every {p} name together with its count of {cs}.",), _join_group),
     Template("join_argmax",
-             ("Which {p} has the {most} {cs}? Give its name.", "Name the {p} with the {most} {cs}."),
+             ("Which {p} has the {most} {cs}? Give its name.", "Name the {p} with the {most} {cs}.",
+              "Show the name of the {p} linked to the {most} {cs}."),
              ("Find the {p} linked to the {most} {cs}.",), _join_argmax),
 )
 

@@ -158,6 +158,34 @@ def entropy_interval(
     return bootstrap_interval(statistic, counts.shape[1], counts.shape[0], **kwargs)
 
 
+def paired_entropy_difference_interval(
+    style_counts: Sequence, baseline_counts: Sequence, entropy: Callable[[dict], float], styles: Sequence[str],
+    **kwargs,
+) -> tuple[float, float]:
+    """Interval of entropy(pooled styles) − entropy(pooled baseline styles), paired over prompts.
+
+    Args:
+        style_counts: (S, P, K) or (P, K) counts of the K ``styles`` per prompt of the policy.
+        baseline_counts: (S_b, P, K) or (P, K) counts of the baseline on the same P prompts; its
+            seeds are redrawn independently.
+        entropy: ``metrics.style_entropy``.
+        styles: The K style names, in the order of the last axis.
+        **kwargs: ``num_boot``, ``level``, ``seed`` of :func:`bootstrap_interval`.
+    """
+    v, b = (np.asarray(c, dtype=float) for c in (style_counts, baseline_counts))
+    v, b = (c[None] if c.ndim == 2 else c for c in (v, b))  # (S, P, K), (S_b, P, K)
+    if v.shape[1:] != b.shape[1:]:
+        raise ValueError(f"paired_entropy_difference_interval: shapes {v.shape} and {b.shape} differ in P or K.")
+    rng = np.random.default_rng(kwargs.get("seed", 0) + 1)  # the baseline's seed redraws
+
+    def diff(p, s):
+        seeds_b = rng.integers(0, b.shape[0], b.shape[0])
+        pooled, pooled_b = v[np.ix_(s, p)].sum(axis=(0, 1)), b[np.ix_(seeds_b, p)].sum(axis=(0, 1))
+        return entropy(dict(zip(styles, pooled))) - entropy(dict(zip(styles, pooled_b)))
+
+    return bootstrap_interval(diff, v.shape[1], v.shape[0], **kwargs)
+
+
 def format_interval(
     value: Optional[float], interval: Optional[tuple[float, float]], scale: float = 1.0, digits: int = 1
 ) -> str:

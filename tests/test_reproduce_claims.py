@@ -1,0 +1,44 @@
+"""The reproduction's reading of a paired difference: higher, lower, no difference, cannot tell."""
+
+import importlib.util
+import pathlib
+
+import pytest
+
+_PATH = pathlib.Path(__file__).resolve().parents[1] / "bench" / "reproduce_dph.py"
+
+
+@pytest.fixture(scope="module")
+def reproduce():
+    import sys
+
+    sys.path.insert(0, str(_PATH.parent))  # reproduce_dph imports bench/workers.py
+    try:
+        spec = importlib.util.spec_from_file_location("reproduce_dph", _PATH)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(_PATH.parent))
+
+
+@pytest.mark.parametrize("ci, expected", [
+    ((0.01, 0.05), "higher"),
+    ((-0.08, -0.04), "lower"),
+    ((-0.02, -0.005), "lower, by less than 3"),
+    ((-0.02, 0.025), "no difference beyond ±3"),
+    ((-0.06, 0.02), "cannot tell"),
+])
+def test_verdict_reads_the_interval_against_zero_and_the_margin(reproduce, ci, expected):
+    assert reproduce.verdict({"mean": sum(ci) / 2, "ci95": list(ci)}, margin=3.0, scale=100) == expected
+
+
+def test_claims_table_has_a_row_per_claim_and_a_column_per_dph_variant(reproduce):
+    diff = {"mean": 0.01, "ci95": [-0.01, 0.02]}
+    keys = ["pass@32 − base", "pass@32 − GRPO", "greedy − base", "greedy − GRPO", "cross pass@32 − base",
+            "cross pass@32 − GRPO", "math pass@32 − base", "math pass@32 − GRPO"]
+    numbers = {"differences": {"DPH-F": {k: diff for k in keys}, "DPH-JS": {"greedy − base": diff}}}
+    lines = reproduce.claims(numbers, 32).splitlines()
+    assert lines[0] == "| claim | DPH-F | DPH-JS |" and len(lines) == 2 + 10
+    assert "| pass@32 kept (vs base) | no difference beyond ±3: +1.0 [-1.0, +2.0] | — |" in lines
+    assert lines[-1] == "| styles above GRPO (entropy, bits) | — | — |"

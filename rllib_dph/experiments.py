@@ -210,7 +210,8 @@ def prepare_run(config) -> None:
     """Work that must not happen inside a Tune trial, done here with in-place progress bars.
 
     Builds a bundled tiny model that is neither shipped nor cached, and runs DPH pre-sampling
-    when ``presample_dir`` has no files yet (the trial then finds them).
+    when ``presample_dir`` has no files yet or files made for another model, data or sampling
+    settings (``presample.presample_once``; the trial then finds them).
     """
     from rllib_dph.models.hub import resolve_model
     from rllib_dph.models.tiny import TINY_MODELS
@@ -219,7 +220,7 @@ def prepare_run(config) -> None:
     for name in {config.model_name, getattr(config, "reference_model_name", None)} & set(TINY_MODELS):
         resolve_model(name)
     for variant in search_variants(config):
-        if getattr(variant, "needs_presampling", False):
+        if getattr(variant, "needs_presampling", False) or getattr(variant, "presampling_manages_pef", False):
             from rllib_dph.presample import presample_once
 
             presample_once(variant.presample_config())  # one run per folder, also across commands

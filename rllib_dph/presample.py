@@ -29,7 +29,9 @@ differ from training's. A run holds ``out_dir/.lock`` (:func:`presample_lock`), 
 processes (e.g. Tune trials) never sample one directory at once. Intermediate results live in ``out_dir/parts/`` one file per
 chunk of prompts, each written atomically: an interrupted run resumes at the first missing chunk
 and never duplicates rows; chunk seeds depend only on the chunk, so a resumed run gives the same
-files as an uninterrupted one.
+files as an uninterrupted one. ``out_dir/identity.json`` records what the files were made from
+(model fingerprint, a hash of the prompts, the sampling settings); a run for anything else — a
+rebuilt model, changed data — moves them to ``out_dir/stale/<n>/`` first and samples anew.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ import hashlib
 import json
 import os
 import pathlib
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
@@ -57,6 +60,10 @@ EXP_FILE = "d_exp.parquet"
 SUMMARY_FILE = "summary.json"
 META_PREFIX = "rllib_dph."
 LOCK_FILE = ".lock"
+#: What a directory's files were made from (:func:`run_identity`); a run for anything else sets them aside.
+IDENTITY_FILE = "identity.json"
+#: Sub-folder that receives the files of a directory made for another run (nothing is deleted).
+STALE_DIR = "stale"
 #: Sampling settings a D_pef file records and training must match (see ``DPHConfig``).
 SAMPLING_SETTINGS = ("temperature", "top_p", "max_response_length")
 
@@ -172,6 +179,61 @@ def presample_lock(out_dir: str | os.PathLike):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def run_identity(config: PresampleConfig, fingerprint: str, tasks) -> dict[str, Any]:
+    """What a pre-sampling directory's files depend on: the model, the prompts and the sampling.
+
+    Args:
+        config: The run.
+        fingerprint: The policy model's fingerprint (``hub.model_fingerprint``).
+        tasks: The env's tasks (``envs.base.Task``); their ids, messages and ground truths are
+            hashed (a SQL task's ``db_path`` left out: it is where this machine keeps the file).
+    """
+    digest = hashlib.sha256()
+    for task in tasks:
+        truth = task.ground_truth
+        if isinstance(truth, dict):
+            truth = {k: v for k, v in truth.items() if k != "db_path"}
+        digest.update(json.dumps([task.id, list(task.messages), truth], sort_keys=True, default=str).encode())
+    settings = ("k", "min_correct", "refine", "seed", "prompts_per_chunk", *SAMPLING_SETTINGS)
+    return {"model_fingerprint": fingerprint, "data_sha256": digest.hexdigest()[:16],
+            **{name: getattr(config, name) for name in settings}}
+
+
+def read_identity(out_dir: str | os.PathLike) -> Optional[dict[str, Any]]:
+    """The identity a directory's files were made for, or None (none recorded)."""
+    path = pathlib.Path(out_dir) / IDENTITY_FILE
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def set_aside_stale(out_dir: str | os.PathLike, identity: dict[str, Any]) -> Optional[pathlib.Path]:
+    """Moves the files of ``out_dir`` to ``out_dir/stale/<n>/`` unless they were made for ``identity``.
+
+    A directory made by another model (e.g. a rebuilt tiny model), from other prompts or with
+    other sampling settings would otherwise be resumed from, or its D_pef file used, as if it
+    belonged to this run. Nothing is deleted; a warning names what changed and where the files went.
+
+    Returns:
+        The folder the files were moved to, or None when nothing was moved.
+    """
+    out = pathlib.Path(out_dir)
+    files = [p for p in out.iterdir() if p.name not in (LOCK_FILE, STALE_DIR)] if out.is_dir() else []
+    old = read_identity(out)
+    if not files or old == identity:
+        return None
+    if old is None:
+        changed = f"it has no {IDENTITY_FILE} (made by an older rllib_dph or by hand)"
+    else:
+        changed = ", ".join(f"{k} {old.get(k)!r} -> {v!r}" for k, v in identity.items() if old.get(k) != v)
+    number = len(list((out / STALE_DIR).glob("*"))) if (out / STALE_DIR).is_dir() else 0
+    dest = out / STALE_DIR / f"{number:03d}"
+    dest.mkdir(parents=True)
+    for path in files:
+        path.rename(dest / path.name)
+    warnings.warn(f"pre-sampling: {out} was made for another run ({changed}); its files were moved to {dest} "
+                  "and pre-sampling runs again.", stacklevel=2)
+    return dest
+
+
 class Presampler:
     """Runs the pre-sampling stage with one rollout engine and one env."""
 
@@ -182,8 +244,8 @@ class Presampler:
         self.engine = engine if engine is not None else build_engine(config)
         self.tokenizer = self.engine.tokenizer
         self.out = pathlib.Path(config.out_dir)
-        (self.out / "parts").mkdir(parents=True, exist_ok=True)
         self.fingerprint = model_fingerprint(resolve_model(config.model_name))
+        self.identity = run_identity(config, self.fingerprint, self.env.tasks)
 
     def _chunks(self, indices: list[int]):
         size = self.config.prompts_per_chunk
@@ -269,9 +331,16 @@ class Presampler:
         return metadata
 
     def run(self, *, progress: bool = True) -> dict[str, Any]:
-        """Runs (or resumes) the stage; writes the output files and returns the summary."""
+        """Runs (or resumes) the stage; writes the output files and returns the summary.
+
+        Files in ``out_dir`` made for another run (:func:`run_identity`) are set aside first
+        (:func:`set_aside_stale`), so a resumed run only reuses parts of this very run.
+        """
         c = self.config
         tasks = self.env.tasks
+        set_aside_stale(self.out, self.identity)
+        (self.out / "parts").mkdir(parents=True, exist_ok=True)
+        (self.out / IDENTITY_FILE).write_text(json.dumps(self.identity, indent=2))
         pass_count, candidates, reference = self._reference_responses(progress)
         pef = sorted(reference)
         exp = [i for i in range(len(tasks)) if i not in reference]
@@ -338,16 +407,20 @@ def _pef_table(rows: list[dict]) -> pa.Table:
 
 
 def presample_once(config: PresampleConfig, *, progress: bool = True) -> bool:
-    """Runs pre-sampling into ``config.out_dir`` unless its D_pef file exists; True if it ran.
+    """Runs pre-sampling into ``config.out_dir`` unless it holds this run's files; True if it ran.
 
-    Holds :func:`presample_lock` while it looks and samples, so when several processes (Tune
-    trials of one sweep) need the same directory, one samples and the others wait, then reuse
-    its files.
+    The directory is reused when its D_pef file exists and its :data:`IDENTITY_FILE` matches
+    this run (same model fingerprint, prompts and sampling settings); otherwise its files are set
+    aside (:func:`set_aside_stale`) and the stage runs. Holds :func:`presample_lock` while it
+    looks and samples, so when several processes (Tune trials of one sweep) need the same
+    directory, one samples and the others wait, then reuse its files.
     """
     with presample_lock(config.out_dir):
-        if (pathlib.Path(config.out_dir) / PEF_FILE).exists():
+        env = make_env(config.env, dict(config.env_config))
+        identity = run_identity(config, model_fingerprint(resolve_model(config.model_name)), env.tasks)
+        if (pathlib.Path(config.out_dir) / PEF_FILE).exists() and read_identity(config.out_dir) == identity:
             return False
-        Presampler(config).run(progress=progress)
+        Presampler(config, env=env).run(progress=progress)
         return True
 
 

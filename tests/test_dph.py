@@ -1,5 +1,7 @@
 """DPH-RL: pre-sampling split, the D_pef connector, the DPH learner and config validation."""
 
+import json
+import shutil
 import zlib
 
 import numpy as np
@@ -12,7 +14,14 @@ import envs
 from rllib_dph import columns as C
 from rllib_dph.algorithms.dph import DPHConfig
 from rllib_dph.connectors import AddPefRows, PefRowSampler
-from rllib_dph.presample import PresampleConfig, presample, read_metadata
+from rllib_dph.presample import (
+    IDENTITY_FILE,
+    PresampleConfig,
+    presample,
+    presample_once,
+    read_identity,
+    read_metadata,
+)
 
 TOY_ENV = "rllib_dph_test/Toy-v0"
 KINDS = ["always"] * 6 + ["never"] * 6 + ["sometimes"] * 6
@@ -105,6 +114,7 @@ def test_presample_resume_gives_identical_files_without_duplicates(presampled, t
     (run / "parts").mkdir(parents=True)
     for name in ["sample-00000.parquet", "sample-00001.parquet"]:
         (run / "parts" / name).write_bytes((out / "parts" / name).read_bytes())
+    (run / IDENTITY_FILE).write_bytes((out / IDENTITY_FILE).read_bytes())  # written when the run began
     presample(_presample_config(run), progress=False)
     resumed = pq.read_table(run / "d_pef.parquet")
     assert resumed.to_pylist() == first.to_pylist()
@@ -219,6 +229,33 @@ def test_validate_refuses_js_definition_without_reference_model(presampled):
     config = _dph_config(out / "d_pef.parquet", divergence="js_definition").llm(reference_model=None)
     with pytest.raises(ValueError, match="needs a live reference model"):
         config.validate()
+
+
+def _copy_run(src, dst):
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns(".lock"))
+    return dst
+
+
+def test_presample_once_reuses_its_own_directory_and_sets_aside_another_runs(presampled, tmp_path):
+    out, _ = presampled
+    run = _copy_run(out, tmp_path / "run")
+    assert not presample_once(_presample_config(run), progress=False)  # made for this very run
+    identity = read_identity(run)
+    stale = dict(identity, model_fingerprint="0123456789abcdef")  # e.g. before the model was rebuilt
+    (run / IDENTITY_FILE).write_text(json.dumps(stale))
+    with pytest.warns(UserWarning, match="model_fingerprint '0123456789abcdef' -> "):
+        assert presample_once(_presample_config(run), progress=False)
+    assert read_identity(run) == identity
+    assert read_identity(run / "stale" / "000") == stale  # nothing deleted
+    assert pq.read_table(run / "d_pef.parquet").to_pylist() == pq.read_table(out / "d_pef.parquet").to_pylist()
+    # Parts of an unknown run (no identity.json) are never resumed from.
+    unknown = tmp_path / "unknown"
+    (unknown / "parts").mkdir(parents=True)
+    table = pq.read_table(out / "parts" / "sample-00000.parquet")
+    pq.write_table(table.slice(0, 0), unknown / "parts" / "sample-00000.parquet")  # would drop 5 prompts
+    with pytest.warns(UserWarning, match="has no identity.json"):
+        presample(_presample_config(unknown), progress=False)
+    assert pq.read_table(unknown / "d_pef.parquet").to_pylist() == pq.read_table(out / "d_pef.parquet").to_pylist()
 
 
 def test_validate_refuses_d_pef_of_another_model_and_empty_files(presampled, tmp_path):

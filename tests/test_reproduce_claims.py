@@ -22,15 +22,23 @@ def reproduce():
         sys.path.remove(str(_PATH.parent))
 
 
-@pytest.mark.parametrize("ci, expected", [
-    ((0.01, 0.05), "higher"),
-    ((-0.08, -0.04), "lower"),
-    ((-0.02, -0.005), "lower, by less than 3"),
-    ((-0.02, 0.025), "no difference beyond ±3"),
-    ((-0.06, 0.02), "cannot tell"),
+@pytest.mark.parametrize("kind, ci, expected", [
+    ("kept", (-0.02, 0.05), "holds"),  # no loss beyond the 3-point margin
+    ("kept", (-0.03, 0.04), "holds"),  # at the margin exactly (not -3.0000000000000004)
+    ("kept", (-0.08, -0.04), "does not hold"),
+    ("kept", (-0.06, 0.02), "cannot tell"),
+    ("above", (0.01, 0.05), "holds"),
+    ("above", (-0.08, -0.04), "does not hold (lower)"),
+    ("above", (-0.02, 0.025), "does not hold (no difference beyond ±3)"),
+    ("above", (-0.02, 0.06), "cannot tell"),
 ])
-def test_verdict_reads_the_interval_against_zero_and_the_margin(reproduce, ci, expected):
-    assert reproduce.verdict({"mean": sum(ci) / 2, "ci95": list(ci)}, margin=3.0, scale=100) == expected
+def test_verdict_reads_the_interval_against_zero_and_the_margin(reproduce, kind, ci, expected):
+    assert reproduce.verdict({"mean": sum(ci) / 2, "ci95": list(ci)}, margin=3.0, scale=100, kind=kind) == expected
+
+
+def test_verdict_refuses_an_unknown_kind(reproduce):
+    with pytest.raises(ValueError, match="kind='better'"):
+        reproduce.verdict({"mean": 0.0, "ci95": [0.0, 0.0]}, margin=3.0, scale=100, kind="better")
 
 
 def test_claims_table_has_a_row_per_claim_and_a_column_per_dph_variant(reproduce):
@@ -40,5 +48,6 @@ def test_claims_table_has_a_row_per_claim_and_a_column_per_dph_variant(reproduce
     numbers = {"differences": {"DPH-F": {k: diff for k in keys}, "DPH-JS": {"greedy − base": diff}}}
     lines = reproduce.claims(numbers, 32).splitlines()
     assert lines[0] == "| claim | DPH-F | DPH-JS |" and len(lines) == 2 + 10
-    assert "| pass@32 kept (vs base) | no difference beyond ±3: +1.0 [-1.0, +2.0] | — |" in lines
+    assert "| pass@32 kept (vs base) | holds: +1.0 [-1.0, +2.0] | — |" in lines
+    assert "| pass@32 above GRPO | does not hold (no difference beyond ±3): +1.0 [-1.0, +2.0] | — |" in lines
     assert lines[-1] == "| styles above GRPO (entropy, bits) | — | — |"

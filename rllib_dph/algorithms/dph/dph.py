@@ -25,6 +25,7 @@ from rllib_dph.presample import (
     SAMPLING_SETTINGS,
     PresampleConfig,
     presample_once,
+    read_identity,
     read_metadata,
 )
 
@@ -192,6 +193,12 @@ class DPHConfig(GRPOConfig):
         """True when ``presample_dir`` is set and its D_pef file does not exist yet."""
         return bool(self.presample_dir) and not os.path.exists(self.resolved_pef_path)
 
+    @property
+    def presampling_manages_pef(self) -> bool:
+        """True when the D_pef file is ``presample_dir``'s own (no ``pef_path``): ``DPH.setup``
+        then (re)makes it for this model, data and sampling settings before checking it."""
+        return bool(self.presample_dir) and self.pef_path is None
+
     number_rules = GRPO_NUMBER_RULES + DPH_NUMBER_RULES
     config_rules = GRPOConfig.config_rules + DPH_CHOICE_RULES + DPH_CROSS_RULES
 
@@ -214,12 +221,21 @@ class DPHConfig(GRPOConfig):
                 "no D_pef file: set .dph(presample_dir=...) (pre-sampling runs there when its "
                 "files are missing) or .dph(pef_path=...) to an existing d_pef.parquet."
             )
-        elif self.needs_presampling:
-            return  # DPH.setup runs pre-sampling first; the file is checked after that.
+        elif self.needs_presampling or (self.presampling_manages_pef and not self._presample_dir_is_current()):
+            return  # DPH.setup runs (or refreshes) pre-sampling first; the file is checked after that.
         elif not os.path.exists(pef):
             err(f"pef_path={pef!r} does not exist; run `rllib presample` first or fix the path.")
         else:
             self._validate_pef_file(pef, fingerprint=self._available_model_fingerprint())
+
+    def _presample_dir_is_current(self) -> bool:
+        """Whether ``presample_dir`` records this config's sampling settings and (when the model
+        is on disk) its model; a stale directory is pre-sampled again before training."""
+        identity = read_identity(self.presample_dir)
+        if identity is None or any(identity.get(name) != getattr(self, name) for name in SAMPLING_SETTINGS):
+            return False
+        fingerprint = self._available_model_fingerprint()
+        return fingerprint is None or identity.get("model_fingerprint") == fingerprint
 
     def _available_model_fingerprint(self) -> Optional[str]:
         """The policy model's fingerprint if it is on disk already (nothing built), else None."""

@@ -220,7 +220,7 @@ def prepare_run(config) -> None:
     for name in {config.model_name, getattr(config, "reference_model_name", None)} & set(TINY_MODELS):
         resolve_model(name)
     for variant in search_variants(config):
-        if getattr(variant, "needs_presampling", False) or getattr(variant, "presampling_manages_pef", False):
+        if getattr(variant, "presample_dir", None):  # as DPH.setup does, here before any trial
             from rllib_dph.presample import presample_once
 
             presample_once(variant.presample_config())  # one run per folder, also across commands

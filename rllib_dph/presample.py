@@ -167,7 +167,7 @@ def presample_lock(out_dir: str | os.PathLike):
     """Holds an exclusive lock on ``out_dir`` (created) for one pre-sampling run at a time.
 
     A second process asking for the same directory waits until the first has finished, then
-    finds its files (callers check ``needs_presampling`` inside the lock).
+    finds its files (:func:`presample_once` checks them inside the lock).
     """
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -237,14 +237,15 @@ def set_aside_stale(out_dir: str | os.PathLike, identity: dict[str, Any]) -> Opt
 class Presampler:
     """Runs the pre-sampling stage with one rollout engine and one env."""
 
-    def __init__(self, config: PresampleConfig, *, engine=None, env=None):
+    def __init__(self, config: PresampleConfig, *, engine=None, env=None, fingerprint: Optional[str] = None):
         config.validate()
         self.config = config
         self.env = env if env is not None else make_env(config.env, dict(config.env_config))
         self.engine = engine if engine is not None else build_engine(config)
         self.tokenizer = self.engine.tokenizer
         self.out = pathlib.Path(config.out_dir)
-        self.fingerprint = model_fingerprint(resolve_model(config.model_name))
+        # The model's fingerprint hashes every weight file; a caller that has it passes it in.
+        self.fingerprint = fingerprint or model_fingerprint(resolve_model(config.model_name))
         self.identity = run_identity(config, self.fingerprint, self.env.tasks)
 
     def _chunks(self, indices: list[int]):
@@ -406,21 +407,23 @@ def _pef_table(rows: list[dict]) -> pa.Table:
     return table
 
 
-def presample_once(config: PresampleConfig, *, progress: bool = True) -> bool:
+def presample_once(config: PresampleConfig, *, progress: bool = True, fingerprint: Optional[str] = None) -> bool:
     """Runs pre-sampling into ``config.out_dir`` unless it holds this run's files; True if it ran.
 
     The directory is reused when its D_pef file exists and its :data:`IDENTITY_FILE` matches
     this run (same model fingerprint, prompts and sampling settings); otherwise its files are set
     aside (:func:`set_aside_stale`) and the stage runs. Holds :func:`presample_lock` while it
     looks and samples, so when several processes (Tune trials of one sweep) need the same
-    directory, one samples and the others wait, then reuse its files.
+    directory, one samples and the others wait, then reuse its files. ``fingerprint``: the
+    policy model's (``hub.model_fingerprint``), when the caller has computed it already.
     """
     with presample_lock(config.out_dir):
         env = make_env(config.env, dict(config.env_config))
-        identity = run_identity(config, model_fingerprint(resolve_model(config.model_name)), env.tasks)
+        fingerprint = fingerprint or model_fingerprint(resolve_model(config.model_name))
+        identity = run_identity(config, fingerprint, env.tasks)
         if (pathlib.Path(config.out_dir) / PEF_FILE).exists() and read_identity(config.out_dir) == identity:
             return False
-        Presampler(config, env=env).run(progress=progress)
+        Presampler(config, env=env, fingerprint=fingerprint).run(progress=progress)
         return True
 
 

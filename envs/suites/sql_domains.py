@@ -9,9 +9,11 @@ join can be wrapped in a sub-query or CTE without renaming columns.
 
 from __future__ import annotations
 
+import itertools
 import random
 import sqlite3
 from dataclasses import dataclass
+from typing import Iterator
 
 _SYLLABLES = (
     "ka", "lo", "mi", "ren", "tor", "sa", "vel", "ni", "dor", "ba", "le", "mar",
@@ -259,54 +261,54 @@ def _generated_table(rng: random.Random, entity: tuple[str, str, str], categorie
     return _table(singular, singular, plural, f"{singular}_name", suffix, _cat(name, nl, values), columns, rows)
 
 
+def _draw_domains(seed: int) -> Iterator[Domain]:
+    """Endless seeded draws: domain ``i`` pairs two distinct entities with columns from the pools."""
+    rng = random.Random(seed)
+    for i in itertools.count():
+        parent, child = rng.sample(_ENTITIES, 2)
+        categories = rng.sample(_CATEGORIES, 2)
+        numbers = rng.sample(_NUMBERS, 3)
+        yield Domain(
+            f"gen_{i:02d}", seed + i,
+            _generated_table(rng, parent, categories, numbers, 1, 8),
+            _generated_table(rng, child, categories, numbers, 2, 36),
+        )
+
+
 def generated_domains(count: int, seed: int) -> tuple[Domain, ...]:
-    """``count`` domains pairing distinct entities, each with columns drawn from the word pools.
+    """The first ``count`` domains drawn with ``seed``, each with columns from the word pools.
 
     Args:
-        count: Number of domains; at most ``len(_ENTITIES) // 2`` have distinct tables.
+        count: Number of domains.
         seed: Seed of the draw; domain ``i``'s data generator is seeded ``seed + i``.
 
     Returns:
         Domains named ``gen_00``, ``gen_01``, ...
     """
-    rng = random.Random(seed)
-    domains = []
-    for i in range(count):
-        parent, child = rng.sample(_ENTITIES, 2)
-        categories = rng.sample(_CATEGORIES, 2)
-        numbers = rng.sample(_NUMBERS, 3)
-        domains.append(Domain(
-            f"gen_{i:02d}", seed + i,
-            _generated_table(rng, parent, categories, numbers, 1, 8),
-            _generated_table(rng, child, categories, numbers, 2, 36),
-        ))
-    return tuple(domains)
+    return tuple(itertools.islice(_draw_domains(seed), count))
 
 
-def _signature(domain: Domain) -> frozenset:
-    """What makes a schema new: the table pair and the columns of each table."""
-    def columns(table: Table) -> frozenset:
-        return frozenset([table.category.name, *(c.name for c in table.numbers)])
-
-    return frozenset([(domain.parent.name, domain.child.name), (domain.parent.name, columns(domain.parent)),
-                      (domain.child.name, columns(domain.child))])
+def _table_schemas(domain: Domain) -> set:
+    """Each table of a domain as (name, set of its non-key columns)."""
+    tables = (domain.parent, domain.child)
+    return {(t.name, frozenset([t.category.name, *(c.name for c in t.numbers)])) for t in tables}
 
 
 def unseen_domains(count: int, seed: int, seen: tuple[Domain, ...], prefix: str) -> tuple[Domain, ...]:
-    """``count`` generated domains that share no table pair and no table schema with ``seen``.
+    """``count`` drawn domains that share no table pair and no table schema with ``seen``.
 
     Drawn as :func:`generated_domains` does, skipping candidates whose parent/child pair (either
-    way round) or whose parent or child table (name and columns) appears in ``seen``.
+    way round) is in ``seen`` or was kept already, or whose parent or child table (name and
+    columns) appears in ``seen``.
     """
     pairs = {frozenset((d.parent.name, d.child.name)) for d in seen}
-    tables = set().union(*(_signature(d) for d in seen))
+    tables = set().union(*(_table_schemas(d) for d in seen))
     kept: list[Domain] = []
-    candidates = generated_domains(len(_ENTITIES) ** 2, seed)
-    for candidate in candidates:
-        signature = _signature(candidate) - {(candidate.parent.name, candidate.child.name)}
-        if frozenset((candidate.parent.name, candidate.child.name)) in pairs or signature & tables:
+    for candidate in itertools.islice(_draw_domains(seed), len(_ENTITIES) ** 2):
+        pair = frozenset((candidate.parent.name, candidate.child.name))
+        if pair in pairs or _table_schemas(candidate) & tables:
             continue
-        pairs.add(frozenset((candidate.parent.name, candidate.child.name)))
+        pairs.add(pair)
         kept.append(Domain(f"{prefix}_{len(kept):02d}", candidate.seed, candidate.parent, candidate.child))
         if len(kept) == count:
             return tuple(kept)

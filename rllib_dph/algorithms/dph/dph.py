@@ -221,20 +221,23 @@ class DPHConfig(GRPOConfig):
                 "no D_pef file: set .dph(presample_dir=...) (pre-sampling runs there when its "
                 "files are missing) or .dph(pef_path=...) to an existing d_pef.parquet."
             )
-        elif self.needs_presampling or (self.presampling_manages_pef and not self._presample_dir_is_current()):
-            return  # DPH.setup runs (or refreshes) pre-sampling first; the file is checked after that.
+        elif self.needs_presampling:
+            return  # DPH.setup runs pre-sampling first; the file is checked after that.
         elif not os.path.exists(pef):
             err(f"pef_path={pef!r} does not exist; run `rllib presample` first or fix the path.")
         else:
-            self._validate_pef_file(pef, fingerprint=self._available_model_fingerprint())
+            fingerprint = self._available_model_fingerprint()
+            if self.presampling_manages_pef and not self._presample_dir_is_current(fingerprint):
+                return  # DPH.setup pre-samples again for this model and settings, then checks the file.
+            self._validate_pef_file(pef, fingerprint=fingerprint)
 
-    def _presample_dir_is_current(self) -> bool:
-        """Whether ``presample_dir`` records this config's sampling settings and (when the model
-        is on disk) its model; a stale directory is pre-sampled again before training."""
+    def _presample_dir_is_current(self, fingerprint: Optional[str]) -> bool:
+        """Whether ``presample_dir`` records this config's sampling settings and (when
+        ``fingerprint``, the model's, is known) its model; a stale directory is pre-sampled again
+        before training."""
         identity = read_identity(self.presample_dir)
         if identity is None or any(identity.get(name) != getattr(self, name) for name in SAMPLING_SETTINGS):
             return False
-        fingerprint = self._available_model_fingerprint()
         return fingerprint is None or identity.get("model_fingerprint") == fingerprint
 
     def _available_model_fingerprint(self) -> Optional[str]:
@@ -298,8 +301,8 @@ class DPH(GRPO):
     def setup(self, config) -> None:
         from rllib_dph.models.hub import model_fingerprint, resolve_model
 
-        if config.presample_dir:  # one pre-sampling per directory, also for parallel trials
-            presample_once(config.presample_config())
         fingerprint = model_fingerprint(resolve_model(config.model_name))
+        if config.presample_dir:  # one pre-sampling per directory, also for parallel trials
+            presample_once(config.presample_config(), fingerprint=fingerprint)
         config._validate_pef_file(config.resolved_pef_path, fingerprint=fingerprint)
         super().setup(config)

@@ -167,6 +167,21 @@ def test_suite_split_names_load_the_bundled_suites():
         load_tasks("math_synth/validation", task="math")
 
 
+def test_a_row_range_selects_rows_of_a_split_or_a_file(tmp_path):
+    whole = load_tasks("sql_synth/train", task="sql")
+    assert load_tasks("sql_synth/train[:5]", task="sql") == whole[:5]
+    assert load_tasks("sql_synth/train[10:12]", task="sql") == whole[10:12]
+    assert load_tasks("sql_synth/train[-3:]", task="sql") == whole[-3:]
+    path = tmp_path / "math.jsonl"
+    path.write_text("".join(json.dumps({"data_source": "m", "prompt": f"{i}+1?", "id": f"q{i}",
+                                        "reward_model": {"ground_truth": i + 1}}) + "\n" for i in range(6)))
+    assert [t.id for t in load_tasks(f"{path}[2:4]", task="math")] == ["q2", "q3"]
+    env = gym.make("rllib_dph/Math-v0", data="math_synth/test[:7]")
+    assert len(env.unwrapped) == 7
+    with pytest.raises(ValueError, match=r"the row range selects no row of 'sql_synth/train' \(3000 rows\)"):
+        load_tasks("sql_synth/train[5000:]", task="sql")
+
+
 # ---------------------------------------------------------------- errors
 
 

@@ -21,6 +21,11 @@ the prompt is ``prompt_format.format(**row)`` (or ``prompt_format(row)`` for a c
 ground truth is ``row[ground_truth_field]``. ``data_source`` and ``id`` are read when present
 (defaults: the file's stem, or ``"custom"`` for in-memory lists, and the row number).
 
+A file path or split name may end in a row range, ``"sql_synth/train[:256]"`` or
+``"dapo_math.parquet[1000:2000]"`` (Python slice bounds, no step): the tasks of those rows only,
+for a quick run on part of a data set. The rows keep their ids, so pre-sampling and evaluation
+results name the same tasks as with the whole file.
+
 Error messages name the file and the place: a row number (from 0) for parquet files and lists, the
 line of the file (from 1, as editors count) and the row number for jsonl files.
 """
@@ -43,6 +48,8 @@ SQL_CMP_METHODS = ("bird", "spider")
 DEFAULT_SQL_CMP_METHOD = "bird"
 #: File suffixes read by :func:`load_tasks`.
 FILE_SUFFIXES = (".parquet", ".jsonl")
+#: ``"<file or split>[start:stop]"``: a row range of a data set (see the module docstring).
+ROW_RANGE = re.compile(r"^(?P<name>.+)\[(?P<start>-?\d*):(?P<stop>-?\d*)\]$")
 #: Columns every verl-layout file must have.
 VERL_COLUMNS = ("data_source", "prompt", "reward_model")
 
@@ -94,6 +101,7 @@ def load_tasks(
             - a path to a ``.parquet`` file (read with pyarrow) or a ``.jsonl`` file (one JSON
               object per line, read line by line);
             - the name of a bundled suite split, e.g. ``"sql_synth/train"`` (see ``envs.suites``);
+            - either of those with a row range, ``"sql_synth/train[:256]"`` (Python slice bounds);
             - a list of :class:`Task` objects (kept as they are) and/or row dicts (converted like
               file rows).
         task: How to read the ground truth: ``"sql"``, ``"math"`` or ``"generic"`` (kept as is).
@@ -128,6 +136,9 @@ def load_tasks(
     }
     if isinstance(data, (str, os.PathLike)):
         path = os.fspath(data)
+        ranged = ROW_RANGE.match(path)
+        if ranged:
+            return _row_range(load_tasks(ranged["name"], **layout, db_root=db_root), path, ranged)
         if not path.endswith(FILE_SUFFIXES):
             return _load_suite(path)
         return _load_file(path, db_root, layout)
@@ -137,6 +148,18 @@ def load_tasks(
         f"data must be a .parquet/.jsonl path, a suite split name or a list of tasks/dicts; "
         f"got a {type(data).__name__}."
     )
+
+
+def _row_range(tasks: list[Task], data: str, ranged: re.Match) -> list[Task]:
+    """The tasks of ``data``'s row range (``ranged``: its :data:`ROW_RANGE` match)."""
+    bounds = slice(*(int(ranged[b]) if ranged[b] else None for b in ("start", "stop")))
+    chosen = tasks[bounds]
+    if not chosen:
+        raise ValueError(
+            f"data={data!r}: the row range selects no row of {ranged['name']!r} ({len(tasks)} rows); "
+            f"give bounds inside 0..{len(tasks)}, e.g. '{ranged['name']}[:{min(len(tasks), 256)}]'."
+        )
+    return chosen
 
 
 def _load_file(path: str, db_root: str | os.PathLike | None, layout: dict[str, Any]) -> list[Task]:

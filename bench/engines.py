@@ -5,6 +5,7 @@ How to run::
     python bench/engines.py                                  # HF engine, tiny and ~100M models
     python bench/engines.py --sizes tiny --batch-sizes 1,16,64,128 --n 8
     python bench/engines.py --model /path/to/saved/model     # any model saved with save_pretrained
+    python bench/engines.py --engines hf,hf-compiled         # eager vs compiled decoding (CUDA graphs on a GPU)
 
     # HF and vLLM side by side: run with a python that has vLLM (on CPU the environment of
     # .ci/vllm, by default ~/.cache/rllib_dph/vllm-venv):
@@ -16,12 +17,13 @@ How to run::
 By default each model is a Qwen2 with random weights, saved to a temporary directory that every
 engine loads from. Random weights generate exactly as fast as trained ones, and as these models
 have no stop token every row runs for ``--max-new-tokens``. The tiny size is the architecture of
-the bundled ``tiny-sql-math`` model. tokens/s counts the generated tokens of one ``generate``
-call (prefill included) over its wall time. Weight sync is one ``update_weights`` with the
-model's full state dict (for vLLM: ``reload_weights`` plus the prefix-cache reset). Engines run
-one after the other (all rows of the first engine, then the next), so that vLLM's in-process
-thread binding cannot slow down the rows of another engine. Another engine adds rows by adding
-a builder to ``ENGINES``.
+the bundled ``tiny-sql-math`` model. tokens/s counts the generated tokens of one ``generate`` call
+(prefill included) over its wall time, measured on the second call of each shape; "1st call" is the
+first call's seconds (warm-up; for ``hf-compiled`` also compilation and graph capture). Weight sync
+is one ``update_weights`` with the model's full state dict (for vLLM: ``reload_weights`` plus the
+prefix-cache reset). Engines run one after the other (all rows of the first engine, then the next),
+so that vLLM's in-process thread binding cannot slow down the rows of another engine. Another
+engine adds rows by adding a builder to ``ENGINES``.
 """
 
 from __future__ import annotations
@@ -80,11 +82,16 @@ def save_random_model(size: str, directory: Path) -> Path:
     return directory
 
 
-def hf_engine(path: Path, *, dtype: str, device: str, max_batch_size: int) -> HFEngine:
-    """The HF ``transformers`` engine on a saved model."""
+def hf_engine(path: Path, *, dtype: str, device: str, max_batch_size: int, compile_decode: bool = False) -> HFEngine:
+    """The HF ``transformers`` engine on a saved model (eager decoding unless ``compile_decode``)."""
     model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
     tokenizer = PreTrainedTokenizerFast.from_pretrained(path)
-    return HFEngine(model, tokenizer, device=device, max_batch_size=max_batch_size)
+    return HFEngine(model, tokenizer, device=device, max_batch_size=max_batch_size, compile_decode=compile_decode)
+
+
+def hf_compiled_engine(path: Path, **kwargs) -> HFEngine:
+    """The HF engine with its compiled decoder (static KV cache; CUDA graphs on a GPU)."""
+    return hf_engine(path, compile_decode=True, **kwargs)
 
 
 def vllm_engine(path: Path, *, dtype: str, device: str, max_batch_size: int):
@@ -97,7 +104,7 @@ def vllm_engine(path: Path, *, dtype: str, device: str, max_batch_size: int):
 
 
 # Engine name → builder(path, *, dtype, device, max_batch_size) -> RolloutEngine.
-ENGINES = {"hf": hf_engine, "vllm": vllm_engine}
+ENGINES = {"hf": hf_engine, "hf-compiled": hf_compiled_engine, "vllm": vllm_engine}
 
 
 def measure(engine, *, rows: int, n: int, prompt_len: int, max_new_tokens: int, vocab_size: int):
@@ -146,7 +153,8 @@ def main():
 
     print(f"device={args.device} dtype={args.dtype} torch threads={torch.get_num_threads()} "
           f"prompt={args.prompt_len} new tokens={args.max_new_tokens} n={args.n}")
-    header = f"{'engine':<6} {'model':<10} {'params':>7} {'rows':>5} {'tokens/s':>9} {'s/call':>7}"
+    header = (f"{'engine':<11} {'model':<10} {'params':>7} {'rows':>5} {'tokens/s':>9} {'s/call':>7} "
+              f"{'1st call':>8}")
     print(header + "\n" + "-" * len(header))
     syncs = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -170,19 +178,21 @@ def main():
                     path, dtype=args.dtype, device=args.device, max_batch_size=max(batch_sizes)
                 )
                 kwargs = dict(n=args.n, prompt_len=args.prompt_len, vocab_size=vocab_size)
-                measure(engine, rows=args.n, max_new_tokens=4, **kwargs)  # warm-up
                 for rows in batch_sizes:
+                    # The first call of a shape pays warm-up (and hf-compiled's compilation and
+                    # CUDA-graph capture); the second is the steady state.
+                    _, first = measure(engine, rows=rows, max_new_tokens=args.max_new_tokens, **kwargs)
                     tokens_per_s, seconds = measure(
                         engine, rows=rows, max_new_tokens=args.max_new_tokens, **kwargs
                     )
-                    print(f"{engine_name:<6} {model_name:<10} {num_params:>6.1f}M {rows:>5} "
-                          f"{tokens_per_s:>9.0f} {seconds:>7.2f}", flush=True)
+                    print(f"{engine_name:<11} {model_name:<10} {num_params:>6.1f}M {rows:>5} "
+                          f"{tokens_per_s:>9.0f} {seconds:>7.2f} {first:>8.2f}", flush=True)
                 syncs.append((engine_name, model_name, weight_sync_ms(engine, state)))
                 del engine
                 gc.collect()
     print("\nweight sync (update_weights with the full state dict)")
     for engine_name, model_name, ms in syncs:
-        print(f"{engine_name:<6} {model_name:<10} {ms:>8.1f} ms")
+        print(f"{engine_name:<11} {model_name:<10} {ms:>8.1f} ms")
 
 
 if __name__ == "__main__":

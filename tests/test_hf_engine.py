@@ -317,3 +317,57 @@ def test_build_engine_passes_config_to_from_pretrained(monkeypatch):
     assert calls == [(resolve_model("tiny-random"), {"dtype": "bfloat16", "max_batch_size": 8, "device": "cpu"})]
     with pytest.raises(ValueError, match="engine='nope'"):
         build_engine(SimpleNamespace(engine="nope"))
+
+
+# ---------------------------------------------------------------- compiled decode (static KV cache)
+
+
+@pytest.fixture(scope="module")
+def compiled_pair(model, tokenizer):
+    """(eager, compiled) engines on one EOS-biased model (rows stop at different steps).
+
+    Module-scoped: each (rows, length) bucket of the compiled engine compiles once (~20 s on CPU).
+    """
+    biased = eos_biased_model(model, tokenizer.eos_token_id, bias=0.5)
+    return HFEngine(biased, tokenizer), HFEngine(biased, tokenizer, compile_decode=True)
+
+
+def test_compiled_decode_is_off_on_cpu_by_default(engine):
+    assert engine.compiled is None
+
+
+def test_compiled_decode_matches_eager_and_mu_is_exact(compiled_pair):
+    eager, compiled = compiled_pair
+    greedy = SamplingParams(n=2, temperature=0.0, max_new_tokens=10, top_k_logprobs=2)
+    expected, got = eager.generate(PROMPTS, greedy), compiled.generate(PROMPTS, greedy)
+    for (_, a), (_, b) in zip(all_completions(expected), all_completions(got)):
+        np.testing.assert_array_equal(a.token_ids, b.token_ids)
+        np.testing.assert_array_equal(b.logprobs, np.zeros(len(b.token_ids)))  # point mass
+        np.testing.assert_array_equal(a.topk_ids, b.topk_ids)
+        assert a.finish_reason == b.finish_reason
+    assert {c.finish_reason for _, c in all_completions(got)} == {"stop", "length"}
+
+    sampled = compiled.generate(PROMPTS, SamplingParams(n=4, temperature=0.8, max_new_tokens=10, seed=0))
+    lengths = {len(c.token_ids) for _, c in all_completions(sampled)}
+    assert len(lengths) > 2  # finished rows stayed in the batch; each is cut at its own length
+    for prompt, c in all_completions(sampled):
+        logp = recompute_logp(compiled.model, prompt, c.token_ids, 0.8)
+        expected_mu = logp.gather(1, torch.from_numpy(c.token_ids)[:, None]).squeeze(1)
+        np.testing.assert_allclose(c.logprobs, expected_mu.numpy(), atol=1e-4)
+        assert (c.token_ids[:-1] != compiled.tokenizer.eos_token_id).all()
+
+
+def test_compiled_decode_reuses_a_bucket_and_hides_stale_cache(compiled_pair):
+    eager, compiled = compiled_pair
+    greedy = SamplingParams(n=2, temperature=0.0, max_new_tokens=10)
+    compiled.generate(PROMPTS, greedy)  # fills the (16 rows, 128 positions) bucket with these prompts
+    other = [[7, 8, 9], [21, 3, 3, 5, 6, 2, 9, 9, 10]]  # other rows and lengths, same bucket
+    for a, b in zip(eager.generate(other, greedy), compiled.generate(other, greedy)):
+        for x, y in zip(a, b):
+            np.testing.assert_array_equal(x.token_ids, y.token_ids)
+    assert list(compiled.compiled.caches) == [(16, 128)]
+    many = SamplingParams(n=6, temperature=0.0, max_new_tokens=10)  # 18 rows: the next row bucket
+    for a, b in zip(eager.generate(PROMPTS, many), compiled.generate(PROMPTS, many)):
+        for x, y in zip(a, b):
+            np.testing.assert_array_equal(x.token_ids, y.token_ids)
+    assert sorted(compiled.compiled.caches) == [(16, 128), (32, 128)]

@@ -5,6 +5,16 @@ token, its log-prob μ under the policy's tempered distribution softmax(logits /
 vocabulary (in fp32) and the top-K of that same distribution, whatever top-p filter chose the
 token (see ``engines.base.SamplingParams``). All rows of a chunk advance together; per token
 there is no Python work over rows.
+
+Two decode paths share the prefill and the sampling (:func:`sample_next`):
+
+- eager (the default on CPU): a KV cache that grows in place (:class:`PreallocatedLayer`), and
+  finished rows leave the batch, so late steps compute only the rows still running;
+- compiled (``compile_decode``, the default on CUDA, :class:`CompiledDecoder`): every step the
+  same shapes on the same buffers (a static KV cache, rows and length padded to buckets), run
+  through ``torch.compile`` — on CUDA with ``mode="reduce-overhead"``, i.e. recorded once as a
+  CUDA graph and replayed, which removes the per-step Python and kernel-launch cost that bounds
+  small models on a GPU.
 """
 
 from __future__ import annotations
@@ -15,7 +25,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 import torch
-from transformers.cache_utils import Cache, DynamicLayer
+from transformers.cache_utils import Cache, DynamicLayer, StaticCache
 
 from rllib_dph.engines.base import Completion, SamplingParams
 from rllib_dph.models.folders import load_model_folder, load_tokenizer_folder
@@ -23,6 +33,10 @@ from rllib_dph.models.folders import load_model_folder, load_tokenizer_folder
 MAX_TOP_K_LOGPROBS = 20
 # Stopped rows leave the batch (a copy of the KV cache) once they are this share of it.
 COMPACT_FRACTION = 0.25
+#: The compiled decoder pads a chunk's rows and its prompt + response length up to multiples of
+#: these, so that a few shapes (each compiled, and on CUDA graph-captured, once) serve all chunks.
+ROW_BUCKET = 16
+LENGTH_BUCKET = 128
 
 
 class HFEngine:
@@ -41,6 +55,10 @@ class HFEngine:
         max_batch_size: Most rows decoded at once, >= 1 (bounds the KV-cache memory).
         stop_token_ids: Extra token ids that end a completion, besides the tokenizer's EOS and
             the model's ``generation_config.eos_token_id`` (e.g. a chat end-of-turn token).
+        compile_decode: Decode through :class:`CompiledDecoder` (static KV cache,
+            ``torch.compile``; CUDA graphs on a GPU). None (default): on CUDA devices only — on
+            CPU the eager path, which drops finished rows, is faster. The first chunk of each
+            (rows, length) bucket pays the compilation (seconds to a minute).
     """
 
     def __init__(
@@ -51,6 +69,7 @@ class HFEngine:
         device: str | torch.device = "cpu",
         max_batch_size: int = 256,
         stop_token_ids: Sequence[int] = (),
+        compile_decode: bool | None = None,
     ):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size={max_batch_size} must be >= 1; pass e.g. 256.")
@@ -73,6 +92,9 @@ class HFEngine:
             if eos is not None:
                 stop_ids.update([eos] if isinstance(eos, int) else eos)
         self.stop_token_ids = torch.tensor(sorted(stop_ids), dtype=torch.long, device=self.device)
+        if compile_decode is None:
+            compile_decode = self.device.type == "cuda"
+        self.compiled = CompiledDecoder(self.model) if compile_decode else None
 
     @classmethod
     def from_pretrained(
@@ -84,7 +106,8 @@ class HFEngine:
             name_or_path: A ``save_pretrained`` folder or a Hugging Face id.
             dtype: Weight dtype (e.g. ``"bfloat16"``); None keeps the checkpoint's.
             device: Where to run.
-            **kwargs: Passed to :class:`HFEngine` (``max_batch_size``, ``stop_token_ids``).
+            **kwargs: Passed to :class:`HFEngine` (``max_batch_size``, ``stop_token_ids``,
+                ``compile_decode``).
         """
         model = load_model_folder(name_or_path, dtype=dtype, device=device)
         return cls(model, load_tokenizer_folder(name_or_path), device=device, **kwargs)
@@ -134,7 +157,8 @@ class HFEngine:
         prompt_of_row = torch.repeat_interleave(torch.arange(len(prompts)), torch.tensor(counts))
         prompt_of_row = prompt_of_row.to(self.device)  # (B,)
         cache, logits, attention_mask, next_position = self._prefill(prompts, prompt_of_row, params.max_new_tokens)
-        outputs = self._decode(cache, logits, attention_mask, next_position, params, generator)
+        decode = self._decode if self.compiled is None else self.compiled.decode
+        outputs = decode(cache, logits, attention_mask, next_position, params, generator, self.stop_token_ids)
         return _completions(*outputs, with_topk=params.top_k_logprobs > 0)
 
     def _prefill(self, prompts: list[Sequence[int]], prompt_of_row: torch.Tensor, T: int):
@@ -174,35 +198,22 @@ class HFEngine:
         next_position = position_ids[prompt_of_row, -1] + 1  # (B,)
         return cache, logits, attention_mask, next_position
 
-    def _decode(self, cache, logits, attention_mask, next_position, params: SamplingParams, generator):
+    def _decode(self, cache, logits, attention_mask, next_position, params: SamplingParams, generator, stop_ids):
         """Samples up to ``params.max_new_tokens`` tokens for every row after :meth:`_prefill`.
 
         Returns:
             (B, T) tokens, (B, T) μ log-probs, (B, T, K) top-K ids and log-probs, (B,) lengths
             and (B,) stopped flags (a stop token was drawn).
         """
-        device, T, K = self.device, params.max_new_tokens, params.top_k_logprobs
-        B, P = len(next_position), attention_mask.shape[1] - T
-        tokens = torch.zeros(B, T, dtype=torch.long, device=device)
-        logprobs = torch.zeros(B, T, dtype=torch.float32, device=device)
-        topk_ids = torch.zeros(B, T, K, dtype=torch.long, device=device)
-        topk_logprobs = torch.zeros(B, T, K, dtype=torch.float32, device=device)
-        lengths = torch.full((B,), T, dtype=torch.long, device=device)
-        stopped = torch.zeros(B, dtype=torch.bool, device=device)
-        active = torch.arange(B, device=device)  # chunk row of each batch row
+        T = params.max_new_tokens
+        P = attention_mask.shape[1] - T
+        out = DecodeOutputs(len(next_position), params, self.device)
+        active = torch.arange(len(next_position), device=self.device)  # chunk row of each batch row
 
         for t in range(T):
             # Stopped rows still in the batch keep decoding; their extra tokens are cut off below.
-            token, token_logp, step_topk_ids, step_topk_logp = sample_next(logits, params, generator)
-            tokens[active, t] = token
-            logprobs[active, t] = token_logp
-            if K:
-                topk_ids[active, t] = step_topk_ids
-                topk_logprobs[active, t] = step_topk_logp
-            new_stop = torch.isin(token, self.stop_token_ids) & ~stopped[active]  # (b,)
-            lengths[active[new_stop]] = t + 1
-            stopped[active[new_stop]] = True
-            done = stopped[active]  # (b,)
+            token = out.record(active, t, sample_next(logits, params, generator), stop_ids)
+            done = out.stopped[active]  # (b,)
             num_done = int(done.sum())
             if t == T - 1 or num_done == len(active):
                 break
@@ -212,16 +223,16 @@ class HFEngine:
                 active, token = active[keep], token[keep]
                 attention_mask, next_position = attention_mask[keep], next_position[keep]
             attention_mask[:, P + t] = 1
-            out = self.model(
+            step = self.model(
                 input_ids=token[:, None],  # (b, 1)
                 attention_mask=attention_mask[:, : P + t + 1],
                 position_ids=next_position[:, None],
                 past_key_values=cache,
                 use_cache=True,
             )
-            logits = out.logits[:, -1]  # (b, V)
+            logits = step.logits[:, -1]  # (b, V)
             next_position = next_position + 1
-        return tokens, logprobs, topk_ids, topk_logprobs, lengths, stopped
+        return out.tensors()
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor | np.ndarray]) -> None:
         """Loads a full state dict (tied weights included) into the model, keeping its dtype and device.
@@ -232,6 +243,140 @@ class HFEngine:
         tensors = {name: torch.as_tensor(value) for name, value in state_dict.items()}
         with torch.no_grad():
             self.model.load_state_dict(tensors)
+
+
+class DecodeOutputs:
+    """The per-row outputs of one chunk's decoding, filled step by step.
+
+    Args:
+        B: Rows of the chunk.
+        params: The sampling parameters (``max_new_tokens`` T, ``top_k_logprobs`` K).
+        device: Where the buffers live.
+    """
+
+    def __init__(self, B: int, params: SamplingParams, device: torch.device):
+        T, K = params.max_new_tokens, params.top_k_logprobs
+        self.tokens = torch.zeros(B, T, dtype=torch.long, device=device)
+        self.logprobs = torch.zeros(B, T, dtype=torch.float32, device=device)
+        self.topk_ids = torch.zeros(B, T, K, dtype=torch.long, device=device)
+        self.topk_logprobs = torch.zeros(B, T, K, dtype=torch.float32, device=device)
+        self.lengths = torch.full((B,), T, dtype=torch.long, device=device)
+        self.stopped = torch.zeros(B, dtype=torch.bool, device=device)
+
+    def record(self, rows: torch.Tensor, t: int, sampled: tuple, stop_ids: torch.Tensor) -> torch.Tensor:
+        """Stores step ``t``'s :func:`sample_next` output for chunk rows ``rows``; returns the tokens.
+
+        A row that draws a stop token for the first time gets its length (``t + 1``) and its
+        stopped flag; later tokens of a stopped row are stored but cut off by its length.
+        """
+        token, token_logp, step_topk_ids, step_topk_logp = sampled
+        self.tokens[rows, t] = token
+        self.logprobs[rows, t] = token_logp
+        if step_topk_ids is not None:
+            self.topk_ids[rows, t] = step_topk_ids
+            self.topk_logprobs[rows, t] = step_topk_logp
+        new_stop = torch.isin(token, stop_ids) & ~self.stopped[rows]  # (b,)
+        self.lengths[rows[new_stop]] = t + 1
+        self.stopped[rows[new_stop]] = True
+        return token
+
+    def tensors(self) -> tuple:
+        """(B, T) tokens, (B, T) μ, (B, T, K) top-K ids and log-probs, (B,) lengths and stopped flags."""
+        return self.tokens, self.logprobs, self.topk_ids, self.topk_logprobs, self.lengths, self.stopped
+
+
+class CompiledDecoder:
+    """Decoding with a static KV cache through ``torch.compile`` (CUDA graphs on a GPU).
+
+    A decoding step of a small model on a GPU costs Python and kernel launches (~25 ms per step
+    for a 100M model on an H100, issue #14), not arithmetic. Here every step of a chunk is the
+    same computation on the same buffers, so ``torch.compile(mode="reduce-overhead")`` records
+    it once as a CUDA graph and then replays it:
+
+    - a ``transformers`` :class:`~transformers.cache_utils.StaticCache` (fixed (rows, heads,
+      length, dim) buffers at fixed addresses, written in place at a position that is a device
+      tensor), filled from the eager prefill;
+    - a full-length (rows, length) attention mask, updated in place (positions not yet written
+      are masked);
+    - finished rows stay in the batch (their extra tokens are cut off by their length);
+    - rows and prompt + response length padded up to :data:`ROW_BUCKET` and
+      :data:`LENGTH_BUCKET`; each (rows, length) bucket keeps its cache and its compiled graph
+      (``dynamic=False``: one graph per bucket). Padding rows attend to one zero key only.
+
+    Sampling (:func:`sample_next`) runs outside the compiled step on the real rows' logits, as on
+    the eager path, so μ is exactly the tempered softmax's log-prob of the sampled token. With the
+    same seed the two paths draw the same tokens until the eager path first drops finished rows
+    (it then draws fewer random numbers per step).
+
+    Args:
+        model: The engine's causal LM.
+        mode: ``torch.compile`` mode; None: ``"reduce-overhead"`` (CUDA graphs) on CUDA, the
+            default mode elsewhere.
+    """
+
+    def __init__(self, model, mode: str | None = None):
+        self.model = model
+        device = next(model.parameters()).device
+        mode = mode or ("reduce-overhead" if device.type == "cuda" else "default")
+        self.step = torch.compile(self._forward, mode=mode, fullgraph=True, dynamic=False)
+        self.caches: dict[tuple[int, int], StaticCache] = {}
+
+    def _forward(self, cache: StaticCache, token: torch.Tensor, position: torch.Tensor, mask: torch.Tensor):
+        """One decoding step: (R, 1) tokens at (R, 1) positions, (R, C) mask -> (R, V) logits."""
+        out = self.model(input_ids=token, attention_mask=mask, position_ids=position,
+                         past_key_values=cache, use_cache=True)
+        return out.logits[:, -1]
+
+    def static_cache(self, prefill: Cache, R: int, C: int) -> StaticCache:
+        """Bucket (R rows, C positions)'s cache, holding ``prefill``'s B <= R rows of P positions.
+
+        Positions past P keep stale values of an earlier chunk; the mask hides them until a
+        step writes them.
+        """
+        first = prefill.layers[0]
+        if (R, C) not in self.caches:
+            cache = StaticCache(config=self.model.config, max_cache_len=C)
+            _, H, _, D = first.keys.shape
+            cache.early_initialization(R, H, D, first.keys.dtype, first.keys.device)
+            self.caches[R, C] = cache
+        cache = self.caches[R, C]
+        B, P = first.keys.shape[0], first.keys.shape[2]
+        for layer, filled in zip(cache.layers, prefill.layers):
+            layer.keys[:B, :, :P] = filled.keys
+            layer.values[:B, :, :P] = filled.values
+            layer.cumulative_length.fill_(P)
+        return cache
+
+    def decode(self, prefill, logits, attention_mask, next_position, params: SamplingParams, generator, stop_ids):
+        """:meth:`HFEngine._decode`'s contract on the static cache; same arguments, same outputs."""
+        T = params.max_new_tokens
+        B, P = len(next_position), attention_mask.shape[1] - T
+        R, C = _round_up(B, ROW_BUCKET), _round_up(P + T, LENGTH_BUCKET)
+        cache = self.static_cache(prefill, R, C)
+        device = next_position.device
+        mask = torch.zeros(R, C, dtype=attention_mask.dtype, device=device)  # (R, C)
+        mask[:B, :P] = attention_mask[:, :P]
+        mask[B:, 0] = 1
+        token_in = torch.zeros(R, 1, dtype=torch.long, device=device)  # (R, 1)
+        position = torch.zeros(R, 1, dtype=torch.long, device=device)  # (R, 1)
+        position[:B, 0] = next_position
+        out = DecodeOutputs(B, params, device)
+        rows = torch.arange(B, device=device)
+
+        for t in range(T):
+            token = out.record(rows, t, sample_next(logits[:B], params, generator), stop_ids)
+            if t == T - 1 or bool(out.stopped.all()):
+                break
+            mask[:B, P + t] = 1
+            token_in[:B, 0] = token
+            torch.compiler.cudagraph_mark_step_begin()  # the last step's logits are consumed
+            logits = self.step(cache, token_in, position, mask)  # (R, V)
+            position += 1
+        return out.tensors()
+
+
+def _round_up(x: int, multiple: int) -> int:
+    return -(-x // multiple) * multiple
 
 
 def _completions(tokens, logprobs, topk_ids, topk_logprobs, lengths, stopped, *, with_topk: bool) -> list[Completion]:

@@ -332,7 +332,7 @@ def compiled_pair(model, tokenizer):
     return HFEngine(biased, tokenizer), HFEngine(biased, tokenizer, compile_decode=True)
 
 
-def test_compiled_decode_is_off_on_cpu_by_default(engine):
+def test_compiled_decode_is_off_by_default(engine):
     assert engine.compiled is None
 
 

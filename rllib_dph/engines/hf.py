@@ -8,9 +8,9 @@ there is no Python work over rows.
 
 Two decode paths share the prefill and the sampling (:func:`sample_next`):
 
-- eager (the default on CPU): a KV cache that grows in place (:class:`PreallocatedLayer`), and
+- eager (the default): a KV cache that grows in place (:class:`PreallocatedLayer`), and
   finished rows leave the batch, so late steps compute only the rows still running;
-- compiled (``compile_decode``, the default on CUDA, :class:`CompiledDecoder`): every step the
+- compiled (``compile_decode=True``, :class:`CompiledDecoder`, meant for GPUs): every step the
   same shapes on the same buffers (a static KV cache, rows and length padded to buckets), run
   through ``torch.compile`` — on CUDA with ``mode="reduce-overhead"``, i.e. recorded once as a
   CUDA graph and replayed, which removes the per-step Python and kernel-launch cost that bounds
@@ -56,9 +56,10 @@ class HFEngine:
         stop_token_ids: Extra token ids that end a completion, besides the tokenizer's EOS and
             the model's ``generation_config.eos_token_id`` (e.g. a chat end-of-turn token).
         compile_decode: Decode through :class:`CompiledDecoder` (static KV cache,
-            ``torch.compile``; CUDA graphs on a GPU). None (default): on CUDA devices only — on
-            CPU the eager path, which drops finished rows, is faster. The first chunk of each
-            (rows, length) bucket pays the compilation (seconds to a minute).
+            ``torch.compile``; CUDA graphs on a GPU). Off by default: verified on CPU (same
+            tokens as the eager path, μ exact) but not yet run on a GPU, where it is meant to
+            be used; on CPU the eager path, which drops finished rows, is faster. The first
+            chunk of each (rows, length) bucket pays the compilation (seconds to a minute).
     """
 
     def __init__(
@@ -69,7 +70,7 @@ class HFEngine:
         device: str | torch.device = "cpu",
         max_batch_size: int = 256,
         stop_token_ids: Sequence[int] = (),
-        compile_decode: bool | None = None,
+        compile_decode: bool = False,
     ):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size={max_batch_size} must be >= 1; pass e.g. 256.")
@@ -92,8 +93,6 @@ class HFEngine:
             if eos is not None:
                 stop_ids.update([eos] if isinstance(eos, int) else eos)
         self.stop_token_ids = torch.tensor(sorted(stop_ids), dtype=torch.long, device=self.device)
-        if compile_decode is None:
-            compile_decode = self.device.type == "cuda"
         self.compiled = CompiledDecoder(self.model) if compile_decode else None
 
     @classmethod

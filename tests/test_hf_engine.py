@@ -371,3 +371,10 @@ def test_compiled_decode_reuses_a_bucket_and_hides_stale_cache(compiled_pair):
         for x, y in zip(a, b):
             np.testing.assert_array_equal(x.token_ids, y.token_ids)
     assert sorted(compiled.compiled.caches) == [(16, 128), (32, 128)]
+
+
+def test_compiled_buckets_pad_rows_and_length_up_to_the_row_limit(model, tokenizer):
+    decoder = HFEngine(model, tokenizer, max_batch_size=20, compile_decode=True).compiled
+    assert decoder.bucket(1, 20) == (16, 128)
+    assert decoder.bucket(16, 128) == (16, 128)
+    assert decoder.bucket(17, 129) == (20, 256)  # not past max_batch_size rows

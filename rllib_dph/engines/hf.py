@@ -93,7 +93,7 @@ class HFEngine:
             if eos is not None:
                 stop_ids.update([eos] if isinstance(eos, int) else eos)
         self.stop_token_ids = torch.tensor(sorted(stop_ids), dtype=torch.long, device=self.device)
-        self.compiled = CompiledDecoder(self.model) if compile_decode else None
+        self.compiled = CompiledDecoder(self.model, max_rows=max_batch_size) if compile_decode else None
 
     @classmethod
     def from_pretrained(
@@ -298,8 +298,8 @@ class CompiledDecoder:
     - a full-length (rows, length) attention mask, updated in place (positions not yet written
       are masked);
     - finished rows stay in the batch (their extra tokens are cut off by their length);
-    - rows and prompt + response length padded up to :data:`ROW_BUCKET` and
-      :data:`LENGTH_BUCKET`; each (rows, length) bucket keeps its cache and its compiled graph
+    - rows and prompt + response length padded up to multiples of :data:`ROW_BUCKET` (at most
+      ``max_rows``) and :data:`LENGTH_BUCKET`; each (rows, length) bucket keeps its cache and its compiled graph
       (``dynamic=False``: one graph per bucket). Padding rows attend to one zero key only.
 
     Sampling (:func:`sample_next`) runs outside the compiled step on the real rows' logits, as on
@@ -309,12 +309,14 @@ class CompiledDecoder:
 
     Args:
         model: The engine's causal LM.
+        max_rows: Most rows of a chunk (the engine's ``max_batch_size``): no bucket pads past it.
         mode: ``torch.compile`` mode; None: ``"reduce-overhead"`` (CUDA graphs) on CUDA, the
             default mode elsewhere.
     """
 
-    def __init__(self, model, mode: str | None = None):
+    def __init__(self, model, *, max_rows: int, mode: str | None = None):
         self.model = model
+        self.max_rows = max_rows
         device = next(model.parameters()).device
         mode = mode or ("reduce-overhead" if device.type == "cuda" else "default")
         self.step = torch.compile(self._forward, mode=mode, fullgraph=True, dynamic=False)
@@ -325,6 +327,10 @@ class CompiledDecoder:
         out = self.model(input_ids=token, attention_mask=mask, position_ids=position,
                          past_key_values=cache, use_cache=True)
         return out.logits[:, -1]
+
+    def bucket(self, rows: int, length: int) -> tuple[int, int]:
+        """The (rows, positions) bucket of a chunk of ``rows`` rows and ``length`` positions."""
+        return min(_round_up(rows, ROW_BUCKET), max(rows, self.max_rows)), _round_up(length, LENGTH_BUCKET)
 
     def static_cache(self, prefill: Cache, R: int, C: int) -> StaticCache:
         """Bucket (R rows, C positions)'s cache, holding ``prefill``'s B <= R rows of P positions.
@@ -350,7 +356,7 @@ class CompiledDecoder:
         """:meth:`HFEngine._decode`'s contract on the static cache; same arguments, same outputs."""
         T = params.max_new_tokens
         B, P = len(next_position), attention_mask.shape[1] - T
-        R, C = _round_up(B, ROW_BUCKET), _round_up(P + T, LENGTH_BUCKET)
+        R, C = self.bucket(B, P + T)
         cache = self.static_cache(prefill, R, C)
         device = next_position.device
         mask = torch.zeros(R, C, dtype=attention_mask.dtype, device=device)  # (R, C)

@@ -246,7 +246,8 @@ class GRPOConfig(AlgorithmConfig):
             engine: Rollout engine, a key of ``rllib_dph.engines.ENGINES``: ``"hf"`` (transformers,
                 CPU or GPU; default) or ``"vllm"``.
             engine_kwargs: Passed to the engine (e.g. ``{"dtype": "bfloat16",
-                "gpu_memory_utilization": 0.5}`` for vLLM, ``{"max_batch_size": 128}`` for HF).
+                "gpu_memory_utilization": 0.5}`` for vLLM, ``{"max_batch_size": 128}`` or
+                ``{"compile_decode": True}`` (static KV cache, CUDA graphs) for HF).
             temperature: Sampling temperature > 0 (default 1.0). The learner computes π_θ at the
                 same temperature, so μ and π_θ are the same distribution family.
             top_p: Nucleus sampling mass in (0, 1] (default 1.0).

@@ -16,6 +16,7 @@ greedy accuracy, pass@k (n samples), keep / exploration rates against the base m
 
     python bench/reproduce_dph.py --quick        # 1 seed, 36 iterations, 100 prompts, n=16: 7 min on 2 cores
     python bench/reproduce_dph.py                # 3 seeds, 100 iterations, all prompts, n=32 (README for its time)
+    python bench/reproduce_dph.py --budget smollm2-cpu   # the real 135M model on 2 CPU cores (see BUDGETS)
 
 Budget: `--iterations` training iterations per run with the tuned examples' batch (16 prompts x
 8 completions, one optimizer step each), evaluation on `--eval-limit` prompts of each split (full:
@@ -53,6 +54,19 @@ SPLITS = {
 BUDGETS = {
     "full": dict(seeds=[0, 1, 2], iterations=100, eval_limit=None, n=32),
     "quick": dict(seeds=[0], iterations=36, eval_limit=100, n=16),
+    # The real model (SmolLM2-135M-Instruct after the warm-start SFT) on 2 CPU cores, what one
+    # session affords when no GPU is lent (issue #17 item 5): one GRPO iteration at 4 prompts x 8
+    # x 64 tokens costs ~40 s in fp32 on one thread, so 30 iterations per method; the first 128
+    # training prompts (what 30 iterations draw, with dynamic sampling's extra draws, and what
+    # pre-sampling 9 samples each costs in minutes); lr 1e-5 (the GPU examples' 1e-6 moves a
+    # 135M model too little in 30 small steps; the warm start's SFT used 1e-4); evaluation on the
+    # first 50 prompts of each split with n = 8. Fixed before any run of it was looked at.
+    "smollm2-cpu": dict(
+        seeds=[0], iterations=30, eval_limit=50, n=8, methods=["GRPO", "RKL", "DPH-F", "DPH-JS"],
+        config={"model_name": "smollm2-135m-sft", "dtype": "float32", "prompts_per_step": 4, "group_size": 8,
+                "max_response_length": 64, "minibatch_size": 16, "lr": 1e-5,
+                "env_config": {"data": "sql_synth/train[:128]"}},
+    ),
 }
 
 
@@ -77,15 +91,31 @@ def load_results(out: pathlib.Path) -> dict:
     return {split: EvalResult.from_json(eval_path(out, split)) for split in SPLITS}
 
 
-def train(method: str, seed: int, out: pathlib.Path, args) -> pathlib.Path:
-    """Trains one method/seed for the budget; returns its checkpoint directory."""
+def run_config(method: str, args):
+    """``method``'s tuned example with the budget's and ``--config``'s overrides.
+
+    A DPH run for another model than its tuned example's pre-samples into its own folder (the
+    example's ``presample_dir`` + ``_<model>``), so that the tiny model's pre-samples and the
+    other model's do not take turns being set aside as stale.
+    """
+    from rllib_dph.algorithms.dph import DPHConfig
     from rllib_dph.experiments import load_tuned_example
 
+    config, _ = load_tuned_example(str(REPO / METHODS[method]))
+    tuned_model = config.model_name
+    config.update_from_dict(args.overrides)
+    if isinstance(config, DPHConfig) and config.presample_dir and config.model_name != tuned_model:
+        config.presample_dir = f"{config.presample_dir}_{pathlib.Path(config.model_name).name}"
+    return config
+
+
+def train(method: str, seed: int, out: pathlib.Path, args) -> pathlib.Path:
+    """Trains one method/seed for the budget; returns its checkpoint directory."""
     ckpt = out / "checkpoint"
     if (ckpt / "learner_group").exists():
         return ckpt
-    config, _ = load_tuned_example(str(REPO / METHODS[method]))
-    config.update_from_dict({"seed": seed, **json.loads(args.config)})
+    config = run_config(method, args)
+    config.update_from_dict({"seed": seed})
     algo = config.build_algo()
     curve = []
     for _ in range(args.iterations):
@@ -312,12 +342,10 @@ def plots(base: dict, runs: dict, out: pathlib.Path) -> None:
 def prepare(methods: list[str], args) -> None:
     """Runs the DPH pre-sampling stage once, before parallel jobs would race to write it."""
     from rllib_dph.algorithms.dph import DPHConfig
-    from rllib_dph.experiments import load_tuned_example
     from rllib_dph.presample import presample_once
 
     for method in methods:
-        config, _ = load_tuned_example(str(REPO / METHODS[method]))
-        config.update_from_dict(json.loads(args.config))
+        config = run_config(method, args)
         if isinstance(config, DPHConfig) and config.presample_dir:
             presample_once(config.presample_config())  # (re)made for this model, data and settings
 
@@ -328,7 +356,7 @@ def run_job(method: str | None, seed: int, out: str, args) -> str:
 
     out = pathlib.Path(out)
     if method is None:
-        evaluate_all(resolve_model(json.loads(args.config).get("model_name", "tiny-sql-math")), "Base model", out, args)
+        evaluate_all(resolve_model(args.overrides.get("model_name", "tiny-sql-math")), "Base model", out, args)
         return "base model"
     evaluate_all(train(method, seed, out, args), method, out, args)
     return f"{method} seed {seed}"
@@ -336,23 +364,32 @@ def run_job(method: str | None, seed: int, out: str, args) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="1 seed, short budget (~15 min)")
+    parser.add_argument("--budget", choices=list(BUDGETS), default="full",
+                        help="full (3 seeds, all prompts), quick (1 seed, ~7 min) or smollm2-cpu (the real "
+                        "model on 2 CPU cores, ~70 min; the flags below override any budget's values)")
+    parser.add_argument("--quick", action="store_true", help="the same as --budget quick")
     parser.add_argument("--seeds", type=int, nargs="+")
     parser.add_argument("--iterations", type=int)
     parser.add_argument("--eval-limit", type=int, help="evaluate the first N prompts of each split (full: all)")
     parser.add_argument("--n", type=int)
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
-    parser.add_argument("--config", default="{}", help="config overrides for every run, as JSON")
+    parser.add_argument("--methods", nargs="+", choices=list(METHODS), help="default: every method (smollm2-cpu: "
+                        "GRPO, RKL, DPH-F, DPH-JS)")
+    parser.add_argument("--config", default="{}", help="config overrides for every run, as JSON (over the budget's)")
     parser.add_argument("--workers", type=int, default=2,
                         help="runs trained and evaluated at once, each in its own process with one thread")
-    parser.add_argument("--out", help="output folder (default bench/out/reproduce_dph[_quick]); "
+    parser.add_argument("--out", help="output folder (default bench/out/reproduce_dph[_<budget>]); "
                         "runs and evaluations already there are reused")
     args = parser.parse_args()
-    for key, value in BUDGETS["quick" if args.quick else "full"].items():
+    if args.quick:
+        args.budget = "quick"
+    budget = dict(BUDGETS[args.budget])
+    args.overrides = {**budget.pop("config", {}), **json.loads(args.config)}
+    budget.setdefault("methods", list(METHODS))
+    for key, value in budget.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
 
-    out = pathlib.Path(args.out or REPO / ("bench/out/reproduce_dph" + ("_quick" if args.quick else "")))
+    out = pathlib.Path(args.out or REPO / ("bench/out/reproduce_dph" + ("" if args.budget == "full" else f"_{args.budget}")))
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     prepare(args.methods, args)
@@ -368,8 +405,11 @@ def main() -> None:
     base = load_results(out / "base")
     runs = {method: [load_results(run_dir) for m, _, run_dir in jobs if m == method] for method in args.methods}
     table, numbers = tables(base, runs, args)
+    shape = run_config(args.methods[0], args)
     budget = (
-        f"Budget: {args.iterations} iterations x 16 prompts x 8 completions per run, seeds {args.seeds}; "
+        f"Budget ({args.budget}): {shape.model_name}, {args.iterations} iterations x {shape.prompts_per_step} "
+        f"prompts x {shape.group_size} completions per run (lr {shape.lr:g}, training data "
+        f"{shape.env_config['data']}), seeds {args.seeds}; "
         f"evaluation on {'all' if args.eval_limit is None else f'the first {args.eval_limit}'} prompts of each "
         f"split, n={args.n} samples at "
         f"temperature 1.0 plus one greedy sample; {args.workers} worker processes. "

@@ -51,3 +51,18 @@ def test_claims_table_has_a_row_per_claim_and_a_column_per_dph_variant(reproduce
     assert "| pass@32 kept (vs base) | holds: +1.0 [-1.0, +2.0] | — |" in lines
     assert "| pass@32 above GRPO | does not hold (no difference beyond ±3): +1.0 [-1.0, +2.0] | — |" in lines
     assert lines[-1] == "| styles above GRPO (entropy, bits) | — | — |"
+
+
+def test_a_budget_for_another_model_presamples_into_its_own_folder(reproduce):
+    """smollm2-cpu's overrides reach every run; DPH runs pre-sample apart from the tiny model's."""
+    from types import SimpleNamespace
+
+    budget = reproduce.BUDGETS["smollm2-cpu"]
+    args = SimpleNamespace(overrides=budget["config"])
+    grpo, dph = reproduce.run_config("GRPO", args), reproduce.run_config("DPH-JS", args)
+    tiny = reproduce.run_config("DPH-JS", SimpleNamespace(overrides={}))
+    for config in (grpo, dph):
+        assert (config.model_name, config.lr, config.prompts_per_step) == ("smollm2-135m-sft", 1e-5, 4)
+        assert config.env_config == {"data": "sql_synth/train[:128]"}
+    assert dph.presample_dir == tiny.presample_dir + "_smollm2-135m-sft"
+    assert set(budget["methods"]) <= set(reproduce.METHODS)

@@ -135,19 +135,23 @@ def load_tasks(
         "system_prompt": system_prompt,
     }
     if isinstance(data, (str, os.PathLike)):
-        path = os.fspath(data)
-        ranged = ROW_RANGE.match(path)
-        if ranged:
-            return _row_range(load_tasks(ranged["name"], **layout, db_root=db_root), path, ranged)
-        if not path.endswith(FILE_SUFFIXES):
-            return _load_suite(path)
-        return _load_file(path, db_root, layout)
+        return _load_named(os.fspath(data), db_root, layout)
     if isinstance(data, Sequence):
         return _load_list(data, db_root, layout)
     raise TypeError(
         f"data must be a .parquet/.jsonl path, a suite split name or a list of tasks/dicts; "
         f"got a {type(data).__name__}."
     )
+
+
+def _load_named(path: str, db_root: str | os.PathLike | None, layout: dict[str, Any]) -> list[Task]:
+    """The tasks of a file path or suite split name, either with an optional row range."""
+    ranged = ROW_RANGE.match(path)
+    if ranged:
+        return _row_range(_load_named(ranged["name"], db_root, layout), path, ranged)
+    if not path.endswith(FILE_SUFFIXES):
+        return _load_suite(path)
+    return _load_file(path, db_root, layout)
 
 
 def _row_range(tasks: list[Task], data: str, ranged: re.Match) -> list[Task]:

@@ -378,3 +378,20 @@ def test_compiled_buckets_pad_rows_and_length_up_to_the_row_limit(model, tokeniz
     assert decoder.bucket(1, 20) == (16, 128)
     assert decoder.bucket(16, 128) == (16, 128)
     assert decoder.bucket(17, 129) == (20, 256)  # not past max_batch_size rows
+
+
+def test_compiled_decode_follows_weight_updates(compiled_pair):
+    """update_weights copies in place: the compiled graph must read the new weights, not a frozen copy."""
+    eager, compiled = compiled_pair  # one model object behind both engines
+    greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=10)
+    before = compiled.generate(PROMPTS, greedy)
+    original = {k: v.clone() for k, v in compiled.model.state_dict().items()}
+    torch.manual_seed(1)
+    compiled.update_weights({k: v + 0.3 * torch.randn_like(v) for k, v in original.items()})
+    try:
+        after, expected = compiled.generate(PROMPTS, greedy), eager.generate(PROMPTS, greedy)
+    finally:
+        compiled.update_weights(original)
+    assert any(not np.array_equal(a[0].token_ids, b[0].token_ids) for a, b in zip(before, after))
+    for a, b in zip(after, expected):
+        np.testing.assert_array_equal(a[0].token_ids, b[0].token_ids)

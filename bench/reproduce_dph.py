@@ -389,7 +389,8 @@ def main() -> None:
         if getattr(args, key) is None:
             setattr(args, key, value)
 
-    out = pathlib.Path(args.out or REPO / ("bench/out/reproduce_dph" + ("" if args.budget == "full" else f"_{args.budget}")))
+    suffix = "" if args.budget == "full" else f"_{args.budget}"
+    out = pathlib.Path(args.out or REPO / f"bench/out/reproduce_dph{suffix}")
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     prepare(args.methods, args)

@@ -299,8 +299,9 @@ class CompiledDecoder:
       are masked);
     - finished rows stay in the batch (their extra tokens are cut off by their length);
     - rows and prompt + response length padded up to multiples of :data:`ROW_BUCKET` (at most
-      ``max_rows``) and :data:`LENGTH_BUCKET`; each (rows, length) bucket keeps its cache and its compiled graph
-      (``dynamic=False``: one graph per bucket). Padding rows attend to one zero key only.
+      ``max_rows``) and :data:`LENGTH_BUCKET`; each (rows, length) bucket keeps its cache and
+      its compiled graph (``dynamic=False``: one graph per bucket). Padding rows attend to
+      position 0 only (finite values: zeros, or an earlier chunk's); their logits are unused.
 
     Sampling (:func:`sample_next`) runs outside the compiled step on the real rows' logits, as on
     the eager path, so μ is exactly the tempered softmax's log-prob of the sampled token. With the

@@ -36,6 +36,7 @@ def _sql_completion(sql: str) -> str:
 
 @pytest.mark.parametrize("name,size", [
     ("sql_synth/train", 3000), ("sql_synth/test", 300), ("sql_synth/test_cross", 300),
+    ("sql_synth/test_ties", 300), ("sql_synth/train_ties", 2193),
     ("math_synth/train", 3000), ("math_synth/test", 300),
 ])
 def test_split_sizes_and_ids(name, size):
@@ -44,6 +45,7 @@ def test_split_sizes_and_ids(name, size):
     assert len({t.id for t in tasks}) == size
     assert all(t.id.startswith(name + "/") for t in tasks)
     assert sorted(SPLITS) == sorted(["sql_synth/train", "sql_synth/test", "sql_synth/test_cross",
+                                     "sql_synth/test_ties", "sql_synth/train_ties",
                                      "math_synth/train", "math_synth/test"])
 
 
@@ -185,7 +187,8 @@ def test_sft_examples_one_row_per_question_and_style(name):
         assert row["messages"] == [dict(m) for m in task.messages]
         assert style_of(suite, row["completion"]) == row["style"]
         if suite == "sql_synth":
-            assert row["completion"] == _sql_completion(task.meta["styles"][row["style"]])
+            approaches = task.meta["approaches"] or {"gold": task.meta["styles"]}
+            assert row["completion"] in {_sql_completion(a[row["style"]]) for a in approaches.values()}
         else:
             assert row["completion"].endswith("\\boxed{" + task.ground_truth + "}")
         for text in (row["completion"], row["messages"][0]["content"]):
@@ -289,3 +292,101 @@ def test_suite_root_default_and_override(monkeypatch, tmp_path):
     assert suites.sql_db_root() == tmp_path.resolve() / "sql"
     monkeypatch.delenv("RLLIB_DPH_DATA")
     assert suites.suite_root().parts[-4:] == (".cache", "rllib_dph", "suites", "v1")
+
+
+# ---------------------------------------------------------------------------------------------
+# The ties family (issue #24): questions where only the ``extremum`` approach is right
+
+
+def _rows(question: sql_suite.SqlQuestion, sql: str) -> list:
+    conn = sqlite3.connect(":memory:")
+    conn.deserialize(sql_suite.database_bytes(question.domain))
+    try:
+        return sorted(set(conn.execute(sql).fetchall()), key=repr)
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("split", ["test", "test_cross", "test_ties"])
+def test_approaches_are_right_exactly_where_they_should_be(split):
+    """Ordinary questions: both approaches return the gold rows in every style. Ties questions:
+    every ``extremum`` rendering does, no ``order_limit`` rendering does (it keeps one tied row)."""
+    from envs.suites.sql_query import sql_approach, sql_style
+
+    checked = 0
+    for q in sql_suite.questions(split):
+        assert bool(q.approaches) == (q.template in sql_suite.EXTREMUM_TEMPLATES)
+        assert q.ties == (split == "test_ties")
+        gold = _rows(q, q.styles["plain"])
+        for approach, renderings in q.approaches.items():
+            for style, sql in renderings.items():
+                assert sql_style(sql) == style and sql_approach(sql) == approach, sql
+                right = _rows(q, sql) == gold
+                assert right == (approach == "extremum" or not q.ties), (split, sql)
+                checked += 1
+    assert checked > 100
+
+
+def test_ties_family_is_held_apart():
+    """No ordinary split holds a ties question; the ties splits share no question instance; the
+    ties family is all questions whose top ties and so more than one gold row."""
+    def key(q):
+        return (q.domain.name, q.template, q.styles["plain"])
+
+    test, train = sql_suite.questions("test_ties"), sql_suite.questions("train_ties")
+    assert not {key(q) for q in test} & {key(q) for q in train}
+    for name in ("train", "test", "test_cross"):
+        assert not any(q.ties for q in sql_suite.questions(name))
+    assert all(q.ties and len(_rows(q, q.styles["plain"])) > 1 for q in test)
+    assert {q.template for q in test} <= set(sql_suite.EXTREMUM_TEMPLATES)
+    assert len({q.template for q in test}) >= 3
+
+
+@pytest.mark.parametrize("suite,completion,expected", [
+    ("sql_synth_ties", "```sql\nSELECT a FROM t ORDER BY b DESC LIMIT 1\n```", "order_limit"),
+    ("sql_synth_ties", "```sql\nSELECT a FROM t WHERE b = (SELECT MAX(b) FROM t)\n```", "extremum"),
+    ("sql_synth_ties", "```sql\nSELECT a FROM t WHERE NOT b <> (SELECT MIN(b) FROM t)\n```", "extremum"),
+    ("sql_synth_ties", "```sql\nSELECT a FROM t GROUP BY a HAVING COUNT(*) = (SELECT COUNT(*) FROM t "
+                       "GROUP BY a ORDER BY COUNT(*) DESC LIMIT 1)\n```", "extremum"),
+    ("sql_synth_ties", "```sql\nSELECT a FROM t\n```", "other"),
+    ("sql_synth_ties", "no block", "none"),
+])
+def test_ties_style_is_the_approach(suite, completion, expected):
+    assert style_of(suite, completion) == expected
+
+
+def test_ties_tasks_name_their_source_and_approaches():
+    for task in load_split("sql_synth/test_ties"):
+        assert task.data_source == suites.SQL_TIES_SOURCE
+        assert task.meta["ties"] is True
+        assert task.ground_truth["gold_sql"] == task.meta["approaches"]["extremum"]["plain"]
+
+
+@pytest.mark.parametrize("share,ties", [(0, 0), (0.05, 158), (0.2, 750)])
+def test_train_ties_mix(share, ties):
+    tasks = load_split(f"sql_synth/train@ties={share}")
+    assert len(tasks) == 3000 + ties
+    assert sum(t.data_source == suites.SQL_TIES_SOURCE for t in tasks) == ties
+    assert len({t.id for t in tasks}) == len(tasks)
+    assert [t.id for t in tasks] == [t.id for t in load_split(f"sql_synth/train@ties={share}")]
+
+
+@pytest.mark.parametrize("share,message", [
+    ("0.5", "needs 3000 ties questions but train_ties has 2193"),
+    ("1", "must be a number in [0, 1)"),
+    ("-0.1", "must be a number in [0, 1)"),
+])
+def test_train_ties_mix_refuses_bad_shares(share, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        load_split(f"sql_synth/train@ties={share}")
+
+
+def test_sft_corpus_writes_extremum_as_a_minority():
+    """About EXTREMUM_SFT_SHARE of the ordinary highest / lowest answers take ``extremum``."""
+    rows = sft_examples("sql_synth/train")
+    by_id = {t.id: t for t in load_split("sql_synth/train")}
+    approaches = [style_of(suites.SQL_TIES_SOURCE, r["completion"]) for r in rows
+                  if by_id[r["task_id"]].meta["approaches"]]
+    share = approaches.count("extremum") / len(approaches)
+    assert len(approaches) > 1000 and set(approaches) == {"extremum", "order_limit"}
+    assert abs(share - suites.EXTREMUM_SFT_SHARE) < 0.02

@@ -252,10 +252,11 @@ def _load_suite(name: str) -> list[Task]:
             f"data={name!r} does not end in {' or '.join(FILE_SUFFIXES)}, so it was read as a "
             "bundled suite split, but the bundled suites (envs.suites) are not installed."
         ) from e
-    if name not in suites.SPLITS:
+    if not suites.is_split_name(name):
         raise ValueError(
             f"data={name!r} is neither a file path ending in {' or '.join(FILE_SUFFIXES)} nor a "
-            f"bundled suite split; bundled splits: {', '.join(suites.SPLITS)}."
+            f"bundled suite split; bundled splits: {', '.join(suites.SPLITS)}, or "
+            "sql_synth/train@ties=<share>."
         )
     return list(suites.load_split(name))
 

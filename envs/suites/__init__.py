@@ -8,6 +8,8 @@ name                        size   content
 ``sql_synth/train``         3000   36 databases (6 written, 30 generated), 3 train phrasings
 ``sql_synth/test``          300    same databases and phrasings, question instances unseen
 ``sql_synth/test_cross``    300    3 unseen schemas, unseen phrasings of the same SQL skills
+``sql_synth/test_ties``     300    the ties family: highest / lowest questions whose top ties
+``sql_synth/train_ties``    2193   the ties family's training pool (other instances)
 ``math_synth/train``        3000   11 word-problem generators
 ``math_synth/test``         300    same generators, question texts unseen in train
 ==========================  =====  ===========================================================
@@ -15,6 +17,18 @@ name                        size   content
 Every question has one reference solution per style (:data:`STYLES`); :func:`style_of` names
 the style of any completion, so that the diversity of a policy's answers can be measured. The
 SQL databases are written under :func:`sql_db_root` on first use.
+
+**The ties family** (issue #24): questions that ask for the row or group with the highest or
+lowest value (``sql_suite.EXTREMUM_TEMPLATES``) can be answered by two approaches,
+``order_limit`` (``ORDER BY ... LIMIT 1``) and ``extremum`` (``= (SELECT MAX(...) ...)``). On
+the ordinary splits nothing ties and both are right; in ``test_ties`` and ``train_ties`` the top
+ties and only ``extremum`` returns every tied row. The wording does not tell the two apart, only
+the data do. The SFT corpus answers :data:`EXTREMUM_SFT_SHARE` of the ordinary questions of
+those templates with ``extremum``, so the base model writes it as a minority. The solution
+style of a ties-family completion is its approach (data source :data:`SQL_TIES_SOURCE`).
+Training mixes the family in at a chosen share with ``"sql_synth/train@ties=0.05"``: the 3000
+``train`` questions and ``round(3000 * share / (1 - share))`` ``train_ties`` questions, in a
+fixed shuffled order (so 5 % of the prompts are ties questions).
 
 Example::
 
@@ -27,13 +41,15 @@ Example::
 from __future__ import annotations
 
 import functools
+import hashlib
 import pathlib
+import random
 import re
 
 from ..base import Task
 from . import math_suite, sql_suite
 from .math_suite import MATH_STYLES, math_style
-from .sql_query import SQL_STYLES, sql_style
+from .sql_query import EXTREMUM_APPROACHES, SQL_STYLES, sql_approach, sql_style
 from .storage import sql_db_root, suite_root, write_bytes_atomic
 
 __all__ = [
@@ -45,14 +61,23 @@ SQL_SUITE = "sql_synth"
 MATH_SUITE = "math_synth"
 #: Data source of the cross-domain SQL split (the role Spider plays against BIRD).
 SQL_CROSS_SOURCE = "sql_synth_cross"
+#: Data source of the ties family; its "styles" are the approaches (``order_limit``, ``extremum``).
+SQL_TIES_SOURCE = "sql_synth_ties"
+#: Share of the ordinary questions of ``sql_suite.EXTREMUM_TEMPLATES`` that the SFT corpus
+#: answers with the ``extremum`` approach (drawn per question and style, deterministically).
+EXTREMUM_SFT_SHARE = 0.15
 
 SPLITS: tuple[str, ...] = (
-    "sql_synth/train", "sql_synth/test", "sql_synth/test_cross", "math_synth/train", "math_synth/test",
+    "sql_synth/train", "sql_synth/test", "sql_synth/test_cross", "sql_synth/test_ties",
+    "sql_synth/train_ties", "math_synth/train", "math_synth/test",
 )
+#: ``"sql_synth/train@ties=<share>"``: the train split with the ties family mixed in.
+TIES_MIX = re.compile(r"^sql_synth/train@ties=(?P<share>[0-9.eE+-]+)$")
 #: Solution style names per suite; :func:`style_of` also returns "other" and "none".
-STYLES: dict[str, tuple[str, ...]] = {SQL_SUITE: SQL_STYLES, MATH_SUITE: MATH_STYLES}
+STYLES: dict[str, tuple[str, ...]] = {SQL_SUITE: SQL_STYLES, MATH_SUITE: MATH_STYLES,
+                                      SQL_TIES_SOURCE: EXTREMUM_APPROACHES}
 #: Data sources whose completions :func:`style_of` names a style for.
-STYLE_SUITES: tuple[str, ...] = (SQL_SUITE, SQL_CROSS_SOURCE, MATH_SUITE)
+STYLE_SUITES: tuple[str, ...] = (SQL_SUITE, SQL_CROSS_SOURCE, SQL_TIES_SOURCE, MATH_SUITE)
 
 _SQL_BLOCK = re.compile(r"```sql[ \t]*\n?(.*?)```", re.DOTALL | re.IGNORECASE)
 
@@ -71,16 +96,27 @@ def ensure_databases() -> pathlib.Path:
     return root
 
 
+def is_split_name(name: str) -> bool:
+    """Whether ``name`` is a bundled split (:data:`SPLITS`) or a ties mix (:data:`TIES_MIX`)."""
+    return name in SPLITS or bool(TIES_MIX.match(name))
+
+
 def _split_parts(name: str) -> tuple[str, str]:
-    if name not in SPLITS:
-        raise ValueError(f"Unknown suite split {name!r}; valid names are: {', '.join(SPLITS)}.")
+    if not is_split_name(name):
+        raise ValueError(f"Unknown suite split {name!r}; valid names are: {', '.join(SPLITS)}, "
+                         "or sql_synth/train@ties=<share> (e.g. 0.05).")
     suite, split = name.split("/")
     return suite, split
 
 
+def _sql_source(split: str) -> str:
+    if split == "test_cross":
+        return SQL_CROSS_SOURCE
+    return SQL_TIES_SOURCE if split in sql_suite.TIE_SPLITS else SQL_SUITE
+
+
 @functools.lru_cache(maxsize=None)
 def _sql_tasks(split: str, db_root: pathlib.Path) -> tuple[Task, ...]:
-    source = SQL_CROSS_SOURCE if split == "test_cross" else SQL_SUITE
     tasks = []
     for i, q in enumerate(sql_suite.questions(split)):
         ground_truth = {
@@ -89,10 +125,32 @@ def _sql_tasks(split: str, db_root: pathlib.Path) -> tuple[Task, ...]:
             "gold_sql": q.styles["plain"],
             "cmp_method": "bird",
         }
-        meta = {"split": split, "template": q.template, "phrasing": q.phrasing, "styles": dict(q.styles)}
+        meta = {"split": split, "template": q.template, "phrasing": q.phrasing, "styles": dict(q.styles),
+                "approaches": {a: dict(v) for a, v in q.approaches.items()}, "ties": q.ties}
         messages = ({"role": "user", "content": q.prompt},)
-        tasks.append(Task(f"{SQL_SUITE}/{split}/{i:05d}", source, messages, ground_truth, meta))
+        tasks.append(Task(f"{SQL_SUITE}/{split}/{i:05d}", _sql_source(split), messages, ground_truth, meta))
     return tuple(tasks)
+
+
+def _ties_mix(name: str, db_root: pathlib.Path) -> list[Task]:
+    """The tasks of ``"sql_synth/train@ties=<share>"`` (see the module docstring)."""
+    text = TIES_MIX.match(name)["share"]
+    try:
+        share = float(text)
+    except ValueError:
+        share = float("nan")
+    if not 0 <= share < 1:
+        raise ValueError(f"{name!r}: the ties share {text!r} must be a number in [0, 1), e.g. "
+                         "sql_synth/train@ties=0.05 for 5 % ties questions.")
+    train, pool = _sql_tasks("train", db_root), _sql_tasks("train_ties", db_root)
+    count = round(len(train) * share / (1 - share))
+    if count > len(pool):
+        most = len(pool) / (len(train) + len(pool))
+        raise ValueError(f"{name!r} needs {count} ties questions but train_ties has {len(pool)}; "
+                         f"use a share of at most {most:.3f}.")
+    mixed = [*train, *pool[:count]]
+    random.Random(sql_suite.TIE_SPLIT_SEED).shuffle(mixed)
+    return mixed
 
 
 @functools.lru_cache(maxsize=None)
@@ -111,7 +169,8 @@ def load_split(name: str) -> list[Task]:
     SQL tasks carry ``ground_truth = {"db_id", "db_path", "gold_sql", "cmp_method": "bird"}``;
     their databases are written first (see :func:`ensure_databases`). Math tasks carry the
     answer string (``"12"``, ``"-5"``, ``"\\frac{3}{4}"``). ``meta`` holds ``split``,
-    ``template`` and ``styles`` (reference solution per style name).
+    ``template`` and ``styles`` (reference solution per style name); SQL tasks also ``approaches``
+    (the solution per style of each approach, for ``sql_suite.EXTREMUM_TEMPLATES``) and ``ties``.
 
     Args:
         name: One of :data:`SPLITS`, e.g. ``"sql_synth/train"``.
@@ -120,6 +179,8 @@ def load_split(name: str) -> list[Task]:
         A new list of tasks (the tasks themselves are shared and must not be modified).
     """
     suite, split = _split_parts(name)
+    if suite == SQL_SUITE and TIES_MIX.match(name):
+        return _ties_mix(name, ensure_databases())
     if suite == SQL_SUITE:
         return list(_sql_tasks(split, ensure_databases()))
     return list(_math_tasks(split))
@@ -138,7 +199,8 @@ def sft_examples(name: str) -> list[dict]:
     Returns:
         Dicts ``{"messages", "completion", "style", "task_id"}``; ``completion`` is exactly what a
         perfect model answers in that style: a ```sql block for SQL, a short worked solution
-        ending in ``\\boxed{answer}`` for math.
+        ending in ``\\boxed{answer}`` for math. A SQL question with two approaches is answered
+        with the ``extremum`` one in :data:`EXTREMUM_SFT_SHARE` of its styles (:func:`_sft_solution`).
     """
     suite, _ = _split_parts(name)
     rows = []
@@ -146,11 +208,21 @@ def sft_examples(name: str) -> list[dict]:
         for style in STYLES[suite]:
             rows.append({
                 "messages": [dict(m) for m in task.messages],
-                "completion": _completion(suite, task.meta["styles"][style]),
+                "completion": _completion(suite, _sft_solution(task, style)),
                 "style": style,
                 "task_id": task.id,
             })
     return rows
+
+
+def _sft_solution(task: Task, style: str) -> str:
+    """The SFT answer of a task in one style: ``extremum`` for a fixed draw of
+    :data:`EXTREMUM_SFT_SHARE` of (question, style) pairs that have approaches, else the gold."""
+    approaches = task.meta.get("approaches")
+    if not approaches or task.meta.get("ties"):
+        return task.meta["styles"][style]
+    draw = int(hashlib.sha256(f"{task.id}|{style}".encode()).hexdigest()[:8], 16) / 16**8
+    return approaches["extremum" if draw < EXTREMUM_SFT_SHARE else "order_limit"][style]
 
 
 def style_of(suite: str, completion: str) -> str:
@@ -160,16 +232,19 @@ def style_of(suite: str, completion: str) -> str:
     the opening words (see :func:`envs.suites.math_suite.math_style`).
 
     Args:
-        suite: ``"sql_synth"`` or ``"math_synth"`` (``"sql_synth_cross"`` counts as SQL).
+        suite: ``"sql_synth"`` or ``"math_synth"`` (``"sql_synth_cross"`` counts as SQL);
+            ``"sql_synth_ties"`` names the approach (``order_limit``, ``extremum``, ``other``).
         completion: The model's whole answer.
 
     Returns:
         A name from ``STYLES[suite]``, ``"other"`` when no style fits, or ``"none"`` when the
         completion has no answer block (no ```sql block / no ``\\boxed{}``).
     """
-    if suite in (SQL_SUITE, SQL_CROSS_SOURCE):
+    if suite in (SQL_SUITE, SQL_CROSS_SOURCE, SQL_TIES_SOURCE):
         blocks = _SQL_BLOCK.findall(completion)
-        return sql_style(blocks[-1]) if blocks else "none"
+        if not blocks:
+            return "none"
+        return sql_approach(blocks[-1]) if suite == SQL_TIES_SOURCE else sql_style(blocks[-1])
     if suite == MATH_SUITE:
         return math_style(completion)
     raise ValueError(f"Unknown suite {suite!r} for style_of; use {SQL_SUITE!r} or {MATH_SUITE!r}.")

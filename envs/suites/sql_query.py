@@ -16,6 +16,13 @@ negated     ``SELECT name FROM singer WHERE NOT country <> 'Spain'``     ``WHERE
 
 A query shows exactly one marker in its own style; one that shows several mixes styles and is
 named ``"other"`` by :func:`sql_style`.
+
+Apart from its surface style, a query that picks the row or group with the highest or lowest
+value takes one of two *approaches* (:data:`EXTREMUM_APPROACHES`, named by :func:`sql_approach`):
+``order_limit`` sorts and keeps the first row (``ORDER BY sales DESC LIMIT 1``) and returns one
+row even when several tie for the top; ``extremum`` compares with the extreme value
+(``WHERE sales = (SELECT MAX(sales) FROM singer)``) and returns every tied row. Where nothing
+ties they return the same rows; where something does, only ``extremum`` answers the question.
 """
 
 from __future__ import annotations
@@ -37,6 +44,10 @@ _MARKERS = (
     ("negated", re.compile(r"\bWHERE\s+NOT\b", re.IGNORECASE)),
 )
 _STARTS_WITH_SELECT = re.compile(r"^SELECT\b", re.IGNORECASE)
+#: Ways to pick the rows with the highest / lowest value (see the module docstring).
+EXTREMUM_APPROACHES: tuple[str, ...] = ("order_limit", "extremum")
+_COMPARES_WITH_SUBQUERY = re.compile(r"(?:[=<>]|\bIN)\s*\(\s*SELECT\b", re.IGNORECASE)
+_LIMIT_ONE = re.compile(r"\bLIMIT\s+1\b", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -60,12 +71,23 @@ Expr = Union[Col, Agg]
 
 
 @dataclass(frozen=True)
+class Scalar:
+    """A scalar sub-query used as a comparison value, e.g. ``(SELECT MAX(sales) FROM singer)``.
+
+    ``query`` is rendered in the plain style whatever the outer query's style, so that only the
+    outer query shows its style's marker.
+    """
+
+    query: "Query"
+
+
+@dataclass(frozen=True)
 class Cond:
-    """A comparison ``col op value`` (value an int or a string literal)."""
+    """A comparison ``col op value`` (value an int, a string literal or a :class:`Scalar`)."""
 
     col: Col
     op: str
-    value: int | str
+    value: "int | str | Scalar"
 
 
 @dataclass(frozen=True)
@@ -89,7 +111,8 @@ class Query:
         where: Conditions joined by AND.
         distinct: SELECT DISTINCT.
         group_by: Optional grouping column.
-        having: Optional ``(aggregate, op, value)`` filter on groups.
+        having: Optional ``(aggregate, op, value)`` filter on groups (value an int or a
+            :class:`Scalar`).
         order_by: Optional ordering expression.
         descending: Order direction.
         limit: Optional row limit.
@@ -102,7 +125,7 @@ class Query:
     where: tuple[Cond, ...] = ()
     distinct: bool = False
     group_by: Col | None = None
-    having: tuple[Agg, str, int] | None = None
+    having: tuple[Agg, str, "int | Scalar"] | None = None
     order_by: Expr | None = None
     descending: bool = False
     limit: int | None = None
@@ -113,7 +136,9 @@ class Query:
                      self.group_by, self.having, self.order_by, self.descending, limit)
 
 
-def _literal(value: int | str) -> str:
+def _literal(value: "int | str | Scalar") -> str:
+    if isinstance(value, Scalar):
+        return f"({render(value.query, 'plain')})"
     if isinstance(value, str):
         return "'" + value.replace("'", "''") + "'"
     return str(value)
@@ -166,7 +191,7 @@ class _Renderer:
             parts.append(f" GROUP BY {self.col(q.group_by)}")
         if q.having is not None:
             agg, op, value = q.having
-            parts.append(f" HAVING {self.expr(agg)} {op} {value}")
+            parts.append(f" HAVING {self.expr(agg)} {op} {_literal(value)}")
         if q.order_by is not None:
             parts.append(f" ORDER BY {self.expr(q.order_by)}" + (" DESC" if q.descending else " ASC"))
         if q.limit is not None:
@@ -294,4 +319,23 @@ def sql_style(sql: str) -> str:
         return found[0]
     if not found and _STARTS_WITH_SELECT.match(text):
         return "plain"
+    return "other"
+
+
+def sql_approach(sql: str) -> str:
+    """Name how a query picks the rows with the highest / lowest value (see the module docstring).
+
+    Args:
+        sql: The query text.
+
+    Returns:
+        ``"extremum"`` when it compares with a sub-query's value (``= (SELECT ...``, ``<> (SELECT ...``),
+        ``"order_limit"`` when it keeps the first row of an ordering (``LIMIT 1``), else
+        ``"other"``.
+    """
+    text = " ".join(sql.split())
+    if _COMPARES_WITH_SUBQUERY.search(text):
+        return "extremum"
+    if _LIMIT_ONE.search(text):
+        return "order_limit"
     return "other"

@@ -22,13 +22,20 @@ from __future__ import annotations
 import functools
 import random
 import sqlite3
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterator
 
 from .sql_domains import ALL_DOMAINS, CROSS_DOMAINS, TRAIN_DOMAINS, Column, Domain, Table, build_database
-from .sql_query import SQL_STYLES, Agg, Col, Cond, Join, Query, render
+from .sql_query import SQL_STYLES, Agg, Col, Cond, Join, Query, Scalar, render
 
 SPLIT_SIZES = {"train": 3000, "test": 300, "test_cross": 300}
+#: Splits of the ties family (see :func:`tie_questions`): held-out test prompts, and the pool
+#: that training mixes in at a chosen share (``envs.suites.load_split("sql_synth/train@ties=0.05")``).
+TIE_SPLITS = ("test_ties", "train_ties")
+#: Instances of the ties family held out for ``test_ties`` (one question each).
+TIE_TEST_INSTANCES = 300
+#: Seed of the ties family's split (separate from :data:`SPLIT_SEED`).
+TIE_SPLIT_SEED = 11
 #: Seed of the split sampling (instances, phrasings, order).
 SPLIT_SEED = 7
 INSTRUCTION = "Answer with one SQLite query in a ```sql block."
@@ -53,6 +60,11 @@ class SqlQuestion:
         phrasing: Index of the phrasing within the template's train or cross phrasings.
         question: The natural-language question.
         styles: SQL solution per style name; ``styles["plain"]`` is the gold SQL.
+        approaches: For the templates of :data:`EXTREMUM_TEMPLATES`, the solution per style of
+            each approach (``sql_query.EXTREMUM_APPROACHES``); ``styles`` is one of them: the
+            ``order_limit`` one for ordinary questions, ``extremum`` for the ties family (where
+            ``order_limit`` returns one of the tied rows and is wrong). Empty for other templates.
+        ties: Whether several rows or groups tie for the highest / lowest value (the ties family).
     """
 
     domain: Domain
@@ -60,6 +72,8 @@ class SqlQuestion:
     phrasing: int
     question: str
     styles: dict[str, str]
+    approaches: dict[str, dict[str, str]]
+    ties: bool = False
 
     @property
     def prompt(self) -> str:
@@ -203,7 +217,13 @@ def _top(domain: Domain, conn: sqlite3.Connection, counts: tuple[int, ...]) -> I
 
 
 def _argmax(domain: Domain, conn: sqlite3.Connection) -> Iterator[Instance]:
-    return _top(domain, conn, (1,))
+    # Every integer column: on a column with repeated values the top may tie (the ties family).
+    for table in _both(domain):
+        for num in table.numbers:
+            for descending, words in _ORDER_WORDS.items():
+                q = Query((_col(table, table.name_col),), table.name, table.key,
+                          order_by=_col(table, num), descending=descending, limit=1)
+                yield {**_table_slots(table), "n": num.nl, "dir": words}, q
 
 
 def _top_k(domain: Domain, conn: sqlite3.Connection) -> Iterator[Instance]:
@@ -241,6 +261,19 @@ def _argmax_group(domain: Domain, conn: sqlite3.Connection) -> Iterator[Instance
             q = Query((cat,), table.name, table.key, group_by=cat, order_by=_COUNT,
                       descending=descending, limit=1)
             yield {**_table_slots(table), "k": table.category.nl, "most": words}, q
+
+
+def _argmax_group_filter(domain: Domain, conn: sqlite3.Connection) -> Iterator[Instance]:
+    for table in _both(domain):
+        cat = _col(table, table.category)
+        for num in table.numbers:
+            for x in _thresholds(conn, table, num):
+                for op, words in _OP_WORDS.items():
+                    for descending, most in _COUNT_WORDS.items():
+                        q = Query((cat,), table.name, table.key, where=(Cond(_col(table, num), op, x),),
+                                  group_by=cat, order_by=_COUNT, descending=descending, limit=1)
+                        yield {**_table_slots(table), "k": table.category.nl, "most": most,
+                               "n": num.nl, "op": words, "x": x}, q
 
 
 def _distinct_num(domain: Domain, conn: sqlite3.Connection) -> Iterator[Instance]:
@@ -380,6 +413,11 @@ TEMPLATES: tuple[Template, ...] = (
              ("Which {k} has the {most} {ts}?", "Name the {k} with the {most} {ts}.",
               "Report the {k} that occurs for the {most} {ts}."),
              ("Find the {k} shared by the {most} {ts}.",), _argmax_group),
+    Template("group_argmax_filter",
+             ("Among {ts} with {n} {op} {x}, which {k} has the {most} of them?",
+              "Which {k} is shared by the {most} {ts} with {n} {op} {x}?",
+              "Name the {k} that occurs for the {most} {ts} whose {n} is {op} {x}."),
+             ("Find the {k} of the {most} {ts} that have {n} {op} {x}.",), _argmax_group_filter),
     Template("distinct",
              ("List the distinct {k} values of {ts} with {n} {op} {x}.",
               "Which different {k} values appear among {ts} with {n} {op} {x}?",
@@ -427,10 +465,40 @@ TEMPLATES: tuple[Template, ...] = (
 
 #: Most instances of one template kept per domain, so that no skill dominates a split.
 MAX_PER_TEMPLATE = 45
+#: Templates that ask for the row or group with the highest / lowest value: their questions
+#: carry both approaches (``SqlQuestion.approaches``), and their instances whose top ties make
+#: up the ties family.
+EXTREMUM_TEMPLATES = ("argmax", "group_argmax", "join_argmax", "group_argmax_filter")
+
+
+def extremum_form(query: Query) -> Query:
+    """The ``extremum`` approach of an ``order_limit`` query (``ORDER BY e LIMIT 1``).
+
+    ``ORDER BY col DESC LIMIT 1`` becomes ``WHERE col = (SELECT MAX(col) FROM ... WHERE ...)``;
+    ``GROUP BY g ORDER BY COUNT(*) DESC LIMIT 1`` becomes ``GROUP BY g HAVING COUNT(*) =
+    (SELECT COUNT(*) FROM ... GROUP BY g ORDER BY COUNT(*) DESC LIMIT 1)``. Both return every
+    row or group tied for the top.
+    """
+    base = Query(query.select, query.table, query.key, query.join, query.where, query.distinct, query.group_by)
+    if isinstance(query.order_by, Col):
+        best = Query((Agg("MAX" if query.descending else "MIN", query.order_by),), query.table, query.key,
+                     query.join, query.where)
+        return replace(base, where=query.where + (Cond(query.order_by, "=", Scalar(best)),))
+    best = replace(query, select=(query.order_by,))
+    return replace(base, having=(query.order_by, "=", Scalar(best)))
 
 
 # ---------------------------------------------------------------------------------------------
 # Split construction
+
+
+def _top_ties(conn: sqlite3.Connection, query: Query) -> bool:
+    """Whether rows tie at a query's ``LIMIT`` (the last row kept and the first one cut)."""
+    if query.limit is None:
+        return False
+    ranking = query.with_select((query.order_by,), query.limit + 1)
+    keys = [r[0] for r in conn.execute(render(ranking, "plain"))]
+    return len(keys) > query.limit and keys[query.limit - 1] == keys[query.limit]
 
 
 def _informative(conn: sqlite3.Connection, query: Query) -> bool:
@@ -438,12 +506,7 @@ def _informative(conn: sqlite3.Connection, query: Query) -> bool:
     rows = conn.execute(render(query, "plain")).fetchall()
     if not rows or rows in ([(0,)], [(None,)]):
         return False
-    if query.limit is not None:
-        ranking = query.with_select((query.order_by,), query.limit + 1)
-        keys = [r[0] for r in conn.execute(render(ranking, "plain"))]
-        if len(keys) > query.limit and keys[query.limit - 1] == keys[query.limit]:
-            return False
-    return True
+    return not _top_ties(conn, query)
 
 
 @functools.lru_cache(maxsize=None)
@@ -456,14 +519,24 @@ def database_bytes(domain: Domain) -> bytes:
         conn.close()
 
 
-def _domain_instances(domain: Domain, rng: random.Random) -> list[tuple[Template, dict, Query]]:
-    """Informative instances of every template on a domain, at most MAX_PER_TEMPLATE of each."""
+def _domain_instances(domain: Domain, rng: random.Random, ties: bool = False) -> list[tuple[Template, dict, Query]]:
+    """Instances of every template on a domain, at most MAX_PER_TEMPLATE of each.
+
+    Args:
+        domain: The database.
+        rng: Shuffles each template's instances before the cap.
+        ties: False: the informative instances (:func:`_informative`); True: the instances of
+            :data:`EXTREMUM_TEMPLATES` whose top ties (the ties family).
+    """
     conn = sqlite3.connect(":memory:")
     try:
         conn.deserialize(database_bytes(domain))
         kept = []
         for template in TEMPLATES:
-            good = [(slots, q) for slots, q in template.instances(domain, conn) if _informative(conn, q)]
+            if ties and template.name not in EXTREMUM_TEMPLATES:
+                continue
+            keep = (lambda q: _top_ties(conn, q)) if ties else (lambda q: _informative(conn, q))
+            good = [(slots, q) for slots, q in template.instances(domain, conn) if keep(q)]
             rng.shuffle(good)
             kept += [(template, slots, q) for slots, q in good[:MAX_PER_TEMPLATE]]
         return kept
@@ -471,42 +544,59 @@ def _domain_instances(domain: Domain, rng: random.Random) -> list[tuple[Template
         conn.close()
 
 
+def _renderings(query: Query) -> dict[str, str]:
+    return {style: render(query, style) for style in SQL_STYLES}
+
+
 def _phrase(domain: Domain, template: Template, slots: dict, query: Query, index: int,
-            cross: bool) -> SqlQuestion:
+            cross: bool, ties: bool = False) -> SqlQuestion:
     """Word an instance with phrasing ``index`` (taken modulo the number of phrasings)."""
     phrasings = template.cross_phrasings if cross else template.train_phrasings
     index = index % len(phrasings)
-    styles = {style: render(query, style) for style in SQL_STYLES}
-    return SqlQuestion(domain, template.name, index, phrasings[index].format(**slots), styles)
+    approaches = {}
+    if template.name in EXTREMUM_TEMPLATES:
+        approaches = {"order_limit": _renderings(query), "extremum": _renderings(extremum_form(query))}
+    styles = approaches["extremum" if ties else "order_limit"] if approaches else _renderings(query)
+    return SqlQuestion(domain, template.name, index, phrasings[index].format(**slots), styles, approaches, ties)
+
+
+def _split_questions(pool: list, test_size: int, split: str, cross: bool, ties: bool,
+                     rng: random.Random) -> tuple[SqlQuestion, ...]:
+    """A test split takes the first ``test_size`` instances (cycling through the phrasings);
+    training asks each remaining instance under every train phrasing, then keeps a sample."""
+    if split.startswith("test"):
+        return tuple(_phrase(d, t, s, q, i, cross, ties) for i, (d, t, s, q) in enumerate(pool[:test_size]))
+    phrased = [(d, t, s, q, i) for d, t, s, q in pool[test_size:] for i in range(len(t.train_phrasings))]
+    rng.shuffle(phrased)
+    return tuple(_phrase(d, t, s, q, i, cross, ties) for d, t, s, q, i in phrased[: SPLIT_SIZES.get(split)])
 
 
 @functools.lru_cache(maxsize=None)
 def questions(split: str) -> tuple[SqlQuestion, ...]:
     """All questions of a split, in their fixed order.
 
+    ``train``, ``test`` and ``test_cross`` hold no question whose top ties; the ties family is
+    split apart, from its own seed, into ``test_ties`` (:data:`TIE_TEST_INSTANCES` instances, one
+    wording each) and ``train_ties`` (every other tie instance of the training databases under
+    every train phrasing), so adding it left the other splits as they were.
+
     Args:
-        split: ``"train"``, ``"test"`` or ``"test_cross"``.
+        split: ``"train"``, ``"test"``, ``"test_cross"``, ``"test_ties"`` or ``"train_ties"``.
 
     Returns:
         The questions; the same objects on every call within a process.
     """
-    if split not in SPLIT_SIZES:
-        raise ValueError(f"Unknown SQL split {split!r}; use one of {tuple(SPLIT_SIZES)}.")
-    rng = random.Random(SPLIT_SEED)
+    if split not in (*SPLIT_SIZES, *TIE_SPLITS):
+        raise ValueError(f"Unknown SQL split {split!r}; use one of {(*SPLIT_SIZES, *TIE_SPLITS)}.")
+    ties = split in TIE_SPLITS
+    rng = random.Random(TIE_SPLIT_SEED if ties else SPLIT_SEED)
     cross = split == "test_cross"
     pool = []
     for domain in CROSS_DOMAINS if cross else TRAIN_DOMAINS:
-        pool += [(domain, *item) for item in _domain_instances(domain, rng)]
+        pool += [(domain, *item) for item in _domain_instances(domain, rng, ties)]
     rng.shuffle(pool)
-    if split != "train":
-        # Test questions cycle through the phrasings.
-        return tuple(_phrase(d, t, s, q, i, cross) for i, (d, t, s, q) in
-                     enumerate(pool[: SPLIT_SIZES[split]]))
-    # Training asks each remaining instance under every train phrasing, then keeps a sample.
-    phrased = [(d, t, s, q, i) for d, t, s, q in pool[SPLIT_SIZES["test"]:]
-               for i in range(len(t.train_phrasings))]
-    rng.shuffle(phrased)
-    return tuple(_phrase(d, t, s, q, i, cross) for d, t, s, q, i in phrased[: SPLIT_SIZES["train"]])
+    test_size = TIE_TEST_INSTANCES if ties else SPLIT_SIZES["test"]
+    return _split_questions(pool, test_size, split, cross, ties, rng)
 
 
 def database_files() -> dict[str, bytes]:

@@ -23,7 +23,7 @@ import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -64,7 +64,7 @@ BUILD_RECORD = "rllib_dph_build.json"
 #: Version of the build recipe (tokenizer, model, SFT and evaluation code, and the suites' data).
 #: Bump it whenever a change alters what a build writes, so that cached builds made by older code
 #: get rebuilt; ``tests/test_shipped_model.py`` fails when the suites changed under the shipped build.
-BUILD_VERSION = 3
+BUILD_VERSION = 4
 #: Torch threads of a build. One thread: the same weights on every machine with the same CPU
 #: kernels, whatever its core count, and robust on a busy machine. On 2 cores a second thread
 #: makes an idle build ~1.4x faster but one that shares the CPU with other jobs up to 20x slower
@@ -288,6 +288,27 @@ def evaluate_base_policy(
         )
     metrics["sql_test_cross/greedy_acc"] = _accuracy(run(SQLEnv(suites.load_split("sql_synth/test_cross")), 1, 0.0))
     metrics["math_test/greedy_acc"] = _accuracy(run(MathEnv(suites.load_split("math_synth/test")), 1, 0.0))
+    metrics.update(_ties_metrics(run, samples))
+    return metrics
+
+
+def _ties_metrics(run: Callable, samples: int) -> dict:
+    """The ties family (``sql_synth/test_ties``): greedy accuracy, pass@1 / pass@``samples`` and
+    how many samples take each approach, among all and among the correct ones (issue #24 asks
+    the base model to write the ``extremum`` approach in about 10-25 % of its samples)."""
+    env = SQLEnv(suites.load_split("sql_synth/test_ties"))
+    source = suites.SQL_TIES_SOURCE
+    greedy = run(env, 1, 0.0)
+    metrics = {"sql_ties/greedy_acc": _accuracy(greedy),
+               "sql_ties/greedy_approaches": _style_counts(source, [g.texts[0] for g in greedy])}
+    if samples > 0:
+        sampled = run(env, samples, 1.0)
+        num_correct = [int(g.correct.sum()) for g in sampled]
+        for k in (1, samples):
+            metrics[f"sql_ties/pass@{k}"] = mean_pass_at_k([samples] * len(sampled), num_correct, k)
+        metrics["sql_ties/sample_approaches"] = _style_counts(source, [t for g in sampled for t in g.texts])
+        metrics["sql_ties/correct_sample_approaches"] = _style_counts(
+            source, [t for g in sampled for t, ok in zip(g.texts, g.correct) if ok])
     return metrics
 
 

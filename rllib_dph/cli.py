@@ -71,7 +71,8 @@ def _presample(args) -> None:
         out_dir=args.out,
         k=args.k,
         min_correct=args.min_correct,
-        refine=not args.no_refine,
+        pef_samples=args.pef_samples,
+        full_data=args.full_data,
         temperature=args.temperature,
         top_p=args.top_p,
         max_response_length=args.max_response_length,
@@ -83,7 +84,8 @@ def _presample(args) -> None:
     )
     summary = presample(config)
     print(
-        f"D_pef: {summary['num_pef']} prompts, D_exp: {summary['num_exp']} prompts "
+        f"D_pef: {summary['num_pef']} prompts ({summary['num_pef_trajectories']} trajectories), "
+        f"D_exp: {summary['num_exp']} prompts "
         f"({summary['num_refinement_failures']} candidates failed refinement); "
         f"pass@1 {summary['pass_at_1']:.3f}, pass@{args.k} {summary['pass_at_k']:.3f}; "
         f"files in {args.out}"
@@ -187,6 +189,11 @@ def _engine_help() -> str:
     return f"rollout engine ({engines}; default {DEFAULT_ENGINE})"
 
 
+def _pef_samples(text: str):
+    """``--pef-samples``: "all", "refine" or an integer."""
+    return int(text) if text.isdigit() else text
+
+
 def _add_presample_parser(sub) -> None:
     """``rllib presample --out DIR ...``: DPH-RL pre-sampling."""
     pre = sub.add_parser("presample", help="DPH-RL pre-sampling: split prompts into D_pef / D_exp")
@@ -196,7 +203,11 @@ def _add_presample_parser(sub) -> None:
     pre.add_argument("--out", required=True, help="output directory (resumes if it has parts)")
     pre.add_argument("--k", type=int, default=8, help="samples per prompt (default 8)")
     pre.add_argument("--min-correct", type=int, default=7, help="m of k correct for D_pef (default 7)")
-    pre.add_argument("--no-refine", action="store_true", help="skip the refinement sample")
+    pre.add_argument("--pef-samples", type=_pef_samples, default="refine",
+                     help="reference trajectories per D_pef prompt: all (every correct sample of the k; "
+                          "the paper's '8 of 8' recipe), refine (one refinement sample, default) or N")
+    pre.add_argument("--full-data", action="store_true",
+                     help="keep every prompt in D_exp too (the paper's Table 4 'Full Data', with --min-correct 1)")
     pre.add_argument("--temperature", type=float, default=1.0)
     pre.add_argument("--top-p", type=float, default=1.0)
     pre.add_argument("--max-response-length", type=int, default=128)

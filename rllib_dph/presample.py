@@ -3,19 +3,29 @@
 1. **Sample**: k completions per training prompt from the base policy, verified by the env.
 2. **Split**: prompts with at least ``min_correct`` of k correct are D_pef candidates; the rest
    form D_exp.
-3. **Refine**: one more sample per candidate; the prompt stays in D_pef only if that sample is
-   correct (else it moves to D_exp). The correct refinement sample is the prompt's reference
-   response; its per-token log-probs under the base policy at the sampling temperature (the
-   engine's μ, computed once here) are stored with it, so training needs no reference model.
+3. **Keep** the reference responses of each candidate (``PresampleConfig.pef_samples``):
+
+   - ``"all"``: every correct sample of the k (the paper's recommended "8 of 8" recipe, §6.2 and
+     Table 4: "we retain all 8 sampled trajectories for each instance during training");
+   - ``"refine"``: one more sample per candidate (the refinement sample, §4.1); the prompt stays
+     in D_pef only if it is correct, else it moves to D_exp;
+   - an integer n: the first n correct samples of the k.
+
+   Each kept response's per-token log-probs under the base policy at the sampling temperature
+   (the engine's μ, computed once here) are stored with it, so training needs no reference model.
+   ``full_data=True`` keeps every prompt in D_exp too (Table 4's "Full Data": D_pef and D_exp
+   both the whole data set, with ``min_correct=1``).
 
 Output (``out_dir``), all parquet files written with pyarrow:
 
-``d_pef.parquet`` — one row per D_pef prompt:
+``d_pef.parquet`` — one row per reference trajectory (several per prompt with
+``pef_samples="all"`` or n > 1, in prompt order):
     ``id`` (str), ``data_source`` (str), ``prompt`` (list<struct<role, content>>),
     ``reward_model`` (struct<style, ground_truth>), ``prompt_ids`` (list<int32>),
     ``response_ids`` (list<int32>, the reference response, EOS included), ``ref_logp``
     (list<float32>, log π_ref of each response token at ``temperature``), ``response`` (str),
-    ``pass_count`` (int32, correct samples out of ``k``).
+    ``pass_count`` (int32, correct samples out of ``k``), ``sample_index`` (int32: which of the
+    k samples it is, or ``k`` for the refinement sample).
 ``d_exp.parquet`` — the D_exp prompts in the original DPH-RL / verl layout (``id``,
     ``data_source``, ``prompt``, ``reward_model``): a valid ``data=`` input of the env.
 ``summary.json`` — sizes, pass rates, settings.
@@ -24,8 +34,10 @@ Both parquet files carry schema metadata ``rllib_dph.model_fingerprint`` (weight
 ``rllib_dph.model_name``, how the reference responses were sampled (``rllib_dph.temperature``,
 ``rllib_dph.top_p``, ``rllib_dph.max_response_length``, ``rllib_dph.chat_template_sha`` — a hash
 of the tokenizer's chat template, "none" without one), ``rllib_dph.k``, ``rllib_dph.min_correct``
-and, for SQL, ``rllib_dph.db_root``; ``DPHConfig`` refuses a file whose sampling settings
-differ from training's. A run holds ``out_dir/.lock`` (:func:`presample_lock`), so two
+``rllib_dph.pef_samples``, ``rllib_dph.full_data``, ``rllib_dph.schema_version`` (3: one row
+per trajectory) and, for SQL, ``rllib_dph.db_root``; ``DPHConfig`` refuses a file whose sampling
+settings differ from training's, and a file of an older schema (one row per prompt, the
+``pef_samples`` rule unrecorded) instead of reading it as if it had been made by these rules. A run holds ``out_dir/.lock`` (:func:`presample_lock`), so two
 processes (e.g. Tune trials) never sample one directory at once. Intermediate results live in ``out_dir/parts/`` one file per
 chunk of prompts, each written atomically: an interrupted run resumes at the first missing chunk
 and never duplicates rows; chunk seeds depend only on the chunk, so a resumed run gives the same
@@ -44,7 +56,7 @@ import os
 import pathlib
 import warnings
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import numpy as np
 import pyarrow as pa
@@ -66,6 +78,10 @@ IDENTITY_FILE = "identity.json"
 STALE_DIR = "stale"
 #: Sampling settings a D_pef file records and training must match (see ``DPHConfig``).
 SAMPLING_SETTINGS = ("temperature", "top_p", "max_response_length")
+#: Version of the D_pef file layout: 3 = one row per trajectory, ``pef_samples`` recorded.
+SCHEMA_VERSION = 3
+#: The named choices of ``PresampleConfig.pef_samples`` (an integer n >= 1 is the third kind).
+PEF_SAMPLES_CHOICES = ("all", "refine")
 
 
 @dataclass
@@ -78,9 +94,13 @@ class PresampleConfig:
         env_config: Env kwargs (e.g. ``{"data": "sql_synth/train"}``).
         out_dir: Output directory.
         k: Samples per prompt (paper: 8).
-        min_correct: m: a prompt is a D_pef candidate with >= m of k correct (paper: 7 of 8).
-        refine: Draw the refinement sample (paper §4.1); False keeps every candidate and uses
-            its first correct sample as the reference response.
+        min_correct: m: a prompt is a D_pef candidate with >= m of k correct (paper: 7 of 8;
+            Table 4's recommended setting 8 of 8).
+        pef_samples: Reference responses kept per D_pef prompt: ``"all"`` (every correct sample
+            of the k, the paper's "8 of 8" recipe), ``"refine"`` (one refinement sample, §4.1),
+            or an integer n >= 1 (the first n correct samples of the k).
+        full_data: Keep every prompt in D_exp as well (Table 4's "Full Data", with
+            ``min_correct=1``); default False: D_exp is the prompts not in D_pef.
         temperature, top_p, max_response_length: Sampling settings (match training's).
         seed: Base seed; chunk c uses ``seed + c``.
         prompts_per_chunk: Prompts per generation call and per resumable part file.
@@ -94,7 +114,8 @@ class PresampleConfig:
     out_dir: str = "presample"
     k: int = 8
     min_correct: int = 7
-    refine: bool = True
+    pef_samples: Union[str, int] = "refine"
+    full_data: bool = False
     temperature: float = 1.0
     top_p: float = 1.0
     max_response_length: int = 128
@@ -114,6 +135,16 @@ class PresampleConfig:
             )
         if self.prompts_per_chunk < 1:
             raise ValueError(f"prompts_per_chunk={self.prompts_per_chunk} must be >= 1.")
+        check_pef_samples(self.pef_samples)
+
+
+def check_pef_samples(value: Any) -> None:
+    """Raises ValueError unless ``value`` is ``"all"``, ``"refine"`` or an integer >= 1."""
+    if value in PEF_SAMPLES_CHOICES or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        return
+    raise ValueError(f"pef_samples={value!r} must be 'all' (every correct sample of the k: the paper's "
+                     "'8 of 8' recipe), 'refine' (one refinement sample, §4.1) or an integer n >= 1 "
+                     "(at most n correct samples per prompt).")
 
 
 def _task_row(task) -> dict[str, Any]:
@@ -194,7 +225,7 @@ def run_identity(config: PresampleConfig, fingerprint: str, tasks) -> dict[str, 
         if isinstance(truth, dict):
             truth = {k: v for k, v in truth.items() if k != "db_path"}
         digest.update(json.dumps([task.id, list(task.messages), truth], sort_keys=True, default=str).encode())
-    settings = ("k", "min_correct", "refine", "seed", "prompts_per_chunk", *SAMPLING_SETTINGS)
+    settings = ("k", "min_correct", "pef_samples", "full_data", "seed", "prompts_per_chunk", *SAMPLING_SETTINGS)
     return {"model_fingerprint": fingerprint, "data_sha256": digest.hexdigest()[:16],
             **{name: getattr(config, name) for name in settings}}
 
@@ -254,7 +285,7 @@ class Presampler:
             yield start // size, indices[start : start + size]
 
     def _stage(self, stage: str, indices: list[int], n: int, seed: int, progress: bool) -> pa.Table:
-        """Samples ``n`` completions per prompt → (index, pass_count, first correct sample).
+        """Samples ``n`` completions per prompt → (index, pass_count, its correct samples).
 
         Chunk c of ``indices`` is sampled with seed ``seed + c`` and its rows written to
         ``parts/<stage>-<c>.parquet``; chunks whose part file exists are read back instead.
@@ -283,33 +314,36 @@ class Presampler:
                 )
                 rows = []
                 for group in rollout(self.engine, self.env, idx, params).groups:
-                    first = next((comp for comp, ok in zip(group.completions, group.correct) if ok), None)
+                    correct = [(j, comp) for j, (comp, ok) in enumerate(zip(group.completions, group.correct)) if ok]
                     rows.append(
                         {
                             "index": group.index,
-                            "pass_count": int(group.correct.sum()),
-                            "response_ids": None if first is None else first.token_ids.tolist(),
-                            "ref_logp": None if first is None else first.logprobs.tolist(),
+                            "pass_count": len(correct),
+                            "sample_indices": [j for j, _ in correct],
+                            "responses": [comp.token_ids.tolist() for _, comp in correct],
+                            "ref_logps": [comp.logprobs.tolist() for _, comp in correct],
                         }
                     )
                 _write_parquet(_parts_table(rows), path, {})
             parts.append(pq.read_table(path))
         return pa.concat_tables(parts) if parts else _parts_table([])
 
-    def _reference_responses(self, progress: bool) -> tuple[dict[int, int], list[int], dict[int, dict]]:
+    def _reference_responses(self, progress: bool) -> tuple[dict[int, int], list[int], dict[int, list[dict]]]:
         """Stages 1-3: pass counts of every prompt, the D_pef candidates, and the reference
-        response (``response_ids``, ``ref_logp``) of each prompt that stays in D_pef."""
+        trajectories (``sample_index``, ``response_ids``, ``ref_logp``) of each prompt that stays
+        in D_pef, as ``pef_samples`` says."""
         c = self.config
         sampled = self._stage("sample", list(range(len(self.env.tasks))), c.k, c.seed, progress).to_pylist()
         pass_count = {r["index"]: r["pass_count"] for r in sampled}
         candidates = sorted(i for i, n in pass_count.items() if n >= c.min_correct)
-        if c.refine:
+        if c.pef_samples == "refine":
             refine_seed = c.seed + 1_000_003
             refined = {r["index"]: r for r in self._stage("refine", candidates, 1, refine_seed, progress).to_pylist()}
-            reference = {i: refined[i] for i in candidates if refined[i]["response_ids"] is not None}
+            reference = {i: _trajectories(refined[i], first_index=c.k) for i in candidates if refined[i]["responses"]}
         else:
             by_index = {r["index"]: r for r in sampled}
-            reference = {i: by_index[i] for i in candidates}
+            most = None if c.pef_samples == "all" else c.pef_samples
+            reference = {i: _trajectories(by_index[i])[:most] for i in candidates}
         return pass_count, candidates, reference
 
     def _metadata(self) -> dict[str, Any]:
@@ -324,7 +358,9 @@ class Presampler:
             META_PREFIX + "chat_template_sha": chat_template_sha(self.tokenizer),
             META_PREFIX + "k": c.k,
             META_PREFIX + "min_correct": c.min_correct,
-            META_PREFIX + "schema_version": 2,
+            META_PREFIX + "pef_samples": c.pef_samples,
+            META_PREFIX + "full_data": c.full_data,
+            META_PREFIX + "schema_version": SCHEMA_VERSION,
         }
         db_root = _db_root(self.env.tasks)
         if db_root is not None:
@@ -344,20 +380,21 @@ class Presampler:
         (self.out / IDENTITY_FILE).write_text(json.dumps(self.identity, indent=2))
         pass_count, candidates, reference = self._reference_responses(progress)
         pef = sorted(reference)
-        exp = [i for i in range(len(tasks)) if i not in reference]
+        exp = [i for i in range(len(tasks)) if c.full_data or i not in reference]
         pef_rows = []
         for i in pef:
-            ref = reference[i]
-            pef_rows.append(
-                {
-                    **_task_row(tasks[i]),
-                    "prompt_ids": encode_task(self.tokenizer, tasks[i]),
-                    "response_ids": ref["response_ids"],
-                    "ref_logp": ref["ref_logp"],
-                    "response": self.tokenizer.decode(ref["response_ids"], skip_special_tokens=True),
-                    "pass_count": pass_count[i],
-                }
-            )
+            prompt = {**_task_row(tasks[i]), "prompt_ids": encode_task(self.tokenizer, tasks[i])}
+            for ref in reference[i]:
+                pef_rows.append(
+                    {
+                        **prompt,
+                        "response_ids": ref["response_ids"],
+                        "ref_logp": ref["ref_logp"],
+                        "response": self.tokenizer.decode(ref["response_ids"], skip_special_tokens=True),
+                        "pass_count": pass_count[i],
+                        "sample_index": ref["sample_index"],
+                    }
+                )
         metadata = self._metadata()
         _write_parquet(_pef_table(pef_rows), self.out / PEF_FILE, metadata)
         _write_parquet(pa.Table.from_pylist([_task_row(tasks[i]) for i in exp]), self.out / EXP_FILE, metadata)
@@ -366,6 +403,7 @@ class Presampler:
         summary = {
             "num_prompts": len(tasks),
             "num_pef": len(pef),
+            "num_pef_trajectories": len(pef_rows),
             "num_exp": len(exp),
             "num_candidates": len(candidates),
             "num_refinement_failures": len(candidates) - len(pef),
@@ -380,13 +418,21 @@ class Presampler:
         return summary
 
 
+def _trajectories(row: dict, first_index: int = 0) -> list[dict]:
+    """The correct samples of one part-file row as reference trajectories; ``sample_index``
+    counts from ``first_index`` (``k`` for the refinement stage, so it never repeats a first-stage index)."""
+    return [{"sample_index": first_index + j, "response_ids": ids, "ref_logp": logp}
+            for j, ids, logp in zip(row["sample_indices"], row["responses"], row["ref_logps"])]
+
+
 def _parts_table(rows: list[dict]) -> pa.Table:
     schema = pa.schema(
         [
             ("index", pa.int64()),
             ("pass_count", pa.int32()),
-            ("response_ids", pa.list_(pa.int32())),
-            ("ref_logp", pa.list_(pa.float32())),
+            ("sample_indices", pa.list_(pa.int32())),
+            ("responses", pa.list_(pa.list_(pa.int32()))),
+            ("ref_logps", pa.list_(pa.list_(pa.float32()))),
         ]
     )
     return pa.Table.from_pylist(rows, schema=schema)
@@ -399,6 +445,7 @@ def _pef_table(rows: list[dict]) -> pa.Table:
         "response_ids": pa.list_(pa.int32()),
         "ref_logp": pa.list_(pa.float32()),
         "pass_count": pa.int32(),
+        "sample_index": pa.int32(),
     }
     if not rows:
         return table

@@ -18,9 +18,17 @@ reproduction's budget comes from that curve (README, "The DPH-RL comparison").
 
     python bench/grpo_budget.py                         # 200 iterations, every 20, n = 32, 100 prompts
     python bench/grpo_budget.py --iterations 40 --every 20 --limit 20 --n 8    # a smoke run
+    python bench/grpo_budget.py --split sql_synth/test_ties --n 64 \
+        --config '{"lr": 1e-3, "num_epochs": 4}'                   # another split and setting
+
+`--example` trains another tuned example, `--config` overrides its fields (JSON, as
+`rllib train --config`), `--split` evaluates another bundled split. `--base-cache DIR` keeps
+the base model's evaluation in DIR (keyed by model, split and evaluation settings), so a sweep
+of settings (`bench/collapse_search.py`) evaluates the base model once.
 """
 
 import argparse
+import hashlib
 import json
 import pathlib
 import time
@@ -29,7 +37,7 @@ import numpy as np
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "tuned_examples/grpo/sql_tiny_grpo.py"
-SPLIT = ("rllib_dph/SQL-v0", {"data": "sql_synth/test"})
+SPLIT = "sql_synth/test"
 
 
 def evaluate(algo, env, settings, base=None) -> tuple:
@@ -85,15 +93,50 @@ def plot(rows: list, k_max: int, out_png: pathlib.Path) -> None:
     plt.close(fig)
 
 
-def main() -> None:
+def base_result(algo, env, settings, args, config):
+    """The base model's evaluation: read from ``--base-cache`` when made with the same settings."""
+    from rllib_dph.evaluation import EvalResult
+
+    key = json.dumps([config.model_name, args.split, args.n, args.limit, settings.seed,
+                      settings.max_new_tokens], sort_keys=True)
+    name = f"base-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+    cache = pathlib.Path(args.base_cache) / name if args.base_cache else None
+    if cache is not None and cache.is_file() and json.loads(cache.read_text())["key"] == key:
+        result = EvalResult.from_json(cache.with_suffix(".result.json"))
+        return evaluate_cached(result, settings, algo.iteration)
+    result, row = evaluate(algo, env, settings)
+    if cache is not None:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        result.to_json(cache.with_suffix(".result.json"))
+        cache.write_text(json.dumps({"key": key}))
+    return result, row
+
+
+def evaluate_cached(result, settings, iteration: int) -> tuple:
+    """The row of a stored evaluation (as :func:`evaluate` makes it)."""
+    summary, intervals = result.summary(), result.intervals()
+    row = {"iteration": iteration, "summary": {k: v for k, v in summary.items() if k != "style_counts"},
+           "intervals": {k: list(v) for k, v in intervals.items()}}
+    return result, row
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--iterations", type=int, default=200)
     parser.add_argument("--every", type=int, default=20)
     parser.add_argument("--n", type=int, default=32)
     parser.add_argument("--limit", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0, help="training seed")
+    parser.add_argument("--example", default=str(EXAMPLE), help="tuned example to train")
+    parser.add_argument("--config", default="{}", help="JSON overrides of the example's config fields")
+    parser.add_argument("--split", default=SPLIT, help="bundled split to evaluate on")
+    parser.add_argument("--base-cache", default=None, help="folder that keeps the base model's evaluation")
     parser.add_argument("--out", default=str(REPO / "bench/out/grpo_budget"))
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
 
     import ray
     import torch
@@ -104,17 +147,17 @@ def main() -> None:
 
     torch.set_num_threads(2)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    config, _ = load_tuned_example(str(EXAMPLE))
-    config.update_from_dict({"seed": args.seed, "val_interval": 0})
+    config, _ = load_tuned_example(args.example)
+    config.update_from_dict({**json.loads(args.config), "seed": args.seed, "val_interval": 0})
     algo = config.build_algo()
-    env = make_env(*SPLIT)
+    env = make_env(config.env, {**config.env_config, "data": args.split})
     settings = EvalSettings(n=args.n, temperature=1.0, max_new_tokens=config.max_response_length,
                             limit=args.limit, seed=12345)
     k_max = max(settings.ks)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    base, row = evaluate(algo, env, settings)
+    base, row = base_result(algo, env, settings, args, config)
     rows, rewards = [row], []
     print(f"| iteration | greedy | pass@1 | pass@{k_max} | pass@{k_max} − base |\n| --- | --- | --- | --- | --- |")
     print(line(row, k_max), flush=True)

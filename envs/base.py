@@ -178,3 +178,17 @@ class VerifierEnv(gym.Env):
                 ``envs.suites.STYLE_SUITES``) instead of the task's ``data_source``.
         """
         return None
+
+    def solution_key(self, index: int, completion: str) -> str | None:
+        """The solution of a completion: completions with equal keys give the same solution
+        (the evaluation's count of distinct correct solutions counts each key once).
+
+        This default is the completion with every run of whitespace folded to one space (None
+        when empty): differently worded texts are different solutions. Envs whose answer is a
+        program override it (SQL: the query's code tokens).
+
+        Args:
+            index: The task's index in :attr:`tasks`.
+            completion: The completion text.
+        """
+        return " ".join(completion.split()) or None

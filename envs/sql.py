@@ -1103,6 +1103,25 @@ class SQLEnv(VerifierEnv):
         """The SQL style (``envs.suites.style_of``) when the task's suite has styles, else None."""
         return task_style(self.tasks[index].data_source, completion, suite)
 
+    def solution_key(self, index: int, completion: str) -> str | None:
+        """The query of the last ```sql block as code: its tokens without comments or whitespace,
+        unquoted words (keywords, names: SQLite ignores their case) upper-cased, quoted strings
+        and names as written, trailing semicolons dropped; None without a block. So
+        ``select name  from t;`` and ``SELECT name FROM T`` are one solution, and
+        ``SELECT t.name FROM t`` is another.
+
+        Args:
+            index: The task's index in :attr:`tasks`.
+            completion: The completion text.
+        """
+        sql = extract_sql(completion)
+        if sql is None:
+            return None
+        tokens = [m.group().upper() if m.lastgroup == "word" else m.group() for m in _code_tokens(sql)]
+        while tokens and tokens[-1] == ";":
+            tokens.pop()
+        return " ".join(tokens) or None
+
 
 def _check_ground_truth(task: Task, *, needs_cmp_method: bool) -> None:
     """Raises ValueError naming the task and field when its ground truth cannot be verified."""

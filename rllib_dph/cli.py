@@ -107,6 +107,7 @@ def _evaluate(args) -> None:
         finite_or_none,
         format_summary,
         plot_pass_at_k,
+        plot_style_pass_at_k,
     )
 
     import_user_modules(args.imports)
@@ -132,11 +133,15 @@ def _evaluate(args) -> None:
     others = list(args.plot)  # the baseline is drawn too
     if args.baseline and args.baseline not in others:
         others.insert(0, args.baseline)
+    plotted = [result, *(EvalResult.from_json(path) for path in others)]
     written = [
         result.to_json(os.path.join(out, "results.json")),
         result.to_csv(os.path.join(out, "results.csv")),
-        plot_pass_at_k([result, *others], os.path.join(out, "pass_at_k.png")),
+        plot_pass_at_k(plotted, os.path.join(out, "pass_at_k.png")),
     ]
+    styled = [r for r in plotted if r.solution_styles()]  # per-style bars of the runs that name styles
+    if styled:
+        written.append(plot_style_pass_at_k(styled, os.path.join(out, "style_pass_at_k.png")))
     comparisons = {}
     if baseline is not None:
         try:
@@ -226,7 +231,8 @@ def _add_evaluate_parser(sub) -> None:
         "evaluate",
         help="pass@k / greedy / maj@k / styles of a checkpoint or model on an env split",
         description="Evaluate a policy: n samples and one greedy completion per prompt. Writes "
-        "results.json, results.csv (one row per prompt) and pass_at_k.png into --out.",
+        "results.json, results.csv (one row per prompt), pass_at_k.png and, when the env names solution "
+        "styles, style_pass_at_k.png (pass@k per style) into --out.",
     )
     ev.add_argument("policy", help="Algorithm checkpoint folder, bundled model name, model folder or HF id")
     ev.add_argument("--env", default="rllib_dph/SQL-v0", help="env id (default rllib_dph/SQL-v0)")

@@ -1,5 +1,6 @@
-"""Evaluation: pass@k against enumeration, mean@k / maj@k / keep / exploration / style entropy on
-hand-made data, scoring through a scripted engine, `rllib evaluate` files, and checkpoints."""
+"""Evaluation: pass@k against enumeration, mean@k / maj@k / keep / exploration / style entropy /
+pass@k per style / distinct correct solutions on hand-made data, scoring through a scripted
+engine, `rllib evaluate` files, and checkpoints."""
 
 import csv
 import itertools
@@ -21,9 +22,11 @@ from rllib_dph.evaluation import (
     PromptRecord,
     compare,
     default_ks,
+    distinct_correct_at_k,
     evaluate_policy,
     evaluate_engine,
     find_module_checkpoint,
+    format_summary,
     keep_and_exploration_rates,
     maj_at_k,
     majority_vote,
@@ -31,7 +34,9 @@ from rllib_dph.evaluation import (
     mean_pass_at_k,
     pass_at_k,
     plot_pass_at_k,
+    plot_style_pass_at_k,
     style_entropy,
+    style_pass_at_k,
 )
 from rllib_dph.models.hub import load_tokenizer
 
@@ -74,7 +79,10 @@ def test_mean_pass_at_k_averages_prompts():
         mean_pass_at_k([4, 4, 4], [1, 2], 1)
 
 
-@pytest.mark.parametrize("n,expected", [(1, [1]), (2, [1, 2]), (12, [1, 2, 4, 8, 12]), (16, [1, 2, 4, 8, 16])])
+@pytest.mark.parametrize("n,expected", [
+    (1, [1]), (2, [1, 2]), (12, [1, 2, 4, 8, 12]), (16, [1, 2, 4, 8, 16]), (64, [1, 2, 4, 8, 16, 32, 64]),
+    (100, [1, 2, 4, 8, 16, 32, 64, 100]),
+])
 def test_default_ks(n, expected):
     assert default_ks(n) == expected
 
@@ -127,6 +135,59 @@ def test_keep_and_exploration_rates_on_hand_made_example():
     assert keep == 0.5 and math.isnan(exploration)
 
 
+def test_style_pass_at_k_by_hand_and_against_enumeration():
+    # n = 4: a correct plain, a correct cte, a wrong plain, a wrong alias.
+    styles, correct = ["plain", "cte", "plain", "alias"], [True, True, False, False]
+    # c_plain = 1: pass@2 = 1 - C(3, 2) / C(4, 2) = 1 - 3/6; the same for cte; alias is never correct.
+    assert style_pass_at_k(styles, correct, "plain", 2) == pytest.approx(1 / 2)
+    assert style_pass_at_k(styles, correct, "cte", 2) == pytest.approx(1 / 2)
+    assert style_pass_at_k(styles, correct, "alias", 4) == 0.0
+    assert style_pass_at_k(styles, correct, "cte", 1) == pytest.approx(1 / 4)
+    assert style_pass_at_k(styles, correct, "plain", 4) == 1.0
+    # c_plain = 3: pass@1 = 3/4, pass@2 = 1 - C(1, 2) / C(4, 2) = 1; the wrong cte scores nothing.
+    styles, correct = ["plain", "plain", "cte", "plain"], [True, True, False, True]
+    assert style_pass_at_k(styles, correct, "plain", 1) == pytest.approx(3 / 4)
+    assert style_pass_at_k(styles, correct, "plain", 2) == 1.0
+    assert style_pass_at_k(styles, correct, "cte", 2) == 0.0
+    assert style_pass_at_k([], [True, True], "plain", 1) == 0.0  # the env named no style
+
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        n = int(rng.integers(1, 8))
+        styles, correct = rng.choice(["a", "b", "c"], n).tolist(), (rng.random(n) < 0.5).tolist()
+        for style, k in itertools.product("abc", range(1, n + 1)):
+            subsets = list(itertools.combinations(range(n), k))
+            share = sum(any(correct[i] and styles[i] == style for i in s) for s in subsets) / len(subsets)
+            assert style_pass_at_k(styles, correct, style, k) == pytest.approx(share, abs=1e-12)
+    with pytest.raises(ValueError, match="styles has 1 entries and correct 2"):
+        style_pass_at_k(["plain"], [True, False], "plain", 1)
+    with pytest.raises(ValueError, match="k=3"):
+        style_pass_at_k(["plain", "cte"], [True, False], "plain", 3)
+
+
+def test_distinct_correct_at_k_by_hand_and_against_enumeration():
+    # n = 4: correct samples "a", "a", "b"; the wrong sample's "c" is not a correct solution.
+    solutions, correct = ["a", "a", "b", "c"], [True, True, True, False]
+    # D@k = [1 - C(4 - 2, k) / C(4, k)] + [1 - C(4 - 1, k) / C(4, k)]
+    assert distinct_correct_at_k(solutions, correct, 1) == pytest.approx(2 / 4 + 1 / 4)
+    assert distinct_correct_at_k(solutions, correct, 2) == pytest.approx((1 - 1 / 6) + (1 - 3 / 6))
+    assert distinct_correct_at_k(solutions, correct, 4) == pytest.approx(2)  # the plain count at k = n
+    assert distinct_correct_at_k(["a", None, "a"], [True, True, True], 3) == pytest.approx(1)  # no key: not counted
+
+    rng = np.random.default_rng(1)
+    for _ in range(30):
+        n = int(rng.integers(1, 8))
+        solutions, correct = rng.choice(["a", "b", "c", "d"], n).tolist(), (rng.random(n) < 0.6).tolist()
+        for k in range(1, n + 1):
+            subsets = list(itertools.combinations(range(n), k))
+            mean = sum(len({solutions[i] for i in s if correct[i]}) for s in subsets) / len(subsets)
+            assert distinct_correct_at_k(solutions, correct, k) == pytest.approx(mean, abs=1e-12)
+    with pytest.raises(ValueError, match="k=5 with n=4"):
+        distinct_correct_at_k(["a"] * 4, [False] * 4, 5)  # checked even with nothing correct
+    with pytest.raises(ValueError, match="solutions has 1 entries"):
+        distinct_correct_at_k(["a"], [True, True], 1)
+
+
 @pytest.mark.parametrize(
     "counts,bits",
     [
@@ -142,7 +203,7 @@ def test_style_entropy_in_bits(counts, bits):
 
 
 # ------------------------------------------------------------------------------ results
-def record(task_id, correct, *, answers=None, styles=(), greedy=None, index=0):
+def record(task_id, correct, *, answers=None, styles=(), greedy=None, index=0, solutions=()):
     return PromptRecord(
         task_id=task_id,
         index=index,
@@ -151,6 +212,7 @@ def record(task_id, correct, *, answers=None, styles=(), greedy=None, index=0):
         styles=list(styles),
         num_truncated=0,
         greedy_correct=greedy,
+        solutions=list(solutions),
     )
 
 
@@ -225,6 +287,73 @@ def test_summary_flat_metrics_and_files(tmp_path):
     assert png.read_bytes()[:8] == PNG_MAGIC
 
 
+def test_style_pass_and_distinct_solutions_in_summary_intervals_compare_table_and_plot(tmp_path):
+    baseline = result_of([
+        record("t0", [1, 1, 0, 0], styles=["plain", "cte", "plain", "alias"], solutions=["p1", "c1", "p2", "a1"]),
+        record("t1", [1, 1, 1, 0], styles=["plain"] * 3 + ["none"], solutions=["p1", "p2", "p1", None], index=1),
+    ])
+    tuned = result_of([  # another prompt order: compare matches by task id
+        record("t1", [1, 1, 1, 1], styles=["plain"] * 4, solutions=["p1"] * 4, index=1),
+        record("t0", [1, 1, 0, 1], styles=["plain", "plain", "cte", "plain"], solutions=["p1", "p1", "c1", "p1"]),
+    ])
+    assert baseline.solution_styles() == ["plain", "cte", "alias"]  # "none" is no solution style
+    base = baseline.summary()
+    # t0: c_plain = c_cte = 1 -> pass@2 = 1 - C(3, 2) / C(4, 2) = 1/2 each; t1: c_plain = 3 -> 1, c_cte = 0.
+    assert base["pass@2/plain"] == pytest.approx((1 / 2 + 1) / 2)
+    assert base["pass@2/cte"] == pytest.approx((1 / 2 + 0) / 2)
+    assert base["pass@4/alias"] == 0.0
+    # Distinct correct solutions: t0 {p1, c1}, t1 {p1, p2} (p1 twice). At k = 2, t0: 2 * (1 - 3/6);
+    # t1: (1 - C(2, 2) / 6) + (1 - 3/6).
+    assert base["distinct_correct@4"] == pytest.approx(2)
+    assert base["distinct_correct@2"] == pytest.approx((1 + (5 / 6 + 1 / 2)) / 2)
+    assert base["distinct_correct@1"] == pytest.approx((2 / 4 + 3 / 4) / 2)
+    intervals = baseline.intervals()
+    for key in ("pass@2/plain", "pass@4/cte", "distinct_correct@2"):
+        low, high = intervals[key]
+        assert low <= base[key] <= high
+    assert intervals["pass@4/alias"] == (0.0, 0.0)
+    flat = baseline.flat_metrics()
+    assert flat["distinct_correct@4"] == pytest.approx(2) and "pass@2/plain" not in flat
+
+    out = compare(tuned, baseline, k=2)
+    # tuned: plain is correct in 3 and 4 samples -> pass@2/plain = 1; its one cte is wrong; it never writes alias.
+    assert out["pass_diff/plain"] == pytest.approx(1 - 3 / 4)
+    assert out["pass_diff/cte"] == pytest.approx(0 - 1 / 4)
+    assert out["pass_diff/alias"] == 0.0 and out["pass_diff_ci/alias"] == (0.0, 0.0)
+    assert out["distinct_correct_diff"] == pytest.approx(1 - 7 / 6)  # one solution (p1) per prompt
+    low, high = out["pass_diff_ci/cte"]
+    assert -1 / 2 <= low <= -1 / 4 <= high <= 0
+
+    table = format_summary(tuned, {2: out})
+    assert "pass@k per solution style" in table and "k=2 - base" in table
+    rows = {line.split()[0]: line for line in table.splitlines()[-3:]}
+    assert set(rows) == {"plain", "cte", "distinct"}
+    assert "-0.250 [" in rows["cte"] and "-0.167 [" in rows["distinct"]
+
+    png = plot_style_pass_at_k([baseline, tuned], tmp_path / "styles.png", k=2)
+    assert png.read_bytes()[:8] == PNG_MAGIC
+    with pytest.raises(ValueError, match=r"k=8 must be in \[1, n\]"):
+        plot_style_pass_at_k([baseline], tmp_path / "x.png", k=8)
+    with pytest.raises(ValueError, match="no result recorded a solution style"):
+        plot_style_pass_at_k([result_of([record("t0", [1, 0, 0, 0])])], tmp_path / "x.png")
+
+
+def test_results_written_before_solution_keys_still_load_and_report_the_rest(tmp_path):
+    result = result_of([record("t0", [1, 1, 0, 0], styles=["plain"] * 4, solutions=["a", "b", "c", "d"])])
+    data = result.to_dict()
+    assert data["summary"]["distinct_correct@4"] == 2 and data["intervals_95"]["distinct_correct@4"] == [2.0, 2.0]
+    for r in data["records"]:
+        del r["solutions"]
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(data))
+    old = EvalResult.from_json(path)
+    assert not old.has_solutions and old.summary()["pass@2/plain"] == pytest.approx(1 - 1 / 6)
+    assert not any(key.startswith("distinct_correct") for key in old.summary())
+    with pytest.raises(ValueError, match="no solution keys were recorded"):
+        old.per_prompt("distinct_correct@2")
+    assert "distinct_correct_diff" not in compare(result, old, k=2)
+
+
 def test_from_json_rejects_other_files(tmp_path):
     path = tmp_path / "x.json"
     path.write_text(json.dumps({"foo": 1}))
@@ -294,6 +423,10 @@ def test_evaluate_engine_scores_votes_and_styles(sql_env):
     assert result.records[2].answers[:3] == [None, result.records[1].answers[0], None]
     assert [r.styles for r in result.records][0] == ["plain", "cte", "none", "plain"]
     assert result.records[1].completions == samples[1] and result.records[0].greedy_completion == greedy[0]
+    # Solutions: the gold plain and cte queries differ; no block has none; the same wrong query is one.
+    solutions = [r.solutions for r in result.records]
+    assert solutions[0][0] != solutions[0][1] and solutions[0][2] is None
+    assert solutions[1][0] == solutions[1][1] == solutions[1][2] == solutions[0][3] != solutions[1][3]
 
     summary = result.summary()
     assert summary["greedy_accuracy"] == pytest.approx(1 / 3)
@@ -302,6 +435,27 @@ def test_evaluate_engine_scores_votes_and_styles(sql_env):
     # maj@4: gold wins prompt 0 (2 vs 1); wrong wins prompt 1 (3 vs 1); prompt 2 ties 1-1.
     assert summary["maj@4"] == pytest.approx((1 + 0 + 0.5) / 3)
     assert summary["style_counts"]["cte"] == 1 and summary["style_counts"]["subquery"] == 1
+    assert summary["distinct_correct@4"] == pytest.approx((2 + 1 + 1) / 3)
+    # A correct cte sample only on prompt 0 (of 4 samples): pass@1/cte = (1/4) / 3.
+    assert summary["pass@1/cte"] == pytest.approx(1 / 12) and summary["pass@4/cte"] == pytest.approx(1 / 3)
+
+
+def test_sql_solution_key_ignores_whitespace_case_comments_and_semicolons(sql_env):
+    def key(query):
+        return sql_env.solution_key(0, "Here it is:\n" + sql_block(query))
+
+    assert key("select name  from t;") == key("SELECT name\nFROM T -- the names\n;;") == "SELECT NAME FROM T"
+    assert key("SELECT t.name FROM t") != key("SELECT name FROM t")  # another way to write it
+    assert key("SELECT 'Bob' FROM t") != key("SELECT 'bob' FROM t")  # quoted text keeps its case
+    assert sql_env.solution_key(0, "no query here") is None
+
+
+def test_the_default_solution_key_is_the_text_with_whitespace_folded():
+    from envs.math import MathEnv
+
+    env = MathEnv(load_split("math_synth/test")[:1])  # math keeps the default of envs.base
+    assert env.solution_key(0, " 2 +  2\n= \\boxed{4} ") == "2 + 2 = \\boxed{4}"
+    assert env.solution_key(0, " \n ") is None
 
 
 def test_evaluate_engine_checks_its_settings(sql_env):
@@ -341,8 +495,30 @@ def test_rllib_evaluate_writes_results_plot_and_comparison(tmp_path, capsys):
     assert set(comparison["by_k"]["4"]) == {
         "keep_rate", "exploration_rate", "base_solved", "base_failed",
         "keep_rate_ci", "exploration_rate_ci", "pass_diff", "pass_diff_ci",
+        "distinct_correct_diff", "distinct_correct_diff_ci",  # the random model writes no solution style
     }
-    assert set(data["intervals_95"]) >= {"greedy_accuracy", "pass@1", "pass@4"}
+    assert set(data["intervals_95"]) >= {"greedy_accuracy", "pass@1", "pass@4", "distinct_correct@4"}
+
+
+def test_rllib_evaluate_at_n_64_reports_pass_at_64_styles_and_distinct_solutions(tmp_path, capsys):
+    out = tmp_path / "n64"
+    main([
+        "evaluate", "tiny-sql-math", "--env", SQL_ENV, "--env-config", json.dumps(SQL_TEST), "--n", "64",
+        "--limit", "2", "--max-new-tokens", "96", "--no-greedy", "--out", str(out),
+    ])
+    printed = capsys.readouterr().out
+    data = json.loads((out / "results.json").read_text())
+    assert data["settings"]["ks"] == [1, 2, 4, 8, 16, 32, 64]
+    summary, intervals = data["summary"], data["intervals_95"]
+    styles = [s for s in summary["style_counts"] if s != "none"]
+    assert styles and {f"pass@64/{s}" for s in styles} <= set(summary) and "distinct_correct@64" in intervals
+    for s in styles:  # a style's pass@k is at most the overall pass@k
+        assert 0 <= summary[f"pass@64/{s}"] <= summary["pass@64"]
+        low, high = intervals[f"pass@64/{s}"]
+        assert low <= summary[f"pass@64/{s}"] <= high
+    assert 1 <= summary["distinct_correct@64"] <= 64 * summary["pass@64"]
+    assert f"\n{styles[0]} " in printed and "distinct correct" in printed
+    assert (out / "style_pass_at_k.png").read_bytes()[:8] == PNG_MAGIC
 
 
 def test_trial_folders_and_partial_checkpoints_are_refused(tmp_path):

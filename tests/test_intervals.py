@@ -7,6 +7,7 @@ import pytest
 
 from rllib_dph.evaluation import EvalResult, PromptRecord, plot_pass_at_k, style_entropy
 from rllib_dph.evaluation.intervals import (
+    bootstrap_interval,
     entropy_interval,
     format_interval,
     keep_exploration_intervals,
@@ -46,6 +47,24 @@ def test_paired_difference_cancels_what_both_policies_share():
     assert paired_difference_interval(base, base) == (0.0, 0.0)
     with pytest.raises(ValueError, match="80 prompts vs 79"):
         paired_difference_interval(base, base[:-1])
+
+
+def test_mean_and_paired_intervals_equal_the_bootstrap_of_one_redraw_at_a_time():
+    # mean_interval and paired_difference_interval compute every redraw at once; they must give the
+    # interval of the scalar statistic on the same redraws (the baseline's seeds from seed + 1).
+    rng = np.random.default_rng(3)
+    values, baseline = rng.random((3, 40)), rng.random((2, 40))  # (S, P), (S_b, P)
+    one_at_a_time = bootstrap_interval(lambda p, s: values[np.ix_(s, p)].mean(), 40, 3, seed=5, num_boot=300)
+    assert mean_interval(values, seed=5, num_boot=300) == pytest.approx(one_at_a_time, abs=1e-12)
+    baseline_seeds = np.random.default_rng(6)
+
+    def difference(p, s):
+        seeds_b = baseline_seeds.integers(0, 2, 2)
+        return values[np.ix_(s, p)].mean() - baseline[np.ix_(seeds_b, p)].mean()
+
+    expected = bootstrap_interval(difference, 40, 3, seed=5, num_boot=300)
+    assert paired_difference_interval(values, baseline, seed=5, num_boot=300) == pytest.approx(expected, abs=1e-12)
+    assert mean_interval(values, seed=6, num_boot=300) != one_at_a_time  # another seed, other redraws
 
 
 def test_keep_and_exploration_intervals_hold_the_rates_and_nan_when_undefined():

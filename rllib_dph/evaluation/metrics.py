@@ -1,9 +1,11 @@
 """Pure metrics of per-prompt outcomes: pass@k, mean@k, maj@k, keep and exploration rates
-(DPH-RL paper §6.1) and the entropy of solution styles. No I/O, no models, no envs."""
+(DPH-RL paper §6.1), the entropy of solution styles, pass@k per solution style and the number of
+distinct correct solutions. No I/O, no models, no envs."""
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from typing import Mapping, Optional, Sequence
 
 #: The style ``envs.suites.style_of`` gives a completion without an answer block; not a solution style.
@@ -158,6 +160,61 @@ def style_entropy(counts: Mapping[str, int]) -> float:
     used = [c for style, c in counts.items() if style != NO_ANSWER_STYLE and c > 0]
     total = sum(used)
     return -sum(c / total * math.log2(c / total) for c in used) if total else 0.0
+
+
+def style_pass_at_k(styles: Sequence[str], correct: Sequence[bool], style: str, k: int) -> float:
+    """pass@k of one solution style for one prompt: the chance that k of its n samples hold a
+    correct sample of that style ("which styles a policy still produces correctly").
+
+    The unbiased estimator of Chen et al. (2021) with c_s, the samples that are correct *and* of
+    style s, in place of c:
+
+        pass@k_s = 1 − C(n − c_s, k) / C(n, k)
+
+    DPH-RL (Appendix B, Figure 4) draws per-style bars of how often each style is sampled; this
+    scores each style by its correct samples. Every pass@k_s <= pass@k <= Σ_s pass@k_s.
+
+    Args:
+        styles: Style name of each of the n samples; empty when the env names no style for the
+            prompt (then c_s = 0).
+        correct: Whether each sample is correct (n entries, n >= k).
+        style: The style s.
+        k: Subset size, 1 <= k <= n.
+    """
+    if styles:
+        _check_same_length(styles, correct, "styles", "correct")
+    c_s = sum(1 for name, ok in zip(styles, correct) if ok and name == style)
+    return pass_at_k(len(correct), c_s, k)
+
+
+def distinct_correct_at_k(solutions: Sequence[Optional[str]], correct: Sequence[bool], k: int) -> float:
+    """Expected number of distinct correct solutions among k of a prompt's n samples.
+
+    With m_u the number of correct samples whose solution key is u (samples without a key are
+    not counted):
+
+        D@k = Σ_u [1 − C(n − m_u, k) / C(n, k)]
+
+    Each term is the unbiased pass@k estimator (Chen et al. 2021) of "a sample is solution u", so
+    D@k is unbiased for the expected number of distinct correct solutions in k fresh samples.
+    D@n is the plain count of distinct correct solutions among the n samples; D@1 is the
+    per-sample accuracy of samples with a key.
+
+    Args:
+        solutions: Solution key of each of the n samples (equal keys: the same solution), or
+            None (e.g. ``envs.base.VerifierEnv.solution_key``).
+        correct: Whether each sample is correct.
+        k: Subset size, 1 <= k <= n.
+    """
+    _check_same_length(solutions, correct, "solutions", "correct")
+    if not 1 <= k <= len(correct):
+        raise ValueError(
+            f"distinct_correct_at_k: k={k} with n={len(correct)} samples; k must be in [1, n]. Draw "
+            "more samples (larger n) or ask for a smaller k."
+        )
+    counts = Counter(key for key, ok in zip(solutions, correct) if ok and key is not None)
+    multiplicities = Counter(counts.values())  # m -> number of solutions seen m times
+    return sum(num * pass_at_k(len(correct), m, k) for m, num in multiplicities.items())
 
 
 def default_ks(n: int) -> list[int]:

@@ -1,5 +1,6 @@
 """Evaluation results: per-prompt records, the result of one evaluation and its files (JSON, CSV),
-comparison with a baseline (keep / exploration rates), the pass@k plot and the text summary."""
+comparison with a baseline (keep / exploration rates, paired differences), the pass@k plot, the
+per-style pass@k bars and the text summary."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import json
 import math
 import os
 from collections import Counter
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
@@ -22,6 +23,8 @@ from rllib_dph.evaluation.intervals import (
     paired_difference_interval,
 )
 from rllib_dph.evaluation.metrics import (
+    NO_ANSWER_STYLE,
+    distinct_correct_at_k,
     keep_and_exploration_rates,
     maj_at_k,
     mean_at_k,
@@ -29,6 +32,7 @@ from rllib_dph.evaluation.metrics import (
     mean_pass_at_k,
     pass_at_k,
     style_entropy,
+    style_pass_at_k,
 )
 
 
@@ -48,6 +52,9 @@ class PromptRecord:
         greedy_correct: Whether the greedy completion is correct; None when not generated.
         completions: The n sample texts, when kept.
         greedy_completion: The greedy text, when kept.
+        solutions: Solution key of each sample, shortened to a hash (equal: the same solution;
+            None: no key), see ``envs.base.VerifierEnv.solution_key``; empty in results written
+            before keys were recorded.
     """
 
     task_id: str
@@ -59,6 +66,7 @@ class PromptRecord:
     greedy_correct: Optional[bool] = None
     completions: Optional[list[str]] = None
     greedy_completion: Optional[str] = None
+    solutions: list[Optional[str]] = field(default_factory=list)
 
     @property
     def n(self) -> int:
@@ -116,6 +124,25 @@ class EvalResult:
         """Number of sampled completions per solution style, over all prompts, most used first."""
         return dict(Counter(s for r in self.records for s in r.styles).most_common())
 
+    def solution_styles(self) -> list[str]:
+        """The solution styles sampled, most used first: every recorded style but ``"none"`` (no answer)."""
+        return [s for s in self.style_counts() if s != NO_ANSWER_STYLE]
+
+    @property
+    def has_solutions(self) -> bool:
+        """Whether every record has a solution key per sample (see :attr:`PromptRecord.solutions`)."""
+        return bool(self.records) and all(len(r.solutions) == r.n for r in self.records)
+
+    def diversity_metrics(self) -> list[str]:
+        """Names of the diversity metrics this result reports, each a mean of per-prompt values
+        (:meth:`per_prompt`): ``pass@k/<style>`` (:func:`style_pass_at_k`) for every style of
+        :meth:`solution_styles` and k of ``ks``, and ``distinct_correct@k``
+        (:func:`distinct_correct_at_k`) for every k when solution keys were recorded."""
+        names = [f"pass@{k}/{style}" for style in self.solution_styles() for k in self.ks]
+        if self.has_solutions:
+            names += [f"distinct_correct@{k}" for k in self.ks]
+        return names
+
     def summary(self) -> dict[str, Any]:
         """The data-set metrics.
 
@@ -124,7 +151,8 @@ class EvalResult:
             ``greedy_accuracy`` (None without greedy completions), ``pass@k`` and ``maj@k`` for
             each k of ``ks``, ``mean@n`` (see :func:`mean_at_k`), ``truncation_rate`` (share of
             samples that hit ``max_new_tokens``) and, when styles were recorded, ``style_counts``
-            and ``style_entropy_bits``.
+            and ``style_entropy_bits``, and the :meth:`diversity_metrics` (``pass@k/<style>``,
+            ``distinct_correct@k``).
         """
         greedy = [r.greedy_correct for r in self.records]
         out: dict[str, Any] = {
@@ -148,17 +176,35 @@ class EvalResult:
         if counts:
             out["style_counts"] = counts
             out["style_entropy_bits"] = style_entropy(counts)
+        for metric in self.diversity_metrics():
+            out[metric] = mean_over_prompts(self.per_prompt(metric))
         return out
 
     def per_prompt(self, metric: str) -> list[float]:
-        """Per-prompt values whose mean is ``metric``: ``"greedy_accuracy"`` (0/1) or ``"pass@k"``."""
+        """Per-prompt values whose mean is ``metric``: ``"greedy_accuracy"`` (0/1), ``"pass@k"``,
+        ``"pass@k/<style>"`` (:func:`style_pass_at_k`; 0 on prompts without styles) or
+        ``"distinct_correct@k"`` (:func:`distinct_correct_at_k`)."""
         if metric == "greedy_accuracy":
             if any(r.greedy_correct is None for r in self.records):
                 raise ValueError(f"{self.label}: no greedy completions were generated (greedy=False).")
             return [float(r.greedy_correct) for r in self.records]
         if metric.startswith("pass@"):
-            return self.pass_at(int(metric[len("pass@") :]))
-        raise ValueError(f"per_prompt: metric={metric!r} is not 'greedy_accuracy' or 'pass@<k>'.")
+            k, _, style = metric[len("pass@") :].partition("/")
+            if style:
+                return [style_pass_at_k(r.styles, r.correct, style, int(k)) for r in self.records]
+            return self.pass_at(int(k))
+        if metric.startswith("distinct_correct@"):
+            if not self.has_solutions:
+                raise ValueError(
+                    f"{self.label}: no solution keys were recorded (a result written before they were); "
+                    "evaluate again for distinct_correct@k."
+                )
+            k = int(metric[len("distinct_correct@") :])
+            return [distinct_correct_at_k(r.solutions, r.correct, k) for r in self.records]
+        raise ValueError(
+            f"per_prompt: metric={metric!r} is not 'greedy_accuracy', 'pass@<k>', 'pass@<k>/<style>' or "
+            "'distinct_correct@<k>'."
+        )
 
     def style_matrix(self, styles: Sequence[str]) -> np.ndarray:
         """(P, K) number of samples of each of ``styles`` per prompt."""
@@ -166,7 +212,8 @@ class EvalResult:
 
     def intervals(self, **kwargs) -> dict[str, tuple[float, float]]:
         """95 % bootstrap intervals over prompts (``evaluation.intervals``) of ``greedy_accuracy``
-        (when generated), ``pass@k`` for each k and ``style_entropy_bits`` (when styles were recorded).
+        (when generated), ``pass@k`` for each k, ``style_entropy_bits`` (when styles were recorded)
+        and the :meth:`diversity_metrics`.
 
         Args:
             **kwargs: ``num_boot``, ``level``, ``seed`` of ``intervals.bootstrap_interval``.
@@ -175,7 +222,7 @@ class EvalResult:
         metrics = [f"pass@{k}" for k in self.ks]
         if all(r.greedy_correct is not None for r in self.records):
             metrics.insert(0, "greedy_accuracy")
-        for metric in metrics:
+        for metric in metrics + self.diversity_metrics():
             out[metric] = mean_interval(self.per_prompt(metric), **kwargs)
         styles = list(self.style_counts())
         if styles:
@@ -187,14 +234,15 @@ class EvalResult:
 
         Keys (after ``prefix``): ``greedy_accuracy`` (when generated), ``pass@k``, ``mean@n``,
         ``maj@k``, ``truncation_rate``, ``style_entropy_bits`` and ``style/<name>`` (share of
-        samples in that style) when styles were recorded.
+        samples in that style) when styles were recorded, and ``distinct_correct@k`` when solution
+        keys were. The per-style ``pass@k/<style>`` (one per style and k) stay in :meth:`summary`.
 
         Args:
             prefix: Put before every key, e.g. ``"eval/"``.
         """
         summary = self.summary()
-        keys = [k for k in summary if k.startswith(("pass@", "mean@", "maj@"))]
-        keys += ["truncation_rate", "style_entropy_bits"]
+        keys = [f"pass@{k}" for k in self.ks] + [f"mean@{self.n}"] + [f"maj@{k}" for k in self.ks]
+        keys += ["truncation_rate", "style_entropy_bits"] + [f"distinct_correct@{k}" for k in self.ks]
         if summary["greedy_accuracy"] is not None:
             keys.insert(0, "greedy_accuracy")
         flat = {prefix + k: float(summary[k]) for k in keys if k in summary}
@@ -267,7 +315,8 @@ def compare(result: EvalResult, baseline: EvalResult, k: int) -> dict[str, float
         ``keep_rate``, ``exploration_rate`` (NaN when undefined) and their 95 % intervals
         (``*_ci``, paired bootstrap over prompts), ``pass_diff``: pass@k of ``result`` minus the
         baseline's, with ``pass_diff_ci``, and ``base_solved`` / ``base_failed``: the expected
-        numbers of prompts the baseline solves / fails at pass@k (the denominators).
+        numbers of prompts the baseline solves / fails at pass@k (the denominators). Then the
+        paired differences of :func:`diversity_differences`.
     """
     base_by_id = {r.task_id: r for r in baseline.records}
     missing = [r.task_id for r in result.records if r.task_id not in base_by_id]
@@ -276,8 +325,8 @@ def compare(result: EvalResult, baseline: EvalResult, k: int) -> dict[str, float
             f"compare: {len(missing)} of {len(result.records)} prompts are not in the baseline "
             f"(e.g. {missing[0]!r}); evaluate both on the same env split (and --limit)."
         )
-    base = [base_by_id[r.task_id] for r in result.records]
-    base_pass = [pass_at_k(b.n, b.num_correct, k) for b in base]
+    matched = replace(baseline, records=[base_by_id[r.task_id] for r in result.records])
+    base_pass = matched.pass_at(k)
     new_pass = result.pass_at(k)
     keep, exploration = keep_and_exploration_rates(base_pass, new_pass)
     keep_ci, exploration_ci = keep_exploration_intervals(base_pass, new_pass)
@@ -290,7 +339,40 @@ def compare(result: EvalResult, baseline: EvalResult, k: int) -> dict[str, float
         "pass_diff_ci": paired_difference_interval(new_pass, base_pass),
         "base_solved": sum(base_pass),
         "base_failed": len(base_pass) - sum(base_pass),
+        **diversity_differences(result, matched, k),
     }
+
+
+def diversity_differences(result: EvalResult, baseline: EvalResult, k: int) -> dict[str, Any]:
+    """Paired differences, ``result`` minus ``baseline``, of the diversity metrics at k.
+
+    Args:
+        result: The trained policy's evaluation.
+        baseline: The baseline's evaluation of the same prompts in the same order.
+        k: The k, at most the n of both.
+
+    Returns:
+        ``pass_diff/<style>`` (pass@k of that style, :func:`style_pass_at_k`) for every style
+        either recorded (a style one of them never sampled scores 0 there), and
+        ``distinct_correct_diff`` (:func:`distinct_correct_at_k`) when both recorded solution keys;
+        each with its 95 % interval (``pass_diff_ci/<style>``, ``distinct_correct_diff_ci``),
+        paired bootstrap over prompts.
+    """
+    if [r.task_id for r in result.records] != [r.task_id for r in baseline.records]:
+        raise ValueError(
+            "diversity_differences: the baseline's prompts are not the result's in the same order; "
+            "use compare(), which matches them by task id."
+        )
+    styles = list(dict.fromkeys(result.solution_styles() + baseline.solution_styles()))
+    pairs = [(f"pass@{k}/{style}", f"pass_diff/{style}", f"pass_diff_ci/{style}") for style in styles]
+    if result.has_solutions and baseline.has_solutions:
+        pairs.append((f"distinct_correct@{k}", "distinct_correct_diff", "distinct_correct_diff_ci"))
+    out: dict[str, Any] = {}
+    for metric, name, ci_name in pairs:
+        new, old = result.per_prompt(metric), baseline.per_prompt(metric)
+        out[name] = float(np.mean(new) - np.mean(old))
+        out[ci_name] = paired_difference_interval(new, old)
+    return out
 
 
 def plot_pass_at_k(
@@ -315,23 +397,13 @@ def plot_pass_at_k(
     """
     import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    loaded = [r if isinstance(r, EvalResult) else EvalResult.from_json(r) for r in results]
-    if not loaded:
-        raise ValueError("plot_pass_at_k: no results to plot; give at least one EvalResult or JSON path.")
-    data_sets = sorted({f"{r.env_id} {json.dumps(r.env_config, sort_keys=True)}" for r in loaded})
-    if len(data_sets) > 1:
-        raise ValueError(
-            f"plot_pass_at_k: the results come from {len(data_sets)} data sets ({'; '.join(data_sets)}); "
-            "plot each data set in its own figure."
-        )
+    plt = _pyplot()
+    loaded, data_set = _one_data_set(results, "plot_pass_at_k")
     fig, ax = plt.subplots(figsize=(6, 4))
     for i, r in enumerate(loaded):
-        summary, intervals = r.summary(), r.intervals()
-        line, = ax.plot(r.ks, [100 * summary[f"pass@{k}"] for k in r.ks], marker="o", label=r.label or f"run {i + 1}")
-        low, high = zip(*(intervals[f"pass@{k}"] for k in r.ks))
+        per_prompt = [r.pass_at(k) for k in r.ks]
+        line, = ax.plot(r.ks, [100 * np.mean(v) for v in per_prompt], marker="o", label=r.label or f"run {i + 1}")
+        low, high = zip(*(mean_interval(v) for v in per_prompt))
         ax.fill_between(r.ks, 100 * np.array(low), 100 * np.array(high), color=line.get_color(), alpha=0.15)
     ax.set_xscale("log", base=2)
     ax.set_xticks(sorted({k for r in loaded for k in r.ks}))
@@ -339,9 +411,101 @@ def plot_pass_at_k(
     ax.set_ylim(0, 100)
     ax.set_xlabel("k")
     ax.set_ylabel("pass@k (%), 95 % bootstrap band")
-    ax.set_title(title or data_sets[0], fontsize=9)
+    ax.set_title(title or data_set, fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
+    return _save(fig, out_png)
+
+
+def plot_style_pass_at_k(
+    results: Sequence[EvalResult | str | os.PathLike],
+    out_png: str | os.PathLike,
+    *,
+    k: Optional[int] = None,
+    title: Optional[str] = None,
+) -> Path:
+    """Bars of pass@k per solution style (:func:`style_pass_at_k`, 0-100 %) with 95 % bootstrap
+    error bars: one group of bars per style, one bar per evaluation (DPH-RL Appendix B, Figure 4
+    draws such bars for how often each style is sampled; these score the correct samples).
+
+    Args:
+        results: Evaluations of one data set, or paths of their JSON files (as for
+            :func:`plot_pass_at_k`); the styles are those any of them sampled.
+        out_png: Where to write the figure (parent folders created).
+        k: The k, at most every result's n; None: the smallest of the results' largest k.
+        title: Figure title; by default the env, its data and k.
+
+    Returns:
+        The path of the PNG.
+
+    Raises:
+        ValueError: different data sets, no recorded solution style, or k larger than some n.
+    """
+    plt = _pyplot()
+    loaded, data_set = _one_data_set(results, "plot_style_pass_at_k")
+    styles = list(dict.fromkeys(style for r in loaded for style in r.solution_styles()))
+    k = min(max(r.ks) for r in loaded) if k is None else k
+    if not styles:
+        raise ValueError(
+            "plot_style_pass_at_k: no result recorded a solution style; plot evaluations on an env "
+            "that names styles (envs.base.VerifierEnv.solution_style), e.g. the bundled suites."
+        )
+    ns = [r.n for r in loaded]
+    if not 1 <= k <= min(ns):
+        raise ValueError(
+            f"plot_style_pass_at_k: k={k} must be in [1, n] for every result (n = {ns}); give a smaller k."
+        )
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(styles) + 2), 4))
+    width = 0.8 / len(loaded)
+    for i, r in enumerate(loaded):
+        per_prompt = [r.per_prompt(f"pass@{k}/{style}") for style in styles]
+        values = 100 * np.array([np.mean(v) for v in per_prompt])
+        low, high = (100 * np.array(bound) for bound in zip(*(mean_interval(v) for v in per_prompt)))
+        x = np.arange(len(styles)) + (i - (len(loaded) - 1) / 2) * width
+        errors = np.clip([values - low, high - values], 0, None)
+        ax.bar(x, values, width, yerr=errors, capsize=3, label=r.label or f"run {i + 1}")
+    ax.set_xticks(np.arange(len(styles)), styles)
+    ax.set_ylim(0, 100)
+    ax.set_xlabel("solution style")
+    ax.set_ylabel(f"pass@{k} of the style (%), 95 % interval")
+    ax.set_title(title or f"{data_set}, k={k}", fontsize=9)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, out_png)
+
+
+def _pyplot():
+    """matplotlib.pyplot on the file-only Agg backend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _one_data_set(results: Sequence[EvalResult | str | os.PathLike], caller: str) -> tuple[list[EvalResult], str]:
+    """The results (JSON paths read) and their one data set ("env_id env_config").
+
+    Raises:
+        ValueError: no results, or results from different data sets (one title would mislabel them).
+    """
+    loaded = [r if isinstance(r, EvalResult) else EvalResult.from_json(r) for r in results]
+    if not loaded:
+        raise ValueError(f"{caller}: no results to plot; give at least one EvalResult or JSON path.")
+    data_sets = sorted({f"{r.env_id} {json.dumps(r.env_config, sort_keys=True)}" for r in loaded})
+    if len(data_sets) > 1:
+        raise ValueError(
+            f"{caller}: the results come from {len(data_sets)} data sets ({'; '.join(data_sets)}); "
+            "plot each data set in its own figure."
+        )
+    return loaded, data_sets[0]
+
+
+def _save(fig, out_png: str | os.PathLike) -> Path:
+    """Writes ``fig`` as a PNG (parent folders created), closes it and returns the path."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     out_png = Path(out_png)
     out_png.parent.mkdir(parents=True, exist_ok=True)
@@ -352,7 +516,9 @@ def plot_pass_at_k(
 
 def format_summary(result: EvalResult, comparisons: Optional[Mapping[int, Mapping[str, float]]] = None) -> str:
     """A plain-text table of a result's summary with 95 % intervals (and keep / exploration rates
-    and the paired pass@k difference to a baseline per k).
+    and the paired pass@k difference to a baseline per k), then a table of the diversity metrics
+    (pass@k per style, distinct correct solutions) at the smallest and largest k (and their
+    paired difference to the baseline at the largest compared k).
 
     Args:
         result: The evaluation.
@@ -388,7 +554,35 @@ def format_summary(result: EvalResult, comparisons: Optional[Mapping[int, Mappin
         shares = ", ".join(f"{style} {count / total:.2f}" for style, count in s["style_counts"].items())
         entropy = format_interval(s["style_entropy_bits"], ci.get("style_entropy_bits"), digits=3)
         lines.append(f"styles ({entropy} bits): {shares}")
-    return "\n".join(lines)
+    return "\n".join(lines + _diversity_lines(result, s, ci, comparisons))
+
+
+def _diversity_lines(
+    result: EvalResult, s: Mapping[str, Any], ci: Mapping[str, Any], comparisons: Mapping[int, Mapping[str, Any]]
+) -> list[str]:
+    """The diversity table of :func:`format_summary` (no lines when there is no diversity metric)."""
+    rows = [
+        (style, f"pass@{{k}}/{style}", f"pass_diff/{style}", f"pass_diff_ci/{style}")
+        for style in result.solution_styles()
+    ]
+    if result.has_solutions:
+        rows.append(("distinct correct", "distinct_correct@{k}", "distinct_correct_diff", "distinct_correct_diff_ci"))
+    if not rows:
+        return []
+    ks = sorted({min(result.ks), max(result.ks)})
+    k_diff = max(comparisons) if comparisons else None
+    header = f"{'':<18}" + "".join(f" {f'k={k}':>22}" for k in ks)
+    header += f" {f'k={k_diff} - base':>24}" if k_diff is not None else ""
+    lines = ["pass@k per solution style (a correct sample of it among k) and distinct correct solutions "
+             "(expected among k) [95% interval]:", header]
+    for label, metric, diff, diff_ci in rows:
+        names = [metric.replace("{k}", str(k)) for k in ks]
+        line = f"{label:<18}" + "".join(f" {format_interval(s[name], ci[name], digits=3):>22}" for name in names)
+        if k_diff is not None and diff in comparisons[k_diff]:
+            c = comparisons[k_diff]
+            line += f" {format_interval(c[diff], c[diff_ci], digits=3):>24}"
+        lines.append(line)
+    return lines
 
 
 def finite_or_none(values: Mapping[str, Any]) -> dict[str, Any]:

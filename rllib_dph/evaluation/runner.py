@@ -2,13 +2,14 @@
 
 For every prompt of an env split the policy draws ``n`` samples (temperature / top-p) and, by
 default, one greedy completion, through :func:`rllib_dph.rollout.rollout`; the env scores each
-and names its majority-vote answer and solution style (``envs.base.VerifierEnv.answer_key`` /
-``solution_style``). :func:`evaluate_engine` runs on a built engine and env (the env runner
+and names its majority-vote answer, solution style and solution (``envs.base.VerifierEnv.answer_key``
+/ ``solution_style`` / ``solution_key``). :func:`evaluate_engine` runs on a built engine and env (the env runner
 during training); :func:`evaluate` builds both from names or an RLlib checkpoint.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from dataclasses import dataclass
@@ -101,7 +102,7 @@ def evaluate_engine(engine: RolloutEngine, env, settings: EvalSettings) -> EvalR
     Args:
         engine: A rollout engine (``generate``, ``tokenizer``), e.g. an env runner's.
         env: A verifier env (``envs.base.VerifierEnv``: ``tasks``, ``reset``, ``step``,
-            ``answer_key``, ``solution_style``).
+            ``answer_key``, ``solution_style``, ``solution_key``).
         settings: What to sample and report.
     """
     from tqdm.auto import tqdm
@@ -139,7 +140,7 @@ def evaluate_engine(engine: RolloutEngine, env, settings: EvalSettings) -> EvalR
 
 
 def _record(env, sampled: ScoredGroup, greedy: Optional[ScoredGroup], settings: EvalSettings) -> PromptRecord:
-    """The record of one prompt: its scored samples, their answers and styles, and its greedy completion."""
+    """The record of one prompt: its scored samples, their answers, styles and solutions, and its greedy completion."""
     index, texts = sampled.index, sampled.texts
     styles = [env.solution_style(index, text, settings.style_suite) for text in texts]
     keep = settings.keep_completions
@@ -153,7 +154,14 @@ def _record(env, sampled: ScoredGroup, greedy: Optional[ScoredGroup], settings: 
         greedy_correct=None if greedy is None else bool(greedy.correct[0]),
         completions=texts if keep else None,
         greedy_completion=greedy.texts[0] if keep and greedy is not None else None,
+        solutions=[_short_hash(env.solution_key(index, text)) for text in texts],
     )
+
+
+def _short_hash(key: Optional[str]) -> Optional[str]:
+    """A 16-hex-digit SHA-1 prefix of a solution key (None stays None): equal keys, equal hashes,
+    and a results file that does not grow with the length of the solutions."""
+    return None if key is None else hashlib.sha1(key.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
 def find_module_checkpoint(path: str | os.PathLike) -> Optional[Path]:

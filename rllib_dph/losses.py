@@ -690,7 +690,7 @@ class Threshold:
     """
 
     default: float
-    low: float = 0.0
+    low: float = 0
     high: Optional[float] = None
     low_open: bool = True
     high_open: bool = True

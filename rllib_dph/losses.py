@@ -625,7 +625,7 @@ def _sign_agnostic_keep(logp, behavior_logp, advantages, low, high, divergence, 
     """IPO's mask (INTELLECT Policy Optimization, prime-rl ``ipo_loss_fn``, PRs #1930, #2798,
     #3586): drop if (π > μ and |π − μ| > ε_high) or (π < μ and |π − μ| > ε_low), whatever the
     advantage's sign. A probability difference, not a ratio: a rare token (μ = 1e-4) may
-    move by a large ratio. prime-rl has one ε (0.3) for both sides; here low = high = ε."""
+    move by a large ratio. prime-rl has one ε (0.3); here low and high default to it."""
     up, down = logp > behavior_logp, logp < behavior_logp
     drop = (up & (divergence > high)) | (down & (divergence > low))  # (B, T), whatever Â's sign
     return ~drop & torch.ones_like(advantages, dtype=torch.bool)
@@ -835,6 +835,14 @@ def _check_topk(kind: str, topk_logp: Optional[torch.Tensor], topk_behavior_logp
         )
 
 
+def _check_response_mask(kind: str, response_mask: Optional[torch.Tensor]) -> None:
+    if response_mask is None:
+        raise ValueError(
+            f"kind={kind!r} reduces log π/μ over each row's response tokens: pass "
+            "response_mask (B, T), the response tokens the loss is aggregated over."
+        )
+
+
 def trust_region_mask(
     logp: torch.Tensor,
     behavior_logp: torch.Tensor,
@@ -884,11 +892,8 @@ def trust_region_mask(
     """
     _check_kind(kind, TRUST_REGIONS, "kind")
     spec = TRUST_REGIONS[kind]
-    if spec.sequence_level and response_mask is None:
-        raise ValueError(
-            f"kind={kind!r} reduces log π/μ over each row's response tokens: pass "
-            "response_mask (B, T), the response tokens the loss is aggregated over."
-        )
+    if spec.sequence_level:
+        _check_response_mask(kind, response_mask)
     with torch.no_grad():
         logp, behavior_logp = _upcast(logp), _upcast(behavior_logp)
         divergence = None
@@ -964,7 +969,7 @@ def policy_gradient_loss(
                        "Your efficient RL framework secretly brings you off-policy RL training";
                        verl ``rollout_is``, slime ``--tis-clip``), whose weight min(π_old/μ, C)
                        is min(π_θ/μ, C) anchored on μ (π_old = π_θ before the update)
-        CISPO          M = 1, C = 1 + ε_high^IS: MiniMax-M1 (arXiv 2506.13585) Eq. 4,
+        CISPO          M = 1, C = 1 + ε_high^IS: MiniMax-M1 (arXiv 2506.13585),
                        sg(clip(r, 1 − ε_low^IS, 1 + ε_high^IS))·Â·log π_θ with no lower bound;
                        "PG-TIS (CISPO)" with C = 3 in DPPO Appendix D
         ICEPOP, IPO, OPSM   M = their masks (``trust_region_mask``), C = ∞

@@ -1,4 +1,5 @@
-"""GRPO's ratio clip vs DPPO trust regions vs CISPO on the tiny SQL suite, same seeds and budget.
+"""GRPO's ratio clip vs DPPO trust regions vs the off-policy corrections (CISPO, TIS, ICEPOP, IPO)
+on the tiny SQL suite, same seeds and budget.
 
 For each variant it trains the tiny tuned example (tuned_examples/grpo/sql_tiny_grpo.py) for
 `--iterations` iterations per seed and records the training reward, |π − μ| and the masked
@@ -11,7 +12,7 @@ mean of the reward reaches the target, final |π − μ| and masked fraction) an
 It also measures what computing each mask costs as a share of the learner's update time on a
 real batch (targets: binary ≤ 1 %, top-K ≤ 5 %).
 
-    python bench/trust_region.py                    # 5 variants x 1 seed x 30 iterations
+    python bench/trust_region.py                    # 9 variants x 1 seed x 30 iterations
     python bench/trust_region.py --seeds 0 1 2 --iterations 40 --workers 15
     python bench/trust_region.py --mask-cost-only
 """
@@ -38,10 +39,14 @@ VARIANTS = {
     "DPPO Binary-TV": {"trust_region": "dppo_binary_tv"},
     "DPPO Binary-KL": {"trust_region": "dppo_binary_kl"},
     "DPPO TopK-TV": {"trust_region": "dppo_topk_tv", "rollout_top_k": 20},
-    "CISPO (C=5)": {"trust_region": "none", "is_truncation": 5.0},
+    "CISPO (C=5)": {"trust_region": "cispo", "is_truncation": 5.0},
+    "TIS (C=2)": {"trust_region": "tis", "is_truncation": 2.0},
+    "ICEPOP [0.5, 5]": {"trust_region": "icepop"},
+    "IPO (eps=0.3)": {"trust_region": "ipo"},
 }
-#: Trust regions whose mask cost is measured (``losses.TRUST_REGIONS`` names).
-MASK_KINDS = ("ppo", "dppo_binary_tv", "dppo_binary_kl", "dppo_topk_tv", "dppo_topk_kl")
+#: Trust regions whose mask cost is measured (``losses.TRUST_REGIONS`` names), each at its
+#: default thresholds.
+MASK_KINDS = ("ppo", "dppo_binary_tv", "dppo_binary_kl", "dppo_topk_tv", "dppo_topk_kl", "icepop", "ipo", "opsm")
 
 
 def _config(overrides: dict, seed: int, model: str | None):
@@ -113,12 +118,15 @@ def mask_cost(model: str | None) -> dict[str, float]:
     topk_p = topk_q + 0.01 * torch.randn(topk_q.shape)
     adv = torch.as_tensor(batch[C.ADVANTAGES])[:, None]
     shares = {"learner_update_s": update_s}
+    response = torch.as_tensor(batch[C.RESPONSE_MASK]).bool()
     for kind in MASK_KINDS:
         kw = dict(topk_logp=topk_p, topk_behavior_logp=topk_q) if TRUST_REGIONS[kind].needs_topk else {}
-        trust_region_mask(logp, q, adv, kind=kind, low=0.2, high=0.2, **kw)
+        low, high = _config({"trust_region": kind}, 0, model).trust_region_bounds
+        kw.update(kind=kind, low=low, high=high, response_mask=response)
+        trust_region_mask(logp, q, adv, **kw)
         t0 = time.perf_counter()
         for _ in range(20):
-            trust_region_mask(logp, q, adv, kind=kind, low=0.2, high=0.2, **kw)
+            trust_region_mask(logp, q, adv, **kw)
         shares[kind] = (time.perf_counter() - t0) / 20 / update_s
     return shares
 

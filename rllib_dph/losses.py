@@ -17,6 +17,10 @@ Papers referred to below:
 - DPPO: Qi et al., "Divergence Proximal Policy Optimization" (``shared/seeds/003_*``): §4.3-4.4
   Eq. 11-16, §5.3, Appendix C, Appendix D Eq. 23.
 - k1/k2/k3: J. Schulman, "Approximating KL divergence", 2020.
+- Off-policy corrections anchored on the rollout engine's μ (``TRUST_REGIONS``; table with
+  formulas and sources in ``docs/trust_regions.md``): TIS (Yao et al. 2025; verl, slime), CISPO
+  (MiniMax-M1, arXiv 2506.13585), ICEPOP (Ring-1T, arXiv 2510.18855), IPO (prime-rl), OPSM
+  (DeepSeek-V3.2; slime).
 """
 
 from __future__ import annotations
@@ -564,7 +568,7 @@ def token_stats(
     return logp, entropy, topk
 
 
-# -------------------------------------------------------------------- DPPO trust regions
+# ------------------------------------------------- trust regions and off-policy corrections
 def _binary_masses(logp: torch.Tensor) -> torch.Tensor:
     """(B, T) -> (B, T, 2): (π(a_t), 1 − π(a_t)), the sampled token vs. all others."""
     return torch.stack([logp.exp(), -torch.expm1(logp)], dim=-1).clamp_min(_MIN_MASS)
@@ -601,57 +605,170 @@ def _topk_kl(logp, behavior_logp, topk_logp, topk_behavior_logp):
     return _kl(_topk_masses(topk_behavior_logp), _topk_masses(topk_logp))
 
 
-def _ratio_keep(logp, behavior_logp, advantages, low, high, divergence):
+def _ratio_keep(logp, behavior_logp, advantages, low, high, divergence, response_mask):
+    """PPO's ratio clip as a mask (Schulman et al. 2017; DAPO clip-higher): drop if
+    (Â > 0 and r > 1 + ε_high) or (Â < 0 and r < 1 − ε_low), r = π_θ/μ."""
     ratio = torch.exp(logp - behavior_logp)  # (B, T)
     drop = ((advantages > 0) & (ratio > 1 + high)) | ((advantages < 0) & (ratio < 1 - low))
     return ~drop
 
 
-def _divergence_keep(logp, behavior_logp, advantages, low, high, divergence):
+def _divergence_keep(logp, behavior_logp, advantages, low, high, divergence, response_mask):
+    """DPPO's divergence mask (DPPO §4.3, Eq. 12): drop if (Â > 0 and π > μ and D > δ_high) or
+    (Â < 0 and π < μ and D > δ_low): only moves further from μ are blocked."""
     up, down = logp > behavior_logp, logp < behavior_logp
     drop = ((advantages > 0) & up & (divergence > high)) | ((advantages < 0) & down & (divergence > low))
     return ~drop
 
 
-def _keep_all(logp, behavior_logp, advantages, low, high, divergence):
+def _sign_agnostic_keep(logp, behavior_logp, advantages, low, high, divergence, response_mask):
+    """IPO's mask (INTELLECT Policy Optimization, prime-rl ``ipo_loss_fn``, PRs #1930, #2798,
+    #3586): drop if (π > μ and |π − μ| > ε_high) or (π < μ and |π − μ| > ε_low), whatever the
+    advantage's sign. A probability difference, not a ratio: a rare token (μ = 1e-4) may
+    move by a large ratio. prime-rl has one ε (0.3); here low and high default to it."""
+    up, down = logp > behavior_logp, logp < behavior_logp
+    drop = (up & (divergence > high)) | (down & (divergence > low))  # (B, T), whatever Â's sign
+    return ~drop & torch.ones_like(advantages, dtype=torch.bool)
+
+
+def _ratio_band_keep(logp, behavior_logp, advantages, low, high, divergence, response_mask):
+    """ICEPOP (Ring-1T "IcePop", arXiv 2510.18855, M(k) = k·1[α ≤ k ≤ β]): keep iff
+    α ≤ π_θ/μ ≤ β, whatever the advantage's sign; tokens outside are masked, not truncated.
+    Paper defaults α = 0.5, β = 5. The kept token's weight k = π_θ/μ is Eq. 23's, C = ∞."""
+    log_ratio = logp - behavior_logp  # (B, T); compared in log space: no overflow of π/μ
+    inside = (log_ratio >= math.log(low)) & (log_ratio <= math.log(high))
+    return inside & torch.ones_like(advantages, dtype=torch.bool)
+
+
+def _sequence_keep(logp, behavior_logp, advantages, low, high, divergence, response_mask):
+    """OPSM, off-policy sequence masking (DeepSeek-V3.2 report; slime ``compute_opsm_mask``,
+    ``--use-opsm --opsm-delta``, default δ = 1e-4): drop every token of row i if Â < 0 and
+    (1/|o_i|) Σ_t (log μ − log π_θ) > δ, i.e. the geometric-mean ratio exp(s_i) < exp(−δ).
+    Only negative advantages, as in the source; rows with Â ≥ 0 are never masked."""
+    seq = sequence_mean_log_ratio(logp, behavior_logp, response_mask)  # (B,)
+    drop = (advantages < 0) & (seq[:, None] < -low)  # (B, T) or (B, 1)
+    return ~drop & torch.ones_like(logp, dtype=torch.bool)
+
+
+def _keep_all(logp, behavior_logp, advantages, low, high, divergence, response_mask):
+    """No mask: "none", and TIS / CISPO, whose correction is the truncated weight C."""
     return torch.ones(torch.broadcast_shapes(logp.shape, advantages.shape), dtype=torch.bool, device=logp.device)
+
+
+def sequence_mean_log_ratio(
+    logp: torch.Tensor, behavior_logp: torch.Tensor, response_mask: torch.Tensor
+) -> torch.Tensor:
+    """Per-row mean log-ratio of the response, the log of the geometric-mean ratio (OPSM, GSPO):
+
+        s_i = (1/|o_i|) Σ_t m_it (log π_θ(a_it) − log μ(a_it)),    ρ_i = exp(s_i)
+
+    The mean, not the sum: a sum's variance grows with the length (TRL #5814). −s_i is the k1
+    estimate of KL(μ‖π_θ) per token along the row (slime's ``seq_kl``).
+
+    Args:
+        logp: (B, T) log π_θ of the sampled tokens.
+        behavior_logp: (B, T) log μ of the sampled tokens.
+        response_mask: (B, T) bool or 0/1, the response tokens of each row.
+
+    Returns:
+        (B,) float32 s_i, 0 for a row without response tokens; values at masked positions are
+        ignored even if inf or NaN.
+    """
+    mask = response_mask.bool()
+    log_ratio = torch.where(mask, _upcast(logp) - _upcast(behavior_logp), 0.0)  # (B, T)
+    return log_ratio.sum(-1) / mask.sum(-1).clamp_min(1)
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """One threshold of a trust region (``GRPOConfig.trust_region_delta_low`` or ``_high``).
+
+    Attributes:
+        default: The value when the config field is None.
+        low, high: The valid range's ends (None: unbounded above).
+        low_open, high_open: Whether an end itself is excluded.
+    """
+
+    default: float
+    low: float = 0
+    high: Optional[float] = None
+    low_open: bool = True
+    high_open: bool = True
+
+    def resolve(self, value: Optional[float]) -> float:
+        """The config's ``value``, or the default when it is None."""
+        return self.default if value is None else value
 
 
 @dataclass(frozen=True)
 class TrustRegionSpec:
-    """One trust region of :func:`trust_region_mask`, under its ``GRPOConfig.trust_region`` name.
+    """One trust region or off-policy correction, under its ``GRPOConfig.trust_region`` name.
+
+    Every entry is a keep mask M_t anchored on μ (the rollout engine), plus optionally the
+    truncation C of the importance weight, in the policy gradient of
+    :func:`policy_gradient_loss` (DPPO Appendix D, Eq. 23).
 
     Attributes:
-        keep: The mask rule, (logp, behavior_logp, advantages, low, high, divergence) -> (B, T)
-            bool, True where a token keeps its gradient.
+        keep: The mask rule, (logp, behavior_logp, advantages, low, high, divergence,
+            response_mask) -> (B, T) bool, True where a token keeps its gradient.
         divergence: D(μ‖π_θ) per token, (logp, behavior_logp, topk_logp, topk_behavior_logp)
-            -> (B, T) (DPPO §4.4); None for PPO's ratio and for no trust region, whose
-            thresholds are the PPO ε (``clip_eps_low/high``) instead of a δ.
+            -> (B, T) (DPPO §4.4); None for the rules that read no divergence.
         needs_topk: The divergence reads the rollout engine's top-K log-probs.
-        measure: What δ bounds, "TV" or "KL" (divergence trust regions only).
-        default_delta: δ of both signs when ``trust_region_delta_low/high`` are None (DPPO
-            Appendix F).
-        max_delta: Exclusive upper bound of δ (a TV is at most 1), None for none (a KL).
+        measure: What the thresholds bound, in words (None without thresholds).
+        delta_low: The threshold ``low`` of the rule (``trust_region_delta_low``); None when
+            the rule has none. With neither threshold the config's ``low, high`` are PPO's
+            ``clip_eps_low/high`` (read by "ppo" only).
+        delta_high: The threshold ``high`` (``trust_region_delta_high``); None when none.
+        truncation: C of the correction's source, for the corrections whose point is the
+            truncated weight min(π_θ/μ, C) (no mask); ``GRPOConfig`` requires a finite
+            ``is_truncation`` for them and suggests this value. None for the masks.
+        sequence_level: The rule reduces over each row's response tokens and needs the
+            response mask.
     """
 
     keep: Callable[..., torch.Tensor]
     divergence: Optional[Callable[..., torch.Tensor]] = None
     needs_topk: bool = False
     measure: Optional[str] = None
-    default_delta: Optional[float] = None
-    max_delta: Optional[float] = None
+    delta_low: Optional[Threshold] = None
+    delta_high: Optional[Threshold] = None
+    truncation: Optional[float] = None
+    sequence_level: bool = False
+
+    @property
+    def has_thresholds(self) -> bool:
+        """Whether the rule reads ``trust_region_delta_low/high`` (else PPO's ε, or nothing)."""
+        return self.delta_low is not None or self.delta_high is not None
 
 
-_TV = dict(measure="TV", default_delta=0.15, max_delta=1)
-_KL = dict(measure="KL", default_delta=0.05)
-#: Trust regions by their ``GRPOConfig.trust_region`` name: PPO ratio clipping, the DPPO
-#: divergence masks (DPPO §4.3-4.4, Eq. 13-16), or none.
+_TV_DELTA = Threshold(0.15, high=1)  # DPPO Appendix F; a TV is at most 1
+_KL_DELTA = Threshold(0.05)
+_TV = dict(measure="TV divergence", delta_low=_TV_DELTA, delta_high=_TV_DELTA)
+_KL = dict(measure="KL divergence", delta_low=_KL_DELTA, delta_high=_KL_DELTA)
+#: IPO's ε (prime-rl ``IPOLossConfig.eps``, 0.3 since PR #3586) on |π − μ| ≤ 1.
+_IPO_EPS = Threshold(0.3, high=1)
+#: Trust regions and off-policy corrections by their ``GRPOConfig.trust_region`` name; the
+#: formulas and sources are in :func:`trust_region_mask` and ``docs/trust_regions.md``.
 TRUST_REGIONS: Dict[str, TrustRegionSpec] = {
     "ppo": TrustRegionSpec(_ratio_keep),
     "dppo_binary_tv": TrustRegionSpec(_divergence_keep, _binary_tv, **_TV),
     "dppo_binary_kl": TrustRegionSpec(_divergence_keep, _binary_kl, **_KL),
     "dppo_topk_tv": TrustRegionSpec(_divergence_keep, _topk_tv, needs_topk=True, **_TV),
     "dppo_topk_kl": TrustRegionSpec(_divergence_keep, _topk_kl, needs_topk=True, **_KL),
+    "tis": TrustRegionSpec(_keep_all, truncation=2.0),
+    "cispo": TrustRegionSpec(_keep_all, truncation=3.0),
+    "icepop": TrustRegionSpec(
+        _ratio_band_keep,
+        measure="ratio π/μ",
+        delta_low=Threshold(0.5, high=1, high_open=False),
+        delta_high=Threshold(5.0, low=1, low_open=False),
+    ),
+    "ipo": TrustRegionSpec(
+        _sign_agnostic_keep, _binary_tv, measure="TV divergence |π − μ|", delta_low=_IPO_EPS, delta_high=_IPO_EPS
+    ),
+    "opsm": TrustRegionSpec(
+        _sequence_keep, measure="mean log-ratio of μ to π", delta_low=Threshold(1e-4), sequence_level=True
+    ),
     "none": TrustRegionSpec(_keep_all),
 }
 
@@ -674,6 +791,7 @@ def trust_region_divergence(
         "dppo_binary_kl"  q·log(q/p) + (1−q)·log((1−q)/(1−p))                         (Eq. 14)
         "dppo_topk_tv"    ½(Σ_k |P_k − Q_k| + |P_other − Q_other|)                     (Eq. 15)
         "dppo_topk_kl"    Σ_k P_k·log(P_k/Q_k) + P_other·log(P_other/Q_other)          (Eq. 16)
+        "ipo"             |q − p|, as "dppo_binary_tv"
 
     where p = π_θ(a_t), q = μ(a_t) (cells: the sampled token and the rest), and the top-K
     cells are the rollout engine's top-K tokens of μ (the sampled token included) plus an
@@ -685,7 +803,7 @@ def trust_region_divergence(
     Args:
         logp: (B, T) log π_θ of the sampled tokens.
         behavior_logp: (B, T) log μ of the sampled tokens (rollout engine).
-        kind: a trust region of ``TRUST_REGIONS`` with a divergence (the "dppo_*" ones).
+        kind: a trust region of ``TRUST_REGIONS`` with a divergence ("dppo_*", "ipo").
         topk_logp: (B, T, K) log π_θ of μ's top-K token ids; top-K kinds only.
         topk_behavior_logp: (B, T, K) log μ of the same ids; top-K kinds only.
 
@@ -717,43 +835,56 @@ def _check_topk(kind: str, topk_logp: Optional[torch.Tensor], topk_behavior_logp
         )
 
 
+def _check_response_mask(kind: str, response_mask: Optional[torch.Tensor]) -> None:
+    if response_mask is None:
+        raise ValueError(
+            f"kind={kind!r} reduces log π/μ over each row's response tokens: pass "
+            "response_mask (B, T), the response tokens the loss is aggregated over."
+        )
+
+
 def trust_region_mask(
     logp: torch.Tensor,
     behavior_logp: torch.Tensor,
     advantages: torch.Tensor,
     *,
     kind: str,
-    low: float,
-    high: float,
+    low: Optional[float],
+    high: Optional[float],
     topk_logp: Optional[torch.Tensor] = None,
     topk_behavior_logp: Optional[torch.Tensor] = None,
+    response_mask: Optional[torch.Tensor] = None,
     return_divergence: bool = False,
 ) -> Union[torch.Tensor, tuple[torch.Tensor, Optional[torch.Tensor]]]:
-    """Which tokens keep their policy gradient, M_t of DPPO Eq. 12 / Appendix D.
+    """Which tokens keep their policy gradient, M_t of DPPO Eq. 12 / Appendix D, anchored on μ.
 
-    With p = π_θ(a_t), q = μ(a_t) (μ: the rollout engine's distribution, the anchor of the
-    trust region, DPPO §5.2) and Â_t the advantage, a token is dropped (M_t = 0) if
+    With p = π_θ(a_t), q = μ(a_t) (μ: the rollout engine's distribution, DPPO §5.2), r = p/q,
+    Â_t the advantage and D from :func:`trust_region_divergence`, a token is dropped if
 
-        "ppo"     (Â > 0 and p/q > 1 + high) or (Â < 0 and p/q < 1 − low)
-        "dppo_*"  (Â > 0 and p > q and D > high) or (Â < 0 and p < q and D > low)
-        "none"    never
+        "ppo"      (Â > 0 and r > 1 + high) or (Â < 0 and r < 1 − low)
+        "dppo_*"   (Â > 0 and p > q and D > high) or (Â < 0 and p < q and D > low)
+        "ipo"      (p > q and |p − q| > high) or (p < q and |p − q| > low), whatever Â
+        "icepop"   r < low or r > high, whatever Â
+        "opsm"     Â < 0 and s_i < −low: s_i the row's :func:`sequence_mean_log_ratio`
+        "tis", "cispo", "none"   never (TIS and CISPO truncate the weight: C of
+                   :func:`policy_gradient_loss`)
 
-    with D from :func:`trust_region_divergence`. An update is only blocked when it moves the
-    token further away from μ. The PPO rule with high = ε_high (0.28, DAPO clip-higher) and
-    low = ε_low (0.2) is GRPO's clipping; the DPPO defaults are δ = 0.15 (TV) and 0.05 (KL)
-    for both signs (``TrustRegionSpec.default_delta``).
+    Each rule's source is in the docstring of its ``TrustRegionSpec.keep`` and in
+    ``docs/trust_regions.md``; the thresholds' defaults are ``TrustRegionSpec.delta_low/high``.
 
     Args:
         logp: (B, T) log π_θ of the sampled tokens (gradients are not used).
         behavior_logp: (B, T) log μ of the sampled tokens.
         advantages: Â, broadcastable to (B, T), e.g. (B, 1) per sequence.
         kind: one of ``TRUST_REGIONS``.
-        low: ε_low ("ppo") or δ for negative advantages ("dppo_*").
-        high: ε_high ("ppo") or δ for positive advantages ("dppo_*").
+        low: ε_low ("ppo") or the rule's ``delta_low``; None where the rule has none.
+        high: ε_high ("ppo") or the rule's ``delta_high``; None where the rule has none.
         topk_logp: (B, T, K) log π_θ of μ's top-K ids; top-K kinds only.
         topk_behavior_logp: (B, T, K) log μ of the same ids; top-K kinds only.
-        return_divergence: also return the (B, T) divergence D the mask used (None for "ppo"
-            and "none"), so that metrics need not compute it again.
+        response_mask: (B, T) bool or 0/1, each row's response tokens; sequence-level kinds
+            ("opsm") only.
+        return_divergence: also return the (B, T) divergence D the mask used (None for the
+            kinds without one), so that metrics need not compute it again.
 
     Returns:
         (B, T) bool, True where the token keeps its gradient; with ``return_divergence`` the
@@ -761,6 +892,8 @@ def trust_region_mask(
     """
     _check_kind(kind, TRUST_REGIONS, "kind")
     spec = TRUST_REGIONS[kind]
+    if spec.sequence_level:
+        _check_response_mask(kind, response_mask)
     with torch.no_grad():
         logp, behavior_logp = _upcast(logp), _upcast(behavior_logp)
         divergence = None
@@ -768,7 +901,7 @@ def trust_region_mask(
             divergence = trust_region_divergence(
                 logp, behavior_logp, kind=kind, topk_logp=topk_logp, topk_behavior_logp=topk_behavior_logp
             )  # (B, T)
-        keep = spec.keep(logp, behavior_logp, _upcast(advantages), low, high, divergence)  # (B, T)
+        keep = spec.keep(logp, behavior_logp, _upcast(advantages), low, high, divergence, response_mask)  # (B, T)
     return (keep, divergence) if return_divergence else keep
 
 
@@ -832,7 +965,14 @@ def policy_gradient_loss(
                        has zero gradient and an unclipped one −Â·r·∇log π_θ
         DPPO           M = a divergence mask, C = ∞
         PG-IS          M = 1, C = ∞
-        CISPO / PG-TIS M = 1, finite C (truncated importance sampling)
+        TIS            M = 1, C = 2: token-level truncated importance sampling (Yao et al. 2025,
+                       "Your efficient RL framework secretly brings you off-policy RL training";
+                       verl ``rollout_is``, slime ``--tis-clip``), whose weight min(π_old/μ, C)
+                       is min(π_θ/μ, C) anchored on μ (π_old = π_θ before the update)
+        CISPO          M = 1, C = 1 + ε_high^IS: MiniMax-M1 (arXiv 2506.13585),
+                       sg(clip(r, 1 − ε_low^IS, 1 + ε_high^IS))·Â·log π_θ with no lower bound;
+                       "PG-TIS (CISPO)" with C = 3 in DPPO Appendix D
+        ICEPOP, IPO, OPSM   M = their masks (``trust_region_mask``), C = ∞
 
     Only the gradient matches these objectives; the loss value itself is not the surrogate.
 

@@ -50,6 +50,14 @@ REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
         ({"engine": "vllm", "top_p": 0.9}, "engine='vllm' with top_p=0.9"),
         ({"dtype": "float16"}, "dtype='float16' would train the learner under fp16 autocast"),
         ({"max_consecutive_skipped_updates": 0}, "max_consecutive_skipped_updates=0 is invalid"),
+        ({"trust_region": "gspo"}, "trust_region='gspo' is not one of"),
+        ({"trust_region": "tis"}, "trust_region='tis' weights every token by min(π_θ/μ, C) with C = is_truncation, but is_truncation=inf; set is_truncation=2.0"),
+        ({"trust_region": "cispo"}, "set is_truncation=3.0"),
+        ({"trust_region": "icepop", "trust_region_delta_low": 1.5}, "trust_region_delta_low=1.5 is invalid: it must be None or a finite number in (0, 1]"),
+        ({"trust_region": "icepop", "trust_region_delta_high": 0.5}, "trust_region_delta_high=0.5 is invalid: it must be None or a finite number >= 1"),
+        ({"trust_region": "ipo", "trust_region_delta_low": 1.0}, "trust_region_delta_low=1.0 is invalid: it must be None or a finite number in (0, 1)"),
+        ({"trust_region": "opsm", "trust_region_delta_low": 0}, "trust_region_delta_low=0 is invalid: it must be None or a finite number > 0"),
+        ({"trust_region": "opsm", "trust_region_delta_high": 0.1}, "trust_region_delta_high=0.1 is invalid: this trust region has no such threshold"),
     ],
 )
 def test_validate_names_value_rule_and_fix(tiny_grpo_config, overrides, message):
@@ -65,6 +73,18 @@ def test_defaults_validate(tiny_grpo_config):
     assert tiny_grpo_config.trust_region_bounds == (0.2, 0.2)
     dppo = tiny_grpo_config.copy(copy_frozen=False).training(trust_region="dppo_binary_tv")
     assert dppo.trust_region_bounds == (0.15, 0.15)
+
+
+@pytest.mark.parametrize(
+    "trust_region, bounds",
+    [("icepop", (0.5, 5.0)), ("ipo", (0.3, 0.3)), ("opsm", (1e-4, None)), ("dppo_binary_kl", (0.05, 0.05))],
+)
+def test_thresholds_default_to_the_specs(tiny_grpo_config, trust_region, bounds):
+    config = tiny_grpo_config.copy(copy_frozen=False).training(trust_region=trust_region)
+    config.validate()
+    assert config.trust_region_bounds == bounds
+    config.training(trust_region_delta_low=0.25)
+    assert config.trust_region_bounds == (0.25, bounds[1])
 
 
 @pytest.fixture
@@ -136,6 +156,40 @@ def test_learner_update_changes_parameters_and_logs_every_term(tiny_grpo_config,
         assert key in logged, key
     assert ("trust_region_divergence_mean" in logged) == (trust_region != "ppo")
     assert learner.ref_model is not None
+
+
+@pytest.mark.parametrize(
+    "trust_region",
+    [
+        "tis",
+        "cispo",
+        "icepop",
+        "ipo",
+        pytest.param(
+            "opsm",
+            marks=pytest.mark.xfail(
+                raises=ValueError,
+                strict=True,
+                reason="the learner does not pass its response mask to trust_region_mask yet",
+            ),
+        ),
+    ],
+)
+def test_learner_update_with_each_correction_is_finite_and_logs_its_masked_fraction(
+    tiny_grpo_config, env_runner, trust_region
+):
+    from rllib_dph.losses import TRUST_REGIONS
+
+    truncation = TRUST_REGIONS[trust_region].truncation
+    config = tiny_grpo_config.copy(copy_frozen=False).training(
+        trust_region=trust_region, **({"is_truncation": truncation} if truncation else {})
+    )
+    config.validate()
+    learner = config.build_learner(env=env_runner.env)
+    logged = learner.update(batch=_learner_batch(config, env_runner), num_epochs=2, minibatch_size=8)[DEFAULT_MODULE_ID]
+    for key in ("policy_loss", "total_loss"):
+        assert math.isfinite(logged[key].peek()), key
+    assert 0.0 <= logged["clip_fraction"].peek() <= 1.0
 
 
 def test_recompute_anchor_ablation(tiny_grpo_config, env_runner):

@@ -22,6 +22,7 @@ from rllib_dph.losses import (
     overlong_penalty,
     pef_loss_weight,
     policy_gradient_loss,
+    sequence_mean_log_ratio,
     token_entropy,
     token_stats,
     token_logprobs,
@@ -29,8 +30,10 @@ from rllib_dph.losses import (
     trust_region_mask,
 )
 
-#: The trust regions with a divergence (the DPPO ones).
+#: The trust regions with a divergence (the DPPO ones and IPO's |π − μ|).
 DIVERGENCE_TRUST_REGIONS = [kind for kind, spec in TRUST_REGIONS.items() if spec.divergence is not None]
+#: The entries that mask nothing ("none", and TIS and CISPO, which truncate the weight instead).
+MASKLESS_TRUST_REGIONS = [kind for kind, spec in TRUST_REGIONS.items() if spec.keep is TRUST_REGIONS["none"].keep]
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 LN2 = math.log(2.0)
 
@@ -424,7 +427,8 @@ def test_mask_broadcasts_sequence_advantages_and_has_no_gradient():
     adv = t([[1.0], [-1.0]])  # (B, 1)
     for kind in TRUST_REGIONS:
         topk = dict(topk_logp=logp[..., None], topk_behavior_logp=behavior[..., None])
-        mask = trust_region_mask(logp, behavior, adv, kind=kind, low=0.2, high=0.2, **topk)
+        response = torch.ones(2, 2, dtype=torch.bool)
+        mask = trust_region_mask(logp, behavior, adv, kind=kind, low=0.2, high=0.2, response_mask=response, **topk)
         assert mask.shape == (2, 2) and not mask.requires_grad
     mask = trust_region_mask(logp, behavior, adv, kind="dppo_binary_tv", low=0.2, high=0.2)
     assert mask.tolist() == [[False, True], [True, False]]
@@ -468,7 +472,8 @@ def test_approximate_divergences_lower_bound_the_full_ones(seed):
     mu, pi = random_categoricals((4, 6), 30, seed=seed)
     full, approx = _full_and_approximate_divergences(mu, pi, k=5, seed=seed)
     for kind, value in approx.items():
-        assert (value <= full[kind.rsplit("_", 1)[1]] + 1e-9).all(), kind
+        measure = {"TV": "tv", "KL": "kl"}[TRUST_REGIONS[kind].measure.split()[0]]
+        assert (value <= full[measure] + 1e-9).all(), kind
         assert (value >= 0).all(), kind
 
 
@@ -502,8 +507,9 @@ def test_mask_returns_the_divergence_it_used(kind):
     topk = dict(topk_logp=logp_all[..., :2], topk_behavior_logp=behavior[..., :2])
     adv = torch.randn(3, 1, generator=g)
     args = (logp_all[..., 0], behavior[..., 0], adv)
-    keep, divergence = trust_region_mask(*args, kind=kind, low=0.1, high=0.1, return_divergence=True, **topk)
-    assert torch.equal(keep, trust_region_mask(*args, kind=kind, low=0.1, high=0.1, **topk))
+    kw = dict(kind=kind, low=0.1, high=0.1, response_mask=torch.ones(3, 5), **topk)
+    keep, divergence = trust_region_mask(*args, return_divergence=True, **kw)
+    assert torch.equal(keep, trust_region_mask(*args, **kw))
     if TRUST_REGIONS[kind].divergence is None:
         assert divergence is None
     else:
@@ -515,6 +521,100 @@ def test_trust_region_functions_reject_unknown_kind():
         trust_region_mask(t([[0.0]]), t([[0.0]]), t([[1.0]]), kind="clip", low=0.1, high=0.1)
     with pytest.raises(ValueError, match="kind='ppo'"):
         trust_region_divergence(t([[0.0]]), t([[0.0]]), kind="ppo")
+
+
+# --------------------------------------------------------------- off-policy corrections on μ
+@pytest.mark.parametrize(
+    "mu,pi,adv,keep",
+    [
+        (0.5, 0.20, 1.0, False),  # r = 0.4 < a = 0.5
+        (0.5, 0.20, -1.0, False),  # whatever the advantage's sign
+        (0.5, 0.30, -1.0, True),  # r = 0.6
+        (0.1, 0.45, 1.0, True),  # r = 4.5 ≤ b = 5
+        (0.1, 0.60, -1.0, False),  # r = 6 > b
+        (0.1, 0.60, 1.0, False),
+    ],
+)
+def test_icepop_masks_ratios_outside_the_band(mu, pi, adv, keep):
+    mask = trust_region_mask(t([[math.log(pi)]]), t([[math.log(mu)]]), t([[adv]]), kind="icepop", low=0.5, high=5.0)
+    assert mask.item() is keep
+
+
+def test_icepop_keeps_the_ratio_weight_of_kept_tokens():
+    logp = torch.log(t([[0.2, 0.3, 0.45]])).requires_grad_(True)
+    behavior = torch.log(t([[0.5, 0.5, 0.1]]))  # r = 0.4, 0.6, 4.5
+    mask = trust_region_mask(logp, behavior, t([[1.0]]), kind="icepop", low=0.5, high=5.0)
+    (grad,) = torch.autograd.grad(policy_gradient_loss(logp, behavior, t([[1.0]]), mask).sum(), logp)
+    torch.testing.assert_close(grad, t([[0.0, -0.6, -4.5]]))  # −M·r·Â
+
+
+@pytest.mark.parametrize(
+    "mu,pi,adv,low,high,keep",
+    [
+        (0.5, 0.85, 1.0, 0.3, 0.3, False),  # π − μ = 0.35 > ε
+        (0.5, 0.85, -1.0, 0.3, 0.3, False),  # whatever the advantage's sign
+        (0.5, 0.75, -1.0, 0.3, 0.3, True),  # 0.25 ≤ ε
+        (0.6, 0.25, 1.0, 0.3, 0.3, False),  # μ − π = 0.35 > ε
+        (1e-4, 0.2, 1.0, 0.3, 0.3, True),  # ratio 2000, but |π − μ| = 0.1999: a difference, not a ratio
+        (0.5, 0.35, 1.0, 0.1, 0.3, False),  # μ − π = 0.15 > low
+        (0.5, 0.70, -1.0, 0.1, 0.3, True),  # π − μ = 0.2 ≤ high
+    ],
+)
+def test_ipo_masks_probability_differences_whatever_the_advantage(mu, pi, adv, low, high, keep):
+    mask = trust_region_mask(t([[math.log(pi)]]), t([[math.log(mu)]]), t([[adv]]), kind="ipo", low=low, high=high)
+    assert mask.item() is keep
+
+
+def test_ipo_divergence_is_the_probability_difference():
+    out = trust_region_divergence(torch.log(t([[0.4, 0.9]])), torch.log(t([[0.5, 0.2]])), kind="ipo")
+    torch.testing.assert_close(out, t([[0.1, 0.7]]))
+
+
+def _opsm_rows():
+    """Three rows of two response tokens and one padding position (wild values there)."""
+    behavior = torch.log(t([[0.5, 0.5, 0.5], [0.5, 0.5, 0.5], [0.5, 0.5, 0.5]]))
+    shift = t([[-LN2, 0.0, 5.0], [-LN2, 0.0, 5.0], [-0.1, 0.05, -30.0]])  # log π − log μ
+    response = t([[True, True, False], [True, True, False], [True, True, False]])
+    return behavior + shift, behavior, response
+
+
+def test_sequence_mean_log_ratio_by_hand():
+    logp, behavior, response = _opsm_rows()
+    out = sequence_mean_log_ratio(logp, behavior, response)
+    torch.testing.assert_close(out, t([-LN2 / 2, -LN2 / 2, -0.025]))
+    torch.testing.assert_close(out[0].exp(), t(math.sqrt(0.5)))  # geometric mean of ratios 0.5 and 1
+
+
+def test_opsm_masks_whole_negative_rows_whose_geometric_mean_ratio_fell():
+    logp, behavior, response = _opsm_rows()
+    adv = t([[-1.0], [1.0], [-1.0]])
+    mask = trust_region_mask(logp, behavior, adv, kind="opsm", low=0.1, high=None, response_mask=response)
+    # row 0: s = −0.347 < −δ with Â < 0, masked; row 1: same s, Â > 0, kept (negative advantages
+    # only, as in slime); row 2: s = −0.025 ≥ −δ, kept (−10 if the padding counted)
+    assert mask.tolist() == [[False] * 3, [True] * 3, [True] * 3]
+
+
+def test_opsm_needs_the_response_mask():
+    with pytest.raises(ValueError, match="kind='opsm' reduces log π/μ over each row's response tokens"):
+        trust_region_mask(t([[0.0]]), t([[0.0]]), t([[-1.0]]), kind="opsm", low=0.1, high=None)
+
+
+@pytest.mark.parametrize(
+    "kind,truncation,mu,pi,grad",
+    [
+        ("tis", 2.0, (0.3, 0.5, 0.4), (0.9, 0.5, 0.1), (-2.0, -1.0, -0.25)),  # r = 3, 1, 0.25
+        ("cispo", 3.0, (0.1, 0.5, 0.4), (0.9, 0.5, 0.1), (-3.0, -1.0, -0.25)),  # r = 9, 1, 0.25
+    ],
+)
+def test_truncating_corrections_keep_every_token_and_cap_the_weight(kind, truncation, mu, pi, grad):
+    assert TRUST_REGIONS[kind].truncation == truncation  # TIS: verl/slime's 2; CISPO: DPPO App. D's 3
+    logp = torch.log(t([pi])).requires_grad_(True)
+    behavior = torch.log(t([mu]))
+    mask = trust_region_mask(logp, behavior, t([[1.0]]), kind=kind, low=None, high=None)
+    assert mask.all()
+    loss = policy_gradient_loss(logp, behavior, t([[1.0]]), mask, truncation=TRUST_REGIONS[kind].truncation)
+    (out,) = torch.autograd.grad(loss.sum(), logp)
+    torch.testing.assert_close(out, t([grad]))
 
 
 # ------------------------------------------------------------------------- policy gradient
@@ -537,13 +637,14 @@ def test_gradient_is_exactly_zero_on_masked_tokens_and_nonzero_elsewhere(kind):
     logp_all = logits.log_softmax(-1)
     logp, mu = logp_all[..., 0], behavior[..., 0]  # sampled token: id 0
     adv = torch.randn(6, 1, generator=g)
-    topk = dict(topk_logp=logp_all[..., :3], topk_behavior_logp=behavior[..., :3])
-    mask = trust_region_mask(logp, mu, adv, kind=kind, low=0.1, high=0.1, **topk)
+    topk = dict(topk_logp=logp_all[..., :3], topk_behavior_logp=behavior[..., :3], response_mask=torch.ones(6, 8))
+    low, high = (0.5, 2.0) if kind == "icepop" else (0.1, 0.1)  # a ratio band [low, high]
+    mask = trust_region_mask(logp, mu, adv, kind=kind, low=low, high=high, **topk)
     (grad,) = torch.autograd.grad(policy_gradient_loss(logp, mu, adv, mask).sum(), logits)
     token_grad = grad.abs().sum(-1)  # (B, T)
     assert (token_grad[~mask] == 0).all()
     assert (token_grad[mask] > 0).all()
-    if kind != "none":
+    if kind not in MASKLESS_TRUST_REGIONS:
         assert (~mask).any() and mask.any()
 
 

@@ -124,23 +124,41 @@ class CrossRule:
 
 @dataclass(frozen=True)
 class DeltaRule:
-    """The DPPO thresholds δ by what the trust region bounds (``losses.TrustRegionSpec``):
-    a TV in (0, 1), a KL > 0, None for the default (DPPO Appendix F); no rule for PPO's ratio
-    or no trust region."""
+    """The thresholds ``trust_region_delta_low/high`` by what the trust region bounds
+    (``losses.TrustRegionSpec.delta_low/high``, ``losses.Threshold``): each in its range, None
+    for the default; a side the rule has no threshold for must stay None. No rule for the
+    trust regions without thresholds (PPO's ratio reads ``clip_eps_low/high``)."""
 
     fields: tuple[str, ...] = ("trust_region_delta_low", "trust_region_delta_high")
 
     def violation(self, config: Any) -> Optional[str]:
         """The message when a threshold of ``config``'s trust region is out of range, else None."""
         spec = config.trust_region_spec
-        if spec.divergence is None:
+        if not spec.has_thresholds:
             return None
-        bounds = dict(low=0, low_open=True, high=spec.max_delta, high_open=True, optional=True)
-        rules = [NumberRule(name, **bounds, fix=f"None for the default {spec.default_delta}") for name in self.fields]
-        problem = first_violation(config, rules)
-        if problem is None:
-            return None
-        return f"{problem} (trust_region={config.trust_region!r} thresholds a {spec.measure} divergence)"
+        for name, threshold in zip(self.fields, (spec.delta_low, spec.delta_high)):
+            problem = self._problem(config, name, threshold)
+            if problem is not None:
+                return f"{problem} (trust_region={config.trust_region!r} thresholds the {spec.measure})"
+        return None
+
+    @staticmethod
+    def _problem(config: Any, name: str, threshold: Any) -> Optional[str]:
+        if threshold is None:
+            value = getattr(config, name)
+            if value is None:
+                return None
+            return f"{name}={value!r} is invalid: this trust region has no such threshold; leave it None"
+        rule = NumberRule(
+            name,
+            low=threshold.low,
+            high=threshold.high,
+            low_open=threshold.low_open,
+            high_open=threshold.high_open,
+            optional=True,
+            fix=f"None for the default {threshold.default}",
+        )
+        return rule.violation(config)
 
 
 def violations(config: Any, rules: Iterable[Any]) -> Iterator[str]:
@@ -208,6 +226,16 @@ FLOAT16_TRAINING_RULE = CrossRule(
 #: What the trust region (``losses.TRUST_REGIONS``) asks of the other fields.
 TRUST_REGION_RULES = (
     DeltaRule(),
+    CrossRule(
+        "truncating corrections need a finite truncation",
+        lambda c: c.trust_region_spec.truncation is not None and c.is_truncation == math.inf,
+        lambda c: (
+            f"trust_region={c.trust_region!r} weights every token by min(π_θ/μ, C) with C = "
+            f"is_truncation, but is_truncation={c.is_truncation}; set is_truncation="
+            f"{c.trust_region_spec.truncation} (its source's C, docs/trust_regions.md) or another "
+            "finite C > 0."
+        ),
+    ),
     CrossRule(
         "top-K trust regions need top-K log-probs",
         lambda c: c.trust_region_spec.needs_topk and c.rollout_top_k < 1,

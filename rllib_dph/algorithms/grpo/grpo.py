@@ -202,17 +202,17 @@ class GRPOConfig(AlgorithmConfig):
         return TRUST_REGIONS[self.trust_region]
 
     @property
-    def trust_region_bounds(self) -> tuple[float, float]:
-        """(low, high) thresholds of the trust-region mask: ε for ``ppo``, δ for DPPO."""
+    def trust_region_bounds(self) -> tuple[Optional[float], Optional[float]]:
+        """(low, high) thresholds of the trust-region mask: PPO's ε for a rule without thresholds
+        of its own (``ppo``; ignored by ``tis``, ``cispo``, ``none``), else
+        ``trust_region_delta_low/high`` or, where None, the spec's defaults
+        (``TrustRegionSpec.delta_low/high``); None for a side the rule has no threshold for."""
         spec = self.trust_region_spec
-        if spec.divergence is None:
+        if not spec.has_thresholds:
             return self.clip_eps_low, self.clip_eps_high
-        low = self.trust_region_delta_low
-        high = self.trust_region_delta_high
-        return (
-            spec.default_delta if low is None else low,
-            spec.default_delta if high is None else high,
-        )
+        low = None if spec.delta_low is None else spec.delta_low.resolve(self.trust_region_delta_low)
+        high = None if spec.delta_high is None else spec.delta_high.resolve(self.trust_region_delta_high)
+        return low, high
 
     def llm(
         self,
@@ -312,16 +312,27 @@ class GRPOConfig(AlgorithmConfig):
             overlong_buffer_length: DAPO soft overlong punishment: responses longer than
                 ``max_response_length - overlong_buffer_length`` get a linear penalty reaching
                 -1 at the limit. 0 (default) disables it.
-            trust_region: Which tokens keep their gradient: ``"ppo"`` (ratio clipping with
-                ``clip_eps_low/high``), DPPO's ``"dppo_binary_tv"``, ``"dppo_binary_kl"``,
-                ``"dppo_topk_tv"``, ``"dppo_topk_kl"`` (divergence between the rollout policy μ
-                and π_θ with thresholds ``trust_region_delta_low/high``), or ``"none"``.
+            trust_region: The trust region or off-policy correction, anchored on the rollout
+                policy μ (``losses.TRUST_REGIONS``; table in ``docs/trust_regions.md``):
+                ``"ppo"`` (ratio clipping with ``clip_eps_low/high``); DPPO's
+                ``"dppo_binary_tv"``, ``"dppo_binary_kl"``, ``"dppo_topk_tv"``,
+                ``"dppo_topk_kl"`` (divergence between μ and π_θ); ``"ipo"`` (|π − μ| mask,
+                whatever the advantage's sign); ``"icepop"`` (mask tokens whose π/μ leaves
+                [low, high]); ``"opsm"`` (mask negative-advantage rows whose mean log-ratio
+                log π/μ is below −δ); these read ``trust_region_delta_low/high``. ``"tis"``
+                and ``"cispo"`` mask nothing and truncate the weight at ``is_truncation``;
+                ``"none"`` masks nothing.
             clip_eps_low: PPO ε for negative advantages (default 0.2).
             clip_eps_high: PPO ε for positive advantages (default 0.2; DAPO clip-higher: 0.28).
-            trust_region_delta_low: DPPO δ for negative advantages (default 0.15 TV, 0.05 KL).
-            trust_region_delta_high: DPPO δ for positive advantages (default 0.15 TV, 0.05 KL).
+            trust_region_delta_low: The trust region's lower threshold; None (default) for
+                its default: DPPO's δ for negative advantages (0.15 TV, 0.05 KL), IPO's ε for
+                π < μ (0.3), ICEPOP's ratio bound a (0.5), OPSM's δ (1e-4).
+            trust_region_delta_high: The upper threshold; None (default) for its default:
+                DPPO's δ for positive advantages, IPO's ε for π > μ (0.3), ICEPOP's ratio bound
+                b (5.0); OPSM has none (leave None).
             is_truncation: Truncation C of the importance weight min(π_θ/μ, C) (DPPO Eq. 23);
-                infinite by default; finite C with ``trust_region="none"`` gives CISPO.
+                infinite by default. ``trust_region="tis"`` and ``"cispo"`` need a finite C
+                (their sources: 2 and 3).
             trust_region_anchor: What the trust region and the importance weight are anchored
                 on: ``"behavior"`` (default), the rollout engine's μ, as DPPO prescribes (§5.2,
                 Takeaway 2); or ``"recompute"``, an ablation that recomputes π_old with the

@@ -33,11 +33,17 @@ def sequence_rows(
 ) -> dict[str, np.ndarray]:
     """Lays out ``prompt + response`` rows right-padded to the longest one.
 
+    A response may hold tokens the policy did not sample (a multi-turn episode's env
+    observations): their log-prob is NaN (``engines.base.Completion``). They stay in the
+    sequence but get ``RESPONSE_MASK`` 0 (a hole) and 0.0 in the log-prob columns, so no loss,
+    μ, trust-region or divergence term sees them.
+
     Args:
         prompts: B prompt token-id lists.
         responses: B response token-id lists (EOS included when produced).
         response_logp: B lists of per-response-token log-probs, stored in ``logp_column``
-            at the response positions (the behaviour μ for rollouts, π_ref for D_pef rows).
+            at the response positions (the behaviour μ for rollouts, π_ref for D_pef rows);
+            NaN on tokens the policy did not sample.
         logp_column: Column the log-probs go to.
         topk_ids, topk_logp: B arrays of shape (T_i, K) with the engine's top-K per response token.
 
@@ -71,10 +77,13 @@ def sequence_rows(
         out[C.ATTENTION_MASK][i, :b] = 1
         out[C.RESPONSE_MASK][i, a:b] = 1
         if response_logp is not None:
-            out[logp_column][i, a:b] = response_logp[i]
+            logp = np.asarray(response_logp[i], dtype=np.float32)  # (T_i,)
+            sampled = ~np.isnan(logp)  # (T_i,) False on env observation tokens
+            out[C.RESPONSE_MASK][i, a:b] = sampled
+            out[logp_column][i, a:b] = np.where(sampled, logp, 0.0)
         if topk_ids is not None:
             out[C.TOPK_IDS][i, a:b] = topk_ids[i]
-            out[C.TOPK_BEHAVIOR_LOGP][i, a:b] = topk_logp[i]
+            out[C.TOPK_BEHAVIOR_LOGP][i, a:b] = np.nan_to_num(topk_logp[i], nan=0.0)
     return out
 
 

@@ -48,6 +48,8 @@ class PromptRecord:
         greedy_correct: Whether the greedy completion is correct; None when not generated.
         completions: The n sample texts, when kept.
         greedy_completion: The greedy text, when kept.
+        turns: Policy turns of each of the n episodes (empty when not recorded).
+        tool_calls: Tool calls (e.g. exploratory queries) of each episode (empty when not recorded).
     """
 
     task_id: str
@@ -59,6 +61,8 @@ class PromptRecord:
     greedy_correct: Optional[bool] = None
     completions: Optional[list[str]] = None
     greedy_completion: Optional[str] = None
+    turns: list[int] = field(default_factory=list)
+    tool_calls: list[int] = field(default_factory=list)
 
     @property
     def n(self) -> int:
@@ -123,8 +127,9 @@ class EvalResult:
             ``num_prompts``, ``n``, ``temperature``, ``top_p``, ``max_new_tokens``,
             ``greedy_accuracy`` (None without greedy completions), ``pass@k`` and ``maj@k`` for
             each k of ``ks``, ``mean@n`` (see :func:`mean_at_k`), ``truncation_rate`` (share of
-            samples that hit ``max_new_tokens``) and, when styles were recorded, ``style_counts``
-            and ``style_entropy_bits``.
+            samples that hit ``max_new_tokens``), when styles were recorded, ``style_counts``
+            and ``style_entropy_bits``, and, when turns were recorded, ``turns_per_episode``
+            (mean over episodes) and ``tool_use_share`` (share of episodes with a tool call).
         """
         greedy = [r.greedy_correct for r in self.records]
         out: dict[str, Any] = {
@@ -148,6 +153,9 @@ class EvalResult:
         if counts:
             out["style_counts"] = counts
             out["style_entropy_bits"] = style_entropy(counts)
+        if self.records and all(r.turns for r in self.records):
+            out["turns_per_episode"] = float(np.mean([t for r in self.records for t in r.turns]))
+            out["tool_use_share"] = float(np.mean([c > 0 for r in self.records for c in r.tool_calls]))
         return out
 
     def per_prompt(self, metric: str) -> list[float]:
@@ -187,14 +195,15 @@ class EvalResult:
 
         Keys (after ``prefix``): ``greedy_accuracy`` (when generated), ``pass@k``, ``mean@n``,
         ``maj@k``, ``truncation_rate``, ``style_entropy_bits`` and ``style/<name>`` (share of
-        samples in that style) when styles were recorded.
+        samples in that style) when styles were recorded, ``turns_per_episode`` and
+        ``tool_use_share`` when turns were recorded.
 
         Args:
             prefix: Put before every key, e.g. ``"eval/"``.
         """
         summary = self.summary()
         keys = [k for k in summary if k.startswith(("pass@", "mean@", "maj@"))]
-        keys += ["truncation_rate", "style_entropy_bits"]
+        keys += ["truncation_rate", "style_entropy_bits", "turns_per_episode", "tool_use_share"]
         if summary["greedy_accuracy"] is not None:
             keys.insert(0, "greedy_accuracy")
         flat = {prefix + k: float(summary[k]) for k in keys if k in summary}

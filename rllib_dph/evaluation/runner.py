@@ -153,6 +153,8 @@ def _record(env, sampled: ScoredGroup, greedy: Optional[ScoredGroup], settings: 
         greedy_correct=None if greedy is None else bool(greedy.correct[0]),
         completions=texts if keep else None,
         greedy_completion=greedy.texts[0] if keep and greedy is not None else None,
+        turns=sampled.turns.tolist(),
+        tool_calls=sampled.tool_calls.tolist(),
     )
 
 

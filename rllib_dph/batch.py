@@ -33,10 +33,8 @@ def sequence_rows(
 ) -> dict[str, np.ndarray]:
     """Lays out ``prompt + response`` rows right-padded to the longest one.
 
-    A response may hold tokens the policy did not sample (a multi-turn episode's env
-    observations): their log-prob is NaN (``engines.base.Completion``). They stay in the
-    sequence but get ``RESPONSE_MASK`` 0 (a hole) and 0.0 in the log-prob columns, so no loss,
-    μ, trust-region or divergence term sees them.
+    Response tokens with a NaN log-prob (a multi-turn episode's env observations, which the
+    policy did not sample) get ``RESPONSE_MASK`` 0 (a hole) and 0.0 in the log-prob columns.
 
     Args:
         prompts: B prompt token-id lists.
@@ -77,13 +75,12 @@ def sequence_rows(
         out[C.ATTENTION_MASK][i, :b] = 1
         out[C.RESPONSE_MASK][i, a:b] = 1
         if response_logp is not None:
-            logp = np.asarray(response_logp[i], dtype=np.float32)  # (T_i,)
-            sampled = ~np.isnan(logp)  # (T_i,) False on env observation tokens
-            out[C.RESPONSE_MASK][i, a:b] = sampled
-            out[logp_column][i, a:b] = np.where(sampled, logp, 0.0)
+            logp = np.asarray(response_logp[i], dtype=np.float32)  # (T_i,) NaN on observations
+            out[C.RESPONSE_MASK][i, a:b] = ~np.isnan(logp)
+            out[logp_column][i, a:b] = np.where(np.isnan(logp), 0.0, logp)
         if topk_ids is not None:
             out[C.TOPK_IDS][i, a:b] = topk_ids[i]
-            out[C.TOPK_BEHAVIOR_LOGP][i, a:b] = np.nan_to_num(topk_logp[i], nan=0.0)
+            out[C.TOPK_BEHAVIOR_LOGP][i, a:b] = np.where(np.isnan(topk_logp[i]), 0.0, topk_logp[i])
     return out
 
 

@@ -160,12 +160,13 @@ def _observation(tokenizer, episode: Episode, text: str, like: Completion) -> Co
     )
 
 
-def take_turn(tokenizer, episode: Episode, turn: Completion) -> None:
+def take_turn(tokenizer, episode: Episode, turn: Completion, max_prompt_tokens: Optional[int] = None) -> None:
     """Appends a sampled turn to the episode, steps its env, and appends the observation or ends it.
 
-    The episode ends when the env terminates or truncates it, or when the observation would
-    leave no token of the budget for another turn (reason: the token budget). Never raises
-    because of the model's output (the env's ``step`` must not either).
+    The episode ends when the env terminates or truncates it, when the observation would leave
+    no token of the budget for another turn, or when the next turn's prompt would be longer than
+    ``max_prompt_tokens`` (None: no limit); then with reward 0 for it and the reason. Never
+    raises because of the model's output (the env's ``step`` must not either).
     """
     turn = _fit_budget(episode, turn)
     episode.parts.append(turn)
@@ -180,10 +181,15 @@ def take_turn(tokenizer, episode: Episode, turn: Completion) -> None:
         episode.done, episode.correct, episode.reason = True, bool(info["correct"]), info.get("error")
         return
     part = _observation(tokenizer, episode, str(observation), turn)
+    length = episode.response_length + len(part.token_ids)
     budget = episode.env.max_episode_tokens
-    if budget is not None and episode.response_length + len(part.token_ids) >= budget:
+    if budget is not None and length >= budget:
         episode.done = True
         episode.reason = f"max_episode_tokens={budget} reached without a final answer"
+        return
+    if max_prompt_tokens is not None and len(episode.prompt_ids) + length > max_prompt_tokens:
+        episode.done = True
+        episode.reason = f"the next turn's prompt would pass the engine's context ({max_prompt_tokens} tokens)"
         return
     episode.parts.append(part)
     episode.response_length += len(part.token_ids)
@@ -222,7 +228,8 @@ def rollout(
     """Runs ``params.n`` episodes for each task of ``indices``, one ``generate`` call per turn.
 
     Args:
-        engine: A rollout engine (``generate``, ``tokenizer``).
+        engine: A rollout engine (``generate``, ``tokenizer``; an engine with a
+            ``max_model_len`` ends the episodes whose next turn would not fit in it).
         env: A verifier env (``tasks``, ``reset``, ``step``; the contract of ``envs.base``).
         indices: Task indices, in the order of the returned groups.
         params: How to sample each turn (``n`` episodes per prompt, temperature, top-p,
@@ -239,6 +246,8 @@ def rollout(
     running = [e for group in groups for e in group]
     for episode in running:
         episode.env.reset(options={"index": episode.index})
+    context = getattr(engine, "max_model_len", None)  # engines with a fixed context length
+    max_prompt_tokens = None if context is None else context - params.max_new_tokens
     generation_s = scoring_s = 0.0
     turn = 0
     while running:
@@ -249,7 +258,7 @@ def rollout(
             turns = [g[0] for g in engine.generate([e.sequence() for e in running], _turn_params(params, turn))]
         generated = time.perf_counter()
         for episode, completion in zip(running, turns):
-            take_turn(engine.tokenizer, episode, completion)
+            take_turn(engine.tokenizer, episode, completion, max_prompt_tokens)
         running = [e for e in running if not e.done]
         turn += 1
         generation_s += generated - start

@@ -270,6 +270,17 @@ def test_token_budget_truncates_episodes_with_a_reason(engine):
                 assert reward == 0.0 and not correct
 
 
+def test_an_engine_context_length_ends_episodes_instead_of_failing(engine):
+    counting = CountingEngine(engine)
+    params = SamplingParams(n=3, max_new_tokens=12, seed=2)
+    prompts = [len(encode_prompt(engine.tokenizer, [{"role": "user", "content": p}])) for p in PROMPTS[:3]]
+    counting.max_model_len = max(prompts) + 12 + 16  # room for the first turn, not for many more
+    groups = rollout(counting, jumpy_env(), [0, 1, 2], params).groups
+    assert all(len(p) + 12 <= counting.max_model_len for prompts, _ in counting.calls for p in prompts)
+    reasons = [r for g in groups for r in g.reasons]
+    assert f"the next turn's prompt would pass the engine's context ({max(prompts) + 16} tokens)" in reasons
+
+
 def test_max_turns_truncation_and_single_turn_is_one_call(engine):
     groups = rollout(engine, jumpy_env(max_turns=1), [0, 1], SamplingParams(n=3, max_new_tokens=8, seed=4)).groups
     tool_turns = [(r, n) for g in groups for r, n in zip(g.reasons, g.turns)]

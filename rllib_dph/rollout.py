@@ -165,8 +165,9 @@ def take_turn(tokenizer, episode: Episode, turn: Completion, max_prompt_tokens: 
 
     The episode ends when the env terminates or truncates it, when the observation would leave
     no token of the budget for another turn, or when the next turn's prompt would be longer than
-    ``max_prompt_tokens`` (None: no limit); then with reward 0 for it and the reason. Never
-    raises because of the model's output (the env's ``step`` must not either).
+    ``max_prompt_tokens`` (None: no limit); then it is not correct, gets no final reward (only
+    the step rewards so far) and keeps the reason. Never raises because of the model's output
+    (the env's ``step`` must not either).
     """
     turn = _fit_budget(episode, turn)
     episode.parts.append(turn)
@@ -178,7 +179,7 @@ def take_turn(tokenizer, episode: Episode, turn: Completion, max_prompt_tokens: 
     episode.reward += float(reward)
     episode.tool_calls = int(info.get("tool_calls", 0))
     if terminated or truncated:
-        episode.done, episode.correct, episode.reason = True, bool(info["correct"]), info.get("error")
+        episode.done, episode.correct, episode.reason = True, bool(info.get("correct")), info.get("error")
         return
     part = _observation(tokenizer, episode, str(observation), turn)
     length = episode.response_length + len(part.token_ids)
@@ -189,7 +190,9 @@ def take_turn(tokenizer, episode: Episode, turn: Completion, max_prompt_tokens: 
         return
     if max_prompt_tokens is not None and len(episode.prompt_ids) + length > max_prompt_tokens:
         episode.done = True
-        episode.reason = f"the next turn's prompt would pass the engine's context ({max_prompt_tokens} tokens)"
+        episode.reason = (
+            f"the next turn's prompt would pass the engine's context ({max_prompt_tokens} tokens)"
+        )
         return
     episode.parts.append(part)
     episode.response_length += len(part.token_ids)
@@ -242,7 +245,9 @@ def rollout(
     """
     if prompt_ids is None:
         prompt_ids = [encode_task(engine.tokenizer, env.tasks[i]) for i in indices]
-    groups = [[Episode(copy.copy(env), i, list(p)) for _ in range(params.n)] for i, p in zip(indices, prompt_ids)]
+    groups = [
+        [Episode(copy.copy(env), i, list(p)) for _ in range(params.n)] for i, p in zip(indices, prompt_ids)
+    ]
     running = [e for group in groups for e in group]
     for episode in running:
         episode.env.reset(options={"index": episode.index})
@@ -255,7 +260,8 @@ def rollout(
         if turn == 0:
             turns = [c for group in engine.generate(prompt_ids, params) for c in group]
         else:
-            turns = [g[0] for g in engine.generate([e.sequence() for e in running], _turn_params(params, turn))]
+            sequences = [e.sequence() for e in running]
+            turns = [g[0] for g in engine.generate(sequences, _turn_params(params, turn))]
         generated = time.perf_counter()
         for episode, completion in zip(running, turns):
             take_turn(engine.tokenizer, episode, completion, max_prompt_tokens)

@@ -4,10 +4,13 @@ Importing this package registers the bundled envs with Gymnasium (lazily: their 
 first ``gym.make``):
 
 - ``rllib_dph/SQL-v0``: text-to-SQL, reward from executing the last ```sql block (``envs.sql``);
-- ``rllib_dph/Math-v0``: math word problems, reward from the last ``\\boxed{}`` (``envs.math``).
+- ``rllib_dph/Math-v0``: math word problems, reward from the last ``\\boxed{}`` (``envs.math``);
+- ``rllib_dph/SQLMultiTurn-v0``: text-to-SQL with exploratory queries before the answer
+  (``envs.sql_multiturn``).
 
-New tasks: :func:`register_verifier_env`. Ray Tune names: :func:`register_tune_envs` (automatic
-when ``ray.tune`` (e.g. via RLlib) was imported before ``envs``).
+New tasks: :func:`register_verifier_env`, :func:`register_multiturn_env`. Ray Tune names:
+:func:`register_tune_envs` (automatic when ``ray.tune`` (e.g. via RLlib) was imported before
+``envs``).
 """
 
 from envs.base import Task, Verdict, VerifierEnv
@@ -16,12 +19,14 @@ from envs.registry import (
     FunctionVerifierEnv,
     register,
     register_tune_envs,
+    register_multiturn_env,
     register_verifier_env,
     registered_env_ids,
 )
 
 register("rllib_dph/SQL-v0", entry_point="envs.sql:SQLEnv")
 register("rllib_dph/Math-v0", entry_point="envs.math:MathEnv")
+register("rllib_dph/SQLMultiTurn-v0", entry_point="envs.sql_multiturn:SQLMultiTurnEnv")
 
 __all__ = [
     "FunctionVerifierEnv",
@@ -30,6 +35,7 @@ __all__ = [
     "VerifierEnv",
     "load_tasks",
     "register",
+    "register_multiturn_env",
     "register_tune_envs",
     "register_verifier_env",
     "registered_env_ids",

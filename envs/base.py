@@ -1,10 +1,29 @@
-"""Single-turn verifier text environments.
+"""Verifier text environments: the episode contract, and its one-turn case.
 
 A *task* is one prompt with the ground truth needed to check an answer. A
 :class:`VerifierEnv` serves a list of tasks one episode at a time: ``reset`` shows
-the prompt, ``step`` takes the model's whole completion, scores it with a verifier
-function and ends the episode. Groups of completions for the same prompt are scored
-by resetting to the same task with ``options={"index": i}``.
+the prompt, ``step`` takes the model's turn. Groups of episodes for the same prompt
+are run by resetting to the same task with ``options={"index": i}``.
+
+The episode contract (Gymnasium API, text actions and text observations), the same for
+single- and multi-turn envs:
+
+- ``reset(options={"index": i}) -> (prompt_text, info)``;
+- ``step(text) -> (observation, reward, terminated, truncated, info)``: ``text`` is one policy
+  turn; while neither flag is set, ``observation`` is the env's reply (e.g. a tool's result),
+  which the rollout appends as a chat message of role :attr:`VerifierEnv.observation_role`
+  before the next turn. ``terminated``: the policy gave its final answer (scored by the
+  verifier); ``truncated``: the episode hit :attr:`VerifierEnv.max_turns`. The episode's
+  reward is the sum of its step rewards; the final step's ``info`` has ``correct`` and, when
+  the episode ended without a checked answer, ``error`` (the reason).
+- :attr:`VerifierEnv.max_episode_tokens`: the rollout ends (truncates) an episode whose
+  response tokens (policy turns and observations) would pass it; None: no limit beyond
+  the engine's ``max_new_tokens`` per turn.
+
+A :class:`VerifierEnv` is the one-turn case: ``step`` scores the whole completion and always
+terminates (``envs.multiturn.MultiTurnEnv`` adds turns). The rollout runs concurrent episodes on
+shallow copies of one env (``copy.copy``), so an env keeps its per-episode state in attributes
+that ``reset`` assigns, never in objects it mutates in place.
 """
 
 from __future__ import annotations
@@ -96,6 +115,12 @@ class VerifierEnv(gym.Env):
     """
 
     metadata = {"render_modes": []}
+    #: Most policy turns per episode (the contract of the module docstring): 1, single-turn.
+    max_turns: int = 1
+    #: Most response tokens per episode (policy turns and observations); None: no limit.
+    max_episode_tokens: int | None = None
+    #: Chat role of the env's observation messages between turns.
+    observation_role: str = "user"
 
     def __init__(self, tasks: Sequence[Task], verifier: Verifier, *, name: str = "verifier"):
         if len(tasks) == 0:

@@ -127,6 +127,48 @@ def register_verifier_env(
     register(env_id, entry_point="envs.registry:FunctionVerifierEnv", kwargs=kwargs)
 
 
+def register_multiturn_env(
+    env_id: str,
+    *,
+    tool: Callable[[str, Any], Any],
+    verifier: Callable[..., float | bool | Verdict],
+    data: str | Sequence[Task | Mapping[str, Any]],
+    prompt_format: PromptFormat | None = None,
+    tool_call: str | Callable[[str], str | None] = "tool",
+    max_turns: int = 4,
+    **kwargs: Any,
+) -> None:
+    """Registers a multi-turn verifier task: a tool, a verifier and a prompt format.
+
+    A policy turn that holds a tool call gets the tool's reply as the next observation; a turn
+    without one is the final answer, scored by the verifier (``envs.multiturn``).
+
+    Args:
+        env_id: Versioned id ``namespace/Name-vN``.
+        tool: ``tool(call, ground_truth) -> reply`` (its ``str`` is the observation, cut to
+            ``max_observation_chars``); an exception becomes the observation ``error: ...``.
+        verifier: As for :func:`register_verifier_env`, applied to the final turn.
+        data: As for :func:`register_verifier_env`.
+        prompt_format: As for :func:`register_verifier_env`; it should explain the protocol.
+        tool_call: A tag name (the last ``<tag>...</tag>`` block is the call) or a function
+            ``turn -> call or None`` (None: the turn is the final answer).
+        max_turns: Most policy turns per episode, >= 1.
+        **kwargs: ``max_episode_tokens``, ``max_observation_chars``, ``tool_reward``
+            (``envs.multiturn.MultiTurnEnv.setup_turns``) and the keyword arguments of
+            :func:`register_verifier_env` (``ground_truth_field``, ``system_prompt``, the
+            verifier's own).
+    """
+    check_env_id(env_id)
+    for name, fn in (("tool", tool), ("verifier", verifier)):
+        if not callable(fn):
+            raise TypeError(f"{env_id}: {name} must be a function; got a {type(fn).__name__}.")
+    if prompt_format is not None:
+        check_prompt_format(prompt_format)
+    defaults = dict(tool=tool, verifier=verifier, data=data, prompt_format=prompt_format,
+                    tool_call=tool_call, max_turns=max_turns, name=env_id)
+    register(env_id, entry_point="envs.multiturn:FunctionMultiTurnEnv", kwargs={**defaults, **kwargs})
+
+
 def registered_env_ids() -> list[str]:
     """Ids registered through this module (bundled envs first, then user envs)."""
     return list(_REGISTERED)

@@ -33,11 +33,15 @@ def sequence_rows(
 ) -> dict[str, np.ndarray]:
     """Lays out ``prompt + response`` rows right-padded to the longest one.
 
+    Response tokens with a NaN log-prob (a multi-turn episode's env observations, which the
+    policy did not sample) get ``RESPONSE_MASK`` 0 (a hole) and 0.0 in the log-prob columns.
+
     Args:
         prompts: B prompt token-id lists.
         responses: B response token-id lists (EOS included when produced).
         response_logp: B lists of per-response-token log-probs, stored in ``logp_column``
-            at the response positions (the behaviour μ for rollouts, π_ref for D_pef rows).
+            at the response positions (the behaviour μ for rollouts, π_ref for D_pef rows);
+            NaN on tokens the policy did not sample.
         logp_column: Column the log-probs go to.
         topk_ids, topk_logp: B arrays of shape (T_i, K) with the engine's top-K per response token.
 
@@ -71,10 +75,12 @@ def sequence_rows(
         out[C.ATTENTION_MASK][i, :b] = 1
         out[C.RESPONSE_MASK][i, a:b] = 1
         if response_logp is not None:
-            out[logp_column][i, a:b] = response_logp[i]
+            logp = np.asarray(response_logp[i], dtype=np.float32)  # (T_i,) NaN on observations
+            out[C.RESPONSE_MASK][i, a:b] = ~np.isnan(logp)
+            out[logp_column][i, a:b] = np.where(np.isnan(logp), 0.0, logp)
         if topk_ids is not None:
             out[C.TOPK_IDS][i, a:b] = topk_ids[i]
-            out[C.TOPK_BEHAVIOR_LOGP][i, a:b] = topk_logp[i]
+            out[C.TOPK_BEHAVIOR_LOGP][i, a:b] = np.where(np.isnan(topk_logp[i]), 0.0, topk_logp[i])
     return out
 
 

@@ -26,3 +26,50 @@ def encode_prompt(tokenizer, messages: Sequence[Mapping[str, str]]) -> list[int]
         return list(tokenizer(text, add_special_tokens=False)["input_ids"])
     text = "\n\n".join(m["content"] for m in messages)
     return list(tokenizer(text)["input_ids"])
+
+
+#: Stand-in contents that locate the message boundaries in a rendered chat template.
+_TURN_MARK = "\x00policy-turn\x00"
+_OBSERVATION_MARK = "\x00observation\x00"
+
+
+def observation_markup(tokenizer, role: str = "user") -> tuple[str, str]:
+    """The template text around an env observation between two policy turns: (before, after).
+
+    ``before`` closes the policy's turn and opens a ``role`` message; ``after`` closes it and
+    opens the next assistant turn, so ``before + observation + after`` continues a generated
+    turn exactly as the chat template renders the whole conversation. Found by rendering a
+    conversation with stand-in contents. Without a chat template: blank lines, as
+    :func:`encode_prompt` joins messages.
+    """
+    if not getattr(tokenizer, "chat_template", None):
+        return "\n\n", "\n\n"
+    chat = [{"role": "user", "content": "q"}, {"role": "assistant", "content": _TURN_MARK},
+            {"role": role, "content": _OBSERVATION_MARK}]
+    text = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+    if text.count(_TURN_MARK) != 1 or text.count(_OBSERVATION_MARK) != 1:
+        raise ValueError(
+            f"the chat template does not render a {role!r} message after an assistant turn with "
+            "its content once; use a template that renders every message's content, or another "
+            "observation_role for the env."
+        )
+    between = text.split(_TURN_MARK, 1)[1]
+    before, after = between.split(_OBSERVATION_MARK, 1)
+    return before, after
+
+
+def encode_observation(tokenizer, content: str, *, role: str = "user", turn_closed: bool) -> list[int]:
+    """Token ids that append an env observation to a generated turn and open the next turn.
+
+    Args:
+        tokenizer: A Hugging Face tokenizer.
+        content: The observation text.
+        role: The observation message's chat role.
+        turn_closed: The generated turn ended with the EOS token (a stop): its text, when the
+            template's turn-closing text starts with it, is not repeated.
+    """
+    before, after = observation_markup(tokenizer, role)
+    eos = tokenizer.eos_token
+    if turn_closed and eos and before.startswith(eos):
+        before = before[len(eos):]
+    return list(tokenizer(before + content + after, add_special_tokens=False)["input_ids"])

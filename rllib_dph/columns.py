@@ -9,7 +9,9 @@ token ``INPUT_IDS[:, t]`` (e.g. its behaviour log-prob), and is meaningful only 
 # Per-token columns, shape (B, L).
 INPUT_IDS = "input_ids"
 ATTENTION_MASK = "attention_mask"  # 1 on prompt and response tokens, 0 on padding
-RESPONSE_MASK = "response_mask"  # 1 on response tokens only (the tokens the loss is taken over)
+# 1 on the response tokens the policy sampled: the tokens every loss term is taken over; 0 on the
+# prompt, padding and a multi-turn episode's env observations (holes inside the response).
+RESPONSE_MASK = "response_mask"
 BEHAVIOR_LOGP = "behavior_logp"  # μ: log-prob of each sampled token under the rollout engine
 REF_LOGP = "ref_logp"  # log π_ref of each token (stored for D_pef rows, computed for the KL penalty)
 ANCHOR_LOGP = "anchor_logp"  # trust-region anchor when it is not μ (the "recompute" ablation)

@@ -45,6 +45,8 @@ TRUNCATION_RATE = "truncation_rate"
 GENERATION_TOKENS_PER_S = "generation_tokens_per_s"
 GENERATION_TIME_S = "generation_time_s"
 SCORING_TIME_S = "scoring_time_s"
+TURNS_PER_EPISODE = "turns_per_episode"  # policy turns per episode (1 for single-turn envs)
+TOOL_USE_SHARE = "tool_use_share"  # share of episodes with at least one tool call
 
 
 class LLMEnvRunner(EnvRunner, Checkpointable):
@@ -130,9 +132,10 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         """Generates and scores ``group_size`` completions for each of ``num_prompts`` prompts.
 
         Returns:
-            A rollout batch with ``num_prompts * group_size`` rows: per-token columns
-            ``INPUT_IDS``, ``ATTENTION_MASK``, ``RESPONSE_MASK``, ``BEHAVIOR_LOGP`` (and top-K
-            columns when ``rollout_top_k > 0``), per-row ``REWARDS``, ``CORRECT``, ``TRUNCATED``,
+            A rollout batch with ``num_prompts * group_size`` rows, one per episode (a GRPO
+            group is a prompt's episodes): per-token columns ``INPUT_IDS``, ``ATTENTION_MASK``,
+            ``RESPONSE_MASK`` (0 on a multi-turn episode's observations), ``BEHAVIOR_LOGP``
+            (and top-K columns when ``rollout_top_k > 0``), per-row ``REWARDS``, ``CORRECT``, ``TRUNCATED``,
             ``GROUP_IDS`` (unique across runners and calls), ``ROW_TYPE`` (exploration).
         """
         if num_prompts is None:
@@ -160,8 +163,12 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         batch[C.TRUNCATED] = np.array([c.finish_reason == "length" for c in completions])
         batch[C.ROW_TYPE] = np.full(len(rows), C.ROW_TYPE_EXP, dtype=np.int64)
 
-        num_tokens = int(batch[C.RESPONSE_LENGTH].sum())
+        num_tokens = int(batch[C.RESPONSE_MASK].sum())  # sampled tokens, not env observations
         self._log_sample_metrics(batch, num_tokens, sampled.generation_time_s, sampled.scoring_time_s)
+        turns = np.concatenate([group.turns for group in sampled.groups])  # (B,)
+        tool_calls = np.concatenate([group.tool_calls for group in sampled.groups])  # (B,)
+        self.metrics.log_value(TURNS_PER_EPISODE, float(turns.mean()), window=1)
+        self.metrics.log_value(TOOL_USE_SHARE, float((tool_calls > 0).mean()), window=1)
         return batch
 
     def _log_sample_metrics(self, batch, num_tokens: int, gen_time: float, score_time: float):

@@ -50,12 +50,18 @@ class SamplingParams:
 class Completion:
     """One sampled completion of one prompt.
 
+    An engine's completion is one policy turn. A multi-turn episode (``rllib_dph.rollout``)
+    is returned as one completion too: its turns with the env's observations between them,
+    which the policy did not sample; their ``logprobs`` (and ``topk_logprobs``) are NaN, and
+    :attr:`policy_mask` is False there.
+
     Attributes:
         token_ids: (T,) int64 response token ids, EOS included when it was produced.
-        logprobs: (T,) float32 μ log-prob of each sampled token.
+        logprobs: (T,) float32 μ log-prob of each sampled token; NaN on observation tokens.
         topk_ids: (T, K) int64 or None.
         topk_logprobs: (T, K) float32 or None.
-        finish_reason: ``"stop"`` (EOS) or ``"length"`` (hit ``max_new_tokens``).
+        finish_reason: ``"stop"`` (EOS) or ``"length"`` (hit ``max_new_tokens``; for an episode,
+            of its last turn, or the episode's token budget).
     """
 
     token_ids: np.ndarray
@@ -63,6 +69,11 @@ class Completion:
     topk_ids: np.ndarray | None = None
     topk_logprobs: np.ndarray | None = None
     finish_reason: str = "stop"
+
+    @property
+    def policy_mask(self) -> np.ndarray:
+        """(T,) bool: the tokens the policy sampled (False on env observation tokens)."""
+        return ~np.isnan(self.logprobs)
 
 
 @runtime_checkable

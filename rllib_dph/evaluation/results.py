@@ -55,6 +55,8 @@ class PromptRecord:
         solutions: Solution key of each sample, shortened to a hash (equal: the same solution;
             None: no key), see ``envs.base.VerifierEnv.solution_key``; empty in results written
             before keys were recorded.
+        turns: Policy turns of each of the n episodes (empty when not recorded).
+        tool_calls: Tool calls (e.g. exploratory queries) of each episode (empty when not recorded).
     """
 
     task_id: str
@@ -67,6 +69,8 @@ class PromptRecord:
     completions: Optional[list[str]] = None
     greedy_completion: Optional[str] = None
     solutions: list[Optional[str]] = field(default_factory=list)
+    turns: list[int] = field(default_factory=list)
+    tool_calls: list[int] = field(default_factory=list)
 
     @property
     def n(self) -> int:
@@ -152,7 +156,8 @@ class EvalResult:
             each k of ``ks``, ``mean@n`` (see :func:`mean_at_k`), ``truncation_rate`` (share of
             samples that hit ``max_new_tokens``) and, when styles were recorded, ``style_counts``
             and ``style_entropy_bits``, and the :meth:`diversity_metrics` (``pass@k/<style>``,
-            ``distinct_correct@k``).
+            ``distinct_correct@k``), and, when turns were recorded, ``turns_per_episode``
+            (mean over episodes) and ``tool_use_share`` (share of episodes with a tool call).
         """
         greedy = [r.greedy_correct for r in self.records]
         out: dict[str, Any] = {
@@ -178,6 +183,9 @@ class EvalResult:
             out["style_entropy_bits"] = style_entropy(counts)
         for metric in self.diversity_metrics():
             out[metric] = mean_over_prompts(self.per_prompt(metric))
+        if self.records and all(r.turns for r in self.records):
+            out["turns_per_episode"] = float(np.mean([t for r in self.records for t in r.turns]))
+            out["tool_use_share"] = float(np.mean([c > 0 for r in self.records for c in r.tool_calls]))
         return out
 
     def per_prompt(self, metric: str) -> list[float]:
@@ -234,8 +242,9 @@ class EvalResult:
 
         Keys (after ``prefix``): ``greedy_accuracy`` (when generated), ``pass@k``, ``mean@n``,
         ``maj@k``, ``truncation_rate``, ``style_entropy_bits`` and ``style/<name>`` (share of
-        samples in that style) when styles were recorded, and ``distinct_correct@k`` when solution
-        keys were. The per-style ``pass@k/<style>`` (one per style and k) stay in :meth:`summary`.
+        samples in that style) when styles were recorded, ``distinct_correct@k`` when solution
+        keys were, ``turns_per_episode`` and ``tool_use_share`` when turns were recorded. The
+        per-style ``pass@k/<style>`` (one per style and k) stay in :meth:`summary`.
 
         Args:
             prefix: Put before every key, e.g. ``"eval/"``.
@@ -243,6 +252,7 @@ class EvalResult:
         summary = self.summary()
         keys = [f"pass@{k}" for k in self.ks] + [f"mean@{self.n}"] + [f"maj@{k}" for k in self.ks]
         keys += ["truncation_rate", "style_entropy_bits"] + [f"distinct_correct@{k}" for k in self.ks]
+        keys += ["turns_per_episode", "tool_use_share"]
         if summary["greedy_accuracy"] is not None:
             keys.insert(0, "greedy_accuracy")
         flat = {prefix + k: float(summary[k]) for k in keys if k in summary}

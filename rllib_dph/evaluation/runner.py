@@ -155,6 +155,8 @@ def _record(env, sampled: ScoredGroup, greedy: Optional[ScoredGroup], settings: 
         completions=texts if keep else None,
         greedy_completion=greedy.texts[0] if keep and greedy is not None else None,
         solutions=[_short_hash(env.solution_key(index, text)) for text in texts],
+        turns=sampled.turns.tolist(),
+        tool_calls=sampled.tool_calls.tolist(),
     )
 
 

@@ -29,9 +29,10 @@ Sandbox. Each query runs on a connection that
   patterns, and replaces the built-in functions of which one call could run long (``instr``,
   ``replace``, ``trim``/``ltrim``/``rtrim`` with a character set, ``glob``, and
   ``printf``/``format``, whose ``%c`` would spin for seconds on a huge precision) by functions
-  that check the deadline first and compute the same result in linear time
+  that check the deadline first, then refuse a result over the length cap before building it
+  (each is registered with the size of its result), and compute the same result in linear time
   (:class:`_GuardedFunctions`), so that no single call takes more than a few milliseconds
-  (``LIKE``, kept native, about 0.025 s on maximal values);
+  (``LIKE``, kept native, about 0.025 s on maximal values) or builds a value over the cap;
 - refuses, before running it, a query whose compiled program (read with ``EXPLAIN``) holds more
   than :data:`MAX_FUNCTION_CALLS` function calls or :data:`MAX_COSTLY_CALLS` calls of
   :data:`COSTLY_FUNCTIONS`. SQLite checks its deadline only between loop iterations, so these

@@ -602,7 +602,7 @@ class MathEnv(VerifierEnv):
     ``data``: a bundled split name (default ``"math_synth/train"``), a ``.parquet`` / ``.jsonl``
     file in the verl layout (answer in ``reward_model.ground_truth``), or a list of tasks / rows.
     ``timeout_s``: CPU-time limit of one answer check in seconds (waiting for a busy CPU or for
-    a free checker subprocess is not counted; see :func:`verify_math`).
+    a free checker subprocess is not counted; see :func:`verify_math`), in [0.01, 3600].
     """
 
     def __init__(

@@ -1294,9 +1294,10 @@ class SQLEnv(VerifierEnv):
             :class:`~envs.base.Task` (used as they are, ``db_root`` unused).
         db_root: Directory the ``db_id`` paths of a data file are relative to.
         cmp_method: ``"bird"`` or ``"spider"`` for every task; None uses each task's own.
-        timeout_s: Wall-clock limit per verification in seconds.
+        timeout_s: Wall-clock limit per verification in seconds, in [0.01, 3600].
         partial_credit: Give the original column-overlap partial credit to wrong results.
-        format_penalty: Reward ``-format_penalty`` for a completion without a ```sql block.
+        format_penalty: Reward ``-format_penalty`` for a completion without a ```sql block, in
+            [0, 1].
     """
 
     def __init__(

@@ -2,7 +2,8 @@
 
 The answer of a completion is the content of its **last** complete ``\\boxed{...}`` (or
 ``\\fbox{...}``; braces balanced, ``\\{`` and ``\\}`` are not braces); when there is none, the text
-after the last "the answer is" on its line. Two answers are equal when
+after the last "the answer is" on its line, or the span of a Markdown emphasis opening it ("The
+answer is **5**." gives ``5``). Two answers are equal when
 
 1. both are plain numbers (``-3``, ``0.75``, ``3/4``, ``\\frac{3}{4}``) with equal values, or they
    are the same string after removing spacing commands (fast path, no Math-Verify call), or
@@ -49,6 +50,7 @@ from concurrent.futures import Future
 from fractions import Fraction
 from typing import Any, Mapping, Sequence
 
+from envs.arguments import ArgumentError, check_real, check_timeout
 from envs.base import Task, Verdict, VerifierEnv
 from envs.data import load_tasks
 from envs.suites import task_style
@@ -74,12 +76,22 @@ CHECKER_IDLE_S = 60.0
 CHECKER_MEMORY_BYTES = 1 << 30
 #: CPU seconds beyond ``timeout_s`` after which a checker is killed by the kernel (when orphaned).
 CHECKER_CPU_GRACE_S = 5
+#: Default CPU-time limit of one answer check, in seconds.
+DEFAULT_TIMEOUT_S = 5.0
+#: Ranges accepted by :func:`set_checker_pool`: more checkers than this is no pool (each holds
+#: ~80 MB); an idle time below the lower bound would keep the service thread spinning, above the
+#: upper one it is no limit.
+MAX_CHECKER_POOL_SIZE = 256
+CHECKER_IDLE_RANGE_S = (0.1, 86_400.0)
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)
 _BOX_OPENING = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _BRACE_TOKENS = re.compile(r"\\.|[{}]", re.DOTALL)  # an escaped char (skipped) or a brace
 _ANSWER_IS = re.compile(r"the\s+(?:final\s+)?answer\s+is\s*:?[ \t]*([^\n]+)", re.IGNORECASE)
+# Markdown emphasis opening the text after "the answer is" (bold, italic, both; with * or _):
+# the answer is the emphasised span.
+_EMPHASIS = re.compile(r"(\*{1,3}|_{1,3})(.+?)\1")
 _PLAIN_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:/\d+)?")
 _LATEX_FRACTION = re.compile(r"([+-]?)\\[dt]?frac\{(\d+)\}\{(\d+)\}")
 _SPACING = re.compile(r"\s+|\\[,;:! ]|\\left|\\right")
@@ -113,8 +125,18 @@ def extract_answer(completion: str) -> str | None:
     matches = _ANSWER_IS.findall(completion)
     if not matches:
         return None
-    answer = matches[-1].strip().strip("*").strip().rstrip(".").strip().strip("$").strip()
-    return answer or None
+    return _unwrap_answer(matches[-1]) or None
+
+
+def _unwrap_answer(text: str) -> str:
+    """The answer in the text after "the answer is": the span of a Markdown emphasis opening
+    it (``**5**``, ``__5__``, ``*5*``, ``***5***``), else the whole text; then without stray
+    emphasis marks at its ends (``**The answer is 5**``), a final full stop and ``$`` signs."""
+    text = text.strip()
+    emphasis = _EMPHASIS.match(text)
+    if emphasis is not None:
+        text = emphasis.group(2)
+    return text.strip().strip("*_").strip().rstrip(".").strip().strip("$").strip()
 
 
 def _gold_text(gold_answer: Any) -> str:
@@ -466,26 +488,41 @@ def set_checker_pool(*, size: int | None = None, idle_s: float | None = None) ->
     one starts until fewer than ``size`` exist, and idle ones are stopped after ``idle_s``.
 
     Args:
-        size: Most checker subprocesses at once, >= 1 (default: the number of CPU cores).
-        idle_s: Seconds after which an idle checker is stopped, > 0 (default 60).
+        size: Most checker subprocesses at once, in [1, MAX_CHECKER_POOL_SIZE] (default: the
+            number of CPU cores).
+        idle_s: Seconds after which an idle checker is stopped, in CHECKER_IDLE_RANGE_S
+            (default 60).
 
     Raises:
-        ValueError: A bound out of range.
+        ArgumentError: ``size`` is not an int in [1, MAX_CHECKER_POOL_SIZE], or
+            ``idle_s`` not a number of seconds in CHECKER_IDLE_RANGE_S (NaN and infinity
+            included: they would end the pool's service thread).
     """
     if size is not None:
-        if not (isinstance(size, int) and size >= 1):
-            raise ValueError(f"size={size!r} must be an int >= 1 (checker subprocesses).")
+        if isinstance(size, bool) or not isinstance(size, int) or not (
+            1 <= size <= MAX_CHECKER_POOL_SIZE
+        ):
+            raise ArgumentError(
+                f"set_checker_pool: size={size!r} must be an int in [1, {MAX_CHECKER_POOL_SIZE}] "
+                f"(checker subprocesses, ~80 MB each); e.g. size={CHECKER_POOL_SIZE} (the "
+                "default: the CPU cores of this process)."
+            )
+    if idle_s is not None:
+        low, high = CHECKER_IDLE_RANGE_S
+        idle_s = check_real(idle_s, "idle_s", low=low, high=high, where="set_checker_pool",
+                            default=CHECKER_IDLE_S)
+    if size is not None:
         with _POOL._cond:
             _POOL.size = size
             _POOL._cond.notify_all()
     if idle_s is not None:
-        if not idle_s > 0:
-            raise ValueError(f"idle_s={idle_s!r} must be > 0 seconds.")
-        _POOL.idle_s = float(idle_s)
+        _POOL.idle_s = idle_s
 
 
-def verify_math(completion: str, gold_answer: Any, *, timeout_s: float = 5.0) -> Verdict:
-    """Checks the final answer of a completion against the gold answer. Never raises.
+def verify_math(
+    completion: str, gold_answer: Any, *, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> Verdict:
+    """Checks the final answer of a completion against the gold answer.
 
     Args:
         completion: The model's full answer text.
@@ -499,7 +536,13 @@ def verify_math(completion: str, gold_answer: Any, *, timeout_s: float = 5.0) ->
     Returns:
         ``Verdict(1.0, True)`` when the answers are equivalent, else reward 0.0 with ``error`` set
         when no answer was found or the check failed.
+
+    Raises:
+        ArgumentError: ``timeout_s`` is not a number of seconds in [MIN_TIMEOUT_S,
+            MAX_TIMEOUT_S] of ``envs.arguments`` (a caller error, raised before any check).
+            Nothing about the completion or the gold answer ever raises.
     """
+    timeout_s = check_timeout(timeout_s, where="verify_math", default=DEFAULT_TIMEOUT_S)
     try:
         if not isinstance(completion, str):
             return Verdict(0.0, False, f"completion is a {type(completion).__name__}, not a str")
@@ -519,7 +562,9 @@ def verify_math(completion: str, gold_answer: Any, *, timeout_s: float = 5.0) ->
         return Verdict(0.0, False, f"math check failed: {type(e).__name__}: {e}")
 
 
-def math_reward(completion: str, gold_answer: Any, *, timeout_s: float = 5.0) -> float:
+def math_reward(
+    completion: str, gold_answer: Any, *, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> float:
     """1.0 when the completion's final answer equals ``gold_answer``, else 0.0.
 
     See :func:`verify_math` for the arguments and the rules.
@@ -557,18 +602,16 @@ class MathEnv(VerifierEnv):
     ``data``: a bundled split name (default ``"math_synth/train"``), a ``.parquet`` / ``.jsonl``
     file in the verl layout (answer in ``reward_model.ground_truth``), or a list of tasks / rows.
     ``timeout_s``: CPU-time limit of one answer check in seconds (waiting for a busy CPU or for
-    a free checker subprocess is not counted; see :func:`verify_math`).
+    a free checker subprocess is not counted; see :func:`verify_math`), in [0.01, 3600].
     """
 
     def __init__(
         self,
         data: str | os.PathLike | Sequence[Task | Mapping[str, Any]] = "math_synth/train",
         *,
-        timeout_s: float = 5.0,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
     ):
-        if not timeout_s > 0:
-            raise ValueError(f"timeout_s={timeout_s!r} must be > 0 seconds; the default is 5.0.")
-        self.timeout_s = float(timeout_s)
+        self.timeout_s = check_timeout(timeout_s, where="MathEnv", default=DEFAULT_TIMEOUT_S)
         super().__init__(load_tasks(data, task="math"), self._verify, name="rllib_dph/Math-v0")
 
     @classmethod

@@ -35,6 +35,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.envs.registration import load_env_creator
 
+from envs.arguments import ArgumentError
 from envs.base import Task, Verdict, VerifierEnv
 from envs.data.loaders import PromptFormat, check_prompt_format, load_tasks
 
@@ -91,8 +92,10 @@ def register_verifier_env(
         verifier: ``verifier(completion, ground_truth, **defaults) -> float | bool | Verdict``.
             A bool becomes reward 1.0 / 0.0; a number is the reward and counts as correct when
             >= 1.0; return a :class:`Verdict` to set ``correct`` and ``error`` yourself. Should it
-            raise, the step gets reward 0 and the exception in ``info["error"]``. Pass a plain
-            function (Gymnasium deep-copies kwargs and Ray pickles them).
+            raise, the step gets reward 0 and the exception in ``info["error"]``, except for an
+            ``envs.arguments.ArgumentError`` (a bad argument such as ``timeout_s=inf``, which
+            would score every step 0): that one is raised. Pass a plain function (Gymnasium
+            deep-copies kwargs and Ray pickles them).
         data: A ``.parquet`` / ``.jsonl`` path, a list of row dicts (or :class:`Task` objects), or
             a bundled suite split name (see :func:`envs.data.load_tasks`).
         prompt_format: ``str.format`` template over a row's fields (``"Reverse: {question}"``) or
@@ -269,6 +272,8 @@ class FunctionVerifierEnv(VerifierEnv):
     def _verify(self, completion: str, task: Task) -> Verdict:
         try:
             result = self.verifier_fn(completion, task.ground_truth, **self.verifier_kwargs)
+        except ArgumentError:  # the env's settings, not the completion: never a silent 0
+            raise
         except Exception as e:  # a step never raises; the first failure is logged in full
             if not self._warned:
                 logger.warning("%s: verifier raised on task %s", self.name, task.id, exc_info=True)

@@ -29,9 +29,10 @@ Sandbox. Each query runs on a connection that
   patterns, and replaces the built-in functions of which one call could run long (``instr``,
   ``replace``, ``trim``/``ltrim``/``rtrim`` with a character set, ``glob``, and
   ``printf``/``format``, whose ``%c`` would spin for seconds on a huge precision) by functions
-  that check the deadline first and compute the same result in linear time
+  that check the deadline first, then refuse a result over the length cap before building it
+  (each is registered with the size of its result), and compute the same result in linear time
   (:class:`_GuardedFunctions`), so that no single call takes more than a few milliseconds
-  (``LIKE``, kept native, about 0.025 s on maximal values);
+  (``LIKE``, kept native, about 0.025 s on maximal values) or builds a value over the cap;
 - refuses, before running it, a query whose compiled program (read with ``EXPLAIN``) holds more
   than :data:`MAX_FUNCTION_CALLS` function calls or :data:`MAX_COSTLY_CALLS` calls of
   :data:`COSTLY_FUNCTIONS`. SQLite checks its deadline only between loop iterations, so these
@@ -55,11 +56,18 @@ hostile query gets reward 0 and a short reason; the verifier never raises becaus
 completion or the database, and returns within the timeout plus a fraction of a second
 (``bench/verifier_soak.py`` measures it under load).
 
-Comparison. Values are made comparable first: floats are rounded to :data:`FLOAT_DIGITS`
-significant digits, so that results differing only in the last bits of float arithmetic
-(``AVG(x)`` vs ``SUM(x) * 1.0 / COUNT(x)``) compare equal; an integer and a float of the same
-value (``1`` and ``1.0``) are equal; a number never equals a string (``5`` vs ``'5'``); ``NULL``
-equals ``NULL``.
+Comparison. Values are made comparable first (:func:`_normalize`): a float is rounded to
+:data:`FLOAT_DIGITS` significant digits, or to the nearest integer when that is finer (a float
+of more than FLOAT_DIGITS integer digits), so that results differing only in the last bits of
+float arithmetic (``AVG(x)`` vs ``SUM(x) * 1.0 / COUNT(x)``) compare equal; integers are exact.
+An integer and a float of the same value are equal at every magnitude (``1`` and ``1.0``,
+``1234567890123`` and ``1234567890123.0``, ``2**60`` and ``2.0**60``); values that differ are
+not: ``2**53 + 1`` is not ``float(2**53 + 1)``, which is ``2**53`` (SQLite's own ``=`` says the
+same). Rounding a float never coarser than to an integer is what keeps this an equivalence that
+also keeps distinct integers distinct (a coarser step would make ``2**53`` equal ``2**53 + 2``
+through their float twins); the cost is that floats above about 1e15, whose last bits are worth
+more than 0.1, only compare equal when they round to the same integer. A number never equals a
+string (``5`` vs ``'5'``); ``NULL`` equals ``NULL``.
 
 - ``"bird"``: equal as **sets** of row tuples. Column order matters; row order and duplicates
   do not (BIRD's official metric).
@@ -74,22 +82,27 @@ its result differs, the reward is ``0.8 * min(count**2 / (gold_cols * pred_cols)
 predicted column (the original de-duplicates rows, then compares per-column value sets; the count
 runs over gold columns). Either result empty gives 0.
 
-Caches (per process): a read-only connection per database file and per thread (``sqlite3``
-connections must stay in their thread), and the gold results per (database file identity, gold
-query), both bounded LRU caches. The identity is the file's device, inode, size, modification
-and change times: a database replaced or rewritten in place is reopened and its gold results
-recomputed. Connections are dropped in a forked child.
+Caches (per process): the read-only connections, shared by all threads (one thread at a time
+each) and bounded for the whole process -- never more than a quarter of its open-file limit
+(:class:`_ConnectionPool`, :data:`MAX_OPEN_CONNECTIONS`), so that scoring against many databases
+from many threads never runs out of file descriptors -- and the gold results per (database file
+identity, gold query); both are LRU caches. The identity is the file's device, inode, size,
+modification and change times: a database replaced or rewritten in place is reopened and its
+gold results recomputed. Connections are dropped in a forked child.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import heapq
 import itertools
+import logging
 import math
 import os
 import re
+import resource
 import sqlite3
 import threading
 import time
@@ -98,8 +111,11 @@ from collections import Counter, OrderedDict
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
+from envs.arguments import ArgumentError, check_real, check_timeout
 from envs.base import Task, Verdict, VerifierEnv
 from envs.suites import task_style
+
+logger = logging.getLogger(__name__)
 
 #: Most rows a query may return; more is an error ("result too large").
 MAX_ROWS = 100_000
@@ -139,12 +155,23 @@ PROGRESS_STEPS = 10_000
 #: query at most until the deadline plus DEADLINE_GRACE_S seconds.
 QUERY_THREADS = 32
 DEADLINE_GRACE_S = 0.25
+#: Default wall-clock limit of one verification, in seconds.
+DEFAULT_TIMEOUT_S = 15.0
+#: Longest single wait of the watchdog thread, in seconds (it then looks at its deadlines again).
+WATCHDOG_MAX_WAIT_S = 60.0
 #: Significant digits floats are rounded to before comparing.
 FLOAT_DIGITS = 12
 #: Gold results kept per process.
 GOLD_CACHE_SIZE = 1_024
-#: Open connections kept per thread.
-CONNECTIONS_PER_THREAD = 64
+#: Most database connections (sandboxes) open at once per process, all threads together; each
+#: holds one file descriptor. Further capped at one per FILES_PER_CONNECTION of the process's
+#: open-file limit (soft ``RLIMIT_NOFILE``, read at each open), leaving the rest of the
+#: descriptors to the rest of the process (sockets, pipes, checkpoints).
+MAX_OPEN_CONNECTIONS = 256
+FILES_PER_CONNECTION = 4
+#: Seconds between two tries to open a database while the process has no free file descriptor
+#: and no idle connection to close.
+NOFILE_POLL_S = 0.02
 #: Most search steps spent looking for a column permutation in spider mode; past it the results
 #: count as different.
 MAX_PERMUTATION_STEPS = 10_000
@@ -334,9 +361,21 @@ def _value_bytes(value: Any) -> int:
     return len(value) if isinstance(value, (str, bytes)) else 8
 
 
+#: Floats at least this large have FLOAT_DIGITS integer digits or more: they are rounded to the
+#: nearest integer rather than to FLOAT_DIGITS significant digits.
+_INTEGER_ROUNDING_FROM = 10.0 ** (FLOAT_DIGITS - 1)
+
+
 def _normalize(value: Any) -> Any:
-    """Rounds floats to FLOAT_DIGITS significant digits; other values are returned unchanged."""
+    """The value as compared: a finite float rounded to FLOAT_DIGITS significant digits, or to
+    the nearest integer when that is finer (it stays a float); other values are unchanged.
+
+    Python's ``==`` and ``hash`` then make an int equal to a float exactly when their values are
+    equal, at every magnitude (see the module docstring for why no coarser rounding is used).
+    """
     if isinstance(value, float) and math.isfinite(value):
+        if abs(value) >= _INTEGER_ROUNDING_FROM:
+            return float(round(value))  # exact: such a float's nearest integer is a float too
         return float(f"{value:.{FLOAT_DIGITS}g}")
     return value
 
@@ -356,7 +395,15 @@ class _Watchdog:
         self._thread: threading.Thread | None = None
 
     def watch(self, sandbox: "_Sandbox", run_id: int, deadline: float) -> None:
-        """Interrupts ``sandbox``'s run ``run_id`` at ``deadline`` should it still be running."""
+        """Interrupts ``sandbox``'s run ``run_id`` at ``deadline`` should it still be running.
+
+        Raises:
+            ValueError: ``deadline`` is not finite (a NaN would never come due and hold back
+                every later deadline).
+        """
+        if not math.isfinite(deadline):
+            raise ValueError(f"sql watchdog: deadline={deadline!r} must be a finite "
+                             "time.monotonic() value; check the caller's timeout_s.")
         with self._cond:
             heapq.heappush(self._heap, (deadline, run_id, weakref.ref(sandbox)))
             if self._thread is None:
@@ -365,6 +412,9 @@ class _Watchdog:
             self._cond.notify()
 
     def _loop(self) -> None:
+        """Interrupts the due runs, forever. Its waits are capped at WATCHDOG_MAX_WAIT_S, so
+        that no deadline (however far, even one that slipped past the argument checks) can make
+        a wait overflow and end the thread; an error of one interrupt is logged and skipped."""
         while True:
             due = []
             with self._cond:
@@ -372,11 +422,19 @@ class _Watchdog:
                 while self._heap and self._heap[0][0] <= now:
                     due.append(heapq.heappop(self._heap)[1:])
                 if not due:
-                    self._cond.wait(self._heap[0][0] - now if self._heap else None)
+                    wait = self._heap[0][0] - now if self._heap else WATCHDOG_MAX_WAIT_S
+                    self._cond.wait(wait if wait < WATCHDOG_MAX_WAIT_S else WATCHDOG_MAX_WAIT_S)
             for run_id, ref in due:  # outside the lock: interrupt() takes the sandbox's lock
                 sandbox = ref()
-                if sandbox is not None:
-                    sandbox.interrupt(run_id)
+                try:
+                    if sandbox is not None:
+                        sandbox.interrupt(run_id)
+                except Exception:  # e.g. a connection closed meanwhile: nothing to stop
+                    logger.warning("sql watchdog: interrupt failed", exc_info=True)
+
+    def alive(self) -> bool:
+        """Whether the watchdog thread runs (False before the first query of the process)."""
+        return self._thread is not None and self._thread.is_alive()
 
     def forget(self) -> None:
         """In a forked child: the parent's thread does not exist here; start afresh."""
@@ -413,16 +471,65 @@ def _strip_ends(text: str, chars: str, left: bool, right: bool) -> str:
     return text[start:end]
 
 
+def _text_bytes(value: Any) -> int:
+    """Bytes of a text (UTF-8, as SQLite stores it) or a blob; 0 for other values."""
+    if isinstance(value, str):
+        return len(value) if value.isascii() else len(value.encode("utf-8", "surrogatepass"))
+    return len(value) if isinstance(value, bytes) else 0
+
+
+def _replace_bytes(text: Any, old: Any, new: Any) -> int | None:
+    """Exact size of ``replace(text, old, new)`` computed in Python (texts), else None (built-in).
+
+    ``str.replace`` and ``str.count`` both take the non-overlapping occurrences from the left, so
+    the result holds ``len(text) + count * (len(new) - len(old))`` bytes.
+    """
+    if not all(isinstance(arg, str) for arg in (text, old, new)):
+        return None
+    if not old:
+        return _text_bytes(text)
+    return _text_bytes(text) + text.count(old) * (_text_bytes(new) - _text_bytes(old))
+
+
+def _trim_bytes(text: Any, chars: Any) -> int | None:
+    """Largest size of ``trim(text, chars)`` computed in Python (a slice of the text), else None
+    (built-in)."""
+    return _text_bytes(text) if isinstance(text, str) and isinstance(chars, str) else None
+
+
+def _integer_result(*args: Any) -> int:
+    """Result size of a function that returns an integer (or NULL)."""
+    return 8
+
+
+def _built_by_sqlite(*args: Any) -> None:
+    """Result size of a call computed by a built-in function: SQLite checks the length limit
+    itself as it builds the result (the private connection has the sandbox's limits)."""
+    return None
+
+
+class _ValueTooLong(Exception):
+    """Raised by a guarded function whose result would exceed MAX_VALUE_BYTES (not built)."""
+
+
 class _GuardedFunctions:
     """Replacements for the built-in SQL functions of which one call can run long.
 
     SQLite checks its deadline only between loop iterations, never inside a function call, and
     the built-in ``instr``, ``replace`` and ``trim``/``ltrim``/``rtrim`` with a character set take
     time ``len(X) * len(Y)`` (``ltrim`` of 10 KB by a 10 KB set: 0.5 s), ``glob`` with a set up
-    to 0.07 s, ``printf`` with a huge ``%c`` precision many seconds. Each replacement first
-    checks the deadline, so that a straight run of calls stops there, then computes the same
-    result in linear time on texts and blobs (Python's string search), and hands any other
+    to 0.07 s, ``printf`` with a huge ``%c`` precision many seconds. Each replacement computes the
+    same result in linear time on texts and blobs (Python's string search), and hands any other
     argument types to the built-in function of a private in-memory connection.
+
+    Every function is registered (:meth:`install`) with a *result size*: a function of the
+    arguments giving the exact or largest size in bytes of the result the Python code would
+    build, or None when a built-in function builds it under SQLite's own limit. Each call first
+    checks the deadline, so that a straight run of calls stops there, then the result size
+    against :data:`MAX_VALUE_BYTES` (``SQLITE_LIMIT_LENGTH``): a result over the limit is refused
+    before it is built, as SQLite's own functions do ("string or blob too big"), so no call
+    allocates more than a few times the limit (``replace`` of 128 KB by 128 KB would otherwise
+    build 16 GB before SQLite refused it).
 
     Args:
         deadline: Returns the deadline (``time.monotonic()`` seconds) of the running query.
@@ -430,27 +537,52 @@ class _GuardedFunctions:
 
     def __init__(self, deadline: Callable[[], float]):
         self._deadline = deadline
-        self.builtin = sqlite3.connect(":memory:", isolation_level=None)
+        self.builtin = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
         self.builtin.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
         self.builtin.setlimit(sqlite3.SQLITE_LIMIT_LIKE_PATTERN_LENGTH, MAX_LIKE_PATTERN_BYTES)
+        #: Why the last guarded call of the current query failed, if one did (read by the
+        #: sandbox for its error message; reset before each query).
+        self.failure: str | None = None
+
+    def registrations(self) -> list[tuple[str, int, Callable, Callable[..., int | None]]]:
+        """``(name, number of arguments, function, result size)`` of every guarded function."""
+        registrations = [
+            ("printf", -1, self.printf, _built_by_sqlite),
+            ("format", -1, self.printf, _built_by_sqlite),
+            ("instr", 2, self.instr, _integer_result),
+            ("replace", 3, self.replace, _replace_bytes),
+            ("glob", 2, lambda *args: self.call_builtin("glob", *args), _integer_result),
+        ]
+        for name in ("trim", "ltrim", "rtrim"):
+            registrations.append((name, 2, self._trimmer(name), _trim_bytes))
+        return registrations
 
     def install(self, conn: sqlite3.Connection) -> None:
         """Overrides the built-in functions of ``conn`` by the guarded ones."""
-        functions = [("printf", -1, self.printf), ("format", -1, self.printf),
-                     ("instr", 2, self.instr), ("replace", 3, self.replace),
-                     ("glob", 2, lambda *args: self.call_builtin("glob", *args))]
-        functions += [(name, 2, self._trimmer(name)) for name in ("trim", "ltrim", "rtrim")]
-        for name, num_args, function in functions:
-            conn.create_function(name, num_args, self._checked(function), deterministic=True)
+        for name, num_args, function, result_size in self.registrations():
+            conn.create_function(
+                name, num_args, self._checked(name, function, result_size), deterministic=True
+            )
 
     def close(self) -> None:
         self.builtin.close()
 
-    def _checked(self, function: Callable) -> Callable:
+    def _checked(self, name: str, function: Callable, result_size: Callable) -> Callable:
+        """``function`` behind the deadline and the length limit (see the class docstring)."""
+
         def call(*args):
             if time.monotonic() > self._deadline():
                 raise _PastDeadline()
-            return function(*args)
+            size = result_size(*args)
+            if size is not None and size > MAX_VALUE_BYTES:
+                self.failure = (f"string or blob too big: {name}() would build {size} bytes, "
+                                f"more than the sandbox's limit of {MAX_VALUE_BYTES}")
+                raise _ValueTooLong(self.failure)
+            try:
+                return function(*args)
+            except sqlite3.Error as error:  # the built-in refused, e.g. its result too long
+                self.failure = f"{error} (in {name}())"
+                raise
 
         return call
 
@@ -507,6 +639,7 @@ class _Sandbox:
     """
 
     def __init__(self, path: str, identity: tuple[int, ...]):
+        self.path = path
         self.identity = identity
         self.deadline = 0.0
         self.denied: str | None = None  # what the authorizer refused in the current statement
@@ -517,7 +650,11 @@ class _Sandbox:
         uri = Path(path).as_uri() + "?mode=ro&immutable=1"
         # isolation_level=None: no implicit BEGIN; cached_statements=0: every statement is
         # prepared, hence authorized, anew.
-        self.conn = sqlite3.connect(uri, uri=True, isolation_level=None, cached_statements=0)
+        # check_same_thread=False: the pool (:class:`_ConnectionPool`) hands a sandbox to one
+        # query thread at a time, not always the same one.
+        self.conn = sqlite3.connect(
+            uri, uri=True, isolation_level=None, cached_statements=0, check_same_thread=False
+        )
         self.conn.text_factory = _decode_text
         if hasattr(self.conn, "enable_load_extension"):  # absent when Python omits extensions
             self.conn.enable_load_extension(False)
@@ -567,6 +704,7 @@ class _Sandbox:
         """
         self.deadline = deadline
         self.denied = None
+        self.functions.failure = None
         run_id = next(_run_ids)
         with self._lock:
             self._run_id = run_id
@@ -630,11 +768,9 @@ class _Sandbox:
         stopped = ("interrupted", "user-defined function raised exception")
         if str(error) in stopped and time.monotonic() > self.deadline:
             return "timed out: the query ran past its time limit"
+        if str(error) == stopped[1] and self.functions.failure is not None:
+            return f"SQL error: {self.functions.failure}"
         return f"SQL error: {error}"
-
-
-_local = threading.local()  # .sandboxes: OrderedDict[path, _Sandbox] of this thread
-os.register_at_fork(after_in_child=lambda: _local.__dict__.clear())
 
 
 def _file_identity(db_path: str) -> tuple[str, tuple[int, ...]]:
@@ -648,23 +784,145 @@ def _file_identity(db_path: str) -> tuple[str, tuple[int, ...]]:
     return path, (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
 
 
-def _sandbox(path: str, identity: tuple[int, ...]) -> _Sandbox:
-    """This thread's connection to ``path``, reopened when the file changed (LRU-bounded)."""
-    sandboxes = _local.__dict__.setdefault("sandboxes", OrderedDict())
-    sandbox = sandboxes.get(path)
-    if sandbox is not None and sandbox.identity != identity:
-        sandboxes.pop(path).close()
-        sandbox = None
-    if sandbox is None:
+def _connection_budget() -> int:
+    """Most sandboxes open at once now: MAX_OPEN_CONNECTIONS, and at most 1 per
+    FILES_PER_CONNECTION of the process's open-file limit (soft ``RLIMIT_NOFILE``), at least 1."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return MAX_OPEN_CONNECTIONS
+    return max(1, min(MAX_OPEN_CONNECTIONS, soft // FILES_PER_CONNECTION))
+
+
+def _out_of_file_handles(path: str) -> bool:
+    """Whether opening ``path`` now fails for lack of a file descriptor (EMFILE / ENFILE)."""
+    try:
+        os.close(os.open(path, os.O_RDONLY))
+    except OSError as error:
+        return error.errno in (errno.EMFILE, errno.ENFILE)
+    return False
+
+
+class _ConnectionPool:
+    """The sandboxes (read-only connections, one file descriptor each) of this process, shared
+    by all its threads, at most :func:`_connection_budget` open at once.
+
+    A query takes an idle sandbox of its database file (its own thread's or another's), else
+    opens one; at the budget it first closes the least recently used idle sandbox of any file,
+    and when all are in use it waits for one until its deadline. Should the open fail for lack
+    of a file descriptor (the rest of the process holds them), idle sandboxes are closed, or a
+    busy one awaited, and the open tried again until the deadline: a query is never refused for
+    lack of a file handle while one can be freed. A sandbox whose file changed is closed.
+    """
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._idle: OrderedDict[int, _Sandbox] = OrderedDict()  # id -> sandbox, LRU first
+        self._idle_by_path: dict[str, list[_Sandbox]] = {}
+        self._open = 0  # sandboxes open, in use or being opened
+        self._parents: list = []  # see forget()
+
+    @property
+    def open_count(self) -> int:
+        """Sandboxes open now (idle, in use, or being opened)."""
+        return self._open
+
+    @contextlib.contextmanager
+    def sandbox(self, path: str, identity: tuple[int, ...], deadline: float) -> Iterator[_Sandbox]:
+        """A sandbox of ``path`` for this thread's exclusive use until the block ends.
+
+        Raises:
+            SQLExecutionError: No sandbox could be had before ``deadline``, or the file cannot
+                be opened.
+        """
+        sandbox = self._reuse_or_reserve(path, identity, deadline)
+        if sandbox is None:
+            sandbox = self._open_reserved(path, identity, deadline)
         try:
-            sandbox = _Sandbox(path, identity)
-        except sqlite3.Error as error:
-            raise SQLExecutionError(f"cannot open database {path}: {error}") from None
-        sandboxes[path] = sandbox
-        if len(sandboxes) > CONNECTIONS_PER_THREAD:
-            sandboxes.popitem(last=False)[1].close()
-    sandboxes.move_to_end(path)
-    return sandbox
+            yield sandbox
+        finally:
+            with self._cond:
+                self._idle[id(sandbox)] = sandbox
+                self._idle_by_path.setdefault(path, []).append(sandbox)
+                self._cond.notify_all()
+
+    def _reuse_or_reserve(self, path: str, identity: tuple, deadline: float) -> _Sandbox | None:
+        """An idle sandbox of ``path``, else None with a slot reserved for a new one."""
+        with self._cond:
+            while True:
+                while self._idle_by_path.get(path):
+                    sandbox = self._idle_by_path[path][-1]  # the most recently used
+                    self._take(sandbox)
+                    if sandbox.identity == identity:
+                        return sandbox
+                    self._close(sandbox)  # the file changed since it was opened
+                if self._open < _connection_budget() or self._close_least_recent():
+                    self._open += 1
+                    return None
+                self._wait(deadline, f"all {self._open} database connections of this process "
+                                     "are in use")
+
+    def _open_reserved(self, path: str, identity: tuple, deadline: float) -> _Sandbox:
+        """Opens a sandbox in the slot reserved by :meth:`_reuse_or_reserve`."""
+        try:
+            retried = False
+            while True:
+                try:
+                    return _Sandbox(path, identity)
+                except sqlite3.Error as error:
+                    if not _out_of_file_handles(path):
+                        if retried:  # not for lack of a descriptor (or one was freed since)
+                            raise SQLExecutionError(
+                                f"cannot open database {path}: {error}"
+                            ) from None
+                        retried = True
+                        continue
+                with self._cond:
+                    if not self._close_least_recent():
+                        self._wait(deadline, "no file descriptor is free in this process",
+                                   poll_s=NOFILE_POLL_S)
+        except BaseException:
+            with self._cond:
+                self._open -= 1
+                self._cond.notify_all()
+            raise
+
+    def _wait(self, deadline: float, why: str, poll_s: float | None = None) -> None:
+        """Waits (lock held) for a release, at most until ``deadline``; raises past it."""
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise SQLExecutionError(f"timed out waiting for a database connection: {why}")
+        self._cond.wait(remaining if poll_s is None else min(remaining, poll_s))
+
+    def _take(self, sandbox: _Sandbox) -> None:
+        del self._idle[id(sandbox)]
+        self._idle_by_path[sandbox.path].remove(sandbox)
+        if not self._idle_by_path[sandbox.path]:
+            del self._idle_by_path[sandbox.path]
+
+    def _close(self, sandbox: _Sandbox) -> None:
+        sandbox.close()
+        self._open -= 1
+        self._cond.notify_all()
+
+    def _close_least_recent(self) -> bool:
+        """Closes the least recently used idle sandbox; False when none is idle."""
+        if not self._idle:
+            return False
+        sandbox = next(iter(self._idle.values()))
+        self._take(sandbox)
+        self._close(sandbox)
+        return True
+
+    def forget(self) -> None:
+        """In a forked child: start with no sandbox. The parent's are kept referenced, never
+        used or closed here (SQLite connections must not cross a fork)."""
+        parents = self._parents + list(self._idle.values())
+        self.__init__()
+        self._parents = parents
+
+
+_CONNECTIONS = _ConnectionPool()
+os.register_at_fork(after_in_child=_CONNECTIONS.forget)
 
 
 class _QueryThreads:
@@ -718,20 +976,20 @@ def _execute_here(statement: str, identity: tuple, deadline: float) -> list[Row]
     """Runs ``statement`` in this thread's sandbox of the database file; retried (at most
     NOMEM_RETRIES times, while the deadline allows) when it ran out of memory, which may be the
     doing of another thread's query: the heap limit is per process."""
-    sandbox = _sandbox(*identity)
     retries = NOMEM_RETRIES
-    while True:
-        try:
-            return sandbox.run(statement, deadline)
-        except SQLExecutionError as error:
-            late = time.monotonic() + NOMEM_RETRY_PAUSE_S >= deadline
-            if retries == 0 or late or not str(error).startswith(OUT_OF_MEMORY):
-                raise
-        retries -= 1
-        time.sleep(NOMEM_RETRY_PAUSE_S)
+    with _CONNECTIONS.sandbox(*identity, deadline) as sandbox:
+        while True:
+            try:
+                return sandbox.run(statement, deadline)
+            except SQLExecutionError as error:
+                late = time.monotonic() + NOMEM_RETRY_PAUSE_S >= deadline
+                if retries == 0 or late or not str(error).startswith(OUT_OF_MEMORY):
+                    raise
+            retries -= 1
+            time.sleep(NOMEM_RETRY_PAUSE_S)
 
 
-def execute_sql(sql: str, db_path: str, *, timeout_s: float = 15.0) -> list[Row]:
+def execute_sql(sql: str, db_path: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Row]:
     """Runs one read-only SQL statement in the sandbox and returns its rows.
 
     Args:
@@ -745,7 +1003,10 @@ def execute_sql(sql: str, db_path: str, *, timeout_s: float = 15.0) -> list[Row]
     Raises:
         SQLExecutionError: The statement is not a single read-only query, failed, timed out or
             returned more than MAX_ROWS rows or MAX_RESULT_BYTES bytes; ``str(error)`` says which.
+        ArgumentError: ``timeout_s`` is not a number of seconds in [MIN_TIMEOUT_S,
+            MAX_TIMEOUT_S] of ``envs.arguments`` (a caller error).
     """
+    timeout_s = check_timeout(timeout_s, where="execute_sql", default=DEFAULT_TIMEOUT_S)
     return _execute(sql, db_path, time.monotonic() + timeout_s)
 
 
@@ -890,7 +1151,7 @@ def verify_sql(
     db_path: str,
     *,
     cmp_method: str = "bird",
-    timeout_s: float = 15.0,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
     partial_credit: bool = False,
     format_penalty: float = 0.0,
 ) -> Verdict:
@@ -914,16 +1175,18 @@ def verify_sql(
         checked, a short ``error``.
 
     Raises:
-        ValueError: ``cmp_method`` is unknown or ``timeout_s`` is not positive (caller errors).
-            Nothing about the completion or the database ever raises.
+        ArgumentError: ``cmp_method`` is unknown, ``timeout_s`` is not a number of seconds in
+            [MIN_TIMEOUT_S, MAX_TIMEOUT_S] of ``envs.arguments`` (NaN and infinity included), or
+            ``format_penalty`` is not in [0, 1] (caller errors, raised before any scoring; a
+            ValueError). Nothing about the completion or the database ever raises.
     """
     compare = COMPARATORS.get(cmp_method)
     if compare is None:
-        raise ValueError(
+        raise ArgumentError(
             f"cmp_method={cmp_method!r} is unknown; use one of {sorted(COMPARATORS)}."
         )
-    if not timeout_s > 0:
-        raise ValueError(f"timeout_s={timeout_s} must be > 0 seconds.")
+    timeout_s = check_timeout(timeout_s, where="verify_sql", default=DEFAULT_TIMEOUT_S)
+    format_penalty = _check_format_penalty(format_penalty, "verify_sql")
     if len(completion) > MAX_COMPLETION_CHARS:
         return Verdict(0.0, False, f"completion too long: {len(completion)} characters, more than "
                        f"the verifier reads ({MAX_COMPLETION_CHARS})")
@@ -970,7 +1233,7 @@ def sql_reward(
     db_path: str,
     *,
     cmp_method: str = "bird",
-    timeout_s: float = 15.0,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> float:
     """1.0 when the last ```sql block of ``completion`` gives the gold query's result, else 0.0.
 
@@ -978,6 +1241,12 @@ def sql_reward(
     """
     verdict = verify_sql(completion, gold_sql, db_path, cmp_method=cmp_method, timeout_s=timeout_s)
     return verdict.reward
+
+
+def _check_format_penalty(value: Any, where: str) -> float:
+    """``format_penalty`` as a float in [0, 1]: a negative one would reward a completion without
+    SQL, one above a correct answer's reward 1 would dominate the reward."""
+    return check_real(value, "format_penalty", low=0.0, high=1.0, where=where, default=0.0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1025,9 +1294,10 @@ class SQLEnv(VerifierEnv):
             :class:`~envs.base.Task` (used as they are, ``db_root`` unused).
         db_root: Directory the ``db_id`` paths of a data file are relative to.
         cmp_method: ``"bird"`` or ``"spider"`` for every task; None uses each task's own.
-        timeout_s: Wall-clock limit per verification in seconds.
+        timeout_s: Wall-clock limit per verification in seconds, in [0.01, 3600].
         partial_credit: Give the original column-overlap partial credit to wrong results.
-        format_penalty: Reward ``-format_penalty`` for a completion without a ```sql block.
+        format_penalty: Reward ``-format_penalty`` for a completion without a ```sql block, in
+            [0, 1].
     """
 
     def __init__(
@@ -1036,7 +1306,7 @@ class SQLEnv(VerifierEnv):
         *,
         db_root: str | None = None,
         cmp_method: str | None = None,
-        timeout_s: float = 15.0,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
         partial_credit: bool = False,
         format_penalty: float = 0.0,
     ):
@@ -1052,8 +1322,8 @@ class SQLEnv(VerifierEnv):
                 f"SQLEnv: cmp_method={cmp_method!r} is unknown; use one of "
                 f"{sorted(COMPARATORS)}, or None to use each task's own."
             )
-        if not timeout_s > 0:
-            raise ValueError(f"SQLEnv: timeout_s={timeout_s} must be > 0 seconds.")
+        timeout_s = check_timeout(timeout_s, where="SQLEnv", default=DEFAULT_TIMEOUT_S)
+        format_penalty = _check_format_penalty(format_penalty, "SQLEnv")
         for task in tasks:
             _check_ground_truth(task, needs_cmp_method=cmp_method is None)
         self.cmp_method = cmp_method

@@ -12,8 +12,9 @@ from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils.annotations import override
 
 from rllib_dph import columns as C
-from rllib_dph.algorithms.grpo.grpo_torch_learner import GRPOTorchLearner, Step, row_mask
+from rllib_dph.algorithms.grpo.grpo_torch_learner import GRPOTorchLearner
 from rllib_dph.connectors.pef import AddPefRows
+from rllib_dph.learners.step import Step, row_mask
 from rllib_dph.losses import f_divergence, masked_mean, pef_loss_weight
 from rllib_dph.rl_module import LOGP
 

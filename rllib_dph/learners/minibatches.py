@@ -26,7 +26,8 @@ class GroupMinibatches(TorchLearner):
     """Mini-batches of whole GRPO groups with D_pef rows in each (RLlib cuts rows in order).
 
     Each epoch deals whole groups into ``num_minibatches`` mini-batches and spreads the D_pef
-    rows of DPH over all of them (``batch.minibatch_plan``); when the batch has D_pef rows, the
+    rows of DPH over all of them (``batch.minibatch_plan``; the D_pef rows of each mini-batch
+    are dealt by ``batch.deal_pef_rows``); when the batch has D_pef rows, the
     smallest and largest number of them in a mini-batch are logged per update
     (``pef_rows_min``, ``pef_rows_max``).
     """

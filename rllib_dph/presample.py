@@ -445,12 +445,9 @@ def prepare_pef(config, *, progress: bool = True) -> tuple[str, Optional[str]]:
     """Makes ``config``'s pre-sampled files ready for training; the one place that decides about them.
 
     ``rllib train``'s preparation and ``DPH.setup`` call it (``DPHConfig.validate`` only checks
-    fields). With ``presample_dir``, :func:`presample_once` reuses its files when its
-    :data:`IDENTITY_FILE` matches this run and (re)samples them otherwise. Then the D_pef file
-    (``pef_path``, or ``presample_dir``'s own) must exist, have rows, and have been made by this
-    policy model (fingerprint) with these sampling settings, as the ``identity.json`` in its folder
-    records. The model's fingerprint is computed once per state of its files
-    (``hub.model_fingerprint``), not per call.
+    fields). With ``presample_dir``, :func:`presample_once` reuses its files or (re)samples them.
+    Then :func:`check_pef_file` checks the D_pef file (``pef_path``, or ``presample_dir``'s own)
+    against the policy's fingerprint (``hub.model_fingerprint``: hashed once, then kept).
 
     Args:
         config: A ``DPHConfig``: ``model_name``, ``presample_dir``, ``presample_config()``,

@@ -21,12 +21,9 @@ from rllib_dph.sharding import ShardedModules, shard_response_lm
 
 
 class LLMTorchLearner(ShardedModules, SkipNonFiniteSteps, TokenBudgetSteps, GroupMinibatches):
-    """The machinery under the GRPO-family losses (one concern per base class): mini-batches of
-    whole groups (:class:`GroupMinibatches`), token-budget steps (:class:`TokenBudgetSteps`),
-    non-finite step skipping (:class:`SkipNonFiniteSteps`) and FSDP2 sharding
-    (:class:`ShardedModules`); here the inputs the loss terms read besides the batch: the frozen
-    reference model π_ref (built only when ``config.needs_reference_model``) and, with
-    ``trust_region_anchor="recompute"``, π_old's log-probs recomputed before the update.
+    """The base classes of :mod:`rllib_dph.learners` combined, plus what the loss terms read besides
+    the batch: the frozen reference model π_ref (built only when ``config.needs_reference_model``)
+    and, with ``trust_region_anchor="recompute"``, π_old's log-probs recomputed before the update.
 
     Mixed precision: the policy's parameters and Adam state are float32 and its forward pass
     runs under autocast to ``config.dtype`` (inside ``LLMRLModule._forward_train``, so every

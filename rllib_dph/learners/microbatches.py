@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Dict, Optional
+from typing import Any, Dict
 
 import numpy as np
 import torch
@@ -11,8 +11,8 @@ from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.utils.annotations import override
 
 from rllib_dph import columns as C
-from rllib_dph.batch import padding_row, token_budget_microbatches, trim_padding
-from rllib_dph.learners.step import STEP, distributed, open_step
+from rllib_dph.batch import token_budget_microbatches
+from rllib_dph.learners.step import STEP, distributed, open_step, take_rows
 
 # Metric key under ``learners/<module_id>/``: micro-batches of the last step.
 NUM_MICROBATCHES = "num_microbatches"
@@ -38,7 +38,7 @@ class TokenBudgetSteps(TorchLearner):
         step = open_step(columns, norm_length=self.config.max_response_length)
         budget = self.config.max_tokens_per_microbatch
         plan = None if budget is None else self._microbatch_plan(columns, budget)
-        parts = [columns] if plan is None else (self._microbatch(columns, rows) for rows in plan)
+        parts = [columns] if plan is None else (take_rows(columns, rows, self._device) for rows in plan)
         count = 1 if plan is None else len(plan)
         for optim in self._optimizer_parameters:
             optim.zero_grad(set_to_none=True)
@@ -60,20 +60,15 @@ class TokenBudgetSteps(TorchLearner):
             self.apply_gradients(self.postprocess_gradients(gradients), losses=losses)
         return fwd_out, {module_id: torch.stack(losses).sum()}, {}
 
-    def _microbatch_plan(self, columns: Dict[str, Any], max_tokens: int) -> list:
-        """Row indices of each micro-batch, then None (an empty row) for each micro-batch another
-        learner has more (sharded). A GRPO group stays in one micro-batch when it fits, so its
-        prompt is still run once."""
+    def _microbatch_plan(self, columns: Dict[str, Any], max_tokens: int) -> list[np.ndarray]:
+        """Row indices of each micro-batch, then no rows (a padding row) for each micro-batch
+        another learner has more (sharded). A GRPO group stays in one micro-batch when it fits,
+        so its prompt is still run once."""
         lengths = columns[C.ATTENTION_MASK].sum(-1).cpu().numpy()
         pef = columns[C.ROW_TYPE].cpu().numpy() == C.ROW_TYPE_PEF
         units = np.where(pef, -1 - np.arange(len(lengths)), columns[C.GROUP_IDS].cpu().numpy())
         plan = token_budget_microbatches(lengths, max_tokens, units)
-        return plan + [None] * (self.same_count_on_all_learners(len(plan)) - len(plan))
-
-    def _microbatch(self, columns: Dict[str, Any], rows: Optional[np.ndarray]) -> Dict[str, Any]:
-        if rows is None:  # another learner has more micro-batches (sharded)
-            return padding_row(columns)
-        return trim_padding({k: v[torch.as_tensor(rows, device=self._device)] for k, v in columns.items()})
+        return plan + [np.empty(0, np.int64)] * (self.same_count_on_all_learners(len(plan)) - len(plan))
 
 
 def _combine(parts: list[Dict[str, Any]]) -> Dict[str, Any]:

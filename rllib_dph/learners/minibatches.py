@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Iterator, Optional
 
 import numpy as np
-import torch
 import torch.distributed as dist
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.core.learner.training_data import TrainingData
@@ -13,9 +12,9 @@ from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils.annotations import override
 
 from rllib_dph import columns as C
-from rllib_dph.batch import minibatch_plan, padding_row, trim_padding
+from rllib_dph.batch import minibatch_plan
 from rllib_dph.batch import num_minibatches as num_minibatches_for
-from rllib_dph.learners.step import distributed
+from rllib_dph.learners.step import distributed, take_rows
 
 # Metric keys under ``learners/<module_id>/``: D_pef rows in the mini-batches of an update.
 PEF_ROWS_MIN = "pef_rows_min"
@@ -76,11 +75,7 @@ class GroupMinibatches(TorchLearner):
             plan = minibatch_plan(group_ids, row_type, num_minibatches, self._plan_rng if shuffle else None)
             for rows in plan:
                 pef_rows.append(int((row_type[rows] == C.ROW_TYPE_PEF).sum()))
-                if len(rows):
-                    index = torch.as_tensor(rows, device=self._device)
-                    part = trim_padding({k: v[index] for k, v in columns.items()})
-                else:
-                    part = padding_row(columns)  # keeps this learner in the step's collectives
+                part = take_rows(columns, rows, self._device)
                 yield MultiAgentBatch({module_id: SampleBatch(part)}, env_steps=len(rows))
         if (row_type == C.ROW_TYPE_PEF).any():
             seen = pef_rows or [0]

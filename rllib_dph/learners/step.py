@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from rllib_dph import columns as C
+from rllib_dph.batch import padding_row, trim_padding
 from rllib_dph.losses import AGGREGATIONS, aggregate_parts
 
 
@@ -28,6 +29,14 @@ def all_reduce(tensor: torch.Tensor, op=dist.ReduceOp.SUM) -> torch.Tensor:
 def row_mask(batch: Dict[str, Any], row_type: int) -> torch.Tensor:
     """(B, L) bool: response tokens of the rows of ``row_type`` (``columns.ROW_TYPE_*``)."""
     return batch[C.RESPONSE_MASK].bool() & (batch[C.ROW_TYPE] == row_type)[:, None]
+
+
+def take_rows(columns: Dict[str, Any], rows, device) -> Dict[str, Any]:
+    """Rows ``rows`` of a tensor batch cut to their longest row; with no rows, one padding row
+    (``batch.padding_row``), which keeps this learner in the step's collectives."""
+    if not len(rows):
+        return padding_row(columns)
+    return trim_padding({k: v[torch.as_tensor(rows, device=device)] for k, v in columns.items()})
 
 
 #: Batch key under which each loss call of an optimizer step finds the step's :class:`Step`.

@@ -25,10 +25,9 @@ class GroupMinibatches(TorchLearner):
     """Mini-batches of whole GRPO groups with D_pef rows in each (RLlib cuts rows in order).
 
     Each epoch deals whole groups into ``num_minibatches`` mini-batches and spreads the D_pef
-    rows of DPH over all of them (``batch.minibatch_plan``; the D_pef rows of each mini-batch
-    are dealt by ``batch.deal_pef_rows``); when the batch has D_pef rows, the
-    smallest and largest number of them in a mini-batch are logged per update
-    (``pef_rows_min``, ``pef_rows_max``).
+    rows of DPH over all of them (``batch.minibatch_plan``; ``batch.deal_pef_rows`` deals the
+    D_pef rows); when the batch has D_pef rows, the smallest and largest number of them in a
+    mini-batch are logged per update (``pef_rows_min``, ``pef_rows_max``).
     """
 
     @override(TorchLearner)
@@ -70,6 +69,7 @@ class GroupMinibatches(TorchLearner):
         return self._minibatches(module_id, dict(columns), group_ids, row_type, num_epochs, num_minibatches, shuffle)
 
     def _minibatches(self, module_id, columns, group_ids, row_type, num_epochs, num_minibatches, shuffle):
+        """Yields every epoch's mini-batches, then logs how many D_pef rows they held."""
         pef_rows = []  # D_pef rows in each mini-batch
         for _ in range(num_epochs):
             plan = minibatch_plan(group_ids, row_type, num_minibatches, self._plan_rng if shuffle else None)

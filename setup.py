@@ -14,7 +14,9 @@ setup(
     # The shipped build of the tiny base model (weights, tokenizer, build record; ~5 MB).
     package_data={"rllib_dph.models": ["bundled/*/*"]},
     install_requires=[
-        "ray[rllib]>=2.42",
+        # The learners override private RLlib methods (rllib_dph/learners/, sharding.py), tested
+        # against this minor version only.
+        "ray[rllib]>=2.60,<2.61",
         # On a CPU machine install the CPU build first (`pip install torch==2.13.0` here);
         # any installed torch >= 2.4 satisfies this and nothing else is pulled.
         "torch>=2.4",

@@ -342,12 +342,12 @@ def plots(base: dict, runs: dict, out: pathlib.Path) -> None:
 def prepare(methods: list[str], args) -> None:
     """Runs the DPH pre-sampling stage once, before parallel jobs would race to write it."""
     from rllib_dph.algorithms.dph import DPHConfig
-    from rllib_dph.presample import presample_once
+    from rllib_dph.presample import prepare_pef
 
     for method in methods:
         config = run_config(method, args)
         if isinstance(config, DPHConfig) and config.presample_dir:
-            presample_once(config.presample_config())  # (re)made for this model, data and settings
+            prepare_pef(config)  # (re)made for this model, data and settings
 
 
 def run_job(method: str | None, seed: int, out: str, args) -> str:

@@ -178,11 +178,16 @@ def minibatch_plan(
         groups = [groups[i] for i in rng.permutation(len(groups))]
         pef = rng.permutation(pef)
     group_bins = np.array_split(np.arange(len(groups)), num_minibatches)
-    pef_bins = np.array_split(pef, num_minibatches)
     return [
         np.concatenate([groups[g] for g in bin_groups] + [pef_rows]).astype(np.int64)
-        for bin_groups, pef_rows in zip(group_bins, pef_bins)
+        for bin_groups, pef_rows in zip(group_bins, deal_pef_rows(pef, num_minibatches))
     ]
+
+
+def deal_pef_rows(pef: np.ndarray, num_minibatches: int) -> list[np.ndarray]:
+    """The D_pef rows of each of one epoch's ``num_minibatches`` mini-batches: ``pef`` (row
+    indices, in the order to deal them) in consecutive bins of ⌊P/M⌋ or ⌈P/M⌉ rows."""
+    return np.array_split(pef, num_minibatches)
 
 
 def shard_groups(batch: dict[str, np.ndarray], num_shards: int) -> list[dict[str, np.ndarray]]:

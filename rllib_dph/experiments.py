@@ -209,22 +209,25 @@ def check_run(config, stop: dict, args, overrides: dict) -> None:
 def prepare_run(config) -> None:
     """Work that must not happen inside a Tune trial, done here with in-place progress bars.
 
-    Builds a bundled tiny model that is neither shipped nor cached, and runs DPH pre-sampling
-    when ``presample_dir`` has no files yet or files made for another model, data or sampling
-    settings (``presample.presample_once``; the trial then finds them).
+    Builds a bundled tiny model that is neither shipped nor cached, and makes each DPH variant's
+    D_pef file ready as ``DPH.setup`` would (``presample.prepare_pef``: pre-samples
+    ``presample_dir`` when it has no files for this model, data and sampling settings, so the
+    trial finds them); a D_pef file that cannot be used is refused here, before Ray starts.
     """
     from rllib_dph.models.hub import resolve_model
     from rllib_dph.models.tiny import TINY_MODELS
-    from rllib_dph.preflight import search_variants, validate_problems
+    from rllib_dph.preflight import Problem, search_variants
 
     for name in {config.model_name, getattr(config, "reference_model_name", None)} & set(TINY_MODELS):
         resolve_model(name)
     for variant in search_variants(config):
-        if getattr(variant, "presample_dir", None):  # as DPH.setup does, here before any trial
-            from rllib_dph.presample import presample_once
+        if getattr(variant, "resolved_pef_path", None):  # DPH
+            from rllib_dph.presample import PefFileError, prepare_pef
 
-            presample_once(variant.presample_config())  # one run per folder, also across commands
-            _refuse(validate_problems(variant))
+            try:
+                prepare_pef(variant)  # one pre-sampling per folder, also across commands
+            except PefFileError as e:
+                _refuse([Problem(type(variant).__name__, str(e))])
 
 
 def run_from_args(config, stop: dict, args: argparse.Namespace) -> None:

@@ -35,15 +35,18 @@ Both parquet files carry schema metadata ``rllib_dph.model_fingerprint`` (weight
 ``rllib_dph.top_p``, ``rllib_dph.max_response_length``, ``rllib_dph.chat_template_sha`` — a hash
 of the tokenizer's chat template, "none" without one), ``rllib_dph.k``, ``rllib_dph.min_correct``
 ``rllib_dph.pef_samples``, ``rllib_dph.full_data``, ``rllib_dph.schema_version`` (3: one row
-per trajectory) and, for SQL, ``rllib_dph.db_root``; ``DPHConfig`` refuses a file whose sampling
-settings differ from training's, and a file of an older schema (one row per prompt, the
-``pef_samples`` rule unrecorded) instead of reading it as if it had been made by these rules. A run holds ``out_dir/.lock`` (:func:`presample_lock`), so two
-processes (e.g. Tune trials) never sample one directory at once. Intermediate results live in ``out_dir/parts/`` one file per
-chunk of prompts, each written atomically: an interrupted run resumes at the first missing chunk
+per trajectory) and, for SQL, ``rllib_dph.db_root``. A run holds ``out_dir/.lock``
+(:func:`presample_lock`), so two processes (e.g. Tune trials) never sample one directory at once.
+Intermediate results live in ``out_dir/parts/`` one file per chunk of prompts, each written
+atomically: an interrupted run resumes at the first missing chunk
 and never duplicates rows; chunk seeds depend only on the chunk, so a resumed run gives the same
 files as an uninterrupted one. ``out_dir/identity.json`` records what the files were made from
 (model fingerprint, a hash of the prompts, the sampling settings); a run for anything else — a
 rebuilt model, changed data — moves them to ``out_dir/stale/<n>/`` first and samples anew.
+
+Training uses the files through :func:`prepare_pef`, the one place that decides whether they can be
+used: it pre-samples or reuses ``presample_dir`` and refuses a D_pef file whose ``identity.json``
+names another model or other sampling settings than training's.
 """
 
 from __future__ import annotations
@@ -76,7 +79,7 @@ LOCK_FILE = ".lock"
 IDENTITY_FILE = "identity.json"
 #: Sub-folder that receives the files of a directory made for another run (nothing is deleted).
 STALE_DIR = "stale"
-#: Sampling settings a D_pef file records and training must match (see ``DPHConfig``).
+#: Sampling settings a D_pef file records and training must match (see :func:`prepare_pef`).
 SAMPLING_SETTINGS = ("temperature", "top_p", "max_response_length")
 #: Version of the D_pef file layout: 3 = one row per trajectory, ``pef_samples`` recorded.
 SCHEMA_VERSION = 3
@@ -479,3 +482,73 @@ def presample(config: PresampleConfig, *, progress: bool = True, engine=None, en
     the output files."""
     with presample_lock(config.out_dir):
         return Presampler(config, engine=engine, env=env).run(progress=progress)
+
+
+class PefFileError(ValueError):
+    """A D_pef file training cannot use: missing, empty, or made for another model or sampling."""
+
+
+def prepare_pef(config, *, progress: bool = True) -> tuple[str, Optional[str]]:
+    """Makes ``config``'s pre-sampled files ready for training; the one place that decides about them.
+
+    ``rllib train``'s preparation and ``DPH.setup`` call it (``DPHConfig.validate`` only checks
+    fields). With ``presample_dir``, :func:`presample_once` reuses its files or (re)samples them.
+    Then :func:`check_pef_file` checks the D_pef file (``pef_path``, or ``presample_dir``'s own)
+    against the policy's fingerprint (``hub.model_fingerprint``: hashed once, then kept).
+
+    Args:
+        config: A ``DPHConfig``: ``model_name``, ``presample_dir``, ``presample_config()``,
+            ``resolved_pef_path``, ``resolved_exp_path``, ``presample_min_correct`` and the
+            :data:`SAMPLING_SETTINGS`.
+        progress: Show progress bars while sampling.
+
+    Returns:
+        The D_pef and D_exp paths (``resolved_pef_path``, ``resolved_exp_path``).
+
+    Raises:
+        PefFileError: The D_pef file is missing or empty, or was made for another model or with
+            other sampling settings (the message names both values and the fix).
+    """
+    fingerprint = model_fingerprint(resolve_model(config.model_name))
+    if config.presample_dir:  # one pre-sampling per directory, also for parallel trials
+        presample_once(config.presample_config(), progress=progress, fingerprint=fingerprint)
+    check_pef_file(config.resolved_pef_path, config, fingerprint=fingerprint)
+    return config.resolved_pef_path, config.resolved_exp_path
+
+
+def check_pef_file(path: str, config, *, fingerprint: str) -> None:
+    """Refuses a D_pef file (:class:`PefFileError`) that is missing or empty, or whose folder's
+    :data:`IDENTITY_FILE` names other sampling settings than ``config``'s or a model fingerprint
+    other than ``fingerprint`` (the policy's); see :func:`prepare_pef`."""
+    if not os.path.exists(path):
+        raise PefFileError(f"pef_path={path!r} does not exist; run `rllib presample` first or fix the path.")
+    if pq.read_metadata(path).num_rows == 0:
+        raise PefFileError(
+            f"D_pef file {path!r} is empty: no training prompt reached {config.presample_min_correct} correct "
+            "samples; lower presample_min_correct or use a stronger base model."
+        )
+    folder = os.path.dirname(path) or "."
+    fix = (
+        f"re-run pre-sampling with this config (delete {folder} or run `rllib presample` with the training "
+        "settings), or set the config to the file's values"
+    )
+    identity = read_identity(folder)
+    if identity is None:
+        raise PefFileError(f"D_pef file {path!r} has no {IDENTITY_FILE} beside it (made by an older rllib_dph "
+                           f"or moved without it), so what made it is unknown; {fix}.")
+    if "pef_samples" not in identity:
+        raise PefFileError(f"D_pef file {path!r} was made before pre-sampling recorded pef_samples (one reference "
+                           f"trajectory per prompt, schema 2); it is not read as if made by today's rules; {fix}.")
+    for name in SAMPLING_SETTINGS:
+        if name not in identity or float(identity[name]) != float(getattr(config, name)):
+            raise PefFileError(
+                f"D_pef file {path!r} was sampled with {name}={identity.get(name)}, but this config has "
+                f"{name}={getattr(config, name)}: its stored reference log-probs belong to another "
+                f"distribution; {fix}."
+            )
+    if identity.get("model_fingerprint") != fingerprint:
+        raise PefFileError(
+            f"D_pef file {path!r} was made by a model with fingerprint {identity.get('model_fingerprint')}, but "
+            f"the policy {config.model_name!r} has fingerprint {fingerprint}: its stored reference log-probs "
+            "belong to another model or tokenizer. Re-run pre-sampling with this model."
+        )

@@ -20,7 +20,7 @@ size model fits on an 80 GB GPU. ``sharding="fsdp2"`` shards instead, with PyTor
 
 Every learner must run the same number of forward passes per step (each one all-gathers), so
 the learner pads the micro-batches and the recompute-anchor chunks of a learner with fewer
-rows up to the largest count (``GRPOTorchLearner``).
+rows up to the largest count (:meth:`ShardedModules.same_count_on_all_learners`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,10 @@ import torch
 import torch.distributed as dist
 from ray.rllib.core import COMPONENT_LEARNER
 from ray.rllib.core.learner.learner_group import LearnerGroup
+from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.utils.annotations import override
+from ray.rllib.utils.numpy import convert_to_numpy
+from ray.rllib.utils.torch_utils import convert_to_torch_tensor
 from ray.rllib.utils.typing import StateDict
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -43,6 +46,8 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
+
+from rllib_dph.learners.step import all_reduce
 
 #: ``sharding`` choices: DDP replicas (RLlib's default) or FSDP2 shards.
 SHARDINGS = ("ddp", "fsdp2")
@@ -133,6 +138,92 @@ class ShardedLearnerGroup(LearnerGroup):
     def save_to_path(self, path=None, *, state: Optional[Dict[str, Any]] = None, **kwargs):
         """Saves the gathered state (RLlib's default would ask the first learner alone)."""
         return super().save_to_path(path, state=state if state is not None else self.get_state(), **kwargs)
+
+
+class ShardedModules(TorchLearner):
+    """``sharding="fsdp2"``: the policy (and π_ref) sharded over the learners with FSDP2
+    (``rllib_dph.sharding``) instead of RLlib's DDP replicas (``sharding="ddp"``, default).
+
+    Every learner then runs the same number of forward passes per step (each all-gathers; see
+    :meth:`same_count_on_all_learners`), and full optimizer states are gathered from all learners.
+    """
+
+    @property
+    def sharded(self) -> bool:
+        """Whether this learner's modules are FSDP2 shards (``sharding="fsdp2"``)."""
+        return self.config.sharding == "fsdp2"
+
+    @property
+    def _compute_dtype(self) -> torch.dtype:
+        from rllib_dph.models.folders import as_dtype
+
+        return as_dtype(self.config.dtype)
+
+    @override(TorchLearner)
+    def _make_module(self):
+        """RLlib's module on this learner's device; with ``sharding="fsdp2"`` sharded in place
+        here, before ``configure_optimizers`` builds Adam, so the optimizer holds shards."""
+        # Private RLlib hook: the last point between building the module and its optimizer.
+        module = super()._make_module()
+        if self.sharded:
+            for module_id in module.keys():
+                shard_response_lm(module[module_id].response_lm, device=self._device, compute_dtype=self._compute_dtype)
+        return module
+
+    @override(TorchLearner)
+    def _make_modules_ddp_if_necessary(self) -> None:
+        """RLlib wraps every module in DDP when ``num_learners > 1``. An FSDP2-sharded module
+        already reduce-scatters its gradients in the backward pass, so it stays unwrapped."""
+        # Private RLlib hook: the only place RLlib wraps modules in DDP.
+        if not self.sharded:
+            super()._make_modules_ddp_if_necessary()
+
+    @override(TorchLearner)
+    def _get_optimizer_state(self) -> Dict[str, Any]:
+        """RLlib's optimizer state; sharded: each optimizer's full state gathered into rank 0's
+        host memory, keyed by parameter names ({} on the other learners; a collective)."""
+        # Private RLlib hook: RLlib's own version reads this learner's shards as if whole.
+        if not self.sharded:
+            return super()._get_optimizer_state()
+        return {
+            name: {
+                "module_id": self._optimizer_name_to_module[name],
+                "state": convert_to_numpy(full_optimizer_state(self.module[self._optimizer_name_to_module[name]].model, optim)),
+            }
+            for name, optim in self._named_optimizers.items()
+        }
+
+    @override(TorchLearner)
+    def _set_optimizer_state(self, state: Dict[str, Any]) -> None:
+        """Loads :meth:`_get_optimizer_state`; sharded: every learner keeps its shard."""
+        # Private RLlib hook: the counterpart of `_get_optimizer_state`.
+        if not self.sharded:
+            return super()._set_optimizer_state(state)
+        for name, entry in state.items():
+            full = entry["state"]
+            full = {**full, "state": convert_to_torch_tensor(full["state"])}
+            load_full_optimizer_state(self.module[entry["module_id"]].model, self._named_optimizers[name], full)
+
+    @staticmethod
+    @override(TorchLearner)
+    def _get_clip_function():
+        """RLlib's ``clip_gradients``, whose global norm of sharded gradients is a replicated
+        ``DTensor``: returned as a plain tensor (the full norm) for the metrics."""
+        # Private RLlib hook: the only way to change the gradient clipping of `postprocess_gradients`.
+        from ray.rllib.utils.torch_utils import clip_gradients
+
+        def clip(gradients_dict, **kwargs):
+            norm = clip_gradients(gradients_dict, **kwargs)
+            return None if norm is None else local(norm)
+
+        return clip
+
+    def same_count_on_all_learners(self, count: int) -> int:
+        """The largest ``count`` over the learners when sharded (each forward pass all-gathers,
+        so every learner must run as many); ``count`` itself otherwise."""
+        if not self.sharded:
+            return count
+        return int(all_reduce(torch.tensor(count, device=self._device), op=dist.ReduceOp.MAX).item())
 
 
 def held_bytes(learner) -> Dict[str, int]:

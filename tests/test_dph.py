@@ -16,7 +16,9 @@ from rllib_dph.algorithms.dph import DPHConfig
 from rllib_dph.connectors import AddPefRows, PefRowSampler
 from rllib_dph.presample import (
     IDENTITY_FILE,
+    PefFileError,
     PresampleConfig,
+    prepare_pef,
     presample,
     presample_once,
     read_identity,
@@ -206,7 +208,6 @@ def envs_make():
         ({"pef_coeff": float("nan")}, "pef_coeff=nan is invalid: it must be a finite number >= 0"),
         ({"pef_loss_normalization": "rows"}, "pef_loss_normalization='rows' is not one of"),
         ({"presample_k": 4, "presample_min_correct": 5}, "presample_min_correct=5 must be <= presample_k=4"),
-        ({"pef_path": "/nonexistent/d_pef.parquet"}, "does not exist"),
         ({"pef_path": None}, "no D_pef file"),
         ({"divergence": "js_definition"}, "divergence='js_definition' needs the D_exp file"),
     ],
@@ -258,16 +259,56 @@ def test_presample_once_reuses_its_own_directory_and_sets_aside_another_runs(pre
     assert pq.read_table(unknown / "d_pef.parquet").to_pylist() == pq.read_table(out / "d_pef.parquet").to_pylist()
 
 
-def test_validate_refuses_d_pef_of_another_model_and_empty_files(presampled, tmp_path):
+def test_validate_checks_fields_only(tmp_path):
+    """validate() reads no file (Ray calls it several times per trial): a missing D_pef file is
+    refused by prepare_pef, which DPH.setup and `rllib train`'s preparation call."""
+    config = _dph_config(tmp_path / "missing" / "d_pef.parquet")
+    config.validate()
+    with pytest.raises(PefFileError, match="does not exist; run `rllib presample` first"):
+        prepare_pef(config)
+
+
+def _pef_folder(presampled, folder, *, rows=None, **identity):
+    """A copy of the pre-sampled D_pef file (its first ``rows`` rows) with its identity.json,
+    whose entries ``identity`` replaces."""
     out, _ = presampled
+    folder.mkdir()
     table = pq.read_table(out / "d_pef.parquet")
-    meta = dict(table.schema.metadata)
-    meta[b"rllib_dph.model_fingerprint"] = b"0123456789abcdef"
-    other = tmp_path / "other.parquet"
-    pq.write_table(table.replace_schema_metadata(meta), other)
-    with pytest.raises(ValueError, match="was made by model"):
-        _dph_config(other).validate()
-    empty = tmp_path / "empty.parquet"
-    pq.write_table(table.slice(0, 0), empty)
-    with pytest.raises(ValueError, match="is empty"):
-        _dph_config(empty).validate()
+    pq.write_table(table if rows is None else table.slice(0, rows), folder / "d_pef.parquet")
+    (folder / IDENTITY_FILE).write_text(json.dumps({**read_identity(out), **identity}))
+    return folder / "d_pef.parquet"
+
+
+def test_prepare_pef_refuses_d_pef_of_another_model_and_empty_files(presampled, tmp_path):
+    """Moved from validate(): the D_pef file is checked by prepare_pef against its identity.json."""
+    other = _pef_folder(presampled, tmp_path / "other", model_fingerprint="0123456789abcdef")
+    with pytest.raises(PefFileError, match="was made by a model with fingerprint 0123456789abcdef, but the policy"):
+        prepare_pef(_dph_config(other))
+    empty = _pef_folder(presampled, tmp_path / "empty", rows=0)
+    with pytest.raises(PefFileError, match="is empty"):
+        prepare_pef(_dph_config(empty))
+    moved = tmp_path / "moved.parquet"
+    shutil.copy(other, moved)
+    with pytest.raises(PefFileError, match="has no identity.json beside it"):
+        prepare_pef(_dph_config(moved))
+    assert prepare_pef(_dph_config(presampled[0] / "d_pef.parquet"))[0] == str(presampled[0] / "d_pef.parquet")
+
+
+def test_a_dph_trial_hashes_the_model_folder_once(ray_session, presampled, tmp_path, monkeypatch):
+    """validate() hashes nothing, DPH.setup hashes the policy's folder once, and a later
+    preparation (another trial, `rllib train`) finds its fingerprint kept."""
+    from pathlib import Path
+
+    from rllib_dph.models import folders
+    from rllib_dph.models.hub import resolve_model
+
+    model_dir = resolve_model("tiny-random")
+    monkeypatch.setenv("RLLIB_DPH_HOME", str(tmp_path / "home"))  # no fingerprint kept yet
+    hashed, original = [], folders.folder_fingerprint
+    monkeypatch.setattr(folders, "folder_fingerprint", lambda path: hashed.append(str(path)) or original(path))
+    config = _dph_config(presampled[0] / "d_pef.parquet").llm(model_name=model_dir)
+    algo = config.build_algo()  # validates the config several times, then DPH.setup
+    algo.stop()
+    assert hashed == [str(Path(model_dir).resolve())]
+    prepare_pef(config)
+    assert len(hashed) == 1

@@ -286,6 +286,27 @@ def test_fingerprint_stable_and_sensitive(tiny_random, tmp_path):
         model_fingerprint(str(empty))
 
 
+def test_fingerprint_is_kept_until_a_file_changes(tiny_random, tmp_path, monkeypatch):
+    """The weights are read once per state of the folder's files; a same-size rewrite that keeps
+    the old mtime (a copy with ``cp -p``) is still seen (its ctime changed) and hashed again."""
+    import os
+
+    from rllib_dph.models import folders
+
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_random, copy)
+    hashed, original = [], folders.folder_fingerprint
+    monkeypatch.setattr(folders, "folder_fingerprint", lambda path: hashed.append(path) or original(path))
+    first = model_fingerprint(str(copy))
+    assert model_fingerprint(str(copy)) == first and len(hashed) == 1  # kept
+    config = copy / "tokenizer_config.json"
+    stat, data = config.stat(), config.read_bytes()
+    config.write_bytes(data[:-1] + (b"\n" if data.endswith(b" ") else b" "))  # same size, other bytes
+    os.utime(config, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert config.stat().st_size == stat.st_size and config.stat().st_mtime_ns == stat.st_mtime_ns
+    assert model_fingerprint(str(copy)) != first and len(hashed) == 2
+
+
 def test_build_is_deterministic_and_cli_prints_summary(tiny_random, tmp_path, capsys):
     out = tmp_path / "again"
     models_cli.main(["build", "tiny-random", "--out", str(out), "--no-progress"])

@@ -16,7 +16,7 @@ from rllib_dph import columns as C
 from rllib_dph.algorithms.dph import DPHConfig
 from rllib_dph.algorithms.grpo import GRPOConfig
 from rllib_dph.batch import minibatch_plan, shard_groups
-from rllib_dph.presample import PresampleConfig, presample_once
+from rllib_dph.presample import PefFileError, PresampleConfig, prepare_pef, presample_once
 from rllib_dph.rl_module import LOGP
 
 from test_dph import TOY_ENV, envs_make  # registers the toy env
@@ -160,10 +160,12 @@ def test_logp_equals_mu_and_u_is_one_before_the_first_update(tmp_path, top_p, te
         ({"max_response_length": 16}, "was sampled with max_response_length=8"),
     ],
 )
-def test_validate_refuses_d_pef_sampled_with_other_settings(pef_file, override, message):
+def test_prepare_pef_refuses_d_pef_sampled_with_other_settings(pef_file, override, message):
+    """Moved from validate() to prepare_pef (DPH.setup, `rllib train`'s preparation)."""
     config = _dph_config(pef_file).llm(**override)
-    with pytest.raises(ValueError, match=message) as err:
-        config.validate()
+    config.validate()  # fields only
+    with pytest.raises(PefFileError, match=message) as err:
+        prepare_pef(config)
     assert "re-run pre-sampling" in str(err.value)
 
 

@@ -341,4 +341,12 @@ DPH_CROSS_RULES = (
             "β₁ = η·|D_pef|/|D_exp|; set .dph(exp_path=...) or .dph(presample_dir=...)."
         ),
     ),
+    CrossRule(
+        "a source of D_pef rows (the files themselves are checked by presample.prepare_pef)",
+        lambda c: c.pef_path is None and not c.presample_dir,
+        lambda c: (
+            "no D_pef file: set .dph(presample_dir=...) (pre-sampling runs there when its files are "
+            "missing) or .dph(pef_path=...) to an existing d_pef.parquet."
+        ),
+    ),
 )

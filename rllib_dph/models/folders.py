@@ -8,6 +8,7 @@ all take folders: nothing here imports another module of the package.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -16,6 +17,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 #: Environment variable naming the cache root of rllib_dph.
 HOME_ENV_VAR = "RLLIB_DPH_HOME"
+#: Folder under the cache root where :func:`kept_fingerprint` keeps model fingerprints.
+FINGERPRINTS_DIR = "fingerprints"
 #: Accepted ``dtype`` strings.
 DTYPES = {
     "float32": torch.float32,
@@ -88,16 +91,8 @@ def load_model_folder(
     return model.to(device).eval()
 
 
-def folder_fingerprint(path: str | os.PathLike) -> str:
-    """A short sha256 over a model folder's weight and tokenizer files (names and bytes).
-
-    Two folders with the same fingerprint hold the same weights and tokenizer, so data made with
-    one (pre-sampled responses, reference log-probs) is valid for the other.
-
-    Returns:
-        16 hex characters.
-    """
-    path = Path(path)
+def _fingerprinted_files(path: Path) -> list[Path]:
+    """The weight and tokenizer files of a model folder that :func:`folder_fingerprint` hashes."""
     weights = {p for pattern in WEIGHT_PATTERNS for p in path.glob(pattern)}
     files = sorted(p for p in weights | {path / f for f in TOKENIZER_FILES} if p.is_file())
     if not any(p.suffix in (".safetensors", ".bin") for p in files):
@@ -105,11 +100,64 @@ def folder_fingerprint(path: str | os.PathLike) -> str:
             f"no weight files ({', '.join(WEIGHT_PATTERNS)}) in {path}; give a directory written by "
             "save_pretrained."
         )
+    return files
+
+
+def folder_fingerprint(path: str | os.PathLike) -> str:
+    """A short sha256 over a model folder's weight and tokenizer files (names and bytes).
+
+    Two folders with the same fingerprint hold the same weights and tokenizer, so data made with
+    one (pre-sampled responses, reference log-probs) is valid for the other. Reads every file:
+    callers that may ask again use :func:`kept_fingerprint`.
+
+    Returns:
+        16 hex characters.
+    """
     digest = hashlib.sha256()
-    for p in files:
+    for p in _fingerprinted_files(Path(path)):
         digest.update(p.name.encode() + b"\0")
         with open(p, "rb") as f:
             for block in iter(lambda: f.read(1 << 20), b""):
                 digest.update(block)
         digest.update(b"\0")
     return digest.hexdigest()[:16]
+
+
+def _file_states(path: Path) -> list[list]:
+    """Name, size, mtime, ctime and inode of each file :func:`folder_fingerprint` hashes."""
+    states = []
+    for p in _fingerprinted_files(path):
+        st = p.stat()
+        states.append([p.name, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino])
+    return states
+
+
+def kept_fingerprint(path: str | os.PathLike) -> str:
+    """:func:`folder_fingerprint` of a model folder, hashed once per state of its files and kept.
+
+    The value is kept in ``$RLLIB_DPH_HOME/fingerprints/<hash of the folder's path>.json``
+    together with what it was computed from: the folder's resolved path and each hashed file's
+    name, size, mtime, ctime and inode. While those are unchanged, the kept value is returned
+    without reading the weights; a file written, replaced or touched since (ctime changes even
+    when a copy keeps the old mtime) is hashed again. A store that cannot be written (a read-only
+    home) costs only the hashing.
+    """
+    path = Path(path).resolve()
+    record = rllib_dph_home() / FINGERPRINTS_DIR / f"{hashlib.sha256(str(path).encode()).hexdigest()[:16]}.json"
+    states = _file_states(path)
+    try:
+        kept = json.loads(record.read_text())
+        if kept["path"] == str(path) and kept["files"] == states:
+            return kept["fingerprint"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # none kept yet, or unreadable: hash
+    fingerprint = folder_fingerprint(path)
+    if _file_states(path) == states:  # not changed while it was read
+        try:
+            record.parent.mkdir(parents=True, exist_ok=True)
+            tmp = record.with_name(f".{record.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({"path": str(path), "files": states, "fingerprint": fingerprint}))
+            os.replace(tmp, record)
+        except OSError:
+            pass
+    return fingerprint

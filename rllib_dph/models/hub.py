@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel
 
-from rllib_dph.models.folders import folder_fingerprint, load_model_folder, load_tokenizer_folder, rllib_dph_home
+from rllib_dph.models.folders import kept_fingerprint, load_model_folder, load_tokenizer_folder, rllib_dph_home
 
 from rllib_dph.models.smollm2 import SMOLLM2_NAME, convert_smollm2, is_current_conversion
 from rllib_dph.models.tiny import BUILD_RECORD, BUILD_THREADS, TINY_MODELS, build_tiny_model, is_current_build
@@ -184,7 +184,8 @@ def load_causal_lm(
 
 
 def model_fingerprint(name_or_path: str) -> str:
-    """A short sha256 over a model's weight and tokenizer files (``folders.folder_fingerprint``).
+    """A short sha256 over a model's weight and tokenizer files (``folders.folder_fingerprint``),
+    computed once per state of the files and kept (``folders.kept_fingerprint``).
 
     Args:
         name_or_path: A local model directory, a bundled name (must be built) or a Hugging
@@ -198,4 +199,4 @@ def model_fingerprint(name_or_path: str) -> str:
         from huggingface_hub import snapshot_download
 
         path = Path(snapshot_download(name_or_path, local_files_only=True))
-    return folder_fingerprint(path)
+    return kept_fingerprint(path)

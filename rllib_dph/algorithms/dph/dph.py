@@ -19,15 +19,7 @@ from ray.rllib.utils.annotations import override
 from rllib_dph.algorithms.grpo.grpo import GRPO, GRPOConfig
 from rllib_dph.algorithms.rules import DPH_CROSS_RULES, DPH_NUMBER_RULES, GRPO_NUMBER_RULES, ChoiceRule
 from rllib_dph.losses import F_DIVERGENCES, PEF_NORMALIZATIONS, FDivergenceSpec
-from rllib_dph.presample import (
-    EXP_FILE,
-    PEF_FILE,
-    SAMPLING_SETTINGS,
-    PresampleConfig,
-    presample_once,
-    read_identity,
-    read_metadata,
-)
+from rllib_dph.presample import EXP_FILE, PEF_FILE, PresampleConfig, prepare_pef, read_metadata
 
 #: Fields whose value names an entry of a registry (``DPHConfig.validate``).
 DPH_CHOICE_RULES = (
@@ -190,106 +182,20 @@ class DPHConfig(GRPOConfig):
 
     @property
     def needs_presampling(self) -> bool:
-        """True when ``presample_dir`` is set and its D_pef file does not exist yet."""
+        """True when ``presample_dir`` is set and its D_pef file does not exist yet (a look at
+        the disk; :func:`~rllib_dph.presample.prepare_pef` decides, also about stale files)."""
         return bool(self.presample_dir) and not os.path.exists(self.resolved_pef_path)
-
-    @property
-    def presampling_manages_pef(self) -> bool:
-        """True when the D_pef file is ``presample_dir``'s own (no ``pef_path``): ``DPH.setup``
-        then (re)makes it for this model, data and sampling settings before checking it."""
-        return bool(self.presample_dir) and self.pef_path is None
 
     number_rules = GRPO_NUMBER_RULES + DPH_NUMBER_RULES
     config_rules = GRPOConfig.config_rules + DPH_CHOICE_RULES + DPH_CROSS_RULES
-
-    @override(GRPOConfig)
-    def validate(self) -> None:
-        """GRPO's rule tables with DPH's added, then the D_pef file; never builds or loads a model.
-
-        The D_pef file's model fingerprint is checked here only when the policy model is at
-        hand without building or downloading it; ``DPH.setup`` checks it in every case.
-        """
-        super().validate()
-        self._validate_pef_source()
-
-    def _validate_pef_source(self) -> None:
-        """Refuses a missing D_pef file unless pre-sampling will make it, then checks the file."""
-        err = self._value_error
-        pef = self.resolved_pef_path
-        if pef is None:
-            err(
-                "no D_pef file: set .dph(presample_dir=...) (pre-sampling runs there when its "
-                "files are missing) or .dph(pef_path=...) to an existing d_pef.parquet."
-            )
-        elif self.needs_presampling:
-            return  # DPH.setup runs pre-sampling first; the file is checked after that.
-        elif not os.path.exists(pef):
-            err(f"pef_path={pef!r} does not exist; run `rllib presample` first or fix the path.")
-        else:
-            fingerprint = self._available_model_fingerprint()
-            if self.presampling_manages_pef and not self._presample_dir_is_current(fingerprint):
-                return  # DPH.setup pre-samples again for this model and settings, then checks the file.
-            self._validate_pef_file(pef, fingerprint=fingerprint)
-
-    def _presample_dir_is_current(self, fingerprint: Optional[str]) -> bool:
-        """Whether ``presample_dir`` records this config's sampling settings and (when
-        ``fingerprint``, the model's, is known) its model; a stale directory is pre-sampled again
-        before training."""
-        identity = read_identity(self.presample_dir)
-        if identity is None or any(identity.get(name) != getattr(self, name) for name in SAMPLING_SETTINGS):
-            return False
-        return fingerprint is None or identity.get("model_fingerprint") == fingerprint
-
-    def _available_model_fingerprint(self) -> Optional[str]:
-        """The policy model's fingerprint if it is on disk already (nothing built), else None."""
-        from rllib_dph.models.hub import model_fingerprint
-
-        try:
-            return model_fingerprint(self.model_name)
-        except (OSError, ValueError):  # not built, not cached: DPH.setup checks after resolving
-            return None
-
-    def _validate_pef_file(self, path: str, *, fingerprint: Optional[str]) -> None:
-        """Refuses an empty D_pef file, one sampled with other settings, or (when
-        ``fingerprint`` is given) one made by another model."""
-        import pyarrow.parquet as pq
-
-        err = self._value_error
-        if pq.read_metadata(path).num_rows == 0:
-            err(
-                f"D_pef file {path!r} is empty: no training prompt reached "
-                f"{self.presample_min_correct} correct samples; lower presample_min_correct or "
-                "use a stronger base model."
-            )
-        meta = read_metadata(path)
-        fix = (
-            f"re-run pre-sampling with this config (delete {os.path.dirname(path) or '.'} or run "
-            "`rllib presample` with the training settings), or set the config to the file's values"
-        )
-        for name in SAMPLING_SETTINGS:
-            if name not in meta:
-                err(f"D_pef file {path!r} does not record its {name} (made by an older rllib_dph); {fix}.")
-            if float(meta[name]) != float(getattr(self, name)):
-                err(
-                    f"D_pef file {path!r} was sampled with {name}={meta[name]}, but this config has "
-                    f"{name}={getattr(self, name)}: its stored reference log-probs belong to another "
-                    f"distribution; {fix}."
-                )
-        made_by = meta.get("model_fingerprint")
-        if fingerprint is not None and made_by != fingerprint:
-            err(
-                f"D_pef file {path!r} was made by model {meta.get('model_name')!r} (fingerprint "
-                f"{made_by}), but the policy is {self.model_name!r} (fingerprint {fingerprint}); its "
-                "stored reference log-probs belong to another model or tokenizer. Re-run "
-                "pre-sampling with this model."
-            )
 
 
 class DPH(GRPO):
     """DPH-RL: GRPO on D_exp plus the f-divergence term on D_pef rows.
 
-    ``setup`` runs the pre-sampling stage first when ``presample_dir`` has no files yet; the
-    learners mix D_pef rows into every update through :class:`~rllib_dph.connectors.AddPefRows`.
+    ``setup`` makes the D_pef file ready first (:func:`~rllib_dph.presample.prepare_pef`:
+    pre-sampling ``presample_dir`` when it has no files for this run, refusing a D_pef file made
+    by another model or with other sampling settings); the learners mix D_pef rows into every update through :class:`~rllib_dph.connectors.AddPefRows`.
     """
 
     @classmethod
@@ -299,10 +205,5 @@ class DPH(GRPO):
 
     @override(GRPO)
     def setup(self, config) -> None:
-        from rllib_dph.models.hub import model_fingerprint, resolve_model
-
-        fingerprint = model_fingerprint(resolve_model(config.model_name))
-        if config.presample_dir:  # one pre-sampling per directory, also for parallel trials
-            presample_once(config.presample_config(), fingerprint=fingerprint)
-        config._validate_pef_file(config.resolved_pef_path, fingerprint=fingerprint)
+        prepare_pef(config)  # pre-samples or reuses presample_dir, refuses a D_pef file made for another run
         super().setup(config)

@@ -14,6 +14,7 @@ from ray.rllib.utils.annotations import override
 from rllib_dph import columns as C
 from rllib_dph.algorithms.grpo.grpo_torch_learner import GRPOTorchLearner
 from rllib_dph.connectors.pef import AddPefRows
+from rllib_dph.learners.step import Step, row_mask
 from rllib_dph.losses import f_divergence, masked_mean, pef_loss_weight
 from rllib_dph.rl_module import LOGP
 
@@ -23,8 +24,6 @@ NUM_PEF_TOKENS = "num_pef_tokens"
 PEF_LOG_RATIO_MEAN = "pef_log_ratio_mean"
 PEF_U_MEAN = "pef_u_mean"
 PEF_WEIGHT = "pef_weight"
-PEF_ROWS_MIN = "pef_rows_min"
-PEF_ROWS_MAX = "pef_rows_max"
 JS_EXPLORATION_LOSS = "js_exploration_loss"
 
 
@@ -42,9 +41,7 @@ class DPHTorchLearner(GRPOTorchLearner):
 
     Each learner mixes its own shard of D_pef into its share of every batch with the
     :class:`~rllib_dph.connectors.AddPefRows` connector piece before the mini-batch loop, which
-    spreads the D_pef rows over every mini-batch of every epoch (``batch.minibatch_plan``); the
-    smallest and largest number of D_pef rows in a mini-batch are logged per update
-    (``pef_rows_min``, ``pef_rows_max``).
+    spreads the D_pef rows over every mini-batch of every epoch (``GroupMinibatches``).
     """
 
     @override(GRPOTorchLearner)
@@ -87,39 +84,25 @@ class DPHTorchLearner(GRPOTorchLearner):
         return super().update(*args, training_data=training_data, **kwargs)
 
     @override(GRPOTorchLearner)
-    def after_gradient_based_update(self, *, timesteps: Dict[str, Any]) -> None:
-        super().after_gradient_based_update(timesteps=timesteps)
-        seen = self.pef_rows_per_minibatch or [0]
-        for module_id in self.module.keys():
-            self.metrics.log_dict({PEF_ROWS_MIN: min(seen), PEF_ROWS_MAX: max(seen)}, key=module_id, window=1)
-
-    def pef_mask(self, batch: Dict[str, Any]) -> torch.Tensor:
-        """(B, L) bool: reference-response tokens of D_pef rows."""
-        return self.row_mask(batch, C.ROW_TYPE_PEF)
-
-    @override(GRPOTorchLearner)
-    def auxiliary_loss(self, config, batch, fwd_out, metrics: Dict[str, Any]) -> torch.Tensor:
-        loss = super().auxiliary_loss(config, batch, fwd_out, metrics)
+    def auxiliary_loss(self, config, batch, fwd_out, step: Step, metrics: Dict[str, Any]) -> torch.Tensor:
+        loss = super().auxiliary_loss(config, batch, fwd_out, step, metrics)
         logp = fwd_out[LOGP]  # (B, L)
         ref_logp = batch[C.REF_LOGP].float()  # (B, L), stored π_ref on D_pef rows
-        pef = self.pef_mask(batch)  # (B, L)
+        pef = row_mask(batch, C.ROW_TYPE_PEF)  # (B, L)
         exploration_term = config.divergence_spec.exploration_term
         if exploration_term is not None:
             exp_terms = exploration_term(logp, self.reference_logp(batch))  # (B, L)
-            exp_loss = self.aggregate(exp_terms, self.exploration_mask(batch), row_type=C.ROW_TYPE_EXP)
+            exp_loss = step.aggregate(exp_terms, row_mask(batch, C.ROW_TYPE_EXP), row_type=C.ROW_TYPE_EXP)
             loss = loss + self.js_beta1 * exp_loss
             metrics[JS_EXPLORATION_LOSS] = exp_loss
         pef_terms = f_divergence(logp, ref_logp, kind=config.divergence, alpha=config.alpha)  # (B, L)
-        pef_loss = self.aggregate(pef_terms, pef, row_type=C.ROW_TYPE_PEF)
-        rows = self._step_denominators  # rows with tokens = the seq-mean denominators (all learners)
-        num_pef_rows = rows[(C.ROW_TYPE_PEF, "seq-mean-token-mean")].item()
-        num_exp_rows = rows[(C.ROW_TYPE_EXP, "seq-mean-token-mean")].item()
+        pef_loss = step.aggregate(pef_terms, pef, row_type=C.ROW_TYPE_PEF)
         weight = pef_loss_weight(
             config.pef_coeff,
             normalization=config.pef_loss_normalization,
             divergence=config.divergence,
-            num_pef_rows=num_pef_rows,
-            num_exp_rows=num_exp_rows,
+            num_pef_rows=step.rows(C.ROW_TYPE_PEF),
+            num_exp_rows=step.rows(C.ROW_TYPE_EXP),
         )
         log_ratio = (logp - ref_logp).detach()  # (B, L)
         metrics[PEF_LOSS] = pef_loss

@@ -42,9 +42,10 @@ from rllib_dph.algorithms.rules import (
     first_violation,
     violations,
 )
-from rllib_dph.algorithms.grpo.grpo_torch_learner import CONSECUTIVE_SKIPPED_UPDATES, GRPOTorchLearner
+from rllib_dph.algorithms.grpo.grpo_torch_learner import GRPOTorchLearner
 from rllib_dph.engines import DEFAULT_ENGINE, ENGINES
 from rllib_dph.batch import concat_batches, num_minibatches, select_rows, shard_groups
+from rllib_dph.learners.finite import CONSECUTIVE_SKIPPED_UPDATES
 from rllib_dph.sharding import SHARDINGS, ShardedLearnerGroup
 from rllib_dph.losses import (
     AGGREGATIONS,
@@ -135,7 +136,7 @@ class GRPOConfig(AlgorithmConfig):
         self.shuffle_batch_per_epoch = True
         self.num_env_runners = 0
         self.sharding = "ddp"
-        # The learner skips a whole non-finite step itself (`GRPOTorchLearner.apply_gradients`);
+        # The learner skips a whole non-finite step itself (`learners.finite.SkipNonFiniteSteps`);
         # RLlib's per-tensor check would only repeat it (one device sync per parameter tensor).
         self.torch_skip_nan_gradients = True
         # Validation during training.

@@ -165,14 +165,7 @@ def test_learner_update_changes_parameters_and_logs_every_term(tiny_grpo_config,
         "cispo",
         "icepop",
         "ipo",
-        pytest.param(
-            "opsm",
-            marks=pytest.mark.xfail(
-                raises=ValueError,
-                strict=True,
-                reason="the learner does not pass its response mask to trust_region_mask yet",
-            ),
-        ),
+        "opsm",
     ],
 )
 def test_learner_update_with_each_correction_is_finite_and_logs_its_masked_fraction(

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Collection, Iterable, Iterator, Optional
 
 from rllib_dph.engines import DEFAULT_ENGINE, ENGINES
+from rllib_dph.presample import check_pef_samples
 
 
 @dataclass(frozen=True)
@@ -323,8 +324,22 @@ GRPO_CROSS_RULES = (
     ),
 )
 
+def _pef_samples_error(value: Any) -> Optional[str]:
+    """The message of ``presample.check_pef_samples`` for a bad ``pef_samples``, else None."""
+    try:
+        check_pef_samples(value)
+    except ValueError as error:
+        return str(error)
+    return None
+
+
 #: DPH-RL's rules across fields (see ``DPHConfig.dph``).
 DPH_CROSS_RULES = (
+    CrossRule(
+        "pef_samples: 'all', 'refine' or an integer >= 1",
+        lambda c: _pef_samples_error(c.pef_samples) is not None,
+        lambda c: _pef_samples_error(c.pef_samples),
+    ),
     CrossRule(
         "m of k correct",
         lambda c: c.presample_min_correct > c.presample_k,

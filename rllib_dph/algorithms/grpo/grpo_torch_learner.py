@@ -95,7 +95,7 @@ class GRPOTorchLearner(LLMTorchLearner):
         )
         keep, divergence = trust_region_mask(
             logp.detach(), anchor_logp, advantages, kind=config.trust_region, low=low, high=high,
-            return_divergence=True, **topk
+            return_divergence=True, response_mask=valid, **topk
         )  # (B, L), (B, L) or None
         dual_keep = dual_clip_mask(logp.detach(), anchor_logp, advantages, clip_ratio_c=config.clip_ratio_c)  # (B, L)
         pg = policy_gradient_loss(

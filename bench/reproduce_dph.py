@@ -17,6 +17,13 @@ greedy accuracy, pass@k (n samples), keep / exploration rates against the base m
     python bench/reproduce_dph.py --quick        # 1 seed, 36 iterations, 100 prompts, n=16: 7 min on 2 cores
     python bench/reproduce_dph.py                # 3 seeds, 100 iterations, all prompts, n=32 (README for its time)
     python bench/reproduce_dph.py --budget smollm2-cpu   # the real 135M model on 2 CPU cores (see BUDGETS)
+    python bench/reproduce_dph.py --budget ties          # the pre-registered comparison on the ties family
+    python bench/reproduce_dph.py --budget ties-quick    # its quick mode
+
+The `ties` budgets (issue #24, docs/collapse.md) add `sql_synth/test_ties`, where only the base
+model's minority approach is right, and two DPH-JS variants: "DPH-JS" (8 of 8, all trajectories,
+the tuned example) and "DPH-JS (refine)" (8 of 8, one refinement trajectory). The primary
+endpoint, fixed before any run, is pass@64 on `test_ties`, DPH-JS − GRPO, printed first.
 
 Budget: `--iterations` training iterations per run with the tuned examples' batch (16 prompts x
 8 completions, one optimizer step each), evaluation on `--eval-limit` prompts of each split (full:
@@ -45,12 +52,22 @@ METHODS = {
     "DPH-F": "tuned_examples/dph/sql_tiny_dph_f.py",
     "DPH-JS": "tuned_examples/dph/sql_tiny_dph_js.py",
     "alpha=0.5": "tuned_examples/dph/sql_tiny_dph_alpha.py",
+    "DPH-JS (refine)": "tuned_examples/dph/sql_tiny_dph_js.py",
 }
+#: Overrides that make a method of :data:`METHODS` differ from its tuned example.
+METHOD_OVERRIDES = {"DPH-JS (refine)": {"pef_samples": "refine"}}
 SPLITS = {
     "in-domain": ("rllib_dph/SQL-v0", {"data": "sql_synth/test"}),
     "cross-domain": ("rllib_dph/SQL-v0", {"data": "sql_synth/test_cross"}),
     "math (OOD)": ("rllib_dph/Math-v0", {"data": "math_synth/test"}),
+    "ties": ("rllib_dph/SQL-v0", {"data": "sql_synth/test_ties"}),
 }
+#: The methods of the budgets before the ties family (DPH-JS with its tuned example's settings).
+PAPER_METHODS = ["GRPO", "DAPO", "RKL", "DPH-F", "DPH-JS", "alpha=0.5"]
+#: The pre-registered comparison on the ties family (docs/collapse.md): its methods and the
+#: overrides of every run (`extremum` answers run to 74 tokens, so 96 cuts none).
+TIES_METHODS = ["GRPO", "DAPO", "RKL", "DPH-F", "DPH-JS", "DPH-JS (refine)"]
+TIES_CONFIG = {"max_response_length": 96}
 BUDGETS = {
     "full": dict(seeds=[0, 1, 2], iterations=100, eval_limit=None, n=32),
     "quick": dict(seeds=[0], iterations=36, eval_limit=100, n=16),
@@ -67,6 +84,12 @@ BUDGETS = {
                 "max_response_length": 64, "minibatch_size": 16, "lr": 1e-5,
                 "env_config": {"data": "sql_synth/train[:128]"}},
     ),
+    # The pre-registered ties comparison: 100 iterations is where the collapse search found GRPO's
+    # pass@64 on test_ties 46 points below the base model's (docs/collapse.md).
+    "ties": dict(seeds=[0, 1, 2], iterations=100, eval_limit=None, n=64, methods=TIES_METHODS,
+                 config=TIES_CONFIG, max_new_tokens=96),
+    "ties-quick": dict(seeds=[0], iterations=100, eval_limit=50, n=64, methods=["GRPO", "DPH-JS", "DPH-JS (refine)"],
+                       config=TIES_CONFIG, max_new_tokens=96, splits=["in-domain", "ties"]),
 }
 
 
@@ -78,34 +101,40 @@ def evaluate_all(policy, name: str, out: pathlib.Path, args) -> None:
     """Evaluates ``policy`` on every split into JSON files under ``out`` (kept when present)."""
     from rllib_dph.evaluation import EvalSettings, evaluate_policy
 
-    settings = EvalSettings(n=args.n, temperature=1.0, max_new_tokens=64, limit=args.eval_limit, seed=0)
-    for split, (env_id, env_config) in SPLITS.items():
+    settings = EvalSettings(n=args.n, temperature=1.0, max_new_tokens=args.max_new_tokens,
+                            limit=args.eval_limit, seed=0)
+    for split in args.splits:
+        env_id, env_config = SPLITS[split]
         if not eval_path(out, split).exists():
             evaluate_policy(str(policy), env_id, env_config, settings, name=name).to_json(eval_path(out, split))
 
 
-def load_results(out: pathlib.Path) -> dict:
+def load_results(out: pathlib.Path, splits) -> dict:
     """The per-split evaluation results that ``evaluate_all`` wrote under ``out``."""
     from rllib_dph.evaluation import EvalResult
 
-    return {split: EvalResult.from_json(eval_path(out, split)) for split in SPLITS}
+    return {split: EvalResult.from_json(eval_path(out, split)) for split in splits}
 
 
 def run_config(method: str, args):
     """``method``'s tuned example with the budget's and ``--config``'s overrides.
 
     A DPH run for another model than its tuned example's pre-samples into its own folder (the
-    example's ``presample_dir`` + ``_<model>``), so that the tiny model's pre-samples and the
-    other model's do not take turns being set aside as stale.
+    example's ``presample_dir`` + ``_<model>``), and so does a variant with other pre-sampling
+    rules (+ ``_<pef_samples>``), so that runs that share a folder never take turns setting each
+    other's files aside as stale.
     """
     from rllib_dph.algorithms.dph import DPHConfig
     from rllib_dph.experiments import load_tuned_example
 
     config, _ = load_tuned_example(str(REPO / METHODS[method]))
-    tuned_model = config.model_name
-    config.update_from_dict(args.overrides)
-    if isinstance(config, DPHConfig) and config.presample_dir and config.model_name != tuned_model:
-        config.presample_dir = f"{config.presample_dir}_{pathlib.Path(config.model_name).name}"
+    tuned_model, tuned_pef = config.model_name, getattr(config, "pef_samples", None)
+    config.update_from_dict({**METHOD_OVERRIDES.get(method, {}), **args.overrides})
+    if isinstance(config, DPHConfig) and config.presample_dir:
+        if config.model_name != tuned_model:
+            config.presample_dir = f"{config.presample_dir}_{pathlib.Path(config.model_name).name}"
+        if config.pef_samples != tuned_pef:
+            config.presample_dir = f"{config.presample_dir}_{config.pef_samples}"
     return config
 
 
@@ -154,11 +183,14 @@ def _row_cells(per_seed: list[dict], base: dict, k_mid: int, k_max: int, is_base
     cells = {
         "greedy": cell(stack(split("in-domain"), "greedy_accuracy")),
         **{f"pass@{k}": cell(stack(split("in-domain"), f"pass@{k}")) for k in (1, k_mid, k_max)},
-        "cross greedy": cell(stack(split("cross-domain"), "greedy_accuracy")),
-        f"cross pass@{k_max}": cell(stack(split("cross-domain"), f"pass@{k_max}")),
-        "math greedy": cell(stack(split("math (OOD)"), "greedy_accuracy")),
-        f"math pass@{k_max}": cell(stack(split("math (OOD)"), f"pass@{k_max}")),
     }
+    for name, label in (("cross-domain", "cross"), ("math (OOD)", "math")):
+        if name in per_seed[0]:
+            cells[f"{label} greedy"] = cell(stack(split(name), "greedy_accuracy"))
+            cells[f"{label} pass@{k_max}"] = cell(stack(split(name), f"pass@{k_max}"))
+    if "ties" in per_seed[0]:
+        cells[f"ties pass@{k_max}"] = cell(stack(split("ties"), f"pass@{k_max}"))
+        cells[f"ties extremum pass@{k_max}"] = cell(stack(split("ties"), f"pass@{k_max}/extremum"))
     if not is_base:
         rates = [compare(r, base["in-domain"], k_max) for r in split("in-domain")]
         keep_ci, explore_ci = keep_exploration_intervals(
@@ -180,18 +212,16 @@ def _row_cells(per_seed: list[dict], base: dict, k_mid: int, k_max: int, is_base
 def tables(base: dict, runs: dict, args) -> tuple[str, dict]:
     """Markdown tables (paper Tables 1-2 layout, 95 % intervals) and the numbers behind them."""
     k_mid, k_max = max(1, args.n // 2), args.n
-    header = (
-        f"| method | greedy | pass@1 | pass@{k_mid} | pass@{k_max} | cross greedy | cross pass@{k_max} | "
-        f"math greedy | math pass@{k_max} | keep@{k_max} | explore@{k_max} | style entropy (bits) |"
-    )
-    lines = [header, "|" + " --- |" * 12]
+    rows = {name: _row_cells(per_seed, base, k_mid, k_max, name == "Base model")
+            for name, per_seed in [("Base model", [base])] + list(runs.items())}
+    columns = list(next(iter(rows.values())))
+    columns = [c for c in columns if c != "style entropy"] + ["keep", "explore", "style entropy"]
+    lines = [f"| method | {' | '.join(c.replace('keep', f'keep@{k_max}').replace('explore', f'explore@{k_max}') for c in columns)} |",
+             "|" + " --- |" * (1 + len(columns))]
     numbers: dict = {"methods": {}}
-    for name, per_seed in [("Base model", [base])] + list(runs.items()):
-        cells = _row_cells(per_seed, base, k_mid, k_max, name == "Base model")
+    for name, cells in rows.items():
         numbers["methods"][name] = {metric: value for metric, (_, value) in cells.items()}
-        texts = [text for metric, (text, _) in cells.items() if metric != "style entropy"]
-        texts += ["—", "—"] if name == "Base model" else []
-        lines.append(f"| {name} | " + " | ".join(texts) + f" | {cells['style entropy'][0]} |")
+        lines.append(f"| {name} | " + " | ".join(cells[c][0] if c in cells else "—" for c in columns) + " |")
     lines += ["", differences(base, runs, k_max, numbers)]
     entropy_differences(base, runs, numbers)
     lines += ["", f"The paper's claims, read from the paired differences (margins: {MARGINS['rate']:g} points, "
@@ -204,7 +234,9 @@ def differences(base: dict, runs: dict, k_max: int, numbers: dict) -> str:
     from rllib_dph.evaluation.intervals import format_interval, paired_difference_interval
 
     metrics = [("in-domain", "greedy_accuracy", "greedy"), ("in-domain", f"pass@{k_max}", f"pass@{k_max}"),
-               ("cross-domain", f"pass@{k_max}", f"cross pass@{k_max}"), ("math (OOD)", f"pass@{k_max}", f"math pass@{k_max}")]
+               ("cross-domain", f"pass@{k_max}", f"cross pass@{k_max}"), ("math (OOD)", f"pass@{k_max}", f"math pass@{k_max}"),
+               ("ties", f"pass@{k_max}", f"ties pass@{k_max}")]
+    metrics = [m for m in metrics if m[0] in base]
     references = [("base", [base])] + ([("GRPO", runs["GRPO"])] if "GRPO" in runs else [])
     head = " | ".join(f"{label} − {ref}" for ref, _ in references for _, _, label in metrics)
     lines = ["Paired differences in points, with 95 % intervals (the same prompts redrawn for both sides):",
@@ -275,7 +307,7 @@ def verdict(diff: dict, margin: float, scale: float, kind: str) -> str:
     return "cannot tell"
 
 
-def claims(numbers: dict, k_max: int, methods=("DPH-F", "DPH-JS")) -> str:
+def claims(numbers: dict, k_max: int, methods=("DPH-F", "DPH-JS", "DPH-JS (refine)")) -> str:
     """One row per claim of the DPH-RL paper, one column per DPH variant: verdict and numbers.
 
     Each claim is read from a paired difference and its 95 % interval (:func:`verdict`, margins
@@ -292,12 +324,16 @@ def claims(numbers: dict, k_max: int, methods=("DPH-F", "DPH-JS")) -> str:
         (f"cross-domain pass@{k_max} above GRPO", f"cross pass@{k_max} − GRPO", "above", rate, 100),
         (f"math (OOD) pass@{k_max} kept (vs base)", f"math pass@{k_max} − base", "kept", rate, 100),
         (f"math (OOD) pass@{k_max} above GRPO", f"math pass@{k_max} − GRPO", "above", rate, 100),
+        (f"ties pass@{k_max} kept (vs base)", f"ties pass@{k_max} − base", "kept", rate, 100),
+        (f"ties pass@{k_max} above GRPO (the primary endpoint for DPH-JS)", f"ties pass@{k_max} − GRPO", "above", rate, 100),
         ("styles kept (entropy vs base, bits)", "style entropy − base", "kept", bits, 1),
         ("styles above GRPO (entropy, bits)", "style entropy − GRPO", "above", bits, 1),
     ]
     present = [m for m in methods if m in numbers["differences"]]
     lines = [f"| claim | {' | '.join(present)} |", "|" + " --- |" * (1 + len(present))]
     for claim, key, kind, margin, scale in rows:
+        if key.startswith("ties") and not any(key in numbers["differences"][m] for m in present):
+            continue  # the ties split was not evaluated
         texts = []
         for method in present:
             diff = numbers["differences"][method].get(key)
@@ -365,16 +401,20 @@ def run_job(method: str | None, seed: int, out: str, args) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--budget", choices=list(BUDGETS), default="full",
-                        help="full (3 seeds, all prompts), quick (1 seed, ~7 min) or smollm2-cpu (the real "
+                        help="full (3 seeds, all prompts), quick (1 seed, ~7 min), ties / ties-quick (the pre-registered "
+                        "comparison on the ties family and its quick mode) or smollm2-cpu (the real "
                         "model on 2 CPU cores, ~70 min; the flags below override any budget's values)")
     parser.add_argument("--quick", action="store_true", help="the same as --budget quick")
     parser.add_argument("--seeds", type=int, nargs="+")
     parser.add_argument("--iterations", type=int)
     parser.add_argument("--eval-limit", type=int, help="evaluate the first N prompts of each split (full: all)")
     parser.add_argument("--n", type=int)
-    parser.add_argument("--methods", nargs="+", choices=list(METHODS), help="default: every method (smollm2-cpu: "
+    parser.add_argument("--methods", nargs="+", choices=list(METHODS), help="default: the paper's six methods (ties: GRPO, DAPO, RKL, DPH-F, DPH-JS, DPH-JS (refine); smollm2-cpu: "
                         "GRPO, RKL, DPH-F, DPH-JS)")
     parser.add_argument("--config", default="{}", help="config overrides for every run, as JSON (over the budget's)")
+    parser.add_argument("--splits", nargs="+", choices=list(SPLITS),
+                        help="evaluation splits (default: in-domain, cross-domain, math; ties budgets: all four)")
+    parser.add_argument("--max-new-tokens", type=int, help="evaluation response length (default 64; ties: 96)")
     parser.add_argument("--workers", type=int, default=2,
                         help="runs trained and evaluated at once, each in its own process with one thread")
     parser.add_argument("--out", help="output folder (default bench/out/reproduce_dph[_<budget>]); "
@@ -384,7 +424,9 @@ def main() -> None:
         args.budget = "quick"
     budget = dict(BUDGETS[args.budget])
     args.overrides = {**budget.pop("config", {}), **json.loads(args.config)}
-    budget.setdefault("methods", list(METHODS))
+    budget.setdefault("methods", PAPER_METHODS)
+    budget.setdefault("splits", list(SPLITS) if args.budget.startswith("ties") else list(SPLITS)[:3])
+    budget.setdefault("max_new_tokens", 64)
     for key, value in budget.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -403,9 +445,16 @@ def main() -> None:
             print(f"[{time.perf_counter() - t0:6.0f}s] {future.result()} trained and evaluated", flush=True)
 
     # Every run's evaluation is cached on disk now: read them back.
-    base = load_results(out / "base")
-    runs = {method: [load_results(run_dir) for m, _, run_dir in jobs if m == method] for method in args.methods}
+    base = load_results(out / "base", args.splits)
+    runs = {method: [load_results(run_dir, args.splits) for m, _, run_dir in jobs if m == method]
+            for method in args.methods}
     table, numbers = tables(base, runs, args)
+    primary = numbers["differences"].get("DPH-JS", {}).get(f"ties pass@{args.n} − GRPO")
+    if primary is not None:
+        low, high = (100 * x for x in primary["ci95"])
+        table = (f"**Primary endpoint** (pre-registered, docs/collapse.md): pass@{args.n} on sql_synth/test_ties, "
+                 f"DPH-JS − GRPO = {100 * primary['mean']:+.1f} [{low:+.1f}, {high:+.1f}] points: "
+                 f"{verdict(primary, 0.0, 100, 'above')}.\n\n{table}")
     shape = run_config(args.methods[0], args)
     budget = (
         f"Budget ({args.budget}): {shape.model_name}, {args.iterations} iterations x {shape.prompts_per_step} "

@@ -66,3 +66,18 @@ def test_a_budget_for_another_model_presamples_into_its_own_folder(reproduce):
         assert config.env_config == {"data": "sql_synth/train[:128]"}
     assert dph.presample_dir == tiny.presample_dir + "_smollm2-135m-sft"
     assert set(budget["methods"]) <= set(reproduce.METHODS)
+
+
+def test_the_ties_budget_compares_all_trajectories_with_one(reproduce):
+    """DPH-JS keeps all 8 trajectories of 8-of-8 prompts, DPH-JS (refine) one, each in its own
+    pre-sampling folder; every ties run answers in up to 96 tokens."""
+    from types import SimpleNamespace
+
+    budget = reproduce.BUDGETS["ties"]
+    args = SimpleNamespace(overrides=budget["config"])
+    all_, refine = reproduce.run_config("DPH-JS", args), reproduce.run_config("DPH-JS (refine)", args)
+    assert (all_.pef_samples, all_.presample_min_correct) == ("all", 8)
+    assert (refine.pef_samples, refine.presample_min_correct) == ("refine", 8)
+    assert refine.presample_dir == all_.presample_dir + "_refine"
+    assert all_.max_response_length == refine.max_response_length == 96
+    assert set(budget["methods"]) <= set(reproduce.METHODS) and budget["n"] >= 64

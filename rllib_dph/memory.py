@@ -275,8 +275,6 @@ def engine_estimate(
 # ---------------------------------------------------------------------- a run's processes
 #: Rows an HF engine decodes at once unless ``engine_kwargs["max_batch_size"]`` says otherwise.
 HF_MAX_BATCH_SIZE = 256
-#: vLLM's default share of a GPU it reserves (``gpu_memory_utilization``).
-VLLM_GPU_UTILIZATION = 0.9
 #: Prompts read to find the longest (the env's first ones).
 PROMPT_SAMPLE = 256
 
@@ -321,12 +319,16 @@ def learner_microbatch(config, prompt: int) -> MicroBatch:
 
 
 def engine_process(config, shape: ModelShape, prompt: int, name: str, gpu_total: float) -> Process:
-    """A rollout engine: HF (its weights, KV cache, sampling logits) or vLLM on a GPU (the
-    share it reserves: ``gpu_memory_utilization`` of the GPU's ``gpu_total`` bytes)."""
+    """A rollout engine: its weights, KV cache and sampling logits, or, for an engine that
+    reserves a share of its GPU at start (``EngineSpec.gpu_memory_share``, vLLM), that share
+    (``engine_kwargs["gpu_memory_utilization"]`` if given) of the GPU's ``gpu_total`` bytes."""
+    from rllib_dph.engines import ENGINES
+
     device = "cuda" if config.num_gpus_per_env_runner > 0 else "cpu"
     kwargs = dict(config.engine_kwargs)
-    if config.engine == "vllm" and device == "cuda":
-        reserved = kwargs.get("gpu_memory_utilization", VLLM_GPU_UTILIZATION) * gpu_total
+    share = ENGINES[config.engine].gpu_memory_share
+    if share is not None and device == "cuda":
+        reserved = kwargs.get("gpu_memory_utilization", share) * gpu_total
         return Process(name, Estimate({"reserved": reserved}), device, config.num_gpus_per_env_runner)
     runners = max(1, config.num_env_runners)
     rows = min(math.ceil(config.prompts_per_step / runners) * config.group_size,

@@ -152,3 +152,12 @@ def test_a_config_that_does_not_fit_gets_fixes(tiny):
     assert label.startswith("max_tokens_per_microbatch=") and worst.fits
     assert any(label == "gradient_checkpointing=True" for label, _ in check.fixes)
     assert check_config(config, tiny, 64, Budget(ram=need * 1.01)).fits
+
+
+def test_vllm_on_a_gpu_counts_its_reserved_share(tiny):
+    config = GRPOConfig().env_runners(num_gpus_per_env_runner=0.5).learners(num_gpus_per_learner=0.5)
+    config.engine, config.engine_kwargs = "vllm", {"gpu_memory_utilization": 0.3}
+    [one] = run_processes(config, tiny, 32, gpu_total=80 * GB)
+    assert one.device == "cuda" and one.estimate.parts["engine reserved"] == pytest.approx(24 * GB)
+    [load] = [load for load in device_loads([one], Budget(ram=1e12, gpu_free=(30 * GB,))) if load.device == "GPU 0"]
+    assert load.fits and load.demand > 24 * GB

@@ -17,7 +17,9 @@ Three parts:
   saves in a real forward pass next to the estimate's;
 - ``--rss``: the peak RSS of a learner process (``resource.getrusage(...).ru_maxrss`` of a fresh
   subprocess that builds one local learner and runs two updates on one batch; the second is the
-  steady state, with Adam's state allocated) next to the estimated peak, with the error.
+  steady state, with Adam's state allocated) next to the estimated peak, with the error; "built"
+  is the peak before the first update (imports and the learner: on tiny-random, the process
+  runtime ``memory.RUNTIME_BYTES_CPU``).
 
     python bench/memory.py                       # table only
     python bench/memory.py --measured            # table + held bytes with 2 learners (~3 min)
@@ -278,12 +280,13 @@ def rss_child(run: dict) -> None:
 
     torch.set_num_threads(1)
     group = rss_config(run).build_learner_group(env=None, spaces={DEFAULT_MODULE_ID: _spaces()})
+    built = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # imports + learner, before any update
     peaks = []
     for _ in range(2):
         batch = _update_batch(run["rows"], run["prompt"], run["response"], 2000, run["group_size"])
         group.update(batch=MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(batch)}, env_steps=run["rows"]), num_minibatches=1)
         peaks.append(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)  # KiB on Linux
-    print(json.dumps({"peak_first_update": peaks[0], "peak": peaks[1]}))
+    print(json.dumps({"peak_built": built, "peak_first_update": peaks[0], "peak": peaks[1]}))
 
 
 def rss_check(specs: list[str]) -> None:
@@ -295,7 +298,7 @@ def rss_check(specs: list[str]) -> None:
 
     from rllib_dph.memory import LearnerSetup, MicroBatch, learner_estimate, model_shape
 
-    print(f"{'run':<52}{'predicted GB':>13}{'measured GB':>12}{'error':>8}{'time':>7}  estimate")
+    print(f"{'run':<52}{'predicted GB':>13}{'measured GB':>12}{'error':>8}{'built GB':>9}{'time':>7}  estimate")
     for spec in specs:
         run = parse_rss_spec(spec)
         if run["model"] == "100m":
@@ -310,10 +313,11 @@ def rss_check(specs: list[str]) -> None:
         if out.returncode != 0:
             print(f"{spec:<52} failed (exit {out.returncode}): {out.stderr.strip().splitlines()[-1:]}")
             continue
-        peak = json.loads(out.stdout.strip().splitlines()[-1])["peak"]
+        measured = json.loads(out.stdout.strip().splitlines()[-1])
+        peak = measured["peak"]
         error = 100 * (estimate.total - peak) / peak
-        print(f"{spec:<52}{estimate.total / GB:>13.2f}{peak / GB:>12.2f}{error:>+7.1f}%{time.perf_counter() - start:>6.0f}s  "
-              f"{estimate.summary()}", flush=True)
+        print(f"{spec:<52}{estimate.total / GB:>13.2f}{peak / GB:>12.2f}{error:>+7.1f}%{measured['peak_built'] / GB:>9.2f}"
+              f"{time.perf_counter() - start:>6.0f}s  {estimate.summary()}", flush=True)
 
 
 def _spaces():

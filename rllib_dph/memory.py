@@ -439,7 +439,8 @@ def device_loads(processes: list[Process], budget: Budget) -> list[Load]:
     for i, group in enumerate(gpus):
         if group:
             free = budget.gpu_free[i] if i < len(budget.gpu_free) else 0.0
-            loads.append(Load(f"GPU {i}", sum(p.estimate.total for p in group), free, tuple(group)))
+            name = f"GPU {i}" if budget.gpu_free else "GPU (none visible on this machine)"
+            loads.append(Load(name, sum(p.estimate.total for p in group), free, tuple(group)))
     return loads
 
 

@@ -132,6 +132,8 @@ def test_loads_add_up_on_ram_and_pack_on_gpus():
     loads = device_loads(cpu + gpu, Budget(ram=5 * GB, gpu_free=(7 * GB, 7 * GB)))
     assert [(load.device, load.demand / GB, load.fits) for load in loads] == [
         ("RAM", 6.0, False), ("GPU 0", 6.0, True), ("GPU 1", 3.0, True)]
+    [_, no_gpu] = device_loads(gpu[:1], Budget(ram=5 * GB))
+    assert no_gpu.device == "GPU (none visible on this machine)" and not no_gpu.fits
 
 
 def test_available_ram_reads_meminfo(tmp_path):

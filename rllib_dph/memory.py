@@ -308,7 +308,7 @@ def learner_microbatch(config, prompt: int) -> MicroBatch:
     rows = config.prompts_per_step * config.group_size
     pef_ratio = getattr(config, "pef_ratio", None)
     pef = math.ceil(rows / pef_ratio) if pef_ratio else 0
-    per_step = math.ceil(rows / num_minibatches(rows, config.minibatch_size)) + pef
+    per_step = math.ceil((rows + pef) / num_minibatches(rows, config.minibatch_size))
     per_learner = math.ceil(per_step / max(1, config.num_learners))
     length = prompt + config.max_response_length
     if config.max_tokens_per_microbatch:

@@ -398,8 +398,8 @@ def memory_problems(config, *, force: bool = False, budget=None, out=None) -> li
     """The memory verdict of every variant of ``config`` (``rllib_dph.memory``).
 
     Prints one line per variant to ``out`` (default stdout): its estimate when it fits, why it
-    is not estimated (model or tokenizer not on this machine yet), or, with ``force``, the
-    refusal as a warning.
+    is not estimated (e.g. the model or its tokenizer is not on this machine yet, or the env has
+    no ``tasks`` to read prompts from), or, with ``force``, the refusal as a warning.
 
     Args:
         config: The (resolved, valid) algorithm config.
@@ -419,8 +419,8 @@ def memory_problems(config, *, force: bool = False, budget=None, out=None) -> li
         try:
             shape = memory.model_shape(variant.model_name)
             prompt = memory.longest_prompt(variant)
-        except FileNotFoundError as e:
-            print(f"rllib: memory not estimated: {e}", file=out)
+        except Exception as e:  # noqa: BLE001 - the estimate advises; it never stops a run it cannot make
+            print(f"rllib: memory not estimated: {type(e).__name__}: {e}", file=out)
             continue
         check = memory.check_config(variant, shape, prompt, budget or memory.device_budget(variant))
         if check.fits:

@@ -109,6 +109,8 @@ def test_microbatch_of_a_config():
     assert learner_microbatch(config, 28).rows == 4
     dph = DPHConfig().training(prompts_per_step=16, group_size=8).dph(pef_ratio=8.0)
     assert learner_microbatch(dph, 28).rows == 128 + 16  # the D_pef share
+    dph.minibatch_size = 64  # 2 mini-batches, each with half of the D_pef rows
+    assert learner_microbatch(dph, 28).rows == 64 + 8
 
 
 def test_processes_of_a_run(tiny):

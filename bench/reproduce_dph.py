@@ -307,6 +307,15 @@ def verdict(diff: dict, margin: float, scale: float, kind: str) -> str:
     return "cannot tell"
 
 
+def primary_reading(diff: dict) -> str:
+    """The pre-registered reading of the primary endpoint (docs/collapse.md): DPH-JS keeps pass@k
+    better than GRPO when the 95 % interval lies above 0, worse when below, else cannot tell."""
+    low, high = diff["ci95"]
+    if low > 0:
+        return "DPH-JS better than GRPO"
+    return "DPH-JS worse than GRPO" if high < 0 else "cannot tell"
+
+
 def claims(numbers: dict, k_max: int, methods=("DPH-F", "DPH-JS", "DPH-JS (refine)")) -> str:
     """One row per claim of the DPH-RL paper, one column per DPH variant: verdict and numbers.
 
@@ -454,7 +463,7 @@ def main() -> None:
         low, high = (100 * x for x in primary["ci95"])
         table = (f"**Primary endpoint** (pre-registered, docs/collapse.md): pass@{args.n} on sql_synth/test_ties, "
                  f"DPH-JS − GRPO = {100 * primary['mean']:+.1f} [{low:+.1f}, {high:+.1f}] points: "
-                 f"{verdict(primary, 0.0, 100, 'above')}.\n\n{table}")
+                 f"{primary_reading(primary)}.\n\n{table}")
     shape = run_config(args.methods[0], args)
     budget = (
         f"Budget ({args.budget}): {shape.model_name}, {args.iterations} iterations x {shape.prompts_per_step} "

@@ -81,3 +81,9 @@ def test_the_ties_budget_compares_all_trajectories_with_one(reproduce):
     assert refine.presample_dir == all_.presample_dir + "_refine"
     assert all_.max_response_length == refine.max_response_length == 96
     assert set(budget["methods"]) <= set(reproduce.METHODS) and budget["n"] >= 64
+
+
+@pytest.mark.parametrize("ci,reading", [([0.01, 0.2], "DPH-JS better than GRPO"), ([-0.2, -0.01], "DPH-JS worse than GRPO"),
+                                        ([-0.01, 0.2], "cannot tell"), ([0.0, 0.0], "cannot tell")])
+def test_primary_endpoint_reading_is_the_pre_registered_one(reproduce, ci, reading):
+    assert reproduce.primary_reading({"mean": sum(ci) / 2, "ci95": ci}) == reading

@@ -70,7 +70,7 @@ def line(row: dict, k_max: int) -> str:
     return f"| {row['iteration']} | " + " | ".join(cells) + " |"
 
 
-def plot(rows: list, k_max: int, out_png: pathlib.Path) -> None:
+def plot(rows: list, k_max: int, out_png: pathlib.Path, split: str = SPLIT) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -84,7 +84,7 @@ def plot(rows: list, k_max: int, out_png: pathlib.Path) -> None:
         ax.fill_between(its, 100 * np.array(low), 100 * np.array(high), color=line_.get_color(), alpha=0.15)
     ax.set_ylim(0, 100)
     ax.set_xlabel("GRPO iteration")
-    ax.set_ylabel("sql_synth/test (%), 95 % band")
+    ax.set_ylabel(f"{split} (%), 95 % band")
     ax.set_title("GRPO on tiny-sql-math: validation along training", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -169,7 +169,7 @@ def main() -> None:
     algo.stop()
     seconds = time.perf_counter() - start
     (out / "curve.json").write_text(json.dumps({"args": vars(args), "rows": rows, "train_reward": rewards, "seconds": seconds}, indent=1))
-    plot(rows, k_max, out / "curve.png")
+    plot(rows, k_max, out / "curve.png", args.split)
     print(f"{args.iterations} iterations in {seconds:.0f} s; wrote {out / 'curve.json'}, {out / 'curve.png'}")
 
 

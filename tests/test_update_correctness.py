@@ -174,7 +174,7 @@ def test_d_pef_file_records_how_it_was_sampled(pef_file):
 
     meta = read_metadata(pef_file)
     assert (meta["temperature"], meta["top_p"], meta["max_response_length"]) == ("1.0", "1.0", "8")
-    assert meta["chat_template_sha"] and meta["schema_version"] == "2"
+    assert meta["chat_template_sha"] and meta["schema_version"] == "3" and meta["pef_samples"] == "refine"
 
 
 def test_concurrent_presampling_of_one_directory_samples_once(tmp_path):

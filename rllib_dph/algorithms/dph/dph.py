@@ -107,31 +107,16 @@ class DPHConfig(GRPOConfig):
                 the algorithm runs pre-sampling there first (with the policy model, the env's
                 ``env_config`` data, ``presample_k`` and ``presample_min_correct``).
             presample_k: Samples per prompt for an automatic pre-sampling run (default 8).
-            presample_min_correct: m of k correct for D_pef (default 7; the paper recommends 8 of 8,
-                §6.2 and Table 4).
-            pef_samples: Reference trajectories kept per D_pef prompt (``PresampleConfig``):
-                ``"all"`` (every correct sample of the k, each with its own stored log-probs: the
-                paper's recommended "8 of 8" recipe), ``"refine"`` (one refinement sample, §4.1;
-                default) or an integer n (at most n). ``pef_ratio`` counts trajectories, as the
-                paper's 2048 : 256 does; each trajectory is a row of its own, shuffled with the
-                others and dealt to mini-batches like any D_pef row (``batch.deal_pef_rows``), so
-                one prompt's styles reach the policy over several steps as in the original code's
-                data loader rather than all in one.
-            pef_full_data: Keep every prompt in D_exp too (Table 4's "Full Data", with
-                ``presample_min_correct=1``); default False.
+            presample_min_correct: m of k correct for D_pef (default 7; paper's advice: 8 of 8).
+            pef_samples: Trajectories kept per D_pef prompt: ``"all"`` (the paper's "8 of 8"
+                recipe), ``"refine"`` (default) or n (``PresampleConfig.pef_samples``); each is a
+                row of its own, counted by ``pef_ratio`` and dealt like any D_pef row.
+            pef_full_data: Every prompt in D_exp too (Table 4's "Full Data"; default False).
         """
         self._set_provided(
-            divergence=divergence,
-            pef_coeff=pef_coeff,
-            pef_loss_normalization=pef_loss_normalization,
-            alpha=alpha,
-            pef_path=pef_path,
-            exp_path=exp_path,
-            pef_ratio=pef_ratio,
-            presample_dir=presample_dir,
-            presample_k=presample_k,
-            presample_min_correct=presample_min_correct,
-            pef_samples=pef_samples,
+            divergence=divergence, pef_coeff=pef_coeff, pef_loss_normalization=pef_loss_normalization,
+            alpha=alpha, pef_path=pef_path, exp_path=exp_path, pef_ratio=pef_ratio, presample_dir=presample_dir,
+            presample_k=presample_k, presample_min_correct=presample_min_correct, pef_samples=pef_samples,
             pef_full_data=pef_full_data,
         )
         return self

@@ -26,6 +26,7 @@ import time
 from typing import Any, Optional
 
 from rllib_dph.imports import add_import_flag, ensure_package_envs, import_user_modules, ray_runtime_env
+from rllib_dph.models.hub import absolute_path
 
 #: Exit code of a run refused by the preflight checks.
 PREFLIGHT_EXIT_CODE = 2
@@ -98,7 +99,7 @@ def run_experiment(
     from rllib_dph.console import IterationPrinter
 
     _start_ray(verbose, user_modules)
-    storage_path = os.path.abspath(os.path.expanduser(storage_path or "~/ray_results"))
+    storage_path = absolute_path(storage_path or "~/ray_results")
     name = name or default_experiment_name(config)
     callbacks = [*(callbacks or []), *([IterationPrinter()] if verbose == 0 else [])]
     experiment_dir = os.path.join(storage_path, name)
@@ -167,7 +168,7 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
         "\"env_config\": {\"data\": \"train.parquet\"}}'",
     )
     parser.add_argument("--stop", help="stop criteria as JSON, e.g. '{\"training_iteration\": 2}'")
-    parser.add_argument("--storage-path", help="Tune output directory (default ~/ray_results)")
+    parser.add_argument("--storage-path", type=absolute_path, help="Tune output directory (default ~/ray_results)")
     parser.add_argument("--name", help="experiment name (default: <algo>_<env>_<date>_<time>, new per run)")
     parser.add_argument("--checkpoint-freq", type=int, default=0, help="checkpoint every N iterations")
     parser.add_argument("--checkpoint-at-end", action="store_true", help="checkpoint when stopping")

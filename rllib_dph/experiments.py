@@ -79,7 +79,7 @@ def run_experiment(
     storage_path: Optional[str] = None,
     name: Optional[str] = None,
     checkpoint_freq: int = 0,
-    checkpoint_at_end: bool = False,
+    checkpoint_at_end: bool = True,
     num_samples: int = 1,
     resume: bool = False,
     verbose: int = 0,
@@ -171,7 +171,10 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--storage-path", type=absolute_path, help="Tune output directory (default ~/ray_results)")
     parser.add_argument("--name", help="experiment name (default: <algo>_<env>_<date>_<time>, new per run)")
     parser.add_argument("--checkpoint-freq", type=int, default=0, help="checkpoint every N iterations")
-    parser.add_argument("--checkpoint-at-end", action="store_true", help="checkpoint when stopping")
+    parser.add_argument(
+        "--checkpoint-at-end", action=argparse.BooleanOptionalAction, default=True,
+        help="checkpoint when stopping (default; --no-checkpoint-at-end to skip)",
+    )
     parser.add_argument("--num-samples", type=int, default=1, help="Tune samples of the config")
     parser.add_argument("--resume", action="store_true", help="resume the experiment named by --name")
     parser.add_argument(

@@ -1,7 +1,8 @@
 """Every `rllib` subcommand takes relative paths, as a new user types them (issue 29, item 9).
 
-One flow from a fresh folder: `rllib train file exp.py --storage-path runs`, then `evaluate`,
-`export`, `build-model` and `presample` on the relative paths that the earlier steps wrote.
+One flow from a fresh folder: `rllib train file exp.py --storage-path runs` (which checkpoints at
+the end by default), then `evaluate`, `export`, `build-model` and
+`presample` on the relative paths that the earlier steps wrote.
 """
 
 import json
@@ -45,7 +46,7 @@ def project(ray_session, tmp_path_factory):
     cwd = os.getcwd()
     os.chdir(folder)
     try:
-        main(["train", "file", "exp.py", "--storage-path", "runs", "--name", "exp1", "--checkpoint-at-end"])
+        main(["train", "file", "exp.py", "--storage-path", "runs", "--name", "exp1"])
         yield folder
     finally:
         os.chdir(cwd)
@@ -57,6 +58,11 @@ def _checkpoints(folder: Path, experiment: str) -> list[Path]:
 
 def _relative(path: Path, folder: Path) -> str:
     return str(path.relative_to(folder))
+
+
+def test_train_checkpoints_at_the_end_by_default(project):
+    checkpoints = _checkpoints(project, "exp1")
+    assert len(checkpoints) == 1 and (checkpoints[0] / "rllib_checkpoint.json").is_file()
 
 
 def test_evaluate_and_export_a_relative_checkpoint(project, monkeypatch):

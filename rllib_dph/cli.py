@@ -3,6 +3,7 @@
 Ray removed RLlib's own command line after Ray 2.41; this one keeps its interface:
 
     rllib train file tuned_examples/grpo/sql_tiny_grpo.py [--stop JSON] [--config JSON]
+    rllib train file <same file> --from-checkpoint runs/exp1/<trial>/checkpoint_000000 --stop JSON --name exp2
     rllib train --algo GRPO --env rllib_dph/SQL-v0 --config JSON --stop JSON
     rllib build-model tiny-sql-math
     rllib presample --model tiny-sql-math --env rllib_dph/SQL-v0 --out presample/sql_tiny

@@ -1,7 +1,8 @@
 """Every `rllib` subcommand takes relative paths, as a new user types them (issue 29, item 9).
 
 One flow from a fresh folder: `rllib train file exp.py --storage-path runs` (which checkpoints at
-the end by default), then `evaluate`, `export`, `build-model` and
+the end by default), `--resume` with a larger stop (refused, naming `--from-checkpoint`),
+`--from-checkpoint` (continues the iteration count), then `evaluate`, `export`, `build-model` and
 `presample` on the relative paths that the earlier steps wrote.
 """
 
@@ -63,6 +64,33 @@ def _relative(path: Path, folder: Path) -> str:
 def test_train_checkpoints_at_the_end_by_default(project):
     checkpoints = _checkpoints(project, "exp1")
     assert len(checkpoints) == 1 and (checkpoints[0] / "rllib_checkpoint.json").is_file()
+
+
+def test_resume_of_a_finished_run_with_a_larger_stop_says_what_to_do(project, monkeypatch):
+    monkeypatch.chdir(project)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "file", "exp.py", "--storage-path", "runs", "--name", "exp1", "--resume",
+              "--stop", json.dumps({"training_iteration": 2})])
+    message = str(exit_info.value.code)
+    assert "training_iteration=1, short of --stop training_iteration=2" in message
+    assert f"--from-checkpoint {_checkpoints(project, 'exp1')[0]}" in message
+
+
+def test_from_checkpoint_trains_a_finished_run_further(project, monkeypatch, capsys):
+    monkeypatch.chdir(project)
+    checkpoint = _relative(_checkpoints(project, "exp1")[0], project)
+    main(["train", "file", "exp.py", "--storage-path", "runs", "--name", "exp2", "--from-checkpoint", checkpoint,
+          "--stop", json.dumps({"training_iteration": 2})])
+    iterations = [line.split()[1] for line in capsys.readouterr().out.splitlines() if line.startswith("iter")]
+    assert iterations == ["2"]  # one iteration trained, counted on from the checkpoint's
+    assert len(_checkpoints(project, "exp2")) == 1
+
+
+def test_a_from_checkpoint_that_is_not_a_checkpoint_is_refused(project, monkeypatch, capsys):
+    monkeypatch.chdir(project)
+    with pytest.raises(SystemExit):
+        main(["train", "file", "exp.py", "--storage-path", "runs", "--name", "exp3", "--from-checkpoint", "runs"])
+    assert "is not an Algorithm checkpoint (no rllib_checkpoint.json)" in capsys.readouterr().err
 
 
 def test_evaluate_and_export_a_relative_checkpoint(project, monkeypatch):

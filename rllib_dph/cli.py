@@ -27,7 +27,6 @@ from typing import Any, Optional
 from rllib_dph.engines import DEFAULT_ENGINE, ENGINES
 from rllib_dph.experiments import add_run_flags, json_flag, load_tuned_example, run_from_args, slug
 from rllib_dph.imports import add_import_flag, ensure_package_envs, import_user_modules
-from rllib_dph.models.hub import absolute_if_path, absolute_path
 
 
 def _algorithms() -> dict[str, Any]:
@@ -112,6 +111,8 @@ def _evaluate(args) -> None:
         plot_style_pass_at_k,
     )
 
+    from rllib_dph.models.hub import absolute_if_path, absolute_path
+
     import_user_modules(args.imports)
     env_config = json_flag(args.env_config, "--env-config")
     baseline = EvalResult.from_json(args.baseline) if args.baseline else None  # fail before evaluating
@@ -129,7 +130,7 @@ def _evaluate(args) -> None:
         dtype=args.dtype,
         device=args.device,
         engine_kwargs=json_flag(args.engine_kwargs, "--engine-kwargs"),
-        name=args.name or "",
+        name=args.name or args.policy,  # the label as typed; the policy is recorded as an absolute path
     )
     out = args.out or absolute_path(_default_eval_out(args.policy, args.env, env_config))
     others = list(args.plot)  # the baseline is drawn too
@@ -171,6 +172,8 @@ def _export(args) -> None:
 
 def _add_train_parser(sub) -> None:
     """``rllib train [file <path> | --algo A --env E]`` and the flags of a run."""
+    from rllib_dph.models.hub import absolute_path
+
     train = sub.add_parser("train", help="train an algorithm through Ray Tune")
     train.add_argument("target", nargs="?", choices=["file"], help="`file` to run a tuned example")
     train.add_argument("file", nargs="?", type=absolute_path, help="tuned-example .py file defining `config` [and `stop`]")
@@ -182,6 +185,8 @@ def _add_train_parser(sub) -> None:
 
 def _add_build_model_parser(sub) -> None:
     """``rllib build-model [name] [--force]``."""
+    from rllib_dph.models.hub import absolute_if_path
+
     build = sub.add_parser(
         "build-model", help="find the shipped build of a bundled tiny model, or build it into the cache (offline)"
     )
@@ -204,6 +209,8 @@ def _pef_samples(text: str):
 
 def _add_presample_parser(sub) -> None:
     """``rllib presample --out DIR ...``: DPH-RL pre-sampling."""
+    from rllib_dph.models.hub import absolute_if_path, absolute_path
+
     pre = sub.add_parser("presample", help="DPH-RL pre-sampling: split prompts into D_pef / D_exp")
     pre.add_argument("--model", default="tiny-sql-math", type=absolute_if_path, help="base policy (name, path or HF id)")
     pre.add_argument("--env", default="rllib_dph/SQL-v0", help="env id")
@@ -230,6 +237,8 @@ def _add_presample_parser(sub) -> None:
 
 def _add_evaluate_parser(sub) -> None:
     """``rllib evaluate <policy> ...``: pass@k and friends of a checkpoint or model."""
+    from rllib_dph.models.hub import absolute_path
+
     ev = sub.add_parser(
         "evaluate",
         help="pass@k / greedy / maj@k / styles of a checkpoint or model on an env split",
@@ -265,6 +274,8 @@ def _add_evaluate_parser(sub) -> None:
 
 def _add_export_parser(sub) -> None:
     """``rllib export <checkpoint> <folder>``."""
+    from rllib_dph.models.hub import absolute_path
+
     exp = sub.add_parser("export", help="write a checkpoint's policy as a Hugging Face model folder")
     exp.add_argument("checkpoint", type=absolute_path, help="Algorithm checkpoint folder (Tune checkpoint_00000N)")
     exp.add_argument("folder", type=absolute_path, help="output folder (safetensors, config, tokenizer, chat template)")
@@ -273,7 +284,11 @@ def _add_export_parser(sub) -> None:
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    """The ``rllib`` argument parser: one subcommand per ``_add_*_parser``."""
+    """The ``rllib`` argument parser: one subcommand per ``_add_*_parser``.
+
+    Call it after ``ensure_package_envs()``: the path types come from ``rllib_dph.models.hub``,
+    whose imports reach ``envs``.
+    """
     parser = argparse.ArgumentParser(prog="rllib", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     _add_train_parser(sub)

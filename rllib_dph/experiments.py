@@ -26,7 +26,6 @@ import time
 from typing import Any, Optional
 
 from rllib_dph.imports import add_import_flag, ensure_package_envs, import_user_modules, ray_runtime_env
-from rllib_dph.models.hub import absolute_path
 
 #: Exit code of a run refused by the preflight checks.
 PREFLIGHT_EXIT_CODE = 2
@@ -97,6 +96,7 @@ def run_experiment(
     from ray import tune
 
     from rllib_dph.console import IterationPrinter
+    from rllib_dph.models.hub import absolute_path
 
     _start_ray(verbose, user_modules)
     storage_path = absolute_path(storage_path or "~/ray_results")
@@ -198,6 +198,8 @@ def _exit_on_failed_trials(results, verbose: int) -> None:
 
 def add_run_flags(parser: argparse.ArgumentParser) -> None:
     """Adds the flags of one run (read by :func:`run_from_args`) to ``parser``."""
+    from rllib_dph.models.hub import absolute_path  # after ensure_package_envs: models import envs
+
     parser.add_argument(
         "--config",
         help="config overrides as JSON, e.g. '{\"model_name\": \"Qwen/Qwen2.5-0.5B\", "

@@ -40,8 +40,15 @@ def test_paths_are_made_absolute_and_names_are_left_alone(tmp_path, monkeypatch)
 
 
 @pytest.fixture(scope="module")
-def project(ray_session, tmp_path_factory):
-    """A user's folder after `rllib train file exp.py --storage-path runs --name exp1` (1 iteration)."""
+def project(tmp_path_factory):
+    """A user's folder after `rllib train file exp.py --storage-path runs --name exp1` (1 iteration).
+
+    Ray is started by `rllib train` as for a user, and shut down after this module when it started
+    here (tests/test_cli_prepare.py checks that preparation runs without Ray).
+    """
+    import ray
+
+    started_here = not ray.is_initialized()
     folder = tmp_path_factory.mktemp("project")
     (folder / "exp.py").write_text(TUNED_EXAMPLE)
     cwd = os.getcwd()
@@ -51,6 +58,8 @@ def project(ray_session, tmp_path_factory):
         yield folder
     finally:
         os.chdir(cwd)
+        if started_here:
+            ray.shutdown()
 
 
 def _checkpoints(folder: Path, experiment: str) -> list[Path]:
@@ -98,7 +107,8 @@ def test_evaluate_and_export_a_relative_checkpoint(project, monkeypatch):
     checkpoint = _relative(_checkpoints(project, "exp1")[0], project)
     main(["evaluate", checkpoint, "--env-config", json.dumps({"data": "sql_synth/test"}), "--n", "2", "--limit", "2",
           "--max-new-tokens", "8", "--no-greedy", "--out", "eval"])
-    assert (project / "eval" / "results.json").is_file()
+    settings = json.loads((project / "eval" / "results.json").read_text())["settings"]
+    assert settings["policy"] == str(project / checkpoint) and settings["name"] == checkpoint  # label as typed
     main(["export", checkpoint, "my-policy"])
     assert (project / "my-policy" / "config.json").is_file()
 

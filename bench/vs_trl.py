@@ -42,11 +42,14 @@ which runs exactly:
 
     python -m venv /work/venvs/trl
     /work/venvs/trl/bin/python -m pip install torch==<this env's torch, e.g. 2.13.0+cpu>
-    /work/venvs/trl/bin/python -m pip install trl==1.13.0 datasets==5.0.1 \
-        transformers==<this env's> accelerate==<this env's> gymnasium==<this env's> torch==<same>
+    /work/venvs/trl/bin/python -m pip install trl==1.13.0 datasets==5.0.1 accelerate==1.15.0 \
+        transformers==<this env's> gymnasium==<this env's> torch==<same>
 
 (torch first and pinned to this environment's CPU build, the wheel in pip's find-links, so that
-pip never pulls CUDA packages; gymnasium because `envs.sql` imports `envs.base`). Then:
+pip never pulls CUDA packages; gymnasium because `envs.sql` imports `envs.base`). Only packages
+that rllib_dph itself requires (torch, transformers, gymnasium) are pinned to this environment's
+versions; TRL's own dependencies (datasets, accelerate) have fixed pins here, so the launching
+environment needs none of them. Then:
 
     python bench/vs_trl.py --threads 1
     python bench/vs_trl.py --threads 2
@@ -71,6 +74,8 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 DEFAULT_VENV = "/work/venvs/trl"
 TRL_VERSION = "1.13.0"
 DATASETS_VERSION = "5.0.1"
+#: TRL needs accelerate; pinned here because the launching environment need not have it.
+ACCELERATE_VERSION = "1.15.0"
 #: Lines of the TRL worker's stdout that carry a message start with this.
 TAG = "@@vs_trl "
 
@@ -241,13 +246,15 @@ def pinned(name: str) -> str:
 
 
 def setup_commands(venv: str) -> list[list[str]]:
+    """The commands of ``--setup``: versions are read from this environment only for rllib_dph's
+    own requirements (torch, transformers, gymnasium)."""
     python = str(pathlib.Path(venv) / "bin" / "python")
     torch_pin = pinned("torch")
     return [
         [sys.executable, "-m", "venv", venv],
         [python, "-m", "pip", "install", torch_pin],
         [python, "-m", "pip", "install", f"trl=={TRL_VERSION}", f"datasets=={DATASETS_VERSION}",
-         pinned("transformers"), pinned("accelerate"), pinned("gymnasium"), torch_pin],
+         f"accelerate=={ACCELERATE_VERSION}", pinned("transformers"), pinned("gymnasium"), torch_pin],
     ]
 
 

@@ -3,6 +3,7 @@
 Ray removed RLlib's own command line after Ray 2.41; this one keeps its interface:
 
     rllib train file tuned_examples/grpo/sql_tiny_grpo.py [--stop JSON] [--config JSON]
+    rllib train file <same file> --from-checkpoint runs/exp1/<trial>/checkpoint_000000 --stop JSON --name exp2
     rllib train --algo GRPO --env rllib_dph/SQL-v0 --config JSON --stop JSON
     rllib build-model tiny-sql-math
     rllib presample --model tiny-sql-math --env rllib_dph/SQL-v0 --out presample/sql_tiny
@@ -110,6 +111,8 @@ def _evaluate(args) -> None:
         plot_style_pass_at_k,
     )
 
+    from rllib_dph.models.hub import absolute_if_path, absolute_path
+
     import_user_modules(args.imports)
     env_config = json_flag(args.env_config, "--env-config")
     baseline = EvalResult.from_json(args.baseline) if args.baseline else None  # fail before evaluating
@@ -119,7 +122,7 @@ def _evaluate(args) -> None:
         batch_prompts=args.batch_prompts, keep_completions=args.keep_completions, progress=True,
     )
     result = evaluate_policy(
-        args.policy,
+        absolute_if_path(args.policy),
         args.env,
         env_config,
         settings,
@@ -127,9 +130,9 @@ def _evaluate(args) -> None:
         dtype=args.dtype,
         device=args.device,
         engine_kwargs=json_flag(args.engine_kwargs, "--engine-kwargs"),
-        name=args.name or "",
+        name=args.name or args.policy,  # the label as typed; the policy is recorded as an absolute path
     )
-    out = args.out or _default_eval_out(args.policy, args.env, env_config)
+    out = args.out or absolute_path(_default_eval_out(args.policy, args.env, env_config))
     others = list(args.plot)  # the baseline is drawn too
     if args.baseline and args.baseline not in others:
         others.insert(0, args.baseline)
@@ -169,9 +172,11 @@ def _export(args) -> None:
 
 def _add_train_parser(sub) -> None:
     """``rllib train [file <path> | --algo A --env E]`` and the flags of a run."""
+    from rllib_dph.models.hub import absolute_path
+
     train = sub.add_parser("train", help="train an algorithm through Ray Tune")
     train.add_argument("target", nargs="?", choices=["file"], help="`file` to run a tuned example")
-    train.add_argument("file", nargs="?", help="tuned-example .py file defining `config` [and `stop`]")
+    train.add_argument("file", nargs="?", type=absolute_path, help="tuned-example .py file defining `config` [and `stop`]")
     train.add_argument("--algo", help="algorithm name, e.g. GRPO")
     train.add_argument("--env", help="env id, e.g. rllib_dph/SQL-v0")
     add_run_flags(train)
@@ -180,10 +185,13 @@ def _add_train_parser(sub) -> None:
 
 def _add_build_model_parser(sub) -> None:
     """``rllib build-model [name] [--force]``."""
+    from rllib_dph.models.hub import absolute_if_path
+
     build = sub.add_parser(
         "build-model", help="find the shipped build of a bundled tiny model, or build it into the cache (offline)"
     )
-    build.add_argument("name", nargs="?", default="tiny-sql-math")
+    build.add_argument("name", nargs="?", default="tiny-sql-math", type=absolute_if_path,
+                       help="bundled model name, model folder or HF id (default tiny-sql-math)")
     build.add_argument("--force", action="store_true", help="rebuild into the cache even if shipped or cached")
     build.set_defaults(func=_build_model)
 
@@ -201,11 +209,13 @@ def _pef_samples(text: str):
 
 def _add_presample_parser(sub) -> None:
     """``rllib presample --out DIR ...``: DPH-RL pre-sampling."""
+    from rllib_dph.models.hub import absolute_if_path, absolute_path
+
     pre = sub.add_parser("presample", help="DPH-RL pre-sampling: split prompts into D_pef / D_exp")
-    pre.add_argument("--model", default="tiny-sql-math", help="base policy (name, path or HF id)")
+    pre.add_argument("--model", default="tiny-sql-math", type=absolute_if_path, help="base policy (name, path or HF id)")
     pre.add_argument("--env", default="rllib_dph/SQL-v0", help="env id")
     pre.add_argument("--env-config", help='env kwargs as JSON, e.g. \'{"data": "sql_synth/train"}\'')
-    pre.add_argument("--out", required=True, help="output directory (resumes if it has parts)")
+    pre.add_argument("--out", required=True, type=absolute_path, help="output directory (resumes if it has parts)")
     pre.add_argument("--k", type=int, default=8, help="samples per prompt (default 8)")
     pre.add_argument("--min-correct", type=int, default=7, help="m of k correct for D_pef (default 7)")
     pre.add_argument("--pef-samples", type=_pef_samples, default="refine",
@@ -227,6 +237,8 @@ def _add_presample_parser(sub) -> None:
 
 def _add_evaluate_parser(sub) -> None:
     """``rllib evaluate <policy> ...``: pass@k and friends of a checkpoint or model."""
+    from rllib_dph.models.hub import absolute_path
+
     ev = sub.add_parser(
         "evaluate",
         help="pass@k / greedy / maj@k / styles of a checkpoint or model on an env split",
@@ -248,9 +260,9 @@ def _add_evaluate_parser(sub) -> None:
     ev.add_argument("--limit", type=int, help="evaluate only the first N prompts")
     ev.add_argument("--batch-prompts", type=int, default=16, help="prompts per generate call (default 16)")
     ev.add_argument("--keep-completions", action="store_true", help="store completion texts in the JSON")
-    ev.add_argument("--baseline", help="results.json of the base model: keep / exploration rates, and plotted")
-    ev.add_argument("--plot", nargs="+", default=[], help="more results.json files to draw on the same plot")
-    ev.add_argument("--out", help="output folder (default eval_results/<policy>__<env>_<data>)")
+    ev.add_argument("--baseline", type=absolute_path, help="results.json of the base model: keep / exploration rates, and plotted")
+    ev.add_argument("--plot", nargs="+", default=[], type=absolute_path, help="more results.json files to draw on the same plot")
+    ev.add_argument("--out", type=absolute_path, help="output folder (default eval_results/<policy>__<env>_<data>)")
     ev.add_argument("--name", help="label of this run in plots (default: the policy argument)")
     ev.add_argument("--engine", default=DEFAULT_ENGINE, help=_engine_help())
     ev.add_argument("--engine-kwargs", help="engine kwargs as JSON")
@@ -262,15 +274,21 @@ def _add_evaluate_parser(sub) -> None:
 
 def _add_export_parser(sub) -> None:
     """``rllib export <checkpoint> <folder>``."""
+    from rllib_dph.models.hub import absolute_path
+
     exp = sub.add_parser("export", help="write a checkpoint's policy as a Hugging Face model folder")
-    exp.add_argument("checkpoint", help="Algorithm checkpoint folder (Tune checkpoint_00000N)")
-    exp.add_argument("folder", help="output folder (safetensors, config, tokenizer, chat template)")
+    exp.add_argument("checkpoint", type=absolute_path, help="Algorithm checkpoint folder (Tune checkpoint_00000N)")
+    exp.add_argument("folder", type=absolute_path, help="output folder (safetensors, config, tokenizer, chat template)")
     exp.add_argument("--dtype", help="weight dtype of the export (default: float32 as trained)")
     exp.set_defaults(func=_export)
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    """The ``rllib`` argument parser: one subcommand per ``_add_*_parser``."""
+    """The ``rllib`` argument parser: one subcommand per ``_add_*_parser``.
+
+    Call it after ``ensure_package_envs()``: the path types come from ``rllib_dph.models.hub``,
+    whose imports reach ``envs``.
+    """
     parser = argparse.ArgumentParser(prog="rllib", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     _add_train_parser(sub)

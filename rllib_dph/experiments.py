@@ -78,7 +78,7 @@ def run_experiment(
     storage_path: Optional[str] = None,
     name: Optional[str] = None,
     checkpoint_freq: int = 0,
-    checkpoint_at_end: bool = False,
+    checkpoint_at_end: bool = True,
     num_samples: int = 1,
     resume: bool = False,
     verbose: int = 0,
@@ -96,9 +96,10 @@ def run_experiment(
     from ray import tune
 
     from rllib_dph.console import IterationPrinter
+    from rllib_dph.models.hub import absolute_path
 
     _start_ray(verbose, user_modules)
-    storage_path = os.path.abspath(os.path.expanduser(storage_path or "~/ray_results"))
+    storage_path = absolute_path(storage_path or "~/ray_results")
     name = name or default_experiment_name(config)
     callbacks = [*(callbacks or []), *([IterationPrinter()] if verbose == 0 else [])]
     experiment_dir = os.path.join(storage_path, name)
@@ -123,7 +124,43 @@ def run_experiment(
     print(f"rllib: experiment folder {experiment_dir} (tensorboard --logdir {experiment_dir})", flush=True)
     results = tuner.fit()
     _exit_on_failed_trials(results, verbose)
+    if resume:
+        _exit_on_unmet_stop(results, stop, experiment_dir)
     return results
+
+
+def _exit_on_unmet_stop(results, stop: dict, experiment_dir: str) -> None:
+    """After ``--resume``: exits non-zero when a trial ended short of ``stop``.
+
+    Tune resumes an experiment with the stop it was started with, so ``--resume`` with a larger
+    ``--stop`` on a finished run trains nothing; the message names the checkpoint to continue from.
+    """
+    for result in results:
+        for key, target in stop.items():
+            value = _metric_value(result.metrics, key)
+            if isinstance(target, (int, float)) and isinstance(value, (int, float)) and value < target:
+                checkpoint = result.checkpoint.path if result.checkpoint else "<a checkpoint_00000N folder of the trial>"
+                raise SystemExit(
+                    f"rllib: --resume continued {experiment_dir} with the stop it was started with, and trial "
+                    f"{result.path} ended at {key}={value}, short of --stop {key}={target}. --resume only "
+                    "finishes an interrupted or failed run; to train a finished run further, start a run from "
+                    f"its last checkpoint: rllib train ... --from-checkpoint {checkpoint} "
+                    f"--stop '{json.dumps(stop)}' --name <new name>"
+                )
+
+
+def restore_on_init(checkpoint: str, algorithm, **kwargs) -> None:
+    """``on_algorithm_init`` callback of ``--from-checkpoint``: loads the Algorithm state saved in
+    ``checkpoint`` (weights, optimizer, iteration count) into the new trial's Algorithm."""
+    algorithm.restore_from_path(checkpoint)
+
+
+def continue_from_checkpoint(config, checkpoint: str):
+    """A copy of ``config`` whose Algorithm starts from ``checkpoint`` (RLlib's ``on_algorithm_init``
+    restore), so a new run trains a finished one further up to a new stop."""
+    import functools
+
+    return config.copy(copy_frozen=False).callbacks(on_algorithm_init=functools.partial(restore_on_init, checkpoint))
 
 
 def _start_ray(verbose: int, user_modules: tuple) -> None:
@@ -161,16 +198,26 @@ def _exit_on_failed_trials(results, verbose: int) -> None:
 
 def add_run_flags(parser: argparse.ArgumentParser) -> None:
     """Adds the flags of one run (read by :func:`run_from_args`) to ``parser``."""
+    from rllib_dph.models.hub import absolute_path  # after ensure_package_envs: models import envs
+
     parser.add_argument(
         "--config",
         help="config overrides as JSON, e.g. '{\"model_name\": \"Qwen/Qwen2.5-0.5B\", "
         "\"env_config\": {\"data\": \"train.parquet\"}}'",
     )
     parser.add_argument("--stop", help="stop criteria as JSON, e.g. '{\"training_iteration\": 2}'")
-    parser.add_argument("--storage-path", help="Tune output directory (default ~/ray_results)")
+    parser.add_argument("--storage-path", type=absolute_path, help="Tune output directory (default ~/ray_results)")
     parser.add_argument("--name", help="experiment name (default: <algo>_<env>_<date>_<time>, new per run)")
     parser.add_argument("--checkpoint-freq", type=int, default=0, help="checkpoint every N iterations")
-    parser.add_argument("--checkpoint-at-end", action="store_true", help="checkpoint when stopping")
+    parser.add_argument(
+        "--checkpoint-at-end", action=argparse.BooleanOptionalAction, default=True,
+        help="checkpoint when stopping (default; --no-checkpoint-at-end to skip)",
+    )
+    parser.add_argument(
+        "--from-checkpoint", type=absolute_path, metavar="CHECKPOINT",
+        help="start from this Algorithm checkpoint (weights, optimizer, iteration count), e.g. to train a "
+        "finished run further with a larger --stop",
+    )
     parser.add_argument("--num-samples", type=int, default=1, help="Tune samples of the config")
     parser.add_argument("--resume", action="store_true", help="resume the experiment named by --name")
     parser.add_argument(
@@ -208,6 +255,14 @@ def check_run(config, stop: dict, args, overrides: dict) -> None:
     problems += [Problem("tracking", message) for message in tracking]
     if args.resume and not args.name:
         problems.append(Problem("--resume", "needs --name: the experiment folder to continue."))
+    if args.from_checkpoint and args.resume:
+        problems.append(Problem("--from-checkpoint", "starts a new run; drop --resume (which continues an interrupted one)."))
+    if args.from_checkpoint and not os.path.isfile(os.path.join(args.from_checkpoint, "rllib_checkpoint.json")):
+        problems.append(Problem(
+            "--from-checkpoint",
+            f"{args.from_checkpoint} is not an Algorithm checkpoint (no rllib_checkpoint.json); give a "
+            "trial's checkpoint_00000N folder.",
+        ))
     _refuse(problems)
     _refuse(memory_problems(config, force=args.force))
 
@@ -255,6 +310,8 @@ def run_from_args(config, stop: dict, args: argparse.Namespace) -> None:
     user_modules = import_user_modules(args.imports)
     check_run(config, stop, args, overrides)
     prepare_run(config)
+    if args.from_checkpoint:
+        config = continue_from_checkpoint(config, args.from_checkpoint)
     name = args.name or default_experiment_name(config)
     callbacks = logger_callbacks(
         name,

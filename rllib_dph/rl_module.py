@@ -120,14 +120,14 @@ def shared_prompt_hidden(decoder, batch: Dict[str, Any]) -> Optional[torch.Tenso
         input_ids=prompt_ids.clamp(min=0), attention_mask=prompt_mask,
         position_ids=(prompt_mask.cumsum(-1) - 1).clamp(min=0), use_cache=True,
     )
-    cache = prompt_out.past_key_values
+    cache = prompt_out.cache
     cache.batch_select_indices(owner)  # (U, ...) -> (B', ...)
     valid = torch.arange(R, device=rows.device)[None] < response_len[:, None]  # (B', R)
     positions = prompt_len[:, None] + torch.arange(R, device=rows.device)[None]  # (B', R)
     response_hidden = decoder(
         input_ids=input_ids.gather(1, positions.clamp(max=width - 1)) * valid,  # (B', R)
         attention_mask=torch.cat([prompt_mask[owner], valid.long()], dim=1),  # (B', P + R)
-        position_ids=positions, past_key_values=cache, use_cache=True,
+        position_ids=positions, cache=cache, use_cache=True,
     ).last_hidden_state  # (B', R, H)
     last_prompt = prompt_out.last_hidden_state[owner, prompt_len - 1]  # (B', H)
     hidden = torch.cat([last_prompt[:, None], response_hidden[:, :-1]], dim=1)  # (B', R, H)
@@ -252,7 +252,7 @@ class LLMRLModule(TorchRLModule):
         self.response_lm = ResponseLM(load_causal_lm(cfg["model"], dtype=torch.float32))
         if cfg.get("gradient_checkpointing") and not self.inference_only:
             # Non-reentrant checkpointing: the variant that works under DDP and FSDP2 alike.
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            self.model.activation_checkpointing_enable({"use_reentrant": False})
         self.model.train(not self.inference_only)
 
     @property

@@ -143,7 +143,7 @@ def test_gradient_checkpointing_takes_the_same_step():
     states = []
     for checkpointing in (False, True):
         learner = config.copy(copy_frozen=False).llm(gradient_checkpointing=checkpointing).build_learner(env=envs_make())
-        assert learner.module[DEFAULT_MODULE_ID].model.is_gradient_checkpointing == checkpointing
+        assert learner.module[DEFAULT_MODULE_ID].model.is_activation_checkpointing == checkpointing
         learner.update(batch=_wrap(batch))
         states.append(learner.module[DEFAULT_MODULE_ID].model.state_dict())
     # Without checkpointing the forward runs each shared prompt once (``rl_module.shared_prompt_hidden``),

@@ -72,9 +72,9 @@ def test_rows_that_are_not_prompt_then_response_take_the_full_forward(model):
 def test_activation_checkpointing_takes_the_full_forward(model):
     batch = _batch(_groups(model.config.vocab_size))
     full, _ = response_logits(model, batch, share_prompts=False)
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.activation_checkpointing_enable({"use_reentrant": False})
     try:
         checkpointed, _ = response_logits(model, batch)
     finally:
-        model.gradient_checkpointing_disable()
+        model.activation_checkpointing_disable()
     torch.testing.assert_close(checkpointed, full, atol=1e-5, rtol=0)

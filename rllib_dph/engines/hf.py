@@ -187,7 +187,7 @@ class HFEngine:
             input_ids=input_ids,
             attention_mask=attention_mask[:, :P],
             position_ids=position_ids,
-            past_key_values=cache,
+            cache=cache,
             use_cache=True,
             logits_to_keep=1,
         )
@@ -226,7 +226,7 @@ class HFEngine:
                 input_ids=token[:, None],  # (b, 1)
                 attention_mask=attention_mask[:, : P + t + 1],
                 position_ids=next_position[:, None],
-                past_key_values=cache,
+                cache=cache,
                 use_cache=True,
             )
             logits = step.logits[:, -1]  # (b, V)
@@ -326,7 +326,7 @@ class CompiledDecoder:
     def _forward(self, cache: StaticCache, token: torch.Tensor, position: torch.Tensor, mask: torch.Tensor):
         """One decoding step: (R, 1) tokens at (R, 1) positions, (R, C) mask -> (R, V) logits."""
         out = self.model(input_ids=token, attention_mask=mask, position_ids=position,
-                         past_key_values=cache, use_cache=True)
+                         cache=cache, use_cache=True)
         return out.logits[:, -1]
 
     def bucket(self, rows: int, length: int) -> tuple[int, int]:

@@ -82,12 +82,38 @@ def resolve_model(name_or_path: str, *, build: bool = True, force: bool = False)
     local = Path(name_or_path).expanduser()
     if local.is_dir():
         return str(local)
-    if name_or_path.startswith(("/", "./", "../", "~")) or local.exists():
+    if is_local_path(name_or_path):
         raise FileNotFoundError(
             f"model {name_or_path!r} looks like a local path but is not a directory; give a "
             f"directory written by save_pretrained, a Hugging Face id, or one of {list(BUNDLED_MODELS)}."
         )
     return name_or_path
+
+
+def is_local_path(name_or_path: str) -> bool:
+    """The one "is this a path?" rule for anything that takes a model or a checkpoint.
+
+    A bundled model name is a name; text that starts with ``/``, ``./``, ``../`` or ``~``, or that
+    names an existing file or folder, is a local path; anything else is a Hugging Face id.
+    """
+    if name_or_path in BUNDLED_MODELS:
+        return False
+    return name_or_path.startswith(("/", "./", "../", "~")) or Path(name_or_path).expanduser().exists()
+
+
+def absolute_path(text: str) -> str:
+    """A path argument as an absolute path (``~`` expanded, relative to the current folder).
+
+    Ray's checkpoint loading (pyarrow) and Tune's storage need absolute paths; every path
+    argument of the ``rllib`` command goes through this or :func:`absolute_if_path`.
+    """
+    return os.path.abspath(os.path.expanduser(text))
+
+
+def absolute_if_path(name_or_path: str) -> str:
+    """A model-or-checkpoint argument: :func:`absolute_path` when :func:`is_local_path` says it is a
+    path; a bundled model name or a Hugging Face id unchanged."""
+    return absolute_path(name_or_path) if is_local_path(name_or_path) else name_or_path
 
 
 def build_model(

@@ -20,7 +20,7 @@ setup(
         # On a CPU machine install the CPU build first (`pip install torch==2.13.0` here);
         # any installed torch >= 2.4 satisfies this and nothing else is pulled.
         "torch>=2.4",
-        "transformers>=5.24",  # the `cache=` forward keyword and per-layer KV-cache API of the HF engine
+        "transformers>=4.56",  # per-layer KV-cache API used by the HF engine (models/transformers_api.py spells the keywords that 5.24 renamed)
         "tokenizers>=0.20",
         "gymnasium>=1.0",
         "pyarrow>=14",

@@ -13,6 +13,7 @@ from ray.rllib.utils.typing import StateDict
 
 from rllib_dph import columns as C
 from rllib_dph.losses import token_logprobs, token_stats
+from rllib_dph.models.transformers_api import cache_kwargs, enable_activation_checkpointing, output_cache
 from rllib_dph.sharding import full_model_state, is_sharded, load_full_model_state
 
 #: Keys of the training forward pass output.
@@ -120,14 +121,14 @@ def shared_prompt_hidden(decoder, batch: Dict[str, Any]) -> Optional[torch.Tenso
         input_ids=prompt_ids.clamp(min=0), attention_mask=prompt_mask,
         position_ids=(prompt_mask.cumsum(-1) - 1).clamp(min=0), use_cache=True,
     )
-    cache = prompt_out.cache
+    cache = output_cache(prompt_out)
     cache.batch_select_indices(owner)  # (U, ...) -> (B', ...)
     valid = torch.arange(R, device=rows.device)[None] < response_len[:, None]  # (B', R)
     positions = prompt_len[:, None] + torch.arange(R, device=rows.device)[None]  # (B', R)
     response_hidden = decoder(
         input_ids=input_ids.gather(1, positions.clamp(max=width - 1)) * valid,  # (B', R)
         attention_mask=torch.cat([prompt_mask[owner], valid.long()], dim=1),  # (B', P + R)
-        position_ids=positions, cache=cache, use_cache=True,
+        position_ids=positions, use_cache=True, **cache_kwargs(decoder, cache),
     ).last_hidden_state  # (B', R, H)
     last_prompt = prompt_out.last_hidden_state[owner, prompt_len - 1]  # (B', H)
     hidden = torch.cat([last_prompt[:, None], response_hidden[:, :-1]], dim=1)  # (B', R, H)
@@ -251,8 +252,7 @@ class LLMRLModule(TorchRLModule):
         self.compute_dtype = as_dtype(cfg.get("dtype", "float32"))
         self.response_lm = ResponseLM(load_causal_lm(cfg["model"], dtype=torch.float32))
         if cfg.get("gradient_checkpointing") and not self.inference_only:
-            # Non-reentrant checkpointing: the variant that works under DDP and FSDP2 alike.
-            self.model.activation_checkpointing_enable({"use_reentrant": False})
+            enable_activation_checkpointing(self.model)
         self.model.train(not self.inference_only)
 
     @property

@@ -29,6 +29,7 @@ from transformers.cache_utils import Cache, DynamicLayer, StaticCache
 
 from rllib_dph.engines.base import Completion, SamplingParams
 from rllib_dph.models.folders import load_model_folder, load_tokenizer_folder
+from rllib_dph.models.transformers_api import cache_kwargs
 
 MAX_TOP_K_LOGPROBS = 20
 # Stopped rows leave the batch (a copy of the KV cache) once they are this share of it.
@@ -187,7 +188,7 @@ class HFEngine:
             input_ids=input_ids,
             attention_mask=attention_mask[:, :P],
             position_ids=position_ids,
-            cache=cache,
+            **cache_kwargs(self.model, cache),
             use_cache=True,
             logits_to_keep=1,
         )
@@ -226,7 +227,7 @@ class HFEngine:
                 input_ids=token[:, None],  # (b, 1)
                 attention_mask=attention_mask[:, : P + t + 1],
                 position_ids=next_position[:, None],
-                cache=cache,
+                **cache_kwargs(self.model, cache),
                 use_cache=True,
             )
             logits = step.logits[:, -1]  # (b, V)
@@ -326,7 +327,7 @@ class CompiledDecoder:
     def _forward(self, cache: StaticCache, token: torch.Tensor, position: torch.Tensor, mask: torch.Tensor):
         """One decoding step: (R, 1) tokens at (R, 1) positions, (R, C) mask -> (R, V) logits."""
         out = self.model(input_ids=token, attention_mask=mask, position_ids=position,
-                         cache=cache, use_cache=True)
+                         **cache_kwargs(self.model, cache), use_cache=True)
         return out.logits[:, -1]
 
     def bucket(self, rows: int, length: int) -> tuple[int, int]:

@@ -209,5 +209,6 @@ def test_rllib_train_refuses_a_run_that_will_not_fit(tmp_path):
     assert out.returncode == 2, out.stderr[-2000:]
     assert "1. memory: the estimated peak memory exceeds the budget on RAM" in out.stderr
     assert "--force" in out.stderr and not (tmp_path / "runs").exists()
-    args = argparse.Namespace(force=True, wandb_project=None, mlflow_tracking_uri=None, resume=False, name=None)
+    args = argparse.Namespace(force=True, wandb_project=None, mlflow_tracking_uri=None, resume=False, name=None,
+                              from_checkpoint=None)
     check_run(GRPOConfig().environment("rllib_dph/SQL-v0"), {}, args, huge)  # no SystemExit

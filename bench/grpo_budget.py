@@ -23,7 +23,7 @@ reproduction's budget comes from that curve (README, "The DPH-RL comparison").
 
 `--example` trains another tuned example, `--config` overrides its fields (JSON, as
 `rllib train --config`), `--split` evaluates another bundled split. `--base-cache DIR` keeps
-the base model's evaluation in DIR (keyed by model, split and evaluation settings), so a sweep
+the base model's evaluation in DIR (keyed by the model's fingerprint, split and evaluation settings), so a sweep
 of settings (`bench/collapse_search.py`) evaluates the base model once.
 """
 
@@ -96,9 +96,11 @@ def plot(rows: list, k_max: int, out_png: pathlib.Path, split: str = SPLIT) -> N
 def base_result(algo, env, settings, args, config):
     """The base model's evaluation: read from ``--base-cache`` when made with the same settings."""
     from rllib_dph.evaluation import EvalResult
+    from rllib_dph.models.hub import model_fingerprint, resolve_model
 
-    key = json.dumps([config.model_name, args.split, args.n, args.limit, settings.seed,
-                      settings.max_new_tokens], sort_keys=True)
+    # The fingerprint, not the name: a rebuilt model of the same name is another base model.
+    key = json.dumps([model_fingerprint(resolve_model(config.model_name)), args.split, args.n, args.limit,
+                      settings.seed, settings.max_new_tokens], sort_keys=True)
     name = f"base-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
     cache = pathlib.Path(args.base_cache) / name if args.base_cache else None
     if cache is not None and cache.is_file() and json.loads(cache.read_text())["key"] == key:

@@ -16,9 +16,13 @@ questions in training. Every setting that was run stays in the table; none is dr
     python bench/collapse_search.py --settings grpo,epochs4  # some of them
     python bench/collapse_search.py --dry-run                # print the commands only
     python bench/collapse_search.py --table                  # the table of what has been run
+    python bench/collapse_search.py --curve                  # pass@64 along training: GRPO and DPH-JS
 
 Writes `bench/out/collapse/<setting>/curve.json` (`grpo_budget.py`'s output) and
-`bench/out/collapse/summary.md`.
+`bench/out/collapse/summary.md`. `--curve` (issue #24 item 6) trains the `grpo` and `dph-js`
+settings for the comparison's budget (100 iterations), evaluates every 20 iterations into
+`bench/out/collapse/curves/<setting>/`, and plots pass@64 against iterations for both into
+`docs/collapse_curve.png`.
 """
 
 import argparse
@@ -34,7 +38,11 @@ SPLIT = "sql_synth/test_ties"
 #: Overrides of every setting: `extremum` answers run to 74 tokens (`order_limit` to 49), so the
 #: tuned example's 64-token limit would cut the robust approach short; 96 cuts neither.
 COMMON = {"max_response_length": 96}
-#: name -> (what it tests, config overrides of the GRPO tuned example, on top of COMMON).
+GRPO_EXAMPLE = "tuned_examples/grpo/sql_tiny_grpo.py"
+#: Settings that train another tuned example than GRPO's.
+EXAMPLES = {"dph-js": "tuned_examples/dph/sql_tiny_dph_js.py"}
+#: name -> (what it tests, config overrides of its tuned example (GRPO's unless in EXAMPLES), on
+#: top of COMMON).
 SETTINGS: dict[str, tuple[str, dict]] = {
     "grpo": ("the tuned example as it is (no ties in training)", {}),
     "epochs4": ("positive control: 4 updates per batch (2 mini-batches x 2 epochs), lr 1e-3",
@@ -46,46 +54,90 @@ SETTINGS: dict[str, tuple[str, dict]] = {
                 {"env_config": {"data": "sql_synth/train[:64]"}}),
     "ties5": ("5 % ties questions in training", {"env_config": {"data": "sql_synth/train@ties=0.05"}}),
     "ties20": ("20 % ties questions in training", {"env_config": {"data": "sql_synth/train@ties=0.2"}}),
+    "dph-js": ("not a GRPO setting: the DPH-JS tuned example (8 of 8, all trajectories), for the curve", {}),
 }
+
+
+def out_dir(name: str, args: argparse.Namespace) -> pathlib.Path:
+    """Where a setting's run writes: `curves/<name>` for `--curve`, else `<name>`."""
+    return OUT / "curves" / name if args.curve else OUT / name
 
 
 def command(name: str, args: argparse.Namespace) -> list[str]:
     """The `grpo_budget.py` command of one setting."""
     _, overrides = SETTINGS[name]
     overrides = {**COMMON, **overrides, **json.loads(args.config)}
-    return [sys.executable, str(REPO / "bench/grpo_budget.py"), "--split", SPLIT, "--n", str(args.n),
+    return [sys.executable, str(REPO / "bench/grpo_budget.py"), "--example", str(REPO / EXAMPLES.get(name, GRPO_EXAMPLE)),
+            "--split", SPLIT, "--n", str(args.n),
             "--limit", str(args.limit), "--iterations", str(args.iterations), "--every", str(args.every),
             "--seed", str(args.seed), "--config", json.dumps(overrides),
-            "--base-cache", str(OUT / "base"), "--out", str(OUT / name)]
+            "--base-cache", str(OUT / "base"), "--out", str(out_dir(name, args))]
+
+
+def plot_curves(names: list[str], out_png: pathlib.Path) -> None:
+    """pass@k at the largest k (and pass@1) against iterations, with 95 % bands, one line per setting."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name in names:
+        rows = json.loads((OUT / "curves" / name / "curve.json").read_text())["rows"]
+        k = max_k(rows[-1]["summary"])
+        its = [r["iteration"] for r in rows]
+        for metric, style in ((f"pass@{k}", "-"), ("pass@1", ":")):
+            drawn, = ax.plot(its, [100 * r["summary"][metric] for r in rows], style, marker="o", label=f"{name} {metric}")
+            low, high = zip(*(r["intervals"][metric] for r in rows))
+            ax.fill_between(its, 100 * np.array(low), 100 * np.array(high), color=drawn.get_color(), alpha=0.12)
+    ax.set_ylim(0, 100)
+    ax.set_xlabel("training iteration")
+    ax.set_ylabel(f"{SPLIT} (%), 95 % band")
+    ax.set_title("The ties family along training (first 100 prompts, n = 64)", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=120)
+    plt.close(fig)
+
+
+def max_k(summary: dict) -> int:
+    """The largest k of a summary's overall `pass@k` entries (not the per-style `pass@k/<style>`)."""
+    return max(int(m.split("@")[1]) for m in summary if m.startswith("pass@") and "/" not in m)
 
 
 def table() -> str:
-    """The markdown table of every setting that has a curve: the last evaluation against the base."""
+    """The markdown table of every setting that has a curve: each evaluation against the base."""
     from rllib_dph.evaluation.intervals import format_interval
 
-    lines = ["| setting | what it tests | iterations | pass@1 | pass@k | pass@k − base | collapse |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| setting | what it tests | iterations | train reward (first 10 → last 10 it.) | pass@1 | pass@k | pass@k − base | collapse |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name, (what, _) in SETTINGS.items():
         path = OUT / name / "curve.json"
         if not path.is_file():
             continue
-        rows = json.loads(path.read_text())["rows"]
-        last = rows[-1]
-        k = max(int(m.split("@")[1]) for m in last["summary"] if m.startswith("pass@"))
-        s, ci = last["summary"], last["intervals"]
-        diff, (low, high) = last[f"pass@{k} - base"]
-        cells = [format_interval(s["pass@1"], ci["pass@1"], scale=100),
-                 format_interval(s[f"pass@{k}"], ci[f"pass@{k}"], scale=100),
-                 format_interval(diff, (low, high), scale=100), "yes" if high < 0 else "no"]
-        lines.append(f"| {name} | {what} | {last['iteration']} | " + " | ".join(cells) + " |")
+        curve = json.loads(path.read_text())
+        for row in curve["rows"][1:]:
+            rewards = curve["train_reward"][: row["iteration"]]
+            trend = f"{sum(rewards[:10]) / 10:.2f} → {sum(rewards[-10:]) / 10:.2f}"
+            k = max_k(row["summary"])
+            s, ci = row["summary"], row["intervals"]
+            diff, (low, high) = row[f"pass@{k} - base"]
+            cells = [format_interval(s["pass@1"], ci["pass@1"], scale=100),
+                     format_interval(s[f"pass@{k}"], ci[f"pass@{k}"], scale=100),
+                     format_interval(diff, (low, high), scale=100), "yes" if high < 0 else "no"]
+            lines.append(f"| {name} | {what} | {row['iteration']} | {trend} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--settings", default=",".join(SETTINGS), help="comma-separated names of SETTINGS")
-    parser.add_argument("--iterations", type=int, default=200)
-    parser.add_argument("--every", type=int, default=100)
+    parser.add_argument("--settings", help="comma-separated names of SETTINGS (default: all; --curve: grpo,dph-js)")
+    parser.add_argument("--curve", action="store_true",
+                        help="the curve of issue #24 item 6: evaluate every 20 of 100 iterations into curves/, plot docs/collapse_curve.png")
+    parser.add_argument("--iterations", type=int, help="default 200 (--curve: 100)")
+    parser.add_argument("--every", type=int, help="default 100 (--curve: 20)")
     parser.add_argument("--n", type=int, default=64)
     parser.add_argument("--limit", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
@@ -93,6 +145,9 @@ def main() -> None:
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     parser.add_argument("--table", action="store_true", help="print the table of the runs made, run nothing")
     args = parser.parse_args()
+    args.settings = args.settings or ("grpo,dph-js" if args.curve else ",".join(SETTINGS))
+    args.iterations = args.iterations or (100 if args.curve else 200)
+    args.every = args.every or (20 if args.curve else 100)
     names = [n for n in args.settings.split(",") if n]
     unknown = [n for n in names if n not in SETTINGS]
     if unknown:
@@ -104,6 +159,10 @@ def main() -> None:
             if not args.dry_run:
                 subprocess.run(cmd, check=True)
     if args.dry_run:
+        return
+    if args.curve:
+        plot_curves(names, REPO / "docs/collapse_curve.png")
+        print(f"wrote {REPO / 'docs/collapse_curve.png'}")
         return
     summary = table()
     OUT.mkdir(parents=True, exist_ok=True)

@@ -19,6 +19,7 @@ greedy accuracy, pass@k (n samples), keep / exploration rates against the base m
     python bench/reproduce_dph.py --budget smollm2-cpu   # the real 135M model on 2 CPU cores (see BUDGETS)
     python bench/reproduce_dph.py --budget ties          # the pre-registered comparison on the ties family
     python bench/reproduce_dph.py --budget ties-quick    # its quick mode
+    python bench/reproduce_dph.py --budget smollm2-ties-cpu   # the real 135M model on the ties family, 2 CPU cores
 
 The `ties` budgets (issue #24, docs/collapse.md) add `sql_synth/test_ties`, where only the base
 model's minority approach is right, and two DPH-JS variants: "DPH-JS" (8 of 8, all trajectories,
@@ -88,6 +89,16 @@ BUDGETS = {
     # pass@64 on test_ties 46 points below the base model's (docs/collapse.md).
     "ties": dict(seeds=[0, 1, 2], iterations=100, eval_limit=None, n=64, methods=TIES_METHODS,
                  config=TIES_CONFIG, max_new_tokens=96),
+    # The real model on the ties family (issue #24 item 7), fixed before any run of it: the
+    # smollm2-cpu budget's model, batch and learning rate with the ties limit of 96 tokens; GRPO
+    # against DPH-JS (8 of 8, all trajectories); the first 50 prompts of test and test_ties, n = 16.
+    "smollm2-ties-cpu": dict(
+        seeds=[0], iterations=30, eval_limit=50, n=16, methods=["GRPO", "DPH-JS"], max_new_tokens=96,
+        splits=["in-domain", "ties"],
+        config={"model_name": "smollm2-135m-sft", "dtype": "float32", "prompts_per_step": 4, "group_size": 8,
+                "max_response_length": 96, "minibatch_size": 16, "lr": 1e-5,
+                "env_config": {"data": "sql_synth/train[:128]"}},
+    ),
     "ties-quick": dict(seeds=[0], iterations=100, eval_limit=50, n=64, methods=["GRPO", "DPH-JS", "DPH-JS (refine)"],
                        config=TIES_CONFIG, max_new_tokens=96, splits=["in-domain", "ties"]),
 }
@@ -411,8 +422,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--budget", choices=list(BUDGETS), default="full",
                         help="full (3 seeds, all prompts), quick (1 seed, ~7 min), ties / ties-quick (the pre-registered "
-                        "comparison on the ties family and its quick mode) or smollm2-cpu (the real "
-                        "model on 2 CPU cores, ~70 min; the flags below override any budget's values)")
+                        "comparison on the ties family and its quick mode), smollm2-cpu (the real "
+                        "model on 2 CPU cores, ~70 min) or smollm2-ties-cpu (the real model on the ties family); "
+                        "the flags below override any budget's values")
     parser.add_argument("--quick", action="store_true", help="the same as --budget quick")
     parser.add_argument("--seeds", type=int, nargs="+")
     parser.add_argument("--iterations", type=int)

@@ -72,3 +72,15 @@ def test_a_changed_spec_is_not_current(tmp_path, monkeypatch, tiny_warm_start, b
     assert not is_current_warm_start(tmp_path / "m", tiny_warm_start, base_dir)
     record = json.loads((tmp_path / "m" / warm_start.BUILD_RECORD).read_text())
     assert record["spec"]["lr"] == 1e-3
+
+
+def test_a_changed_corpus_is_not_current(tmp_path, monkeypatch, tiny_warm_start, base_dir):
+    """A build trained on other SFT examples than the suites make now (say, before a new
+    question family) is rebuilt, though its spec is unchanged."""
+    build_warm_start(tiny_warm_start, tmp_path / "m", base_dir=base_dir, progress=False)
+    assert is_current_warm_start(tmp_path / "m", tiny_warm_start, base_dir)
+    record_path = tmp_path / "m" / warm_start.BUILD_RECORD
+    record = json.loads(record_path.read_text())
+    assert record["corpus_sha256"] == warm_start.corpus_fingerprint(warm_start.training_examples(SPEC))
+    record_path.write_text(json.dumps({**record, "corpus_sha256": "0" * 64}))
+    assert not is_current_warm_start(tmp_path / "m", tiny_warm_start, base_dir)

@@ -13,11 +13,13 @@ completion and its end-of-turn token.
 ``rllib build-model smollm2-135m-sft``), with a progress bar; an interrupted build resumes from
 its last checkpoint (every ``checkpoint_every`` steps). The folder's build record holds the spec,
 the base model's fingerprint, the loss curve's ends and the folder's own fingerprint; a changed
-spec or base model makes it rebuild.
+spec, base model or SFT corpus (the suites' solutions change when the suites do) makes it
+rebuild.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -30,6 +32,7 @@ import torch
 
 from rllib_dph.models.folders import folder_fingerprint, load_model_folder, load_tokenizer_folder
 from rllib_dph.models.sft import encode_example, sft
+from rllib_dph.models.tiny import corpus_fingerprint
 
 #: Version of the warm-start recipe; a build made by another version is rebuilt.
 WARM_START_VERSION = 1
@@ -100,6 +103,12 @@ def training_examples(spec: WarmStartSpec) -> list[dict]:
     return [pool[i] for i in order]
 
 
+@functools.cache
+def _current_corpus(spec: WarmStartSpec) -> str:
+    """The fingerprint of ``spec``'s SFT examples as the suites make them now (once per process)."""
+    return corpus_fingerprint(training_examples(spec))
+
+
 def build_warm_start(
     name: str,
     out_dir: str | os.PathLike,
@@ -150,6 +159,7 @@ def build_warm_start(
         "warm_start_version": WARM_START_VERSION,
         "spec": asdict(spec),
         "base_fingerprint": _base_fingerprint(base_dir),
+        "corpus_sha256": corpus_fingerprint(examples),
         "num_parameters": sum(p.numel() for p in model.parameters()),
         "sft": _sft_summary(examples, losses, sft_seconds),
         "fingerprint": folder_fingerprint(out_dir),
@@ -182,14 +192,17 @@ def _sft_summary(examples: list[dict], losses: list[float], seconds: float) -> d
 
 
 def is_current_warm_start(path: str | os.PathLike, name: str, base_dir: str | os.PathLike | None) -> bool:
-    """Whether ``path`` holds a complete build of warm start ``name`` by this recipe, spec and
-    base model (``base_dir``: its folder; None when it is not on disk, then it is not checked)."""
+    """Whether ``path`` holds a complete build of warm start ``name`` by this recipe, spec, SFT
+    corpus and base model (``base_dir``: its folder; None when it is not on disk, then it is not
+    checked)."""
     record_path = Path(path) / BUILD_RECORD
     if not record_path.is_file():
         return False
     record = json.loads(record_path.read_text())
     spec = WARM_STARTS[name]
     if record.get("warm_start_version") != WARM_START_VERSION or record.get("spec") != json.loads(json.dumps(asdict(spec))):
+        return False
+    if record.get("corpus_sha256") != _current_corpus(spec):
         return False
     if base_dir is None:
         return True

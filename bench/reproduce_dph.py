@@ -9,7 +9,9 @@ greedy accuracy, pass@k (n samples), keep / exploration rates against the base m
 - `results.md`: Markdown tables in the layout of the paper's Tables 1 and 2 (mean over seeds and
   prompts with 95 % bootstrap intervals, both redrawn), and each method's paired difference to the
   base model and to GRPO;
-- `pass_at_k.png`: pass@k curves (in-domain) of the base model and each method;
+- `pass_at_k.png`, `pass_at_k_<split>.png`: pass@k curves with 95 % bands, per split (seed 0);
+- `style_pass_at_k.png`, `style_pass_at_k_<split>.png`: pass@k per solution style (on the ties
+  split: per approach) with error bars;
 - `styles.png`: solution-style distributions (in-domain), like the paper's Figure 4;
 - `runs/<method>_seed<s>/...`: checkpoints and per-split evaluation JSON;
 - `summary.json`: every number in the tables.
@@ -240,22 +242,28 @@ def tables(base: dict, runs: dict, args) -> tuple[str, dict]:
     return "\n".join(lines), numbers
 
 
+def references(base: dict, runs: dict) -> list[tuple[str, list]]:
+    """What each method is compared with: the base model, GRPO and DAPO (whose clip-higher and
+    dynamic-sampling settings the DPH tuned examples share), those that ran."""
+    return [("base", [base])] + [(name, runs[name]) for name in ("GRPO", "DAPO") if name in runs]
+
+
 def differences(base: dict, runs: dict, k_max: int, numbers: dict) -> str:
-    """A Markdown table of each method's paired difference to the base model and to GRPO."""
+    """A Markdown table of each method's paired difference to the base model, GRPO and DAPO."""
     from rllib_dph.evaluation.intervals import format_interval, paired_difference_interval
 
     metrics = [("in-domain", "greedy_accuracy", "greedy"), ("in-domain", f"pass@{k_max}", f"pass@{k_max}"),
                ("cross-domain", f"pass@{k_max}", f"cross pass@{k_max}"), ("math (OOD)", f"pass@{k_max}", f"math pass@{k_max}"),
                ("ties", f"pass@{k_max}", f"ties pass@{k_max}")]
     metrics = [m for m in metrics if m[0] in base]
-    references = [("base", [base])] + ([("GRPO", runs["GRPO"])] if "GRPO" in runs else [])
-    head = " | ".join(f"{label} − {ref}" for ref, _ in references for _, _, label in metrics)
+    refs = references(base, runs)
+    head = " | ".join(f"{label} − {ref}" for ref, _ in refs for _, _, label in metrics)
     lines = ["Paired differences in points, with 95 % intervals (the same prompts redrawn for both sides):",
-             "", f"| method | {head} |", "|" + " --- |" * (1 + len(references) * len(metrics))]
+             "", f"| method | {head} |", "|" + " --- |" * (1 + len(refs) * len(metrics))]
     numbers["differences"] = {}
     for method, per_seed in runs.items():
         texts = []
-        for ref, ref_seeds in references:
+        for ref, ref_seeds in refs:
             for split, metric, label in metrics:
                 if ref == method:
                     texts.append("—")
@@ -269,13 +277,12 @@ def differences(base: dict, runs: dict, k_max: int, numbers: dict) -> str:
 
 
 def entropy_differences(base: dict, runs: dict, numbers: dict) -> None:
-    """Adds each method's paired style-entropy difference to the base model and to GRPO to ``numbers``."""
+    """Adds each method's paired style-entropy difference to the base model, GRPO and DAPO to ``numbers``."""
     from rllib_dph.evaluation import style_entropy
     from rllib_dph.evaluation.intervals import paired_entropy_difference_interval
 
-    references = [("base", [base])] + ([("GRPO", runs["GRPO"])] if "GRPO" in runs else [])
     for method, per_seed in runs.items():
-        for ref, ref_seeds in references:
+        for ref, ref_seeds in references(base, runs):
             if ref == method:
                 continue
             results = [r["in-domain"] for r in per_seed] + [r["in-domain"] for r in ref_seeds]
@@ -332,7 +339,9 @@ def claims(numbers: dict, k_max: int, methods=("DPH-F", "DPH-JS", "DPH-JS (refin
 
     Each claim is read from a paired difference and its 95 % interval (:func:`verdict`, margins
     :data:`MARGINS`): "kept" claims against the base model (and greedy against GRPO, which the
-    paper says DPH matches), "above" claims against GRPO.
+    paper says DPH matches), "above" claims against GRPO and against DAPO, whose settings the DPH
+    tuned examples share (so the DAPO rows isolate the D_pef term). A row none of ``methods``
+    has a number for (a split not evaluated, a method not run) is left out.
     """
     rate, bits = MARGINS["rate"], MARGINS["bits"]
     rows = [
@@ -348,12 +357,15 @@ def claims(numbers: dict, k_max: int, methods=("DPH-F", "DPH-JS", "DPH-JS (refin
         (f"ties pass@{k_max} above GRPO (the primary endpoint for DPH-JS)", f"ties pass@{k_max} − GRPO", "above", rate, 100),
         ("styles kept (entropy vs base, bits)", "style entropy − base", "kept", bits, 1),
         ("styles above GRPO (entropy, bits)", "style entropy − GRPO", "above", bits, 1),
+        (f"pass@{k_max} above DAPO", f"pass@{k_max} − DAPO", "above", rate, 100),
+        (f"ties pass@{k_max} above DAPO", f"ties pass@{k_max} − DAPO", "above", rate, 100),
+        ("styles above DAPO (entropy, bits)", "style entropy − DAPO", "above", bits, 1),
     ]
     present = [m for m in methods if m in numbers["differences"]]
     lines = [f"| claim | {' | '.join(present)} |", "|" + " --- |" * (1 + len(present))]
     for claim, key, kind, margin, scale in rows:
-        if key.startswith("ties") and not any(key in numbers["differences"][m] for m in present):
-            continue  # the ties split was not evaluated
+        if not any(key in numbers["differences"][m] for m in present):
+            continue
         texts = []
         for method in present:
             diff = numbers["differences"][method].get(key)
@@ -369,14 +381,27 @@ def claims(numbers: dict, k_max: int, methods=("DPH-F", "DPH-JS", "DPH-JS (refin
 
 
 def plots(base: dict, runs: dict, out: pathlib.Path) -> None:
+    """Seed 0's figures: pass@k curves with bands and per-style pass@k bars for every evaluated split
+    (`pass_at_k[_<split>].png`, `style_pass_at_k[_<split>].png`; in-domain unsuffixed), and the
+    in-domain style shares like the paper's Figure 4 (`styles.png`)."""
+    from rllib_dph.evaluation import plot_pass_at_k, plot_style_pass_at_k
+
+    for split in base:
+        suffix = "" if split == "in-domain" else f"_{split.split()[0]}"
+        results = [base[split]] + [seeds[0][split] for seeds in runs.values()]
+        plot_pass_at_k(results, out / f"pass_at_k{suffix}.png")
+        if any(s != "none" for r in results for s in r.style_counts()):
+            plot_style_pass_at_k(results, out / f"style_pass_at_k{suffix}.png")
+    style_shares(base, runs, out / "styles.png")
+
+
+def style_shares(base: dict, runs: dict, out_png: pathlib.Path) -> None:
+    """Bars of how often each SQL style is sampled on the in-domain split (seed 0), per method."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from rllib_dph.evaluation import plot_pass_at_k
-
-    plot_pass_at_k([base["in-domain"]] + [seeds[0]["in-domain"] for seeds in runs.values()], out / "pass_at_k.png")
     labels = ["Base model"] + list(runs)
     counts = [base["in-domain"].style_counts()] + [seeds[0]["in-domain"].style_counts() for seeds in runs.values()]
     styles = sorted({s for c in counts for s in c if s != "none"})
@@ -392,7 +417,7 @@ def plots(base: dict, runs: dict, out: pathlib.Path) -> None:
     ax.set_title("Solution styles on the in-domain test split (seed 0)")
     ax.legend(ncol=3, fontsize=8)
     fig.tight_layout()
-    fig.savefig(out / "styles.png", dpi=120)
+    fig.savefig(out_png, dpi=120)
 
 
 def prepare(methods: list[str], args) -> None:
@@ -491,7 +516,7 @@ def main() -> None:
     (out / "summary.json").write_text(json.dumps({"args": vars(args), "numbers": numbers}, indent=1, default=str))
     plots(base, runs, out)
     print("\n" + text)
-    print(f"wrote {out / 'results.md'}, {out / 'pass_at_k.png'}, {out / 'styles.png'}")
+    print(f"wrote {out / 'results.md'} and the figures (pass_at_k*.png, style_pass_at_k*.png, styles.png) in {out}")
 
 
 if __name__ == "__main__":

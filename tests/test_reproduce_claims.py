@@ -45,12 +45,15 @@ def test_claims_table_has_a_row_per_claim_and_a_column_per_dph_variant(reproduce
     diff = {"mean": 0.01, "ci95": [-0.01, 0.02]}
     keys = ["pass@32 − base", "pass@32 − GRPO", "greedy − base", "greedy − GRPO", "cross pass@32 − base",
             "cross pass@32 − GRPO", "math pass@32 − base", "math pass@32 − GRPO"]
-    numbers = {"differences": {"DPH-F": {k: diff for k in keys}, "DPH-JS": {"greedy − base": diff}}}
+    numbers = {"differences": {"DPH-F": {k: diff for k in keys}, "DPH-JS": {"greedy − base": diff, "pass@32 − DAPO": diff}}}
     lines = reproduce.claims(numbers, 32).splitlines()
-    assert lines[0] == "| claim | DPH-F | DPH-JS |" and len(lines) == 2 + 10
+    # A row per claim some variant has a number for (the 8 keys, and DAPO's): rows nobody has
+    # (style entropy, ties, DAPO's other claims) are left out.
+    assert lines[0] == "| claim | DPH-F | DPH-JS |" and len(lines) == 2 + 9
     assert "| pass@32 kept (vs base) | holds: +1.0 [-1.0, +2.0] | — |" in lines
     assert "| pass@32 above GRPO | does not hold (no difference beyond ±3): +1.0 [-1.0, +2.0] | — |" in lines
-    assert lines[-1] == "| styles above GRPO (entropy, bits) | — | — |"
+    assert lines[-1] == "| pass@32 above DAPO | — | does not hold (no difference beyond ±3): +1.0 [-1.0, +2.0] |"
+    assert not any("entropy" in line or "ties" in line for line in lines)
 
 
 def test_a_budget_for_another_model_presamples_into_its_own_folder(reproduce):

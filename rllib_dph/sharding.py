@@ -47,7 +47,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from rllib_dph.learners.step import all_reduce
+from rllib_dph.collectives import all_reduce
 
 #: ``sharding`` choices: DDP replicas (RLlib's default) or FSDP2 shards.
 SHARDINGS = ("ddp", "fsdp2")

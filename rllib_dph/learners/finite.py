@@ -10,7 +10,7 @@ from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.utils.annotations import override
 from ray.rllib.utils.typing import ParamDict
 
-from rllib_dph.learners.step import all_reduce
+from rllib_dph.collectives import all_reduce
 from rllib_dph.sharding import local
 
 # Metric keys under ``learners/<module_id>/``.

@@ -11,19 +11,8 @@ import torch.distributed as dist
 
 from rllib_dph import columns as C
 from rllib_dph.batch import padding_row, trim_padding
+from rllib_dph.collectives import all_reduce, distributed
 from rllib_dph.losses import AGGREGATIONS, aggregate_parts
-
-
-def distributed() -> bool:
-    """Whether this learner is one of several (a torch.distributed group of more than one)."""
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
-def all_reduce(tensor: torch.Tensor, op=dist.ReduceOp.SUM) -> torch.Tensor:
-    """``tensor`` reduced over all learners (in place), unchanged with a single learner."""
-    if distributed():
-        dist.all_reduce(tensor, op=op)
-    return tensor
 
 
 def row_mask(batch: Dict[str, Any], row_type: int) -> torch.Tensor:

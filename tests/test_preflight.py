@@ -143,7 +143,7 @@ def test_a_good_config_has_no_problems(tmp_path):
 def test_rllib_train_refuses_bad_input_before_ray_starts(tmp_path):
     """The issue's examples in one command: exit code 2, each problem once, no Ray started.
 
-    (Its time, ~6 s on 2 idle cores, is a benchmark figure in the README, not asserted here.)"""
+    (Its time, ~6 s on 2 idle cores, is not asserted here; docs/cli.md says "a few seconds".)"""
     cmd = [
         sys.executable, "-m", "rllib_dph.cli", "train", "--algo", "GRPO", "--env", "rllib_dph/SQL-v0",
         "--config", json.dumps({"group_sise": 4, "group_size": 1, "model_name": "./nomodel",

@@ -16,7 +16,7 @@ WORDS = ["ray", "rllib", "policy", "gradient", "reward"]
 
 
 def _register_reverse(env_id="test/Reverse-v0", **kwargs):
-    # The README example: an exact-match string task registered in one call.
+    # The example of docs/environments.md: an exact-match string task registered in one call.
     envs.register_verifier_env(
         env_id,
         verifier=lambda completion, answer: completion.strip() == answer,

@@ -119,7 +119,7 @@ def test_fsdp2_algorithm_syncs_full_weights_and_restores(ray_session, tmp_path):
 
 
 def test_rllib_train_with_fsdp2_learners(tmp_path):
-    """The README's command line with two FSDP2 learners, two iterations."""
+    """The command line of docs/scaling.md with two FSDP2 learners, two iterations."""
     overrides = (
         '{"num_learners": 2, "num_cpus_per_learner": 0.5, "sharding": "fsdp2", '
         '"model_name": "tiny-random", "prompts_per_step": 2, "group_size": 4, "max_response_length": 16}'

@@ -199,8 +199,8 @@ HAND_DOMAINS: tuple[Domain, ...] = (
 # training covers many schemas and writing a query means copying names from the prompt.
 #
 # The cross-domain databases are drawn from the same pools: a model of a million parameters
-# cannot write a table or column name made of tokens it never saw in training (with unseen words,
-# as in an earlier version of this suite, the tiny model's pass@16 on the cross split was 0), so
+# cannot write a table or column name made of tokens it never saw in training (measured with
+# unseen words: docs/models.md, "How the cross-domain split became solvable"), so
 # "unseen database" here means an unseen schema — a pairing of tables and a set of columns that
 # no training database has — with its own rows.
 

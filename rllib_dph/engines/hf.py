@@ -288,10 +288,10 @@ class DecodeOutputs:
 class CompiledDecoder:
     """Decoding with a static KV cache through ``torch.compile`` (CUDA graphs on a GPU).
 
-    A decoding step of a small model on a GPU costs Python and kernel launches (~25 ms per step
-    for a 100M model on an H100, issue #14), not arithmetic. Here every step of a chunk is the
-    same computation on the same buffers, so ``torch.compile(mode="reduce-overhead")`` records
-    it once as a CUDA graph and then replays it:
+    A decoding step of a small model on a GPU costs Python and kernel launches, not arithmetic
+    (measured on an H100, issue #14: docs/results.md, "On an H100"). Here every step of a chunk
+    is the same computation on the same buffers, so ``torch.compile(mode="reduce-overhead")``
+    records it once as a CUDA graph and then replays it:
 
     - a ``transformers`` :class:`~transformers.cache_utils.StaticCache` (fixed (rows, heads,
       length, dim) buffers at fixed addresses, written in place at a position that is a device

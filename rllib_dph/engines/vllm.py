@@ -29,8 +29,8 @@ Process modes:
 CPU threads:
     vLLM binds its OpenMP threads to cores (``VLLM_CPU_OMP_THREADS_BIND``, default ``auto``:
     the cores of the process's NUMA node). On a CPU shared with other busy processes the bound
-    threads wait on each other: on 2 shared cores decoding was 10-30x slower and erratic with 2
-    threads than with one; there, bind fewer cores, e.g. ``VLLM_CPU_OMP_THREADS_BIND=0``.
+    threads wait on each other (measured: docs/engines.md, "vLLM on CPU"); there, bind fewer
+    cores, e.g. ``VLLM_CPU_OMP_THREADS_BIND=0``.
 
 Weight sync (:meth:`VLLMEngine.update_weights`):
     One machine (the env runner holds the engine): ``llm.collective_rpc("reload_weights",
@@ -78,9 +78,8 @@ from rllib_dph.models.folders import as_dtype, load_tokenizer_folder
 LOGPROBS_MODE = "processed_logprobs"
 #: vLLM engine arguments used on CPU unless given: vLLM's default ``gpu_memory_utilization``
 #: (0.92, on CPU a share of the machine's memory) refuses to start when anything else uses
-#: memory, so the KV cache gets a fixed 1 GiB; compiling (``enforce_eager=False``) took 33 s
-#: instead of 5 s to start on 2 cores and did not speed up decoding of the tiny model
-#: (239 vs 304 tokens/s, 128 rows).
+#: memory, so the KV cache gets a fixed 1 GiB; compiling (``enforce_eager=False``) starts much
+#: slower on CPU and did not speed up decoding (measured: docs/engines.md, "vLLM on CPU").
 CPU_DEFAULTS = {"kv_cache_memory_bytes": 1 << 30, "enforce_eager": True}
 #: Environment variable with which vLLM picks in-process ("0") or multi-process ("1") mode.
 MULTIPROCESSING_ENV_VAR = "VLLM_ENABLE_V1_MULTIPROCESSING"

@@ -29,8 +29,8 @@ class LLMTorchLearner(ShardedModules, SkipNonFiniteSteps, TokenBudgetSteps, Grou
     runs under autocast to ``config.dtype`` (inside ``LLMRLModule._forward_train``, so every
     caller gets it). The frozen reference model is loaded the same way (float32 weights, the
     same autocast), so π_ref computes exactly what the initial π_θ computes and the KL starts at
-    0; a bf16 copy would differ by bf16 rounding (on an H100, random-token rows: mean k3 KL
-    1e-3 per token at step 0 for tiny-sql-math, 2e-5 for a random-weight 100M Qwen2).
+    0; a bf16 copy would differ by bf16 rounding (measured on an H100: docs/results.md, "On an
+    H100").
     """
 
     @override(TorchLearner)

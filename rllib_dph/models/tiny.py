@@ -66,9 +66,10 @@ BUILD_RECORD = "rllib_dph_build.json"
 #: get rebuilt; ``tests/test_shipped_model.py`` fails when the suites changed under the shipped build.
 BUILD_VERSION = 4
 #: Torch threads of a build. One thread: the same weights on every machine with the same CPU
-#: kernels, whatever its core count, and robust on a busy machine. On 2 cores a second thread
-#: makes an idle build ~1.4x faster but one that shares the CPU with other jobs up to 20x slower
-#: (threads wait for each other at every parallel region); pass ``num_threads`` to choose.
+#: kernels, whatever its core count, and robust on a busy machine: a second thread makes an
+#: idle build faster but one that shares the CPU with other jobs much slower (threads wait for
+#: each other at every parallel region; measured: docs/models.md, "Build threads"); pass
+#: ``num_threads`` to choose.
 BUILD_THREADS = 1
 #: The suites the tiny models are trained on.
 SUITES = ("sql_synth", "math_synth")
@@ -120,9 +121,9 @@ class TinyModelSpec:
 
 #: The bundled tiny models, by name.
 TINY_MODELS: dict[str, TinyModelSpec] = {
-    # 3000 steps of 16 (2.0 epochs). With the 36 training databases the model has to read the
-    # schema; at 1300 steps (enough for the earlier six databases) greedy SQL accuracy was 0.15,
-    # at 3000 it is 0.69 in-domain, 0.15 cross-domain and 0.11 on math (all 300 prompts each).
+    # 3000 steps of 16 (2.0 epochs): with the 36 training databases the model has to read the
+    # schema, which takes more steps than six databases did (docs/models.md, "How the
+    # cross-domain split became solvable"; the build's measured quality is in its build record).
     "tiny-sql-math": TinyModelSpec(sft_steps=3000, eval_samples=8),
     "tiny-random": TinyModelSpec(),
 }

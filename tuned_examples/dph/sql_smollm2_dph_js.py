@@ -19,7 +19,7 @@ How to run (one GPU, bf16 mixed precision):
 
 Results to expect:
     Not yet measured (no GPU was available when this example was written). The base policy is
-    the warm start `smollm2-135m-sft` (README.md, "Warm start"): on sql_synth/test it solves
+    the warm start `smollm2-135m-sft` (docs/models.md, "Warm start"): on sql_synth/test it solves
     greedily 0.812 and with 32 samples 0.938 of the first 16 prompts, so pre-sampling finds many
     near-perfect prompts for D_pef (the zero-shot model solved none, which left D_pef empty).
 """

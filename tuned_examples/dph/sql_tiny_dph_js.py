@@ -28,7 +28,7 @@ Results to expect:
     GRPO's) rises from about 0.37 to 0.45 (20-iteration means) over 60 iterations while
     `pef_u_mean` (π_θ/π_ref on the reference answers) stays near 1. After 100 iterations
     (bench/reproduce_dph.py, 3 seeds, shipped model) DPH-JS has greedy accuracy 75.3 % (base 69.3,
-    GRPO 74.1) and pass@1 65.4 % (base 54.3, GRPO 63.2) on sql_synth/test; README.md ("Results") has the rest.
+    GRPO 74.1) and pass@1 65.4 % (base 54.3, GRPO 63.2) on sql_synth/test; docs/results.md has the rest.
 """
 
 import os

@@ -16,7 +16,7 @@ twice (the code's js_low_var). Numbers measured before that normalisation existe
 eta weighed the term 8x more, 4x for DPH-JS) are marked as such below.
 
 Results to expect:
-    Not measured yet. See README.md ("Results").
+    Not measured yet. See docs/results.md.
 """
 
 import os

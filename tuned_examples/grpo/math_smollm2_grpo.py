@@ -5,14 +5,14 @@ How to run (one GPU, bf16 mixed precision):
     rllib train file tuned_examples/grpo/math_smollm2_grpo.py
 
     # CPU only (fp32, a smaller batch; ~24 GB would not hold one 64-row mini-batch of
-    # 49152-token logits, so 4 mini-batches of 16 rows; cost in README.md, "CPU cost"):
+    # 49152-token logits, so 4 mini-batches of 16 rows; cost in docs/models.md, "CPU cost"):
     rllib train file tuned_examples/grpo/math_smollm2_grpo.py --config '{"num_gpus_per_learner": 0,
         "num_gpus_per_env_runner": 0, "dtype": "float32", "prompts_per_step": 8, "group_size": 8,
         "max_response_length": 128, "minibatch_size": 16}' --stop '{"training_iteration": 5}'
 
 Results to expect:
     Not yet measured as a learning run (no GPU was available when this example was written).
-    The policy is the warm start `smollm2-135m-sft` (README.md, "Warm start"); on the first 16
+    The policy is the warm start `smollm2-135m-sft` (docs/models.md, "Warm start"); on the first 16
     math_synth/test prompts (n=32): greedy 0.125, pass@1 0.037, pass@8 0.153, pass@32 0.312
     (zero-shot SmolLM2: 0 of 512 samples).
 """

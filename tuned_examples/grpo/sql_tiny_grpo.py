@@ -20,7 +20,7 @@ Results to expect:
     10-iteration mean rises from about 0.61 to 0.69 by iteration 80, and pass@1 on the first 150
     prompts of sql_synth/test from 0.56 to 0.62 (greedy accuracy 0.71 -> 0.74) with the shipped
     model: GRPO sharpens the sampling distribution toward its greedy answers. Checked by
-    `python -m pytest -m learning -k grpo`; more in README.md ("Results").
+    `python -m pytest -m learning -k grpo`; more in docs/results.md.
 """
 
 from rllib_dph.algorithms.grpo import GRPOConfig

@@ -1,0 +1,89 @@
+"""Relative links in README.md and docs/*.md point at files that exist, and at headings that exist.
+
+The docs build (``mkdocs build --strict`` in .ci/run) checks the pages under docs/; this test also
+covers README.md, whose links go into docs/ and the repository, and runs without mkdocs. A link
+is ``[text](target)`` or ``![alt](target)`` outside code; ``http(s)://`` and ``mailto:`` targets
+are not checked. ``target#anchor`` into a Markdown file must name one of its headings, slugged as
+Python-Markdown's ``toc`` extension (mkdocs) or GitHub does it.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+DOCS = REPO / "docs"
+LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+FENCE = re.compile(r"^(```|~~~).*?^\1[ \t]*$", re.M | re.S)
+CODE_SPAN = re.compile(r"(`+).+?\1", re.S)
+HEADING = re.compile(r"^#{1,6}[ \t]+(.+?)[ \t#]*$", re.M)
+EXTERNAL = ("http://", "https://", "mailto:")
+
+
+def _markdown_files() -> list[Path]:
+    return [REPO / "README.md", *sorted(DOCS.glob("*.md"))]
+
+
+def _prose(text: str) -> str:
+    """The text without fenced code blocks and inline code spans (links there are not links)."""
+    return CODE_SPAN.sub("", FENCE.sub("", text))
+
+
+def _slugs(heading: str) -> set[str]:
+    """The anchors a heading gets: Python-Markdown's ``toc`` slug (mkdocs) and GitHub's."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading).replace("`", "")
+    ascii_text = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode("ascii")
+    toc = re.sub(r"[-\s]+", "-", re.sub(r"[^\w\s-]", "", ascii_text).strip().lower())
+    github = re.sub(r"[^\w\- ]", "", text.strip().lower()).replace(" ", "-")
+    return {toc, github}
+
+
+def anchors(path: Path) -> set[str]:
+    """Every anchor of a Markdown file's headings (headings inside code blocks do not count)."""
+    text = FENCE.sub("", path.read_text(encoding="utf-8"))
+    return {slug for heading in HEADING.findall(text) for slug in _slugs(heading)}
+
+
+def broken_links(path: Path) -> list[str]:
+    """``"<file>: <target> (<why>)"`` for each relative link of ``path`` that leads nowhere."""
+    problems = []
+    for target in LINK.findall(_prose(path.read_text(encoding="utf-8"))):
+        if target.startswith(EXTERNAL):
+            continue
+        file_part, _, anchor = target.partition("#")
+        dest = (path.parent / file_part).resolve() if file_part else path
+        if not dest.exists():
+            problems.append(f"{path.name}: {target} (no file {dest})")
+        elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+            problems.append(f"{path.name}: {target} (no heading with anchor #{anchor} in {dest.name})")
+    return problems
+
+
+@pytest.mark.parametrize("path", _markdown_files(), ids=lambda p: str(p.relative_to(REPO)))
+def test_relative_links_lead_somewhere(path: Path):
+    assert broken_links(path) == []
+
+
+def test_the_checker_finds_a_missing_file_and_a_missing_anchor(tmp_path: Path):
+    (tmp_path / "other.md").write_text("# Other\n\n## The `rllib` command: train\n", encoding="utf-8")
+    page = tmp_path / "page.md"
+    page.write_text(
+        "[ok](other.md#the-rllib-command-train) [ok2](#a-title) [gone](missing.md) "
+        "[bad anchor](other.md#nope) [ext](https://example.com/x.md) `[code](missing2.md)`\n\n"
+        "# A title\n\n```\n[in a fence](missing3.md)\n```\n",
+        encoding="utf-8",
+    )
+    assert broken_links(page) == [
+        f"page.md: missing.md (no file {tmp_path / 'missing.md'})",
+        "page.md: other.md#nope (no heading with anchor #nope in other.md)",
+    ]
+
+
+def test_every_docs_page_is_in_the_mkdocs_nav_and_every_nav_page_exists():
+    nav = set(re.findall(r"^\s*-\s*(?:[^:\n]+:\s*)?([\w./-]+\.md)\s*$", (REPO / "mkdocs.yml").read_text(), re.M))
+    pages = {p.name for p in DOCS.glob("*.md")}
+    assert nav == pages, f"only in mkdocs.yml's nav: {sorted(nav - pages)}; only in docs/: {sorted(pages - nav)}"

@@ -96,6 +96,7 @@ def plot(rows: list, k_max: int, out_png: pathlib.Path, split: str = SPLIT) -> N
 def base_result(algo, env, settings, args, config):
     """The base model's evaluation: read from ``--base-cache`` when made with the same settings."""
     from rllib_dph.evaluation import EvalResult
+    from rllib_dph.files import write_json_atomic
     from rllib_dph.models.hub import model_fingerprint, resolve_model
 
     # The fingerprint, not the name: a rebuilt model of the same name is another base model.
@@ -108,9 +109,8 @@ def base_result(algo, env, settings, args, config):
         return evaluate_cached(result, settings, algo.iteration)
     result, row = evaluate(algo, env, settings)
     if cache is not None:
-        cache.parent.mkdir(parents=True, exist_ok=True)
         result.to_json(cache.with_suffix(".result.json"))
-        cache.write_text(json.dumps({"key": key}))
+        write_json_atomic(cache, {"key": key})  # after the result: a key never names a missing result
     return result, row
 
 

@@ -278,7 +278,7 @@ def _hub_cache_problem(model: str, where: str) -> Optional[Problem]:
 
 def model_problem(model: Optional[str], where: str = "model_name") -> Optional[Problem]:
     """Whether ``model`` names something loadable: bundled name, model folder or cached HF id."""
-    from rllib_dph.models.hub import BUNDLED_MODELS
+    from rllib_dph.models.hub import BUNDLED_MODELS, is_local_path
     from rllib_dph.models.tiny import TINY_MODELS
 
     if model is None or model in TINY_MODELS:
@@ -293,7 +293,7 @@ def model_problem(model: Optional[str], where: str = "model_name") -> Optional[P
                 "the folder has no config.json; give a folder written by save_pretrained.",
             )
         return None
-    if os.path.isabs(path) or os.path.exists(path):
+    if is_local_path(model):  # the one "is this a path?" rule
         hint = did_you_mean(os.path.basename(path), os.listdir(os.path.dirname(path) or ".")) \
             if os.path.isdir(os.path.dirname(path) or ".") else ""
         return Problem(

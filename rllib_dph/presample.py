@@ -37,8 +37,10 @@ of the tokenizer's chat template, "none" without one), ``rllib_dph.k``, ``rllib_
 ``rllib_dph.pef_samples``, ``rllib_dph.full_data``, ``rllib_dph.schema_version`` (3: one row
 per trajectory) and, for SQL, ``rllib_dph.db_root``. A run holds ``out_dir/.lock``
 (:func:`presample_lock`), so two processes (e.g. Tune trials) never sample one directory at once.
-Intermediate results live in ``out_dir/parts/`` one file per chunk of prompts, each written
-atomically: an interrupted run resumes at the first missing chunk
+Every file is written atomically (``rllib_dph.files``), and ``d_pef.parquet`` last: a run killed
+at any point leaves no D_pef file that a later run would take for a finished one.
+Intermediate results live in ``out_dir/parts/`` one file per chunk of prompts: an interrupted
+run resumes at the first missing chunk
 and never duplicates rows; chunk seeds depend only on the chunk, so a resumed run gives the same
 files as an uninterrupted one. ``out_dir/identity.json`` records what the files were made from
 (model fingerprint, a hash of the prompts, the sampling settings); a run for anything else — a
@@ -52,7 +54,6 @@ names another model or other sampling settings than training's.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -67,6 +68,7 @@ import pyarrow.parquet as pq
 
 from rllib_dph.engines import DEFAULT_ENGINE, build_engine
 from rllib_dph.engines.base import SamplingParams
+from rllib_dph.files import atomic_path, file_lock, remove_leftovers, write_json_atomic
 from rllib_dph.models.hub import model_fingerprint, resolve_model
 from rllib_dph.rollout import encode_task, make_env, rollout
 
@@ -171,11 +173,10 @@ def _db_root(tasks) -> Optional[str]:
 
 
 def _write_parquet(table: pa.Table, path: pathlib.Path, metadata: dict[str, str]) -> None:
-    """Writes ``table`` with ``metadata`` to ``path`` atomically (temp file + rename)."""
+    """Writes ``table`` with ``metadata`` to ``path`` atomically (``files.atomic_path``)."""
     meta = {**(table.schema.metadata or {}), **{k.encode(): str(v).encode() for k, v in metadata.items()}}
-    tmp = path.with_name(f".{path.name}.tmp")
-    pq.write_table(table.replace_schema_metadata(meta), tmp)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        pq.write_table(table.replace_schema_metadata(meta), tmp)
 
 
 def read_metadata(path: str | os.PathLike) -> dict[str, str]:
@@ -201,16 +202,11 @@ def presample_lock(out_dir: str | os.PathLike):
     """Holds an exclusive lock on ``out_dir`` (created) for one pre-sampling run at a time.
 
     A second process asking for the same directory waits until the first has finished, then
-    finds its files (:func:`presample_once` checks them inside the lock).
+    finds its files (:func:`presample_once` checks them inside the lock); ``files.file_lock``
+    times out with an error naming the lock and its holder.
     """
-    out = pathlib.Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / LOCK_FILE, "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    with file_lock(pathlib.Path(out_dir) / LOCK_FILE, what="a pre-sampling run"):
+        yield
 
 
 def run_identity(config: PresampleConfig, fingerprint: str, tasks) -> dict[str, Any]:
@@ -379,8 +375,10 @@ class Presampler:
         c = self.config
         tasks = self.env.tasks
         set_aside_stale(self.out, self.identity)
+        for name in (PEF_FILE, EXP_FILE, SUMMARY_FILE, IDENTITY_FILE):  # a killed run's temporary files
+            remove_leftovers(self.out / name)
         (self.out / "parts").mkdir(parents=True, exist_ok=True)
-        (self.out / IDENTITY_FILE).write_text(json.dumps(self.identity, indent=2))
+        write_json_atomic(self.out / IDENTITY_FILE, self.identity)
         pass_count, candidates, reference = self._reference_responses(progress)
         pef = sorted(reference)
         exp = [i for i in range(len(tasks)) if c.full_data or i not in reference]
@@ -399,7 +397,6 @@ class Presampler:
                     }
                 )
         metadata = self._metadata()
-        _write_parquet(_pef_table(pef_rows), self.out / PEF_FILE, metadata)
         _write_parquet(pa.Table.from_pylist([_task_row(tasks[i]) for i in exp]), self.out / EXP_FILE, metadata)
 
         counts = np.array([pass_count[i] for i in range(len(tasks))])
@@ -417,7 +414,9 @@ class Presampler:
             "model_fingerprint": self.fingerprint,
             "config": asdict(c),
         }
-        (self.out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
+        write_json_atomic(self.out / SUMMARY_FILE, summary)
+        # Last: a D_pef file marks a complete directory (presample_once reuses it as such).
+        _write_parquet(_pef_table(pef_rows), self.out / PEF_FILE, metadata)
         return summary
 
 

@@ -316,7 +316,7 @@ def test_build_is_deterministic_and_cli_prints_summary(tiny_random, tmp_path, ca
 
     record = build_model("tiny-random", out, progress=False)  # already built: returns its record
     assert record == json.loads((out / BUILD_RECORD).read_text())
-    (tmp_path / ".again.building-killed").mkdir()  # the leftover of a killed build
+    (tmp_path / ".again.writing-killed").mkdir()  # the leftover of a killed build (files.atomic_dir)
     build_model("tiny-random", out, force=True, progress=False)  # rebuilt in place, atomically
     assert model_fingerprint(str(out)) == model_fingerprint(tiny_random)
     assert sorted(p.name for p in tmp_path.iterdir()) == [".again.lock", "again"]

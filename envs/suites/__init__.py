@@ -46,11 +46,13 @@ import pathlib
 import random
 import re
 
+from rllib_dph.files import write_bytes_atomic
+
 from ..base import Task
 from . import math_suite, sql_suite
 from .math_suite import MATH_STYLES, math_style
 from .sql_query import EXTREMUM_APPROACHES, SQL_STYLES, sql_approach, sql_style
-from .storage import sql_db_root, suite_root, write_bytes_atomic
+from .storage import sql_db_root, suite_root
 
 __all__ = [
     "SPLITS", "STYLES", "STYLE_SUITES", "SQL_SUITE", "MATH_SUITE", "load_split", "sft_examples", "style_of",

@@ -15,6 +15,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
+from rllib_dph.files import atomic_path, write_json_atomic
 from rllib_dph.evaluation.intervals import (
     entropy_interval,
     format_interval,
@@ -268,11 +269,8 @@ class EvalResult:
         return {"settings": settings, "summary": self.summary(), "intervals_95": intervals, "records": [asdict(r) for r in self.records]}
 
     def to_json(self, path: str | os.PathLike) -> Path:
-        """Writes :meth:`to_dict` as JSON (parent folders created); returns the path."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=1))
-        return path
+        """Writes :meth:`to_dict` as JSON atomically (parent folders created); returns the path."""
+        return write_json_atomic(path, self.to_dict(), indent=1)
 
     @classmethod
     def from_json(cls, path: str | os.PathLike) -> "EvalResult":
@@ -286,7 +284,7 @@ class EvalResult:
         return cls(records=[PromptRecord(**r) for r in data["records"]], **data["settings"])
 
     def to_csv(self, path: str | os.PathLike) -> Path:
-        """Writes one row per prompt; returns the path.
+        """Writes one row per prompt (atomically); returns the path.
 
         Columns: ``task_id``, ``index``, ``n``, ``num_correct``, ``greedy_correct`` (empty when
         not generated), ``num_truncated``, ``pass@k`` for each k, and ``style/<name>`` (samples
@@ -296,9 +294,7 @@ class EvalResult:
         header = ["task_id", "index", "n", "num_correct", "greedy_correct", "num_truncated"]
         header += [f"pass@{k}" for k in self.ks] + [f"style/{s}" for s in styles]
         pass_at = {k: self.pass_at(k) for k in self.ks}
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "w", newline="") as f:
+        with atomic_path(path) as tmp, open(tmp, "w", newline="") as f:
             writer = csv.writer(f)
             writer.writerow(header)
             for i, r in enumerate(self.records):
@@ -307,7 +303,7 @@ class EvalResult:
                 row = [r.task_id, r.index, r.n, r.num_correct, greedy, r.num_truncated]
                 row += [f"{pass_at[k][i]:.6f}" for k in self.ks] + [counts[s] for s in styles]
                 writer.writerow(row)
-        return path
+        return Path(path)
 
 
 def compare(result: EvalResult, baseline: EvalResult, k: int) -> dict[str, float]:
@@ -513,15 +509,14 @@ def _one_data_set(results: Sequence[EvalResult | str | os.PathLike], caller: str
 
 
 def _save(fig, out_png: str | os.PathLike) -> Path:
-    """Writes ``fig`` as a PNG (parent folders created), closes it and returns the path."""
+    """Writes ``fig`` as a PNG atomically (parent folders created), closes it and returns the path."""
     import matplotlib.pyplot as plt
 
     fig.tight_layout()
-    out_png = Path(out_png)
-    out_png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_png, dpi=120)
+    with atomic_path(out_png) as tmp:
+        fig.savefig(tmp, dpi=120, format="png")
     plt.close(fig)
-    return out_png
+    return Path(out_png)
 
 
 def format_summary(result: EvalResult, comparisons: Optional[Mapping[int, Mapping[str, float]]] = None) -> str:

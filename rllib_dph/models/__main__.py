@@ -8,7 +8,7 @@ base-policy metrics.
 import argparse
 import sys
 
-from rllib_dph.models.folders import rllib_dph_home
+from rllib_dph.files import home
 from rllib_dph.models.hub import BUNDLED_MODELS, build_model, model_fingerprint
 from rllib_dph.models.tiny import BUILD_THREADS, format_record
 
@@ -26,7 +26,7 @@ def main(argv=None) -> None:
     build.add_argument("--no-progress", action="store_true", help="hide progress bars")
     args = parser.parse_args(argv)
 
-    out = args.out or rllib_dph_home() / "models" / args.name
+    out = args.out or home() / "models" / args.name
     record = build_model(
         args.name, out, force=args.force, num_threads=args.threads, progress=not args.no_progress
     )

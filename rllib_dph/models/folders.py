@@ -2,7 +2,7 @@
 
 The layer under ``hub`` (which turns bundled names into folders, building them on first use)
 and under the builders (``tiny``, ``smollm2``, ``warm_start``) and the rollout engines, which
-all take folders: nothing here imports another module of the package.
+all take folders: nothing here imports another module of the package but ``rllib_dph.files``.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-#: Environment variable naming the cache root of rllib_dph.
-HOME_ENV_VAR = "RLLIB_DPH_HOME"
+from rllib_dph.files import home, write_json_atomic
+
 #: Folder under the cache root where :func:`kept_fingerprint` keeps model fingerprints.
 FINGERPRINTS_DIR = "fingerprints"
 #: Accepted ``dtype`` strings.
@@ -39,11 +39,6 @@ TOKENIZER_FILES = (
     "merges.txt",
     "chat_template.jinja",
 )
-
-
-def rllib_dph_home() -> Path:
-    """The cache root: ``$RLLIB_DPH_HOME`` when set, else ``~/.cache/rllib_dph``."""
-    return Path(os.environ.get(HOME_ENV_VAR) or Path.home() / ".cache" / "rllib_dph").expanduser()
 
 
 def as_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
@@ -143,7 +138,7 @@ def kept_fingerprint(path: str | os.PathLike) -> str:
     home) costs only the hashing.
     """
     path = Path(path).resolve()
-    record = rllib_dph_home() / FINGERPRINTS_DIR / f"{hashlib.sha256(str(path).encode()).hexdigest()[:16]}.json"
+    record = home() / FINGERPRINTS_DIR / f"{hashlib.sha256(str(path).encode()).hexdigest()[:16]}.json"
     states = _file_states(path)
     try:
         kept = json.loads(record.read_text())
@@ -154,10 +149,7 @@ def kept_fingerprint(path: str | os.PathLike) -> str:
     fingerprint = folder_fingerprint(path)
     if _file_states(path) == states:  # not changed while it was read
         try:
-            record.parent.mkdir(parents=True, exist_ok=True)
-            tmp = record.with_name(f".{record.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps({"path": str(path), "files": states, "fingerprint": fingerprint}))
-            os.replace(tmp, record)
+            write_json_atomic(record, {"path": str(path), "files": states, "fingerprint": fingerprint}, indent=None)
         except OSError:
             pass
     return fingerprint

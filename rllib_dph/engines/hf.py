@@ -28,6 +28,7 @@ import torch
 from transformers.cache_utils import Cache, DynamicLayer, StaticCache
 
 from rllib_dph.engines.base import Completion, SamplingParams
+from rllib_dph.lora import has_adapters, is_lora_state, load_into
 from rllib_dph.models.folders import load_model_folder, load_tokenizer_folder
 from rllib_dph.models.transformers_api import cache_kwargs
 
@@ -237,9 +238,21 @@ class HFEngine:
     def update_weights(self, state_dict: Mapping[str, torch.Tensor | np.ndarray]) -> None:
         """Loads a full state dict (tied weights included) into the model, keeping its dtype and device.
 
+        A LoRA policy's state (``rllib_dph.lora.adapter_state``: adapter tensors and settings)
+        adds the same adapters to this engine's base model on first use and then loads only
+        the adapter tensors; generation runs the unmerged adapters, so μ is the adapted policy's
+        own distribution (``docs/lora.md``: why not merge-and-load).
+
         Args:
-            state_dict: Parameter name → torch tensor or numpy array, as ``model.state_dict()``.
+            state_dict: Parameter name → torch tensor or numpy array, as ``model.state_dict()``,
+                or a LoRA adapter state.
         """
+        if is_lora_state(state_dict):
+            first = not has_adapters(self.model)
+            load_into(self.model, state_dict)  # in place: a compiled graph stays valid after the first
+            if first and self.compiled is not None:
+                self.compiled = CompiledDecoder(self.model, max_rows=self.max_batch_size)
+            return
         tensors = {name: torch.as_tensor(value) for name, value in state_dict.items()}
         with torch.no_grad():
             self.model.load_state_dict(tensors)

@@ -7,11 +7,13 @@ from typing import Any, Dict
 
 import numpy as np
 import torch
+from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.core.learner.training_data import TrainingData
 from ray.rllib.utils.annotations import override
 
 from rllib_dph import columns as C
+from rllib_dph.lora import adapters_disabled
 from rllib_dph.learners.finite import SkipNonFiniteSteps
 from rllib_dph.learners.microbatches import TokenBudgetSteps
 from rllib_dph.learners.minibatches import GroupMinibatches
@@ -31,13 +33,17 @@ class LLMTorchLearner(ShardedModules, SkipNonFiniteSteps, TokenBudgetSteps, Grou
     same autocast), so π_ref computes exactly what the initial π_θ computes and the KL starts at
     0; a bf16 copy would differ by bf16 rounding (measured on an H100: docs/results.md, "On an
     H100").
+
+    With LoRA (``config.lora``) the optimizer holds the adapters alone (the frozen base weights
+    get neither gradients nor Adam state), and π_ref is the policy's own base model with its
+    adapters switched off (``lora.adapters_disabled``): no second model is loaded.
     """
 
     @override(TorchLearner)
     def build(self) -> None:
         super().build()
         self._ref_lm = None
-        if self.config.needs_reference_model:
+        if self.config.needs_reference_model and self.config.lora is None:
             from rllib_dph.models.hub import load_causal_lm
 
             self._ref_lm = ResponseLM(load_causal_lm(self.config.reference_model_name, dtype=torch.float32))
@@ -45,16 +51,30 @@ class LLMTorchLearner(ShardedModules, SkipNonFiniteSteps, TokenBudgetSteps, Grou
             if self.sharded:
                 shard_response_lm(self._ref_lm, device=self._device, compute_dtype=self._compute_dtype)
 
+    @override(TorchLearner)
+    def get_parameters(self, module) -> list:
+        """The parameters the optimizer steps: the trainable ones (all but a LoRA policy's base)."""
+        return [param for param in module.parameters() if param.requires_grad]
+
     @property
     def ref_model(self):
-        """The frozen reference model π_ref (a HF causal LM), or None when no term needs it."""
+        """The separately loaded frozen reference model π_ref (a HF causal LM), or None when no
+        term needs it or when it is the LoRA policy's own base (:meth:`reference_logp`)."""
         return None if self._ref_lm is None else self._ref_lm.lm
 
     @torch.no_grad()
     def reference_logp(self, batch: Dict[str, Any]) -> torch.Tensor:
-        """(B, L) log π_ref of every response token given its prefix, at the sampling temperature."""
-        with autocast(self._device, self._compute_dtype):
-            logits, where = self._ref_lm.logits(batch)  # (N, V), (B, L-1)
+        """(B, L) log π_ref of every response token given its prefix, at the sampling temperature.
+
+        π_ref is the loaded reference model, or with LoRA the policy with its adapters disabled.
+        """
+        if self._ref_lm is None:  # LoRA: the base model under the policy's adapters
+            response_lm = self.module[DEFAULT_MODULE_ID].unwrapped().response_lm
+            with adapters_disabled(response_lm.lm), autocast(self._device, self._compute_dtype):
+                logits, where = response_lm.logits(batch)  # (N, V), (B, L-1)
+        else:
+            with autocast(self._device, self._compute_dtype):
+                logits, where = self._ref_lm.logits(batch)  # (N, V), (B, L-1)
         targets = batch[C.INPUT_IDS][:, 1:][where]  # (N,)
         return scatter_tokens(token_logprobs(logits, targets, temperature=self.config.temperature), where)
 

@@ -39,12 +39,14 @@ from rllib_dph.algorithms.rules import (
     GRPO_NUMBER_RULES,
     TRUST_REGION_RULES,
     ChoiceRule,
+    CrossRule,
     first_violation,
     violations,
 )
 from rllib_dph.algorithms.grpo.grpo_torch_learner import GRPOTorchLearner
 from rllib_dph.engines import DEFAULT_ENGINE, ENGINES
 from rllib_dph.files import atomic_dir
+from rllib_dph.lora import lora_problem
 from rllib_dph.batch import concat_batches, num_minibatches, select_rows, shard_groups
 from rllib_dph.learners.finite import CONSECUTIVE_SKIPPED_UPDATES
 from rllib_dph.sharding import SHARDINGS, ShardedLearnerGroup
@@ -73,6 +75,27 @@ GRPO_CHOICE_RULES = (
     ChoiceRule("kl_estimator", KL_ESTIMATORS),
     ChoiceRule("trust_region_anchor", ANCHORS),
     ChoiceRule("sharding", SHARDINGS),
+)
+#: What ``lora`` asks of itself and of the other fields (``GRPOConfig.llm``).
+LORA_RULES = (
+    CrossRule("lora: None or valid LoRA settings", lambda c: lora_problem(c.lora) is not None, lambda c: lora_problem(c.lora)),
+    CrossRule(
+        "a LoRA policy needs an engine that loads adapters",
+        lambda c: c.lora is not None and c.engine in ENGINES and not ENGINES[c.engine].lora_adapters,
+        lambda c: (
+            f"lora={c.lora} with engine={c.engine!r}: that engine cannot load LoRA adapters yet "
+            f"(docs/lora.md); set engine={DEFAULT_ENGINE!r}, or lora=None for full fine-tuning."
+        ),
+    ),
+    CrossRule(
+        "a LoRA policy's reference is its own base",
+        lambda c: c.lora is not None and c.reference_model not in ("initial", None),
+        lambda c: (
+            f"reference_model={c.reference_model!r} with lora={c.lora}: with LoRA, π_ref is the "
+            "policy's base model with its adapters disabled (no second model is loaded); set "
+            "reference_model='initial', or lora=None to load another reference model."
+        ),
+    ),
 )
 
 
@@ -104,6 +127,7 @@ class GRPOConfig(AlgorithmConfig):
         self.max_response_length = 128
         self.gradient_checkpointing = False
         self.reference_model = "initial"
+        self.lora = None
         # Sampling.
         self.group_size = 8
         self.prompts_per_step = 16
@@ -176,6 +200,7 @@ class GRPOConfig(AlgorithmConfig):
             "dtype": self.dtype,
             "temperature": self.temperature,
             "gradient_checkpointing": self.gradient_checkpointing,
+            "lora": self.lora,
             "entropy_with_grad": self.entropy_coeff != 0,
         }
 
@@ -228,6 +253,7 @@ class GRPOConfig(AlgorithmConfig):
         max_response_length: Optional[int] = NotProvided,
         gradient_checkpointing: Optional[bool] = NotProvided,
         reference_model: Optional[str] = NotProvided,
+        lora: Optional[dict] = NotProvided,
     ) -> "GRPOConfig":
         """Sets the policy model and how rollouts are generated.
 
@@ -258,6 +284,9 @@ class GRPOConfig(AlgorithmConfig):
             reference_model: The frozen π_ref that terms needing a live reference model use
                 (the KL penalty, DPH's JS-definition variant): ``"initial"`` (default, a copy of
                 ``model_name``), another model name or path, or None to forbid loading one.
+            lora: None (default): full fine-tuning; LoRA settings such as ``{"r": 16, "alpha": 32,
+                "target_modules": "all-linear", "dropout": 0.0}`` train adapters on the frozen
+                base instead (HF engine; π_ref is the base, no second model): ``docs/lora.md``.
         """
         self._set_provided(
             model_name=model_name,
@@ -269,6 +298,7 @@ class GRPOConfig(AlgorithmConfig):
             max_response_length=max_response_length,
             gradient_checkpointing=gradient_checkpointing,
             reference_model=reference_model,
+            lora=lora,
         )
         return self
 
@@ -468,7 +498,7 @@ class GRPOConfig(AlgorithmConfig):
     number_rules = GRPO_NUMBER_RULES
     #: Every other rule, in the order they are checked (``rules.py``): choices, trust region,
     #: cross-field rules.
-    config_rules = (FLOAT16_TRAINING_RULE, *GRPO_CHOICE_RULES, *TRUST_REGION_RULES, *GRPO_CROSS_RULES)
+    config_rules = (FLOAT16_TRAINING_RULE, *GRPO_CHOICE_RULES, *TRUST_REGION_RULES, *GRPO_CROSS_RULES, *LORA_RULES)
 
     @override(AlgorithmConfig)
     def validate(self) -> None:

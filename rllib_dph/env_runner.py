@@ -10,7 +10,7 @@ the env only to show prompts and score completions (both in :func:`rllib_dph.rol
 from __future__ import annotations
 
 import time
-from typing import Collection, Optional, Union
+from typing import TYPE_CHECKING, Collection, Optional, Union
 
 import gymnasium as gym
 import numpy as np
@@ -36,6 +36,9 @@ from rllib_dph.engines import build_engine
 from rllib_dph.engines.base import SamplingParams
 from rllib_dph.evaluation.runner import EvalSettings, evaluate_engine
 from rllib_dph.rollout import encode_task, make_env, rollout
+
+if TYPE_CHECKING:
+    from rllib_dph.async_sampling import PublishedWeights
 
 # Metric keys logged under ``env_runners/``.
 REWARD_MEAN = "reward_mean"
@@ -63,7 +66,10 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         super().__init__(config=config, **kwargs)
         self.worker_index = kwargs.get("worker_index") or 0
         self.num_workers = max(1, self.config.num_env_runners)
-        self._weights_seq_no = 0
+        # The weight version the engine holds (RLlib's WEIGHTS_SEQ_NO); None until weights arrive,
+        # which tells a restarted runner (Ray re-ran this constructor) from one in service.
+        self.weights_version: Optional[int] = None
+        self._weights_id: Optional[str] = None  # object id of the last published weights loaded
         self._num_calls = 0
         self.make_env()
         self.make_module()
@@ -192,6 +198,42 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
     def get_metrics(self) -> ResultDict:
         return self.metrics.reduce()
 
+    def load_weights(self, weights: "PublishedWeights") -> bool:
+        """Loads published weights unless this runner holds that very publication already
+        (compared by object id, not version: a restored checkpoint may reuse a version number).
+
+        Returns:
+            Whether this runner held no weights at all: Ray restarted it (re-ran the
+            constructor) since the driver last synced it.
+        """
+        held_none = self.weights_version is None
+        if weights.state.hex() != self._weights_id:
+            self._load_module_state(ray.get(weights.state)[COMPONENT_RL_MODULE])
+            self.weights_version, self._weights_id = weights.version, weights.state.hex()
+        return held_none
+
+    def sample_round(self, *, num_prompts: int, weights: "PublishedWeights") -> tuple[dict, ResultDict, dict]:
+        """One env runner's share of a sampling round (``rllib_dph.async_sampling``).
+
+        Loads ``weights`` first when this runner holds another version: a runner that Ray
+        restarted after a crash holds the model's initial weights, and in asynchronous mode the
+        driver sends no separate weight sync (the runner is busy sampling; the request carries
+        the weights instead). RLlib's own restart path would push weights without their version.
+
+        Args:
+            num_prompts: Prompts to sample ``group_size`` completions for.
+            weights: The published weights (version and object ref) this share is sampled with.
+
+        Returns:
+            ``(batch, metrics, info)``: :meth:`sample`'s batch plus a ``WEIGHT_VERSION`` column
+            (B,), this runner's metrics, and ``info = {"restarted": bool}`` (True when this
+            runner held no weights at all: Ray restarted it since the last weight sync).
+        """
+        restarted = self.load_weights(weights)
+        batch = self.sample(num_prompts=num_prompts)
+        batch[C.WEIGHT_VERSION] = np.full(len(batch[C.REWARDS]), self.weights_version, dtype=np.int64)
+        return batch, self.get_metrics(), {"restarted": restarted}
+
     def evaluate_split(self, env_config: dict, *, n: int, limit: Optional[int] = None, seed: int = 0) -> dict:
         """pass@k, greedy accuracy, mean@n, style shares of the current weights on an env split.
 
@@ -234,20 +276,30 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
 
     @override(Checkpointable)
     def set_state(self, state: StateDict) -> None:
-        """Loads new policy weights into the rollout engine (``rl_module`` component)."""
+        """Loads policy weights into the rollout engine (``rl_module`` component).
+
+        The weights are loaded unless this runner already holds their version
+        (``WEIGHTS_SEQ_NO``; 0 or missing always loads), and that version becomes this runner's,
+        also when it is lower: a restored checkpoint starts an older lineage, whose rows must
+        never pass for newer ones. Calls from the driver arrive in the order they were sent.
+        """
         if COMPONENT_RL_MODULE in state:
             seq_no = state.get(WEIGHTS_SEQ_NO, 0)
-            if seq_no == 0 or seq_no > self._weights_seq_no:
-                weights = state[COMPONENT_RL_MODULE]
-                if isinstance(weights, ray.ObjectRef):
-                    weights = ray.get(weights)
-                weights = weights.get(DEFAULT_MODULE_ID, weights)
-                t0 = time.perf_counter()
-                self.engine.update_weights(weights)
-                self.metrics.log_value("weight_sync_time_s", time.perf_counter() - t0, window=1)
-            self._weights_seq_no = max(self._weights_seq_no, seq_no)
+            if seq_no == 0 or seq_no != self.weights_version:
+                self._load_module_state(state[COMPONENT_RL_MODULE])
+                self._weights_id = None
+            self.weights_version = seq_no
         if NUM_ENV_STEPS_SAMPLED_LIFETIME in state:
             self.num_env_steps_sampled_lifetime = state[NUM_ENV_STEPS_SAMPLED_LIFETIME]
+
+    def _load_module_state(self, weights) -> None:
+        """Loads an ``rl_module`` state (or an object ref of one) into the rollout engine."""
+        if isinstance(weights, ray.ObjectRef):
+            weights = ray.get(weights)
+        weights = weights.get(DEFAULT_MODULE_ID, weights)
+        t0 = time.perf_counter()
+        self.engine.update_weights(weights)
+        self.metrics.log_value("weight_sync_time_s", time.perf_counter() - t0, window=1)
 
     @override(Checkpointable)
     def get_ctor_args_and_kwargs(self):

@@ -201,6 +201,9 @@ GRPO_NUMBER_RULES = (
     NumberRule("val_interval", integer=True, low=0, fix="0 disables validation"),
     NumberRule("val_n", integer=True, low=1, fix="e.g. 8 samples per validation prompt"),
     NumberRule("val_limit", integer=True, low=1, optional=True, fix="None evaluates every validation prompt"),
+    NumberRule("max_staleness", integer=True, low=0, fix="0 for synchronous sampling, 1 to overlap sampling and update"),
+    NumberRule("sample_timeout_s", low=0, low_open=True, fix="seconds, generous (default 1800)"),
+    NumberRule("weight_sync_timeout_s", low=0, low_open=True, fix="seconds, generous (default 600)"),
 )
 
 #: DPH-RL's own numeric fields (see ``DPHConfig.dph``).
@@ -265,6 +268,15 @@ GRPO_CROSS_RULES = (
             "grad_clip_by='norm' clips each gradient tensor by its own norm, which an FSDP2 "
             "learner only holds a shard of; with sharding='fsdp2' use grad_clip_by="
             "'global_norm' (default) or 'value'."
+        ),
+    ),
+    CrossRule(
+        "asynchronous sampling needs remote env runners",
+        lambda c: c.max_staleness > 0 and c.num_env_runners < 1,
+        lambda c: (
+            f"max_staleness={c.max_staleness} samples on remote env runners while the learners "
+            f"update, but num_env_runners={c.num_env_runners} samples in the driver; set "
+            ".env_runners(num_env_runners=1) or more, or max_staleness=0."
         ),
     ),
     CrossRule(

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
-from ray.rllib.core import DEFAULT_MODULE_ID
+from ray.rllib.core import COMPONENT_LEARNER_GROUP, DEFAULT_MODULE_ID
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils.annotations import override
@@ -33,6 +33,7 @@ from ray.rllib.utils.metrics import (
 )
 
 from rllib_dph import columns as C
+from rllib_dph.async_sampling import SamplingRounds
 from rllib_dph.algorithms.rules import (
     FLOAT16_TRAINING_RULE,
     GRPO_CROSS_RULES,
@@ -133,6 +134,7 @@ class GRPOConfig(AlgorithmConfig):
         self.prompts_per_step = 16
         self.dynamic_sampling = False
         self.max_dynamic_sampling_rounds = 4
+        self._init_sampling_limits()
         # Advantages and reward shaping.
         self.normalize_advantage_std = True
         self.overlong_buffer_length = 0
@@ -175,6 +177,12 @@ class GRPOConfig(AlgorithmConfig):
         from rllib_dph.env_runner import LLMEnvRunner
 
         self.env_runner_cls = LLMEnvRunner
+
+    def _init_sampling_limits(self) -> None:
+        """Defaults of asynchronous sampling and its timeouts (``rllib_dph.async_sampling``)."""
+        self.max_staleness = 0
+        self.sample_timeout_s = 1800.0  # RLlib's field; its default (60 s) is short for LLM rollouts
+        self.weight_sync_timeout_s = 600.0
 
     def _set_provided(self, **values) -> None:
         """Sets the builder arguments that were given (not ``NotProvided``)."""
@@ -327,6 +335,7 @@ class GRPOConfig(AlgorithmConfig):
         clip_ratio_c: Optional[float] = NotProvided,
         max_consecutive_skipped_updates: Optional[int] = NotProvided,
         max_tokens_per_microbatch: Optional[int] = NotProvided,
+        max_staleness: Optional[int] = NotProvided,
         **kwargs,
     ) -> "GRPOConfig":
         """Sets the training related configuration.
@@ -399,6 +408,13 @@ class GRPOConfig(AlgorithmConfig):
                 None (default) means one optimizer step on the whole batch per epoch. With
                 ``num_epochs > 1`` and ``shuffle_batch_per_epoch`` the groups are reshuffled
                 into new mini-batches every epoch.
+            max_staleness: Asynchronous sampling (``rllib_dph.async_sampling``; docs/async.md).
+                0 (default): sample, update, then sync the weights (synchronous). k >= 1: the
+                env runners sample up to k steps ahead of the learners with the weights they had
+                when asked, so sampling overlaps the update; every row carries the weight
+                version (learner updates so far) it was sampled with, and rows more than k
+                versions old are dropped (``num_stale_rows_dropped``). Needs
+                ``num_env_runners >= 1``. DPH's D_pef rows are added by the learner and never stale.
         """
         super().training(**kwargs)
         self._set_provided(
@@ -423,7 +439,26 @@ class GRPOConfig(AlgorithmConfig):
             clip_ratio_c=clip_ratio_c,
             max_consecutive_skipped_updates=max_consecutive_skipped_updates,
             max_tokens_per_microbatch=max_tokens_per_microbatch,
+            max_staleness=max_staleness,
         )
+        return self
+
+    @override(AlgorithmConfig)
+    def env_runners(self, *, weight_sync_timeout_s: Optional[float] = NotProvided, **kwargs) -> "GRPOConfig":
+        """RLlib's env runner settings, plus how long a weight sync may take.
+
+        Args:
+            weight_sync_timeout_s: Seconds every env runner may take to load new weights
+                (default 600) before the run stops with an error naming the runner, the weight
+                version and this timeout. Synchronous mode only; asynchronous requests carry
+                their weights, so ``sample_timeout_s`` bounds loading and sampling together.
+            **kwargs: ``AlgorithmConfig.env_runners`` arguments. Here ``sample_timeout_s``
+                (default 1800, RLlib's is 60) is how long one sampling request may take before
+                the run stops with an error naming the env runner, the weight version and the
+                timeout (RLlib would drop the runner's samples silently).
+        """
+        super().env_runners(**kwargs)
+        self._set_provided(weight_sync_timeout_s=weight_sync_timeout_s)
         return self
 
     @override(AlgorithmConfig)
@@ -536,9 +571,11 @@ class GRPO(Algorithm):
         # Ray Tune's registry.
         envs.register_tune_envs()
         super().setup(config)
+        self._rounds = SamplingRounds(self.env_runner_group, self.config, self.metrics)
         # `setup` skipped RLlib's connector-state sync (there is none); push the learner's
         # initial weights so that env runners and learners start from the same policy.
-        self._sync_weights()
+        self._rounds.publish(self.learner_group)
+        self._rounds.push()
 
     @override(Algorithm)
     def save_to_path(self, path=None, *, state=None, filesystem=None, use_msgpack: bool = False) -> str:
@@ -559,19 +596,11 @@ class GRPO(Algorithm):
 
     # ------------------------------------------------------------------ sampling
     def _sample_round(self, num_prompts: int) -> dict[str, np.ndarray]:
-        """One parallel sampling round: ``num_prompts`` split evenly over the env runners."""
-        group = self.env_runner_group
-        remote = group.num_healthy_remote_workers()
-
-        def sample(runner):
-            # Remote runners have worker_index 1..R; the local runner (no remote ones) has 0.
-            rank, size = max(0, runner.worker_index - 1), max(1, remote)
-            share = num_prompts // size + (rank < num_prompts % size)
-            return runner.sample(num_prompts=share), runner.get_metrics()
-
-        results = group.foreach_env_runner(sample, local_env_runner=remote == 0)
-        self.metrics.aggregate([m for _, m in results], key=ENV_RUNNER_RESULTS)
-        return concat_batches([b for b, _ in results])
+        """One sampling round of ``num_prompts`` prompts over the env runners (requested now, or
+        ahead with ``max_staleness > 0``), without rows older than ``max_staleness`` versions."""
+        batches, runner_metrics = self._rounds.next_round(num_prompts)
+        self.metrics.aggregate(runner_metrics, key=ENV_RUNNER_RESULTS)
+        return concat_batches(batches)
 
     def sample_groups(self) -> dict[str, np.ndarray]:
         """Samples ``prompts_per_step`` groups; with dynamic sampling only groups with signal."""
@@ -687,8 +716,10 @@ class GRPO(Algorithm):
         cfg = self.config
         env_config = {**cfg.sampling_env_config, **cfg.val_env_config}
         seed = self.iteration
+        weights = self._rounds.weights
 
         def evaluate(runner):
+            runner.load_weights(weights)  # asynchronous mode sends no weight sync
             return runner.evaluate_split(env_config, n=cfg.val_n, limit=cfg.val_limit, seed=seed)
 
         group = self.env_runner_group
@@ -701,8 +732,39 @@ class GRPO(Algorithm):
         return metrics
 
     def _sync_weights(self) -> None:
-        self.env_runner_group.sync_weights(
-            from_worker_or_learner_group=self.learner_group,
-            inference_only=True,
-            timeout_seconds=None,
-        )
+        """Publishes the learner's new weights. Synchronous mode also loads them into every env
+        runner now (``weight_sync_timeout_s``); asynchronous mode lets the next sampling requests
+        carry them, as the env runners are busy sampling ahead."""
+        self._rounds.publish(self.learner_group)
+        if self.config.max_staleness == 0:
+            self._rounds.push()
+
+    @override(Algorithm)
+    def restore_env_runners(self, env_runner_group) -> list[int]:
+        """RLlib's hook before every training step. A restarted LLM env runner needs the current
+        weights *and their version*; RLlib's default sends the learner's weights without it,
+        with connector states these runners do not have."""
+        if env_runner_group is not self.env_runner_group:
+            return super().restore_env_runners(env_runner_group)
+        return self._rounds.restore()
+
+    @override(Algorithm)
+    def restore_from_path(self, path, *args, **kwargs) -> None:
+        """RLlib's restore, then a fresh start of the sampling rounds (see :meth:`_restart_rounds`)."""
+        super().restore_from_path(path, *args, **kwargs)
+        self._restart_rounds()
+
+    @override(Algorithm)
+    def set_state(self, state) -> None:
+        super().set_state(state)
+        if COMPONENT_LEARNER_GROUP in state:
+            self._restart_rounds()
+
+    def _restart_rounds(self) -> None:
+        """After restoring learner weights: rounds requested ahead are discarded (their rows come
+        from weights the restored run never had), and the env runners get the restored weights
+        with the restored version (the learner's checkpointed update count), so the staleness
+        bound holds across a resume."""
+        self._rounds.discard_pending()
+        self._rounds.publish(self.learner_group)
+        self._rounds.push()

@@ -1,0 +1,83 @@
+"""Synchronous vs asynchronous sampling (``max_staleness``): iterations/s and generated tokens/s.
+
+For each number of env runners (``--runners``) and each staleness bound k (``--k``), runs the tiny
+tuned GRPO example for a warm-up iteration and ``--iterations`` measured ones, and prints
+iterations/s, generated tokens/s, the trained rows' mean staleness and rows dropped. Beside each
+row it prints the overlap bound of that many env runners: the synchronous (k = 0) step time
+divided by its longest phase (sampling or learner update), i.e. the speed-up a perfect overlap of
+the two phases could give on the same actors and cores, and the measured speed-up over k = 0.
+
+    python bench/async_rollouts.py                               # k 0 1 2 4, 1 and 2 runners
+    python bench/async_rollouts.py --k 0 1 --runners 1 --iterations 3
+"""
+
+import argparse
+import json
+import pathlib
+import time
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def measure(example: str, overrides: dict, iterations: int) -> dict:
+    """Seconds per iteration, generated tokens/s, phase times and staleness of one setting."""
+    from rllib_dph.experiments import load_tuned_example
+
+    config, _ = load_tuned_example(example)
+    config.update_from_dict(overrides)
+    algo = config.build_algo()
+    algo.train()  # warm-up: first-call overheads, and the first round ahead in async mode
+    seconds, tokens, sampling, update, staleness, dropped = [], [], [], [], [], 0
+    for _ in range(iterations):
+        t0 = time.perf_counter()
+        result = algo.train()
+        seconds.append(time.perf_counter() - t0)
+        runners = result["env_runners"]
+        tokens.append(runners["response_length_mean"] * runners["num_env_steps_sampled"])
+        sampling.append(result["step_times"]["sampling_s"])
+        update.append(result["step_times"]["learner_update_s"] + result["step_times"]["weight_sync_s"])
+        staleness.append(result["staleness_mean"])
+        dropped += result["num_stale_rows_dropped"]
+    algo.stop()
+    step = sum(seconds) / iterations
+    return {
+        "s_per_iter": step,
+        "iter_per_s": 1 / step,
+        "tokens_per_s": sum(tokens) / sum(seconds),
+        "sampling_s": sum(sampling) / iterations,
+        "update_s": sum(update) / iterations,
+        "staleness_mean": sum(staleness) / iterations,
+        "rows_dropped": dropped,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--example", default=str(REPO / "tuned_examples/grpo/sql_tiny_grpo.py"))
+    parser.add_argument("--k", type=int, nargs="+", default=[0, 1, 2, 4])
+    parser.add_argument("--runners", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--iterations", type=int, default=5)
+    parser.add_argument("--config", default="{}", help="more config overrides as JSON")
+    args = parser.parse_args()
+
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    print(f"{'runners':>7} {'k':>2} {'iter/s':>7} {'tok/s':>7} {'stale':>5} {'dropped':>7} {'speed-up':>8} {'bound':>6}")
+    for runners in args.runners:
+        sync = None
+        for k in sorted(args.k):
+            overrides = {"num_env_runners": runners, "num_cpus_per_env_runner": 0.5, "max_staleness": k,
+                         **json.loads(args.config)}
+            m = measure(args.example, overrides, args.iterations)
+            sync = m if k == 0 else sync
+            bound = f"{sync['s_per_iter'] / max(sync['sampling_s'], sync['update_s']):6.2f}" if sync else "     -"
+            speedup = f"{m['iter_per_s'] / sync['iter_per_s']:8.2f}" if sync else "       -"
+            print(f"{runners:>7} {k:>2} {m['iter_per_s']:7.3f} {m['tokens_per_s']:7.1f} {m['staleness_mean']:5.2f} "
+                  f"{m['rows_dropped']:>7} {speedup} {bound}", flush=True)
+            print("  " + json.dumps({"runners": runners, "k": k, **m}), flush=True)
+    ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,324 @@
+"""Sampling rounds on the env runners: synchronous, or up to ``max_staleness`` rounds ahead of
+the learner; weight versions, the staleness bound, timeouts and restarts of dead env runners.
+
+What RLlib 2.60 offers, and what is reused: IMPALA and APPO sample asynchronously through the env
+runner group's ``FaultTolerantActorManager`` (``foreach_env_runner_async`` /
+``fetch_ready_async_reqs``), broadcast weights every ``broadcast_interval`` steps and correct the
+lag with V-trace. Their ``training_step`` does not fit LLM rollouts: it moves episode lists
+through aggregator actors and learner queues, cuts train batches by env steps (a GRPO group must
+stay whole, and DPH's D_pef rows are added by the learner), and has no bound on how many weight
+versions old a sample may be, only on requests in flight. So this module keeps GRPO's own
+``training_step`` and reuses RLlib's parts: the actor manager's asynchronous requests and health
+tracking; Ray's actor restarts behind ``fault_tolerance(restart_failed_env_runners=...,
+max_num_env_runner_restarts=...)``; ``env_runners(sample_timeout_s=...)`` and
+``fault_tolerance(env_runner_restore_timeout_s=...)``; and RLlib's weight sequence number
+(``WEIGHTS_SEQ_NO``: the learner's update count, saved in its checkpoint) as the weight version.
+
+What LLM env runners need beyond RLlib's defaults: RLlib restores a restarted runner with the
+learner's weights but without their version, and its sampling calls drop a runner that times out
+instead of naming it. Here every sampling request carries the published weights (a version and an
+object ref; the runner loads them first if it holds another version), every row carries the
+version it was sampled with (``columns.WEIGHT_VERSION``), and every blocking wait raises an error
+naming the env runner, the weight version and the timeout.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+import ray
+from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_RL_MODULE
+from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
+
+from rllib_dph import columns as C
+from rllib_dph.batch import select_rows
+
+logger = logging.getLogger(__name__)
+
+#: Result keys (top level of an iteration's results).
+NUM_STALE_ROWS_DROPPED = "num_stale_rows_dropped"
+STALENESS_MEAN = "staleness_mean"
+STALENESS_MAX = "staleness_max"
+WEIGHTS_VERSION = "weights_version"
+NUM_ENV_RUNNER_RESTARTS = "num_env_runner_restarts"
+
+#: Seconds between health probes while no env runner is in service.
+_PROBE_PAUSE_S = 1.0
+
+
+@dataclass(frozen=True)
+class PublishedWeights:
+    """One version of the policy weights, put once into Ray's object store.
+
+    Attributes:
+        version: RLlib's ``WEIGHTS_SEQ_NO`` of the learner state: updates applied so far.
+        state: Object ref of ``{"rl_module": weights, WEIGHTS_SEQ_NO: version}``
+            (``LLMEnvRunner.load_weights`` reads it; a new ref for every publication).
+    """
+
+    version: int
+    state: Any
+
+
+@dataclass
+class Round:
+    """Sampling requests sent together: one share of prompts per env runner.
+
+    Attributes:
+        tag: The actor manager's tag of these requests (unique per round).
+        shares: Env runner id → number of prompts.
+        weights: The weights the round was requested with.
+    """
+
+    tag: str
+    shares: dict[int, int]
+    weights: PublishedWeights
+
+
+def split_prompts(num_prompts: int, runner_ids: list[int]) -> dict[int, int]:
+    """Spreads ``num_prompts`` over the env runners in id order, the first ones one more when it
+    does not divide; runners left with no prompt get no request."""
+    size = len(runner_ids)
+    shares = {rid: num_prompts // size + (rank < num_prompts % size) for rank, rid in enumerate(runner_ids)}
+    return {rid: n for rid, n in shares.items() if n > 0}
+
+
+def drop_stale_rows(
+    batch: dict[str, np.ndarray], version: int, max_staleness: int
+) -> tuple[dict[str, np.ndarray], np.ndarray, int]:
+    """Removes ``WEIGHT_VERSION`` from a rollout batch and the rows outside the staleness bound.
+
+    A row's staleness is ``version - WEIGHT_VERSION``: the learner updates it was sampled
+    before. Rows with staleness in ``[0, max_staleness]`` are kept; older rows and rows from a
+    version the learner never had (negative staleness, e.g. sampled before an older checkpoint
+    was restored) are dropped. All rows of a group share one version, so groups stay whole.
+
+    Returns:
+        ``(kept batch without WEIGHT_VERSION, staleness of the kept rows (B_kept,), rows dropped)``.
+    """
+    batch = dict(batch)
+    staleness = version - batch.pop(C.WEIGHT_VERSION)  # (B,)
+    keep = (staleness >= 0) & (staleness <= max_staleness)
+    if keep.all():
+        return batch, staleness, 0
+    return select_rows(batch, keep), staleness[keep], int((~keep).sum())
+
+
+def publish_weights(learner_group) -> PublishedWeights:
+    """The learner group's current weights and version, put once into the object store."""
+    state = learner_group.get_state(
+        components=COMPONENT_LEARNER + "/" + COMPONENT_RL_MODULE, inference_only=True
+    )[COMPONENT_LEARNER]
+    version = int(state.get(WEIGHTS_SEQ_NO, 0))
+    payload = {COMPONENT_RL_MODULE: state[COMPONENT_RL_MODULE], WEIGHTS_SEQ_NO: version}
+    return PublishedWeights(version=version, state=ray.put(payload))
+
+
+class SamplingRounds:
+    """The env runners' sampling rounds and weights for one algorithm.
+
+    ``max_staleness = 0``: a round is requested when the step needs it and waited for, and the
+    new weights are pushed to every env runner after each update (today's synchronous loop).
+    ``max_staleness = k > 0``: ``k`` rounds stay requested ahead, each with the weights current
+    when it was requested, so the env runners sample while the learners update; rows older than
+    ``k`` versions are dropped. Remote env runners only (``num_env_runners >= 1``); with
+    ``num_env_runners = 0`` the driver's local env runner samples in-process.
+
+    Args:
+        group: The algorithm's ``EnvRunnerGroup``.
+        config: The algorithm config (``max_staleness``, ``sample_timeout_s``,
+            ``weight_sync_timeout_s``, RLlib's ``fault_tolerance`` fields).
+        metrics: The algorithm's ``MetricsLogger``.
+    """
+
+    def __init__(self, group, config, metrics):
+        self.group, self.config, self.metrics = group, config, metrics
+        self.weights: Optional[PublishedWeights] = None
+        self._pending: collections.deque[Round] = collections.deque()
+        self._num_rounds = 0
+
+    # ------------------------------------------------------------------ weights
+    def publish(self, learner_group) -> PublishedWeights:
+        """Publishes the learner group's weights: the next requests carry them."""
+        self.weights = publish_weights(learner_group)
+        self.metrics.log_value(WEIGHTS_VERSION, self.weights.version, window=1)
+        return self.weights
+
+    def push(self, runner_ids: Optional[list[int]] = None) -> None:
+        """Loads the published weights into the env runners (all, or ``runner_ids``) and waits.
+
+        Raises:
+            TimeoutError: An env runner did not take the version within ``weight_sync_timeout_s``.
+        """
+        local = self.group.local_env_runner
+        if local is not None and runner_ids is None:
+            local.load_weights(self.weights)
+        ids = self.group.healthy_env_runner_ids() if runner_ids is None else runner_ids
+        if not ids:
+            return
+        timeout = self.config.weight_sync_timeout_s
+        results = self._manager.foreach_actor(
+            "load_weights", kwargs={"weights": self.weights}, remote_actor_ids=ids, timeout_seconds=timeout
+        )
+        answered = {r.actor_id for r in results}
+        for r in results:
+            if not r.ok:  # it died: out of service until restored, its share goes elsewhere
+                logger.warning(
+                    "env runner %d failed to take weight version %d: %s", r.actor_id, self.weights.version, r.get()
+                )
+        late = [rid for rid in ids if rid not in answered]
+        if late:
+            raise TimeoutError(
+                f"env runner(s) {late} did not take weight version {self.weights.version} within "
+                f"weight_sync_timeout_s={timeout} s. The runner is stuck or too slow to load the "
+                "weights: check its log (ray logs), or raise config.env_runners("
+                "weight_sync_timeout_s=...)."
+            )
+
+    # ------------------------------------------------------------------ restarts
+    def restore(self) -> list[int]:
+        """Brings env runners that Ray restarted back into service holding the published weights
+        and their version; counts them (``num_env_runner_restarts``)."""
+        restored = self.group.probe_unhealthy_env_runners() if self.group.num_remote_env_runners() else []
+        if restored and self.weights is not None:
+            self.push(sorted(restored))
+        self._count_restarts(len(restored))
+        return restored
+
+    def _count_restarts(self, n: int) -> None:
+        self.metrics.log_value(NUM_ENV_RUNNER_RESTARTS, n, reduce="lifetime_sum")
+
+    def _await_healthy(self, failures: dict[int, str]) -> list[int]:
+        """Healthy env runner ids; with none, probes until Ray restarted one or
+        ``env_runner_restore_timeout_s`` passed (then raises naming the runners and causes)."""
+        deadline = time.monotonic() + self.config.env_runner_restore_timeout_s
+        while not self.group.healthy_env_runner_ids():
+            if time.monotonic() > deadline:
+                failed = _describe(failures) or "none reported, all out of service"
+                raise RuntimeError(
+                    f"no env runner came back within env_runner_restore_timeout_s="
+                    f"{self.config.env_runner_restore_timeout_s} s; failed: {failed}. Ray restarts "
+                    f"a runner at most max_num_env_runner_restarts={self.config.max_num_env_runner_restarts} "
+                    "times; check the runners' logs."
+                )
+            if not self.restore():
+                time.sleep(_PROBE_PAUSE_S)
+        return sorted(self.group.healthy_env_runner_ids())
+
+    # ------------------------------------------------------------------ rounds
+    def next_round(self, num_prompts: int) -> tuple[list[dict[str, np.ndarray]], list[dict]]:
+        """The next round's batches (stale rows dropped, ``WEIGHT_VERSION`` removed) and the env
+        runners' metrics; in asynchronous mode, first requests rounds to keep ``max_staleness``
+        of them ahead."""
+        if self.group.num_remote_env_runners() == 0:
+            return self._sample_locally(num_prompts)
+        current = self._pending.popleft() if self._pending else self._request(num_prompts)
+        while len(self._pending) < self.config.max_staleness:
+            self._pending.append(self._request(num_prompts))
+        results = self._collect_with_retry(current)
+        batches, metrics = [], []
+        for batch, runner_metrics, info in results:
+            batches.append(self._drop_stale(batch))
+            metrics.append(runner_metrics)
+            self._count_restarts(int(info["restarted"]))
+        if not any(len(b[C.REWARDS]) for b in batches):  # every row too old: one fresh round
+            fresh = self._collect_with_retry(self._request(num_prompts))
+            batches = [self._drop_stale(batch) for batch, _, _ in fresh]
+        return batches, metrics
+
+    def _sample_locally(self, num_prompts: int):
+        batch, metrics, _ = self.group.local_env_runner.sample_round(num_prompts=num_prompts, weights=self.weights)
+        return [self._drop_stale(batch)], [metrics]
+
+    def _drop_stale(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        batch, staleness, dropped = drop_stale_rows(batch, self.weights.version, self.config.max_staleness)
+        self.metrics.log_value(NUM_STALE_ROWS_DROPPED, dropped, reduce="sum")
+        self.metrics.log_value(NUM_STALE_ROWS_DROPPED + "_lifetime", dropped, reduce="lifetime_sum")
+        if len(staleness):
+            self.metrics.log_value(STALENESS_MEAN, float(staleness.mean()), window=1)
+            self.metrics.log_value(STALENESS_MAX, int(staleness.max()), window=1)
+        return batch
+
+    def _request(self, num_prompts: int, runner_ids: Optional[list[int]] = None) -> Round:
+        """Sends one round's requests, carrying the published weights."""
+        ids = runner_ids or self._await_healthy({})
+        self._num_rounds += 1
+        rnd = Round(tag=f"rllib_dph_round_{self._num_rounds}", shares=split_prompts(num_prompts, ids), weights=self.weights)
+        self.group.foreach_env_runner_async(
+            "sample_round",
+            tag=rnd.tag,
+            kwargs=[{"num_prompts": n, "weights": rnd.weights} for n in rnd.shares.values()],
+            remote_worker_ids=list(rnd.shares),
+        )
+        return rnd
+
+    def _collect(self, rnd: Round) -> tuple[list[tuple[int, Any]], dict[int, str]]:
+        """Waits up to ``sample_timeout_s`` for a round: ([(runner id, result)] in id order,
+        {runner id: cause} of the failed). Raises ``TimeoutError`` naming runners still sampling."""
+        timeout = self.config.sample_timeout_s
+        manager = self._manager
+        results = manager.fetch_ready_async_reqs(tags=[rnd.tag], timeout_seconds=timeout)
+        done = {r.actor_id: r.get() for r in results if r.ok}
+        failures = {r.actor_id: repr(r.get()) for r in results if not r.ok}
+        missing = [rid for rid in rnd.shares if rid not in done and rid not in failures]
+        # The manager forgets every request of a runner it marks unhealthy (another round's
+        # failure): such a request is neither returned nor in flight.
+        late = [rid for rid in missing if manager._remote_actor_states[rid].get_num_in_flight_requests(rnd.tag)]
+        failures.update({rid: "the env runner died while the request was in flight" for rid in missing if rid not in late})
+        if late:
+            raise TimeoutError(
+                f"env runner(s) {late} did not return their share of a sampling round (weight "
+                f"version {rnd.weights.version}) within sample_timeout_s={timeout} s. The runner "
+                "is stuck (engine, verifier) or too slow: check its log (ray logs), or raise "
+                "config.env_runners(sample_timeout_s=...)."
+            )
+        return sorted(done.items()), failures
+
+    def _collect_with_retry(self, rnd: Round) -> list[tuple]:
+        """A round's results. The shares of env runners that failed are sampled once more, with
+        the current weights, by the runners in service (a restarted one included); a second
+        failure, or a failure with restarts off, raises naming the runners and the causes."""
+        done, failures = self._collect(rnd)
+        if failures:
+            if not self.config.restart_failed_env_runners:
+                raise RuntimeError(
+                    f"env runner(s) failed while sampling: {_describe(failures)}; "
+                    "restart_failed_env_runners=False, so the run stops. Turn it on with "
+                    "config.fault_tolerance(restart_failed_env_runners=True)."
+                )
+            self.restore()
+            ids = self._await_healthy(failures)
+            retried, again = self._collect(self._request(sum(rnd.shares[rid] for rid in failures), ids))
+            if again:
+                raise RuntimeError(
+                    f"env runner(s) failed again on the retry of a sampling round: {_describe(again)} "
+                    f"(first failure: {_describe(failures)}). Retries are exhausted: a failed share "
+                    "is sampled once more, then the run stops; check the runners' logs."
+                )
+            done += retried
+        return [result for _, result in done]
+
+    @property
+    def _manager(self):
+        """The env runner group's actor manager. Its results keep each runner's id and error,
+        which the group's own calls log and drop (a private RLlib attribute, read here only)."""
+        return self.group._worker_manager
+
+    def discard_pending(self) -> int:
+        """Waits for and discards the rounds requested ahead (on restoring a checkpoint: their rows
+        come from weights the restored run never had); returns how many were discarded."""
+        num = len(self._pending)
+        for rnd in self._pending:
+            self._manager.fetch_ready_async_reqs(tags=[rnd.tag], timeout_seconds=self.config.sample_timeout_s)
+        self._pending.clear()
+        return num
+
+
+def _describe(failures: dict[int, str]) -> str:
+    """``env runner 1: <cause>; ...``, each cause cut to its first 300 characters."""
+    return "; ".join(f"env runner {rid}: {cause[:300]}" for rid, cause in sorted(failures.items()))

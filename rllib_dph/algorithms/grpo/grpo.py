@@ -171,11 +171,15 @@ class GRPOConfig(AlgorithmConfig):
         self.val_env_config = None
         self.val_n = 8
         self.val_limit = None
-        # Weights go to env runners through `sync_weights`; there are no connector states.
-        self.merge_env_runner_states = False
-        self.broadcast_env_runner_states = False
+        self._init_env_runners()
+
+    def _init_env_runners(self) -> None:
+        """Env runners are ``LLMEnvRunner``s; weights reach them through ``sync_weights``, and
+        there are no connector states to merge or broadcast."""
         from rllib_dph.env_runner import LLMEnvRunner
 
+        self.merge_env_runner_states = False
+        self.broadcast_env_runner_states = False
         self.env_runner_cls = LLMEnvRunner
 
     def _init_sampling_limits(self) -> None:

@@ -59,7 +59,7 @@ def test_killed_env_runner_is_restarted_with_the_current_weights(ray_session, ti
 
     algo = _remote(tiny_grpo_config).training(lr=1e-2).build_algo()
     _on_policy_gap(algo, algo.sample_groups())  # the policy moves away from the initial weights
-    algo._sync_weights()  # version 1, loaded by the env runner
+    algo._sync_weights()  # version 1 (one per update), loaded by the env runner
     _kill_env_runner(algo)
     batch = algo.sample_groups()  # the share fails (then one retry) or waits for the restart
     assert len(batch[C.REWARDS]) == algo.config.train_rows_per_step
@@ -67,8 +67,10 @@ def test_killed_env_runner_is_restarted_with_the_current_weights(ray_session, ti
     assert algo.env_runner_group.foreach_env_runner(lambda r: r.weights_version, local_env_runner=False) == [1]
     # The restarted runner's μ is the current policy's ...
     assert _on_policy_gap(algo, batch) < 1e-4
-    # ... which a runner holding the initial weights would not have sampled with.
-    assert _on_policy_gap(algo, LLMEnvRunner(config=algo.config).sample(num_prompts=2)) > 1e-3
+    # ... which a runner holding the initial weights would not have sampled with (tiny-random
+    # spreads its probability thinly over the vocabulary, so one update moves token
+    # probabilities by ~6e-4; the same weights differ by float noise, far below 1e-4).
+    assert _on_policy_gap(algo, LLMEnvRunner(config=algo.config).sample(num_prompts=2)) > 3e-4
     result = algo.train()  # the iteration completes
     assert result["training_iteration"] == 1 and result[NUM_ENV_RUNNER_RESTARTS] >= 1
     algo.stop()

@@ -272,7 +272,8 @@ GRPO_CROSS_RULES = (
     ),
     CrossRule(
         "asynchronous sampling needs remote env runners",
-        lambda c: c.max_staleness > 0 and c.num_env_runners < 1,
+        # RLlib validates an evaluation copy too, whose env runners are the evaluation ones.
+        lambda c: c.max_staleness > 0 and c.num_env_runners < 1 and not c.in_evaluation,
         lambda c: (
             f"max_staleness={c.max_staleness} samples on remote env runners while the learners "
             f"update, but num_env_runners={c.num_env_runners} samples in the driver; set "

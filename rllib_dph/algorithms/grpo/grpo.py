@@ -768,7 +768,11 @@ class GRPO(Algorithm):
         """After restoring learner weights: rounds requested ahead are discarded (their rows come
         from weights the restored run never had), and the env runners get the restored weights
         with the restored version (the learner's checkpointed update count), so the staleness
-        bound holds across a resume."""
+        bound holds across a resume. A restore inside RLlib's own ``setup`` (an
+        ``on_algorithm_init`` callback, as ``--from-checkpoint`` does) comes before the rounds
+        exist; ``setup`` then starts them from the restored weights itself."""
+        if not hasattr(self, "_rounds"):
+            return
         self._rounds.discard_pending()
         self._rounds.publish(self.learner_group)
         self._rounds.push()

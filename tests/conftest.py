@@ -20,6 +20,20 @@ def ray_session():
 
 
 @pytest.fixture
+def without_ray():
+    """No Ray in this process during the test (for tests that check a step starts none); a
+    session-wide Ray that was running is started again afterwards."""
+    import ray
+
+    was_running = ray.is_initialized()
+    if was_running:
+        ray.shutdown()
+    yield
+    if was_running and not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+
+
+@pytest.fixture
 def tiny_grpo_config():
     """GRPO on the SQL suite with the untrained ``tiny-random`` model: seconds per iteration."""
     from rllib_dph.algorithms.grpo import GRPOConfig

@@ -10,7 +10,7 @@ from rllib_dph.algorithms.grpo import GRPOConfig
 from rllib_dph.experiments import PREFLIGHT_EXIT_CODE, prepare_run
 
 
-def test_a_missing_tiny_model_is_built_here(tmp_path, monkeypatch):
+def test_a_missing_tiny_model_is_built_here(tmp_path, monkeypatch, without_ray):
     import ray
 
     monkeypatch.setenv("RLLIB_DPH_HOME", str(tmp_path / "home"))
@@ -19,7 +19,7 @@ def test_a_missing_tiny_model_is_built_here(tmp_path, monkeypatch):
     assert not ray.is_initialized()
 
 
-def test_dph_presampling_runs_here_and_an_empty_d_pef_is_refused(tmp_path, capsys):
+def test_dph_presampling_runs_here_and_an_empty_d_pef_is_refused(tmp_path, capsys, without_ray):
     import ray
 
     data = tmp_path / "math.jsonl"

@@ -15,7 +15,7 @@ import time
 import torch
 
 from rllib_dph.models.hub import load_causal_lm, load_tokenizer, model_fingerprint
-from rllib_dph.models.tiny import evaluate_base_policy
+from rllib_dph.evaluation.base_model import evaluate_base_policy
 
 
 def main() -> None:

@@ -55,9 +55,29 @@ def _train(args) -> None:
 
 
 def _build_model(args) -> None:
-    from rllib_dph.models.hub import resolve_model
+    """A bundled model: its shipped or cached build, or a new one (``--force``) with the base
+    model's quality check (``evaluation.base_model``) in its build record, which is printed. Any
+    other name: resolved (a folder, or a Hugging Face id) and printed."""
+    from pathlib import Path
 
-    path = resolve_model(args.name, build=True, force=args.force)
+    from rllib_dph.evaluation.base_model import evaluate_base_policy
+    from rllib_dph.files import home
+    from rllib_dph.models.hub import BUNDLED_MODELS, build_model, model_fingerprint, resolve_model
+    from rllib_dph.models.tiny import BUILD_RECORD, format_record
+
+    if args.name not in BUNDLED_MODELS:
+        print(resolve_model(args.name, build=True))
+        return
+    try:
+        path = None if args.force else resolve_model(args.name, build=False)
+    except FileNotFoundError:
+        path = None
+    if path is None:
+        path = str(home() / "models" / args.name)
+        build_model(args.name, path, force=args.force, num_threads=args.threads, evaluate=evaluate_base_policy)
+    record = json.loads((Path(path) / BUILD_RECORD).read_text())
+    print(format_record(record) if "num_parameters" in record else json.dumps(record, indent=2))
+    print(f"fingerprint {model_fingerprint(path)}")
     print(path)
 
 
@@ -187,8 +207,9 @@ def _add_train_parser(sub) -> None:
 
 
 def _add_build_model_parser(sub) -> None:
-    """``rllib build-model [name] [--force]``."""
+    """``rllib build-model [name] [--force] [--threads N]``."""
     from rllib_dph.models.hub import absolute_if_path
+    from rllib_dph.models.tiny import BUILD_THREADS
 
     build = sub.add_parser(
         "build-model", help="find the shipped build of a bundled tiny model, or build it into the cache (offline)"
@@ -196,6 +217,8 @@ def _add_build_model_parser(sub) -> None:
     build.add_argument("name", nargs="?", default="tiny-sql-math", type=absolute_if_path,
                        help="bundled model name, model folder or HF id (default tiny-sql-math)")
     build.add_argument("--force", action="store_true", help="rebuild into the cache even if shipped or cached")
+    build.add_argument("--threads", type=int, default=BUILD_THREADS,
+                       help=f"torch threads of a build (default {BUILD_THREADS}: the shipped build's)")
     build.set_defaults(func=_build_model)
 
 

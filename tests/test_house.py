@@ -1,7 +1,8 @@
 """The shape of the house, checked on the source text (pure AST: nothing of the package is imported).
 
 - No import cycle among our own modules (``rllib_dph.*``, ``envs.*``), counting the imports
-  inside functions too.
+  inside functions too, nor among our packages (``rllib_dph.<package>``, ``envs``); ``models/``
+  imports nothing above it.
 - No function or method longer than 60 lines including its docstring (config builder methods
   are allowed a 60-line body after their docstring: their docstrings document every field).
 - Engine names are spelled in one place, ``rllib_dph/engines/``.
@@ -112,6 +113,43 @@ def test_no_import_cycle():
         where = ", ".join(graph[a][b] for a, b in zip(cycle, cycle[1:] + cycle[:1]))
         offenders.append(f"cycle: {' -> '.join(cycle + cycle[:1])} ({where})")
     assert not offenders, "import cycles among our modules (imports in functions count):\n" + "\n".join(offenders)
+
+
+def _package(module: str) -> str:
+    """The package a module belongs to for layering: ``rllib_dph.<first part>`` or ``envs``."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "rllib_dph" else parts[0]
+
+
+def _package_graph() -> dict[str, dict[str, str]]:
+    """package → {imported package: "path:line" of the first such import}, between packages only."""
+    graph: dict[str, dict[str, str]] = {}
+    for module, targets in _import_graph().items():
+        graph.setdefault(_package(module), {})
+        for target, where in targets.items():
+            if _package(target) != _package(module):
+                graph[_package(module)].setdefault(_package(target), where)
+    return graph
+
+
+def test_no_import_cycle_between_packages():
+    """Packages point one way (e.g. ``engines`` loads ``models``' folders, so ``models`` must not
+    import ``engines``), even where no single module closes a cycle."""
+    graph = _package_graph()
+    offenders = [" -> ".join(c + c[:1]) + " (" + ", ".join(graph[a][b] for a, b in zip(c, c[1:] + c[:1])) + ")"
+                 for c in _cycles(graph)]
+    assert not offenders, "import cycles among our packages:\n" + "\n".join(offenders)
+
+
+#: ``models/`` builds and loads weights; it may import only these packages (no engine, rollout,
+#: evaluation or algorithm code: the base model's quality check lives in ``evaluation``).
+MODELS_MAY_IMPORT = {"envs", "rllib_dph.chat", "rllib_dph.files"}
+
+
+def test_models_import_nothing_above_them():
+    above = {target: where for target, where in _package_graph()["rllib_dph.models"].items()
+             if target not in MODELS_MAY_IMPORT}
+    assert not above, f"rllib_dph/models imports packages above it: {above}"
 
 
 def _functions(tree: ast.Module):

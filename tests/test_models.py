@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from envs import suites
-from rllib_dph.models import __main__ as models_cli
+from rllib_dph import cli
 from rllib_dph.models import hub
 from rllib_dph.chat import encode_prompt
 from rllib_dph.evaluation.metrics import pass_at_k
@@ -176,12 +176,12 @@ def test_pass_at_k_rejects_k_above_n():
 
 
 def test_quality_check_samples_through_the_rollout_path(monkeypatch):
-    from rllib_dph.models import tiny
+    from rllib_dph.evaluation import base_model
 
     load_split = suites.load_split
-    monkeypatch.setattr(tiny.suites, "load_split", lambda name: load_split(name)[:4])
+    monkeypatch.setattr(base_model.suites, "load_split", lambda name: load_split(name)[:4])
     model, tokenizer = load_causal_lm("tiny-sql-math"), load_tokenizer("tiny-sql-math")
-    metrics = tiny.evaluate_base_policy(model, tokenizer, samples=4, max_new_tokens=96, progress=False)
+    metrics = base_model.evaluate_base_policy(model, tokenizer, samples=4, max_new_tokens=96, progress=False)
 
     assert set(metrics) == {
         "sql_test/greedy_acc", "sql_test/greedy_styles", "sql_test/pass@1", "sql_test/pass@4",
@@ -239,7 +239,7 @@ def test_resolve_model(home, tiny_random, tmp_path, monkeypatch):
     assert resolve_model(str(tmp_path)) == str(tmp_path)  # a local directory, as is
     assert resolve_model("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"  # an HF id, unchanged
     monkeypatch.setattr(hub, "SHIPPED_DIR", tmp_path / "nothing_shipped")  # shipped builds: tests/test_shipped_model.py
-    with pytest.raises(FileNotFoundError, match="python -m rllib_dph.models build tiny-sql-math"):
+    with pytest.raises(FileNotFoundError, match="rllib build-model tiny-sql-math"):
         resolve_model("tiny-sql-math", build=False)
     with pytest.raises(FileNotFoundError, match="looks like a local path"):
         resolve_model(str(tmp_path / "missing"))
@@ -307,14 +307,16 @@ def test_fingerprint_is_kept_until_a_file_changes(tiny_random, tmp_path, monkeyp
     assert model_fingerprint(str(copy)) != first and len(hashed) == 2
 
 
-def test_build_is_deterministic_and_cli_prints_summary(tiny_random, tmp_path, capsys):
-    out = tmp_path / "again"
-    models_cli.main(["build", "tiny-random", "--out", str(out), "--no-progress"])
+def test_build_is_deterministic_and_cli_prints_summary(tiny_random, home, tmp_path, capsys):
+    before = model_fingerprint(tiny_random)
+    cli.main(["build-model", "tiny-random", "--force"])  # the one build command, into $RLLIB_DPH_HOME
     printed = capsys.readouterr().out
-    assert "tiny-random:" in printed and f"fingerprint {model_fingerprint(tiny_random)}" in printed
-    assert model_fingerprint(str(out)) == model_fingerprint(tiny_random)
+    assert "tiny-random:" in printed and f"fingerprint {before}" in printed
+    assert model_fingerprint(str(home / "models" / "tiny-random")) == before
 
-    record = build_model("tiny-random", out, progress=False)  # already built: returns its record
+    out = tmp_path / "again"
+    record = build_model("tiny-random", out, progress=False)
+    assert build_model("tiny-random", out, progress=False) == record  # already built: returns its record
     assert record == json.loads((out / BUILD_RECORD).read_text())
     (tmp_path / ".again.writing-killed").mkdir()  # the leftover of a killed build (files.atomic_dir)
     build_model("tiny-random", out, force=True, progress=False)  # rebuilt in place, atomically
@@ -325,7 +327,9 @@ def test_build_is_deterministic_and_cli_prints_summary(tiny_random, tmp_path, ca
 @pytest.mark.learning
 def test_tiny_sql_math_is_competent_imperfect_and_diverse(tmp_path):
     """The full build (minutes): the base policy the DPH-RL experiments start from."""
-    record = build_model("tiny-sql-math", tmp_path / "tiny-sql-math", progress=False)
+    from rllib_dph.evaluation.base_model import evaluate_base_policy
+
+    record = build_model("tiny-sql-math", tmp_path / "tiny-sql-math", progress=False, evaluate=evaluate_base_policy)
     m = record["metrics"]
     assert 0.3 <= m["sql_test/greedy_acc"] <= 0.7
     assert m["sql_test/pass@8"] >= m["sql_test/pass@1"] + 0.1

@@ -21,6 +21,8 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Callable, Optional
+
 import torch
 from transformers import PreTrainedModel
 
@@ -73,7 +75,7 @@ def resolve_model(name_or_path: str, *, build: bool = True, force: bool = False)
                 raise FileNotFoundError(
                     f"model {name_or_path!r} is not built at {path} (or was built by an older "
                     f"version of rllib_dph); build it with "
-                    f"`python -m rllib_dph.models build {name_or_path}` or pass build=True."
+                    f"`rllib build-model {name_or_path}` or pass build=True."
                 )
             build_model(name_or_path, path, force=force)
         return str(path)
@@ -121,6 +123,7 @@ def build_model(
     force: bool = False,
     num_threads: int = BUILD_THREADS,
     progress: bool = True,
+    evaluate: Optional[Callable[..., dict]] = None,
 ) -> dict:
     """Builds the bundled model ``name`` (tiny, or the SmolLM2 conversion) into ``out_dir`` safely under concurrency.
 
@@ -136,6 +139,8 @@ def build_model(
         force: Rebuild even when ``out_dir`` already holds a current build.
         num_threads: Torch threads for the build (see ``tiny.BUILD_THREADS``).
         progress: Show progress bars.
+        evaluate: A tiny model's quality check (``tiny.build_tiny_model``'s ``evaluate``); the
+            build command passes ``rllib_dph.evaluation.base_model.evaluate_base_policy``.
 
     Returns:
         The build record (also in ``out_dir/rllib_dph_build.json``).
@@ -155,7 +160,7 @@ def build_model(
                     num_threads=num_threads, progress=progress,
                 )
             else:
-                record = build_tiny_model(name, tmp, num_threads=num_threads, progress=progress)
+                record = build_tiny_model(name, tmp, num_threads=num_threads, progress=progress, evaluate=evaluate)
     return record
 
 

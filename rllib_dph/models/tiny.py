@@ -2,8 +2,9 @@
 
 Everything here runs on a laptop CPU with no download. ``build_tiny_model`` trains a byte-level
 BPE tokenizer on the bundled suites (``envs.suites``), builds a small ``Qwen2ForCausalLM`` from a
-seed, supervised-fine-tunes it on the suites' multi-style SQL and math solutions, measures the
-resulting base policy and saves everything with ``save_pretrained``. The schedule of
+seed, supervised-fine-tunes it on the suites' multi-style SQL and math solutions and saves
+everything with ``save_pretrained``; the build command adds the base policy's measured quality
+(``rllib_dph.evaluation.base_model``) to the build record. The schedule of
 ``tiny-sql-math`` is tuned so that the base policy is *competent but imperfect and diverse*: it
 solves part of the SQL test split greedily, solves clearly more with 8 samples, and samples every
 SQL solution style — the starting point the DPH-RL experiments need. ``tiny-random`` has the same
@@ -11,24 +12,22 @@ tokenizer and architecture with untrained weights, for fast tests.
 
 Usage::
 
-    python -m rllib_dph.models build tiny-sql-math     # or let resolve_model() build it on first use
+    rllib build-model tiny-sql-math --force   # with the quality check; or let resolve_model() build it on first use
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import torch
 from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
-from tqdm.auto import tqdm
 from transformers import (
     GenerationConfig,
     PreTrainedTokenizerFast,
@@ -39,13 +38,7 @@ from transformers import (
 from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX as QWEN2_PRETOKENIZE_REGEX
 
 from envs import suites
-from envs.math import MathEnv
-from envs.sql import SQLEnv
-from rllib_dph.engines.base import SamplingParams
-from rllib_dph.engines.hf import HFEngine
-from rllib_dph.evaluation.metrics import mean_pass_at_k
 from rllib_dph.models.sft import encode_example, sft
-from rllib_dph.rollout import ScoredGroup, rollout
 
 PAD_TOKEN = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -244,122 +237,25 @@ def build_model(tokenizer: PreTrainedTokenizerFast, spec: TinyModelSpec) -> Qwen
     return model
 
 
-def evaluate_base_policy(
-    model: Qwen2ForCausalLM,
-    tokenizer: PreTrainedTokenizerFast,
-    *,
-    samples: int = 8,
-    max_new_tokens: int = 160,
-    seed: int = 0,
-    progress: bool = True,
-) -> dict:
-    """Measures a policy on the bundled test splits, through the rollout path and an ``HFEngine``.
-
-    Greedy accuracy on ``sql_synth/test``, ``sql_synth/test_cross`` and ``math_synth/test``;
-    pass@1 and pass@``samples`` (unbiased) and the count of each solution style among
-    ``samples`` completions per ``sql_synth/test`` prompt at temperature 1.0.
-
-    Args:
-        model: The policy (eval mode).
-        tokenizer: Its tokenizer.
-        samples: Completions per SQL test prompt for pass@k and the style counts.
-        max_new_tokens: Longest completion.
-        seed: Seed of the sampler.
-        progress: Show progress bars.
-
-    Returns:
-        A flat dict of metrics (JSON-serialisable).
-    """
-    engine = HFEngine(model, tokenizer, device=model.device)
-    sql_test = SQLEnv(suites.load_split("sql_synth/test"))
-    run = functools.partial(_rollout_split, engine, max_new_tokens=max_new_tokens, seed=seed, progress=progress)
-    greedy = run(sql_test, 1, 0.0)
-    metrics = {
-        "sql_test/greedy_acc": _accuracy(greedy),
-        "sql_test/greedy_styles": _style_counts("sql_synth", [g.texts[0] for g in greedy]),
-    }
-    if samples > 0:
-        sampled = run(sql_test, samples, 1.0)
-        num_correct = [int(g.correct.sum()) for g in sampled]
-        for k in (1, samples):
-            metrics[f"sql_test/pass@{k}"] = mean_pass_at_k([samples] * len(sampled), num_correct, k)
-        metrics["sql_test/sample_styles"] = _style_counts("sql_synth", [t for g in sampled for t in g.texts])
-        metrics["sql_test/correct_sample_styles"] = _style_counts(
-            "sql_synth", [t for g in sampled for t, ok in zip(g.texts, g.correct) if ok]
-        )
-    metrics["sql_test_cross/greedy_acc"] = _accuracy(run(SQLEnv(suites.load_split("sql_synth/test_cross")), 1, 0.0))
-    metrics["math_test/greedy_acc"] = _accuracy(run(MathEnv(suites.load_split("math_synth/test")), 1, 0.0))
-    metrics.update(_ties_metrics(run, samples))
-    return metrics
-
-
-def _ties_metrics(run: Callable, samples: int) -> dict:
-    """The ties family (``sql_synth/test_ties``): greedy accuracy, pass@1 / pass@``samples`` and
-    how many samples take each approach, among all and among the correct ones (issue #24 asks
-    the base model to write the ``extremum`` approach in about 10-25 % of its samples)."""
-    env = SQLEnv(suites.load_split("sql_synth/test_ties"))
-    source = suites.SQL_TIES_SOURCE
-    greedy = run(env, 1, 0.0)
-    metrics = {"sql_ties/greedy_acc": _accuracy(greedy),
-               "sql_ties/greedy_approaches": _style_counts(source, [g.texts[0] for g in greedy])}
-    if samples > 0:
-        sampled = run(env, samples, 1.0)
-        num_correct = [int(g.correct.sum()) for g in sampled]
-        for k in (1, samples):
-            metrics[f"sql_ties/pass@{k}"] = mean_pass_at_k([samples] * len(sampled), num_correct, k)
-        metrics["sql_ties/sample_approaches"] = _style_counts(source, [t for g in sampled for t in g.texts])
-        metrics["sql_ties/correct_sample_approaches"] = _style_counts(
-            source, [t for g in sampled for t, ok in zip(g.texts, g.correct) if ok])
-    return metrics
-
-
-def _rollout_split(
-    engine: HFEngine, env, n: int, temperature: float, *, max_new_tokens: int, seed: int, progress: bool
-) -> list[ScoredGroup]:
-    """``n`` scored completions for every task of ``env``; prompt chunk j is sampled with seed ``seed + j``.
-
-    A chunk holds ``engine.max_batch_size // n`` prompts (at least one): one decoding batch.
-    """
-    per_chunk = max(1, engine.max_batch_size // n)
-    starts = range(0, len(env.tasks), per_chunk)
-    groups: list[ScoredGroup] = []
-    desc = f"{env.tasks[0].data_source} n={n}"
-    for j, start in enumerate(tqdm(starts, desc=desc, disable=not progress, dynamic_ncols=True)):
-        indices = list(range(start, min(start + per_chunk, len(env.tasks))))
-        params = SamplingParams(n=n, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed + j)
-        groups += rollout(engine, env, indices, params).groups
-    return groups
-
-
-def _accuracy(groups: Sequence[ScoredGroup]) -> float:
-    """The share of correct completions over all groups."""
-    return float(np.mean([ok for g in groups for ok in g.correct]))
-
-
-def _style_counts(suite: str, completions: Sequence[str]) -> dict[str, int]:
-    """How many completions show each style of ``suite`` (styles in their fixed order, then others)."""
-    counts = {style: 0 for style in suites.STYLES[suite]}
-    for completion in completions:
-        style = suites.style_of(suite, completion)
-        counts[style] = counts.get(style, 0) + 1
-    return counts
-
-
 def build_tiny_model(
-    name: str, out_dir: str | os.PathLike, *, num_threads: int = BUILD_THREADS, progress: bool = True
+    name: str, out_dir: str | os.PathLike, *, num_threads: int = BUILD_THREADS, progress: bool = True,
+    evaluate: Optional[Callable[..., dict]] = None,
 ) -> dict:
     """Builds the bundled tiny model ``name`` into ``out_dir`` and returns its build record.
 
-    Trains the tokenizer, initialises the model, runs SFT and the evaluation as ``TINY_MODELS[name]``
-    says, and writes ``save_pretrained`` files plus ``rllib_dph_build.json`` (the spec, the SFT
-    loss curve summary, the measured metrics and timings). The result is deterministic for a
-    given machine and thread count.
+    Trains the tokenizer, initialises the model and runs SFT as ``TINY_MODELS[name]`` says, then
+    the quality check ``evaluate`` if given, and writes ``save_pretrained`` files plus
+    ``rllib_dph_build.json`` (the spec, the SFT loss curve summary, the measured metrics and
+    timings). The weights are deterministic for a given machine and thread count, with or
+    without the quality check (it runs after SFT).
 
     Args:
         name: A key of :data:`TINY_MODELS`.
         out_dir: Directory to write into (created; existing files are overwritten).
         num_threads: Torch threads for the build (default :data:`BUILD_THREADS`).
         progress: Show progress bars.
+        evaluate: The quality check (``evaluation.base_model.evaluate_base_policy``, passed by the
+            build command), called with the spec's evaluation settings; None records no metrics.
     """
     if name not in TINY_MODELS:
         raise KeyError(f"unknown tiny model {name!r}; the bundled ones are {sorted(TINY_MODELS)}.")
@@ -386,9 +282,9 @@ def build_tiny_model(
         if spec.sft_steps > 0:
             record["sft"] = _run_sft(model, tokenizer, examples, spec, progress)
         model.eval()
-        if spec.eval_samples > 0:
+        if evaluate is not None and spec.eval_samples > 0:
             eval_start = time.perf_counter()
-            record["metrics"] = evaluate_base_policy(
+            record["metrics"] = evaluate(
                 model, tokenizer, samples=spec.eval_samples, max_new_tokens=spec.eval_max_new_tokens,
                 seed=spec.seed, progress=progress,
             )

@@ -21,7 +21,6 @@ L layers):
                  once (T = U·prompt + rows·response) and copy its K/V to every row
     logits       R·V·(4 saved + 12 transient + 2 if bf16): the vocab-sized logits upcast to
                  fp32 for the log-softmax, the entropy's softmax, and their gradients
-
     lora         T·Σ r·e over the adapted linears of the decoder layers (with checkpointing: of
                  one layer): the rank-r outputs of the adapters' A, saved for B's backward;
                  with ``dropout > 0`` also each adapted linear's dropped input and its mask
@@ -37,6 +36,7 @@ base keeps its fp32 weights and its activations (the gradient still flows throug
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -171,19 +171,21 @@ def adapter_params(shape: ModelShape, lora: Optional[dict]) -> int:
     return sum(r * (fan_in + fan_out) for _, fan_in, fan_out, _ in adapted_modules(shape, lora))
 
 
-def _layer_adapters(shape: ModelShape, lora: Optional[dict]) -> list[tuple]:
-    """The adapted modules of the first decoder layer (every layer has the same ones)."""
-    return [] if lora is None else [m for m in adapted_modules(shape, lora) if ".layers.0." in m[0]]
-
-
-def _adapter_split(shape: ModelShape, lora: Optional[dict]) -> tuple[int, int]:
-    """(adapter parameters of one decoder layer, those outside the layers)."""
+def _decoder_adapters(shape: ModelShape, lora: Optional[dict]) -> list[tuple]:
+    """The adapted modules inside the decoder layers (``...layers.<i>....``), all layers."""
     if lora is None:
-        return 0, 0
+        return []
+    return [m for m in adapted_modules(shape, lora) if re.search(r"(^|\.)layers\.\d+\.", m[0])]
+
+
+def _adapter_split(shape: ModelShape, lora: Optional[dict]) -> tuple[float, float]:
+    """(adapter parameters of one decoder layer, on average over the layers; those outside them)."""
+    if lora is None:
+        return 0.0, 0.0
     from rllib_dph.lora import lora_settings
 
-    layer = lora_settings(lora)["r"] * sum(fan_in + fan_out for _, fan_in, fan_out, _ in _layer_adapters(shape, lora))
-    return layer, adapter_params(shape, lora) - shape.layers * layer
+    inside = lora_settings(lora)["r"] * sum(fan_in + fan_out for _, fan_in, fan_out, _ in _decoder_adapters(shape, lora))
+    return inside / shape.layers, adapter_params(shape, lora) - inside
 
 
 @dataclass(frozen=True)
@@ -275,10 +277,11 @@ def layer_bytes_per_token(shape: ModelShape, dtype: str) -> float:
 
 
 def lora_layer_bytes_per_token(shape: ModelShape, setup: LearnerSetup) -> float:
-    """What LoRA adds to a decoder layer's saved activations per token: each adapted linear's
-    rank-r output of A (saved for B's weight gradient), r·e bytes; with ``dropout > 0`` also
-    its dropped input (saved for A's, in·e) and the dropout mask (in bytes). e = 4 (fp32) or 2
-    (bf16). The rest of the layer saves what it saves without LoRA (:data:`LAYER_COEFFS`)."""
+    """What LoRA adds to a decoder layer's saved activations per token (on average over the
+    layers): each adapted linear's rank-r output of A (saved for B's weight gradient), r·e bytes;
+    with ``dropout > 0`` also its dropped input (saved for A's, in·e) and the dropout mask (in
+    bytes). e = 4 (fp32) or 2 (bf16). The rest of the layer is counted as without LoRA
+    (:data:`LAYER_COEFFS`), an upper bound: frozen layers that are not adapted save less."""
     if setup.lora is None:
         return 0.0
     from rllib_dph.lora import lora_settings
@@ -286,8 +289,8 @@ def lora_layer_bytes_per_token(shape: ModelShape, setup: LearnerSetup) -> float:
     settings = lora_settings(setup.lora)
     elem = 4 if setup.dtype == "float32" else 2
     dropped = settings["dropout"] > 0
-    return float(sum(settings["r"] * elem + (fan_in * (elem + 1) if dropped else 0)
-                     for _, fan_in, _, _ in _layer_adapters(shape, setup.lora)))
+    return sum(settings["r"] * elem + (fan_in * (elem + 1) if dropped else 0)
+               for _, fan_in, _, _ in _decoder_adapters(shape, setup.lora)) / shape.layers
 
 
 def activation_bytes(shape: ModelShape, batch: MicroBatch, setup: LearnerSetup) -> float:

@@ -4,13 +4,15 @@ The estimate is ``rllib_dph.memory`` (the same one the preflight of ``rllib trai
 refuse a run that will not fit): parameters, gradients, Adam state, activations saved for the
 backward pass, FSDP2's unsharded working set, autocast's bf16 weight copies, the vocab-sized
 logits and the frozen reference model (GRPO with a KL penalty loads one; DPH-RL's stored
-log-probs spare it). Its formulas are in that module's docstring.
+log-probs spare it; LoRA's π_ref is its own base), and LoRA's adapters. Its formulas are in that
+module's docstring.
 
 Three parts:
 
 - the table (any size, nothing downloaded): parameter counts from the HF config built on the
   meta device (Qwen2.5-0.5B/1.5B/7B and Llama-3.1-8B shapes, from their public config.json
   values), per learner on a GPU at ``--tokens`` tokens per micro-batch (half of them response);
+  then LoRA (the defaults) next to full fine-tuning on one GPU learner at 2k-32k tokens;
 - ``--measured``: the tiny model and a random ~100M Qwen2 on CPU with 2 Ray learners (gloo),
   DDP and FSDP2, float32: the bytes each learner holds after one real update
   (``rllib_dph.sharding.held_bytes``) next to the estimate's, and the activation bytes autograd
@@ -24,8 +26,9 @@ Three parts:
     python bench/memory.py                       # table only
     python bench/memory.py --measured            # table + held bytes with 2 learners (~3 min)
     python bench/memory.py --rss tiny-sql-math:64:64:128:8 100m:16:64:128:8:bfloat16
-        # MODEL:ROWS:PROMPT:RESPONSE:GROUP[:DTYPE[:ckpt][:kl]]; MODEL is a model name or folder,
-        # or 100m (a random-weight ~100M Qwen2, written to a temporary folder)
+        # MODEL:ROWS:PROMPT:RESPONSE:GROUP[:DTYPE][:ckpt][:kl][:lora]; MODEL is a model name or
+        # folder, or 100m (a random-weight ~100M Qwen2, written to a temporary folder); lora: the
+        # LoRA defaults (rllib_dph.lora.LORA_DEFAULTS)
 """
 
 from __future__ import annotations
@@ -147,14 +150,49 @@ def shape_of(family: str, arch: dict):
     return ModelShape.from_config(hf_config(family, arch))
 
 
-def table_gb(shape, *, tokens: int, sharding: str, n: int, checkpointing: bool, reference: bool) -> float:
+def table_gb(shape, *, tokens: int, sharding: str, n: int, checkpointing: bool, reference: bool, lora=None) -> float:
     """Estimated GB per GPU learner: ``tokens`` per micro-batch, half of them response, bf16."""
     from rllib_dph.memory import LearnerSetup, MicroBatch, learner_estimate
 
     batch = MicroBatch(rows=max(1, tokens // 1024), prompt=512, response=512)
     setup = LearnerSetup(dtype="bfloat16", sharding=sharding, num_learners=n, gradient_checkpointing=checkpointing,
-                         reference=reference, device="cuda")
+                         reference=reference, lora=lora, device="cuda")
     return learner_estimate(shape, batch, setup).total / GB
+
+
+LORA_TOKENS = (2048, 4096, 8192, 16384, 32768)
+
+
+def print_lora_table() -> None:
+    """LoRA (the defaults, ``lora.LORA_DEFAULTS``) on one GPU learner (DDP, N=1) at several
+    micro-batch token budgets, with and without checkpointing, next to full fine-tuning; the
+    same estimate with π_ref needed (GRPO+KL) since LoRA's π_ref costs nothing."""
+    from rllib_dph.lora import LORA_DEFAULTS
+    from rllib_dph.memory import adapter_params
+
+    print(f"\nLoRA {LORA_DEFAULTS} on one GPU learner (DDP, bf16 compute, fp32 frozen base), GB per learner by "
+          f"tokens per micro-batch (1024-token rows, half response); * = fits {GPU_GB} GB. 'full' is full "
+          "fine-tuning without π_ref (DPH); with LoRA, GRPO+KL costs the same (π_ref = the base, adapters off).\n")
+    print(f"{'model':<14}{'params':>8}{'adapters':>10}  {'method':<7}{'ckpt':<5}" + "".join(f"{t:>9}" for t in LORA_TOKENS))
+    largest = {}
+    for name, (family, arch) in ARCHS.items():
+        shape = shape_of(family, arch)
+        p_a = adapter_params(shape, LORA_DEFAULTS)
+        for method, lora in (("LoRA", dict(LORA_DEFAULTS)), ("full", None)):
+            for ckpt in (False, True):
+                cells = []
+                for tokens in LORA_TOKENS:
+                    gb = table_gb(shape, tokens=tokens, sharding="ddp", n=1, checkpointing=ckpt, reference=False, lora=lora)
+                    cells.append(f"{gb:>8.1f}{'*' if gb <= GPU_GB else ' '}")
+                    if gb <= GPU_GB:
+                        largest[(name, method, ckpt)] = tokens
+                print(f"{name:<14}{shape.params / 1e9:>7.2f}B{p_a / 1e6:>9.1f}M  {method:<7}{'on' if ckpt else 'off':<5}"
+                      + "".join(cells))
+    print(f"\nLargest token budget (of {LORA_TOKENS}) with one learner within {GPU_GB} GB:")
+    for name in ARCHS:
+        cells = [f"{method} ckpt {'on' if ckpt else 'off'}: {largest.get((name, method, ckpt), 'none')}"
+                 for method in ("LoRA", "full") for ckpt in (False, True)]
+        print(f"  {name:<14}" + "; ".join(cells))
 
 
 def print_table(args) -> None:
@@ -242,17 +280,21 @@ def measured_check(args) -> None:
 
 
 def parse_rss_spec(spec: str) -> dict:
-    """``MODEL:ROWS:PROMPT:RESPONSE:GROUP[:DTYPE][:ckpt][:kl]`` → the settings of one RSS run."""
+    """``MODEL:ROWS:PROMPT:RESPONSE:GROUP[:DTYPE][:ckpt][:kl][:lora]`` → the settings of one RSS
+    run (``lora``: LoRA with ``lora.LORA_DEFAULTS``)."""
     parts = spec.split(":")
     if len(parts) < 5:
-        raise SystemExit(f"--rss {spec!r}: expected MODEL:ROWS:PROMPT:RESPONSE:GROUP[:DTYPE][:ckpt][:kl]")
+        raise SystemExit(f"--rss {spec!r}: expected MODEL:ROWS:PROMPT:RESPONSE:GROUP[:DTYPE][:ckpt][:kl][:lora]")
     model, rows, prompt, response, group, *flags = parts
     dtype = next((f for f in flags if f in ("float32", "bfloat16")), "float32")
-    unknown = set(flags) - {"float32", "bfloat16", "ckpt", "kl"}
+    unknown = set(flags) - {"float32", "bfloat16", "ckpt", "kl", "lora"}
     if unknown:
-        raise SystemExit(f"--rss {spec!r}: unknown flags {sorted(unknown)}; use float32, bfloat16, ckpt, kl")
+        raise SystemExit(f"--rss {spec!r}: unknown flags {sorted(unknown)}; use float32, bfloat16, ckpt, kl, lora")
+    from rllib_dph.lora import LORA_DEFAULTS
+
     return dict(model=model, rows=int(rows), prompt=int(prompt), response=int(response), group_size=int(group),
-                dtype=dtype, checkpointing="ckpt" in flags, kl="kl" in flags)
+                dtype=dtype, checkpointing="ckpt" in flags, kl="kl" in flags,
+                lora=dict(LORA_DEFAULTS) if "lora" in flags else None)
 
 
 def rss_config(run: dict):
@@ -262,7 +304,7 @@ def rss_config(run: dict):
     return (
         GRPOConfig().environment("rllib_dph/SQL-v0")
         .llm(model_name=run["model"], dtype=run["dtype"], max_response_length=run["response"],
-             gradient_checkpointing=run["checkpointing"])
+             gradient_checkpointing=run["checkpointing"], lora=run["lora"])
         .training(group_size=run["group_size"], prompts_per_step=-(-run["rows"] // run["group_size"]), lr=1e-5,
                   kl_coeff=0.1 if run["kl"] else 0.0)
         .learners(num_learners=0)
@@ -306,7 +348,8 @@ def rss_check(specs: list[str]) -> None:
 
             run["model"] = str(save_random_model("100m", Path(tempfile.mkdtemp(prefix="memory-100m-"))))
         shape = model_shape(run["model"])
-        setup = LearnerSetup(dtype=run["dtype"], gradient_checkpointing=run["checkpointing"], reference=run["kl"])
+        setup = LearnerSetup(dtype=run["dtype"], gradient_checkpointing=run["checkpointing"], reference=run["kl"],
+                             lora=run["lora"])
         estimate = learner_estimate(shape, MicroBatch(run["rows"], run["prompt"], run["response"], run["group_size"]), setup)
         start = time.perf_counter()
         out = subprocess.run([sys.executable, __file__, "--rss-child", json.dumps(run)], capture_output=True, text=True)
@@ -333,7 +376,8 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=16384, help="tokens per micro-batch per learner (table)")
     parser.add_argument("--rows", type=int, default=16, help="rows of the --measured update (multiple of 8)")
     parser.add_argument("--measured", action="store_true", help="held bytes of 2 CPU learners (~3 min)")
-    parser.add_argument("--rss", nargs="+", metavar="SPEC", help="peak RSS runs, MODEL:ROWS:PROMPT:RESPONSE:GROUP[:DTYPE][:ckpt][:kl]")
+    parser.add_argument("--rss", nargs="+", metavar="SPEC",
+                        help="peak RSS runs, MODEL:ROWS:PROMPT:RESPONSE:GROUP[:DTYPE][:ckpt][:kl][:lora]")
     parser.add_argument("--rss-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(2)
@@ -342,6 +386,7 @@ def main() -> None:
     if args.rss:
         return rss_check(args.rss)
     print_table(args)
+    print_lora_table()
     if args.measured:
         measured_check(args)
 

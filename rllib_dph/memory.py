@@ -9,27 +9,34 @@ and R response positions of the largest micro-batch, H hidden, I intermediate, V
 L layers):
 
     runtime      the process itself (Python, torch, transformers, RLlib; measured on CPU)
-    weights      4·P  (fp32 master weights; FSDP2: 4·P/N + its unsharded working set)
-    gradients    4·P_t          (FSDP2: /N)
+    weights      4·(P + P_a)  (fp32 master weights, LoRA's adapters P_a included; FSDP2: /N
+                 + its unsharded working set)
+    gradients    4·P_t          (FSDP2: /N); P_t = P, or P_a with LoRA
     optimizer    8·P_t  (Adam m, v; FSDP2: /N)
-    copies       2·P_mm bf16 weight copies under autocast (DDP, dtype="bfloat16")
-    reference    4·P when π_ref is loaded (kl_coeff > 0, DPH divergence="js_definition")
+    copies       2·(P_mm + P_a) bf16 weight copies under autocast (DDP, dtype="bfloat16")
+    reference    4·P when π_ref is loaded (kl_coeff > 0, DPH divergence="js_definition");
+                 0 with LoRA (π_ref is the policy's base with its adapters disabled)
     activations  T·L·a_layer  (saved for the backward pass, see :func:`layer_bytes_per_token`),
                  with checkpointing T·L·4·H + T·a_layer; GRPO groups that share a prompt run it
                  once (T = U·prompt + rows·response) and copy its K/V to every row
     logits       R·V·(4 saved + 12 transient + 2 if bf16): the vocab-sized logits upcast to
                  fp32 for the log-softmax, the entropy's softmax, and their gradients
+    lora         T·Σ r·e over the adapted linears of the decoder layers (with checkpointing: of
+                 one layer): the rank-r outputs of the adapters' A, saved for B's backward;
+                 with ``dropout > 0`` also each adapted linear's dropped input and its mask
 
 Per rollout engine: runtime + weights in the engine dtype + KV cache of the rows decoded at
 once + the sampling logits; a vLLM engine on a GPU reserves ``gpu_memory_utilization`` of it.
 
-LoRA is not implemented yet: :class:`LearnerSetup` takes ``trainable_params`` (gradients and
-Adam scale with it) so that the estimate follows once it lands.
+LoRA (``GRPOConfig.llm(lora=...)``, ``rllib_dph.lora``): P_a = Σ r·(in + out) over the linear
+layers that ``target_modules`` selects by peft 0.21's rule (:func:`adapted_modules`); the frozen
+base keeps its fp32 weights and its activations (the gradient still flows through every layer).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -66,6 +73,9 @@ class ModelShape:
         root_params: The rest (embeddings, final norm, untied LM head).
         matmul_params: Parameters of matrix multiplications (autocast makes bf16 copies).
         hidden, intermediate, layers, heads, kv_heads, head_dim, vocab: The config's sizes.
+        modules: ``(name, in, out, kind)`` of every ``nn.Linear`` (kind ``"linear"``) and
+            ``nn.Embedding`` (``"embedding"``, in = rows, out = width) of the model, full module
+            names: what LoRA can adapt (:func:`adapted_modules`); ``"output"`` marks the LM head.
     """
 
     params: int
@@ -79,6 +89,7 @@ class ModelShape:
     kv_heads: int
     head_dim: int
     vocab: int
+    modules: tuple = ()
 
     @classmethod
     def from_config(cls, config) -> "ModelShape":
@@ -106,12 +117,75 @@ class ModelShape:
             kv_heads=getattr(text, "num_key_value_heads", None) or heads,
             head_dim=getattr(text, "head_dim", None) or text.hidden_size // heads,
             vocab=text.vocab_size,
+            modules=_adaptable_modules(model),
         )
 
     @property
     def kv_dim(self) -> int:
         """Width of one token's keys (or values) in one layer."""
         return self.kv_heads * self.head_dim
+
+
+def _adaptable_modules(model) -> tuple:
+    """``ModelShape.modules`` of a (meta-device) HF causal LM."""
+    import torch
+
+    output = model.get_output_embeddings()
+    modules = []
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear):
+            kind = "output" if module is output else "linear"
+            modules.append((name, module.in_features, module.out_features, kind))
+        elif isinstance(module, torch.nn.Embedding):
+            modules.append((name, module.num_embeddings, module.embedding_dim, "embedding"))
+    return tuple(modules)
+
+
+def adapted_modules(shape: ModelShape, lora: dict) -> list[tuple]:
+    """The entries of ``shape.modules`` that LoRA settings adapt, by peft 0.21's rule:
+    ``"all-linear"`` is every ``nn.Linear`` but the output embedding (the LM head); a list of
+    names matches a module whose full name equals a name or ends with ``"." + name``
+    (``peft.tuners.tuners_utils.check_target_module_exists``).
+
+    Raises:
+        ValueError: ``shape`` has no module list (built without :meth:`ModelShape.from_config`).
+    """
+    from rllib_dph.lora import lora_settings
+
+    if not shape.modules:
+        raise ValueError("this ModelShape has no module list; build it with ModelShape.from_config(config).")
+    targets = lora_settings(lora)["target_modules"]
+    if targets == "all-linear":
+        return [m for m in shape.modules if m[3] == "linear"]
+    return [m for m in shape.modules if any(m[0] == t or m[0].endswith("." + t) for t in targets)]
+
+
+def adapter_params(shape: ModelShape, lora: Optional[dict]) -> int:
+    """P_a: parameters of LoRA's adapters, r·(in + out) per adapted module (A: r × in, B: out × r;
+    for an embedding A: r × rows, B: width × r); 0 without LoRA."""
+    if lora is None:
+        return 0
+    from rllib_dph.lora import lora_settings
+
+    r = lora_settings(lora)["r"]
+    return sum(r * (fan_in + fan_out) for _, fan_in, fan_out, _ in adapted_modules(shape, lora))
+
+
+def _decoder_adapters(shape: ModelShape, lora: Optional[dict]) -> list[tuple]:
+    """The adapted modules inside the decoder layers (``...layers.<i>....``), all layers."""
+    if lora is None:
+        return []
+    return [m for m in adapted_modules(shape, lora) if re.search(r"(^|\.)layers\.\d+\.", m[0])]
+
+
+def _adapter_split(shape: ModelShape, lora: Optional[dict]) -> tuple[float, float]:
+    """(adapter parameters of one decoder layer, on average over the layers; those outside them)."""
+    if lora is None:
+        return 0.0, 0.0
+    from rllib_dph.lora import lora_settings
+
+    inside = lora_settings(lora)["r"] * sum(fan_in + fan_out for _, fan_in, fan_out, _ in _decoder_adapters(shape, lora))
+    return inside / shape.layers, adapter_params(shape, lora) - inside
 
 
 @dataclass(frozen=True)
@@ -159,9 +233,10 @@ class LearnerSetup:
         sharding: ``"ddp"`` (a full replica per learner) or ``"fsdp2"`` (1/N shards).
         num_learners: N, learners the model is sharded over (FSDP2).
         gradient_checkpointing: Recompute each layer's activations in the backward pass.
-        reference: Whether the frozen reference model π_ref is loaded (fp32).
-        trainable_params: P_t, parameters with gradients and Adam state; None: all of them.
-            (LoRA, once it lands, sets the adapters' count here.)
+        reference: Whether a term needs the frozen reference model π_ref; it is loaded (fp32)
+            unless ``lora`` is set (then π_ref is the base with its adapters disabled).
+        lora: None (full fine-tuning) or LoRA settings (``GRPOConfig.lora``): only the adapters
+            get gradients and Adam state.
         device: ``"cpu"`` (the process's runtime is counted) or ``"cuda"`` (tensors only).
     """
 
@@ -170,8 +245,13 @@ class LearnerSetup:
     num_learners: int = 1
     gradient_checkpointing: bool = False
     reference: bool = False
-    trainable_params: Optional[int] = None
+    lora: Optional[dict] = None
     device: str = "cpu"
+
+    @property
+    def loads_reference(self) -> bool:
+        """Whether π_ref is a second model in memory (needed, and no LoRA base to serve as it)."""
+        return self.reference and self.lora is None
 
 
 @dataclass(frozen=True)
@@ -196,6 +276,23 @@ def layer_bytes_per_token(shape: ModelShape, dtype: str) -> float:
     return c_h * shape.hidden + c_i * shape.intermediate
 
 
+def lora_layer_bytes_per_token(shape: ModelShape, setup: LearnerSetup) -> float:
+    """What LoRA adds to a decoder layer's saved activations per token (on average over the
+    layers): each adapted linear's rank-r output of A (saved for B's weight gradient), r·e bytes;
+    with ``dropout > 0`` also its dropped input (saved for A's, in·e) and the dropout mask (in
+    bytes). e = 4 (fp32) or 2 (bf16). The rest of the layer is counted as without LoRA
+    (:data:`LAYER_COEFFS`), an upper bound: frozen layers that are not adapted save less."""
+    if setup.lora is None:
+        return 0.0
+    from rllib_dph.lora import lora_settings
+
+    settings = lora_settings(setup.lora)
+    elem = 4 if setup.dtype == "float32" else 2
+    dropped = settings["dropout"] > 0
+    return sum(settings["r"] * elem + (fan_in * (elem + 1) if dropped else 0)
+               for _, fan_in, _, _ in _decoder_adapters(shape, setup.lora)) / shape.layers
+
+
 def activation_bytes(shape: ModelShape, batch: MicroBatch, setup: LearnerSetup) -> float:
     """Saved activations of the decoder for one micro-batch (no logits; see module doc).
 
@@ -205,7 +302,7 @@ def activation_bytes(shape: ModelShape, batch: MicroBatch, setup: LearnerSetup) 
     CPU that masked attention runs PyTorch's math kernel, which also saves its scores and
     probabilities: rows·2·heads·response·(prompt + response) per layer.
     """
-    a_layer = layer_bytes_per_token(shape, setup.dtype)
+    a_layer = layer_bytes_per_token(shape, setup.dtype) + lora_layer_bytes_per_token(shape, setup)
     tokens = batch.decoder_tokens(setup)
     if setup.gradient_checkpointing:
         return tokens * shape.layers * 4 * shape.hidden + tokens * a_layer
@@ -226,25 +323,31 @@ def state_bytes(shape: ModelShape, setup: LearnerSetup) -> dict:
     FSDP2 (one unit per decoder layer, the rest as the root): each learner holds 1/N of the fp32
     weights, gradients and Adam state, plus the gathered compute-dtype copies of the current and
     the prefetched layer and of the root, and one unit's fp32 gradients before reduce-scatter.
+    With LoRA the adapters (P_a) are the only trainable parameters; the frozen base weights keep
+    their fp32 copy and, under autocast, their bf16 copies (saved for the input gradients).
     """
-    P, trainable = shape.params, shape.params if setup.trainable_params is None else setup.trainable_params
+    adapters = adapter_params(shape, setup.lora)
+    P, trainable = shape.params + adapters, shape.params if setup.lora is None else adapters
     half = 2 if setup.dtype == "bfloat16" else 4
     if setup.sharding == "fsdp2":
         n = max(1, setup.num_learners)
-        gathered = 2 * half * shape.layer_params + half * shape.root_params
+        layer_adapters, root_adapters = _adapter_split(shape, setup.lora)
+        layer, root = shape.layer_params + layer_adapters, shape.root_params + root_adapters
+        gathered = 2 * half * layer + half * root
+        unit_gradients = max(layer, root) if setup.lora is None else max(layer_adapters, root_adapters)
         return {
             "weights": 4 * P / n,
             "gradients": 4 * trainable / n,
             "optimizer": 8 * trainable / n,
-            "copies": gathered + 4 * max(shape.layer_params, shape.root_params),
-            "reference": (4 * P / n + gathered) if setup.reference else 0,
+            "copies": gathered + 4 * unit_gradients,
+            "reference": (4 * shape.params / n + gathered) if setup.loads_reference else 0,
         }
     return {
         "weights": 4 * P,
         "gradients": 4 * trainable,
         "optimizer": 8 * trainable,
-        "copies": 2 * shape.matmul_params if setup.dtype == "bfloat16" else 0,
-        "reference": 4 * P if setup.reference else 0,
+        "copies": 2 * (shape.matmul_params + adapters) if setup.dtype == "bfloat16" else 0,
+        "reference": 4 * shape.params if setup.loads_reference else 0,
     }
 
 
@@ -297,6 +400,7 @@ def learner_setup(config, device: str) -> LearnerSetup:
         num_learners=max(1, config.num_learners),
         gradient_checkpointing=bool(config.gradient_checkpointing),
         reference=bool(getattr(config, "needs_reference_model", False)),
+        lora=config.lora,
         device=device,
     )
 
@@ -534,7 +638,12 @@ def config_loads(config, shape: ModelShape, prompt: int, budget: Budget) -> list
 def candidate_fixes(config, shape: ModelShape, prompt: int) -> list[tuple[str, dict]]:
     """Settings that lower the peak, cheapest first: smaller micro-batches (halving the current
     one's padded tokens down to one row), activation checkpointing, FSDP2 over 2, 4, 8 learners
-    (only where learners have GPUs: on one CPU machine the learners add up)."""
+    (only where learners have GPUs: on one CPU machine the learners add up), then LoRA with the
+    default settings (``lora.LORA_DEFAULTS``) when the config is not LoRA already: last, because
+    it changes what is trained (the others change only how), and it needs a LoRA engine."""
+    from rllib_dph.engines import ENGINES
+    from rllib_dph.lora import LORA_DEFAULTS
+
     length = prompt + config.max_response_length
     tokens = learner_microbatch(config, prompt).rows * length
     fixes = []
@@ -547,6 +656,11 @@ def candidate_fixes(config, shape: ModelShape, prompt: int) -> list[tuple[str, d
         for n in (2, 4, 8):
             if n > config.num_learners or config.sharding != "fsdp2":
                 fixes.append((f'sharding="fsdp2" over num_learners={n}', {"sharding": "fsdp2", "num_learners": n}))
+    if config.lora is None:
+        lora_engine = next(name for name, spec in ENGINES.items() if spec.lora_adapters)
+        engine = {} if ENGINES[config.engine].lora_adapters else {"engine": lora_engine}
+        label = f"LoRA, lora={LORA_DEFAULTS}" + "".join(f", {k}={v!r}" for k, v in engine.items())
+        fixes.append((label, {"lora": dict(LORA_DEFAULTS), **engine}))
     return fixes
 
 
@@ -598,6 +712,5 @@ def refusal_message(check: MemoryCheck) -> str:
     for label, worst in check.fixes:
         verdict = "fits" if worst.fits else "still over"
         lines.append(f"      - {label}: {worst.device} {_gb(worst.demand)} of {_gb(worst.budget)} ({verdict})")
-    lines.append("      - LoRA: not available yet (the estimator takes the trainable-parameter count once it lands).")
     lines.append("    Pass --force to start anyway.")
     return "\n".join(lines)

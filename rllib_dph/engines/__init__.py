@@ -63,7 +63,7 @@ def make_engine(name: str, model: str, **kwargs) -> RolloutEngine:
         model: Anything ``rllib_dph.models.hub.resolve_model`` resolves.
         **kwargs: The engine's ``from_pretrained`` arguments (``dtype``, ``device``, ...).
     """
-    from rllib_dph.models.hub import resolve_model  # the hub builds bundled models with engines
+    from rllib_dph.models.hub import resolve_model  # loads torch and transformers: only when an engine is made
 
     cls = engine_class(name)
     return cls.from_pretrained(resolve_model(model), **kwargs)

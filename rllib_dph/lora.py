@@ -204,6 +204,45 @@ def merged_state(model: torch.nn.Module) -> dict:
     return out
 
 
+def write_peft_folder(state: Mapping[str, Any], folder, *, base: str) -> None:
+    """Writes an :func:`adapter_state` as a PEFT adapter folder without building a model: the
+    ``adapter_config.json`` and ``adapter_model.safetensors`` that ``PeftModel.save_pretrained``
+    writes (keys ``base_model.model.<module>.lora_A.weight``; ``target_modules`` the adapted
+    modules' names, so a reader needs no ``"all-linear"`` rule). For engines that load adapters
+    from a folder (vLLM's ``LoRARequest``).
+
+    Args:
+        state: An :func:`adapter_state` (linear-layer adapters only).
+        folder: Where to write (created).
+        base: The base model's folder or HF id, recorded in the config.
+
+    Raises:
+        ValueError: The state adapts an embedding (``lora_embedding_*``), which a folder reader
+            such as vLLM does not take; target linear layers only.
+    """
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    tensors = {k: v for k, v in state.items() if k != LORA_SETTINGS}
+    embeddings = sorted(k for k in tensors if ".lora_embedding_" in k)[:2]
+    if embeddings:
+        raise ValueError(
+            f"the adapter state adapts embeddings (e.g. {embeddings}), which an adapter folder for a "
+            "rollout engine cannot carry; set lora['target_modules'] to linear layers only (e.g. 'all-linear')."
+        )
+    config = peft_config(state[LORA_SETTINGS])
+    config.target_modules = sorted({k.split(".lora_")[0].rsplit(".", 1)[-1] for k in tensors})
+    config.base_model_name_or_path = base
+    config.inference_mode = True
+    folder = Path(folder)
+    config.save_pretrained(str(folder))
+    save_file(
+        {"base_model.model." + k.replace(f".{ADAPTER_NAME}.", "."): torch.as_tensor(v).contiguous() for k, v in tensors.items()},
+        str(folder / "adapter_model.safetensors"),
+    )
+
+
 def peft_model(base_model: torch.nn.Module, state: Mapping[str, Any], *, base: str):
     """A ``peft.PeftModel`` of ``base_model`` with the adapters of an :func:`adapter_state`, whose
     ``save_pretrained`` writes a PEFT adapter folder naming ``base`` (a folder or HF id)."""

@@ -315,6 +315,9 @@ def test_build_engine_passes_config_to_from_pretrained(monkeypatch):
     )
     assert build_engine(config) == "engine"
     assert calls == [(resolve_model("tiny-random"), {"dtype": "bfloat16", "max_batch_size": 8, "device": "cpu"})]
+    config.lora = {"r": 4}  # a LoRA policy's engine is started ready for its adapters
+    build_engine(config)
+    assert calls[-1][1]["lora"] == {"r": 4}
     with pytest.raises(ValueError, match="engine='nope'"):
         build_engine(SimpleNamespace(engine="nope"))
 

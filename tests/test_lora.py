@@ -62,7 +62,6 @@ def _batch(env_runner, seed=0):
         ({"lora": {"alpha": float("nan")}}, "lora['alpha']=nan is invalid: it must be a finite number > 0"),
         ({"lora": {"target_modules": []}}, "lora['target_modules']=[] is invalid: it must be 'all-linear' or a non-empty list"),
         ({"lora": {"dropout": 1.0}}, "lora['dropout']=1.0 is invalid: it must be a number in [0, 1)"),
-        ({"lora": {}, "engine": "vllm"}, "with engine='vllm': that engine cannot load LoRA adapters yet"),
         ({"lora": {}, "reference_model": "tiny-sql-math", "kl_coeff": 0.1}, "reference_model='tiny-sql-math' with lora="),
     ],
 )

@@ -386,3 +386,64 @@ def test_rllib_train_file_with_vllm_engine(tmp_path):
     assert [r["training_iteration"] for r in results] == [1, 2]
     assert results[-1]["config"]["engine"] == "vllm"
     assert results[-1]["env_runners"]["weight_sync_time_s"] > 0  # vLLM received new weights
+
+
+LORA = {"r": 4, "alpha": 8, "target_modules": "all-linear", "dropout": 0.0}
+
+
+def adapted_policy(seed: int):
+    """``tiny-random`` with LoRA adapters of non-zero B (peft starts B at 0: the base model)."""
+    from rllib_dph import lora
+    from rllib_dph.models.hub import load_causal_lm
+
+    policy = lora.add_adapters(load_causal_lm("tiny-random", dtype=torch.float32), LORA)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in policy.named_parameters():
+            if lora.is_adapter_key(name):
+                param.copy_(0.2 * torch.randn(param.shape, generator=generator))
+    return policy
+
+
+def merged_model(policy):
+    """A plain model on the merged weights W + (alpha/r)·B·A of ``policy``."""
+    from rllib_dph import lora
+    from rllib_dph.models.hub import load_causal_lm
+
+    plain = load_causal_lm("tiny-random", dtype=torch.float32)
+    plain.load_state_dict(lora.merged_state(policy), strict=True)
+    return plain.eval()
+
+
+def test_lora_adapters_synced_into_vllm_equal_a_merged_model(engines):
+    """The adapter tensors of a LoRA policy into a vLLM engine started for them (build_engine with
+    config.lora): greedy tokens equal an HF engine on the merged weights, μ of sampled tokens a
+    teacher-forced recompute on them within 1e-4 in fp32; a second sync serves the new adapters
+    and deletes the first one's folder. An engine started without LoRA refuses adapters."""
+    from rllib_dph import lora
+    from rllib_dph.models.hub import load_tokenizer
+
+    if engines[1].llm.llm_engine.model_config.model != resolve_model("tiny-random"):
+        pytest.skip("one LoRA engine per module: on tiny-random")
+    with pytest.raises(ValueError, match="started without LoRA"):
+        engines[1].update_weights(lora.adapter_state(adapted_policy(0), LORA))
+    config = SimpleNamespace(engine="vllm", model_name="tiny-random", dtype="float32", lora=LORA,
+                             engine_kwargs=dict(ENGINE_KWARGS), num_gpus_per_env_runner=0)
+    engine = build_engine(config)
+    tokenizer = load_tokenizer("tiny-random")
+    first_folder = None
+    for seed in (0, 1):
+        policy = adapted_policy(seed)
+        engine.update_weights(lora.adapter_state(policy, LORA))
+        first_folder = first_folder or engine.lora_request.lora_path
+        merged = merged_model(policy)
+        greedy = SamplingParams(temperature=0.0, max_new_tokens=12)
+        assert_same_greedy(HFEngine(merged, tokenizer).generate(PROMPTS[:3], greedy), engine.generate(PROMPTS[:3], greedy))
+        sampled = engine.generate(PROMPTS[:2], SamplingParams(n=2, temperature=1.0, max_new_tokens=12, seed=seed))
+        for prompt, completion in all_completions(sampled):
+            logp = recompute_logp(merged, prompt, completion.token_ids, 1.0)
+            expected = logp[torch.arange(len(completion.token_ids)), torch.as_tensor(completion.token_ids)]
+            np.testing.assert_allclose(completion.logprobs, expected.numpy(), atol=MU_ATOL)
+    assert not Path(first_folder).exists() and Path(engine.lora_request.lora_path).is_dir()
+    del engine
+    gc.collect()

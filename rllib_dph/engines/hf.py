@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
 from transformers.cache_utils import Cache, DynamicLayer, StaticCache
 
 from rllib_dph.engines.base import Completion, SamplingParams
-from rllib_dph.lora import has_adapters, is_lora_state, load_into
+from rllib_dph.lora import add_adapters, has_adapters, is_lora_state, load_into
 from rllib_dph.models.folders import load_model_folder, load_tokenizer_folder
 from rllib_dph.models.transformers_api import cache_kwargs
 
@@ -99,7 +99,8 @@ class HFEngine:
 
     @classmethod
     def from_pretrained(
-        cls, name_or_path: str, *, dtype=None, device: str | torch.device = "cpu", **kwargs
+        cls, name_or_path: str, *, dtype=None, device: str | torch.device = "cpu",
+        lora: Optional[Mapping[str, Any]] = None, **kwargs,
     ) -> "HFEngine":
         """Loads a model folder (or HF id) and its tokenizer; ``engines.make_engine`` takes names.
 
@@ -107,10 +108,15 @@ class HFEngine:
             name_or_path: A ``save_pretrained`` folder or a Hugging Face id.
             dtype: Weight dtype (e.g. ``"bfloat16"``); None keeps the checkpoint's.
             device: Where to run.
+            lora: The LoRA settings of the policy whose adapters ``update_weights`` will get
+                (``GRPOConfig.lora``): the adapters are added now, with B = 0 (the base policy
+                until the first sync).
             **kwargs: Passed to :class:`HFEngine` (``max_batch_size``, ``stop_token_ids``,
                 ``compile_decode``).
         """
         model = load_model_folder(name_or_path, dtype=dtype, device=device)
+        if lora is not None:
+            add_adapters(model, lora).requires_grad_(False)
         return cls(model, load_tokenizer_folder(name_or_path), device=device, **kwargs)
 
     def generate(

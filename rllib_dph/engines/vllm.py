@@ -63,15 +63,17 @@ Weight sync (:meth:`VLLMEngine.update_weights`):
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
 
 from rllib_dph.engines.base import Completion, SamplingParams
 from rllib_dph.engines.hf import check_generate_args
+from rllib_dph.lora import is_lora_state, lora_settings, write_peft_folder
 from rllib_dph.models.folders import as_dtype, load_tokenizer_folder
 
 #: μ: log-probs after temperature and top-p, i.e. of the distribution actually sampled from.
@@ -81,6 +83,9 @@ LOGPROBS_MODE = "processed_logprobs"
 #: memory, so the KV cache gets a fixed 1 GiB; compiling (``enforce_eager=False``) starts much
 #: slower on CPU and did not speed up decoding (measured: docs/engines.md, "vLLM on CPU").
 CPU_DEFAULTS = {"kv_cache_memory_bytes": 1 << 30, "enforce_eager": True}
+#: The adapter ranks vLLM can serve (``vllm.config.lora.MaxLoRARanks``); ``max_lora_rank`` is the
+#: smallest one that holds the policy's ``r``.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 #: Environment variable with which vLLM picks in-process ("0") or multi-process ("1") mode.
 MULTIPROCESSING_ENV_VAR = "VLLM_ENABLE_V1_MULTIPROCESSING"
 #: vLLM's finish reasons that the rollout interface knows (see ``Completion.finish_reason``).
@@ -94,13 +99,20 @@ class VLLMEngine:
     model's ``generation_config.eos_token_id`` and ``stop_token_ids`` (the stop token is kept),
     or after ``max_new_tokens``, as in the HF engine.
 
+    A LoRA policy's weight sync (``rllib_dph.lora.adapter_state``) moves the adapter tensors
+    only: they are written as a PEFT adapter folder and served through vLLM's own LoRA support
+    (a new ``LoRARequest`` per sync, used by every later ``generate``), so μ is the adapted
+    policy's distribution; ``docs/lora.md`` has the measurement against merge-and-load.
+
     Args:
-        llm: A ``vllm.LLM`` built with ``logprobs_mode="processed_logprobs"``.
+        llm: A ``vllm.LLM`` built with ``logprobs_mode="processed_logprobs"`` (and, to serve a
+            LoRA policy, ``enable_lora=True``: :meth:`from_pretrained` with ``lora=...``).
         tokenizer: The model's Hugging Face tokenizer (``rllib_dph.models.folders.load_tokenizer_folder``).
         stop_token_ids: Extra token ids that end a completion (e.g. a chat end-of-turn token).
+        base: The base model's folder or HF id, recorded in the adapter folders.
     """
 
-    def __init__(self, llm, tokenizer, *, stop_token_ids: Sequence[int] = ()):
+    def __init__(self, llm, tokenizer, *, stop_token_ids: Sequence[int] = (), base: str = ""):
         logprobs_mode = llm.llm_engine.model_config.logprobs_mode
         if logprobs_mode != LOGPROBS_MODE:
             raise ValueError(
@@ -120,6 +132,9 @@ class VLLMEngine:
         self.tie_word_embeddings = bool(
             getattr(model_config.hf_text_config, "tie_word_embeddings", False)
         )
+        self.base = base
+        self.lora_request = None  # the adapters of the last LoRA sync (None: the base weights)
+        self._adapter_root: Optional[tempfile.TemporaryDirectory] = None
 
     @classmethod
     def from_pretrained(
@@ -130,6 +145,7 @@ class VLLMEngine:
         device: str | torch.device = "cpu",
         multiprocessing: bool = False,
         stop_token_ids: Sequence[int] = (),
+        lora: Optional[Mapping[str, Any]] = None,
         **engine_kwargs,
     ) -> "VLLMEngine":
         """Starts vLLM on a model folder (or HF id); ``engines.make_engine`` takes names.
@@ -144,6 +160,8 @@ class VLLMEngine:
                 (``CUDA_VISIBLE_DEVICES``, which Ray sets for an env runner with GPUs).
             multiprocessing: Run the engine core in a child process (see the module docstring).
             stop_token_ids: Extra token ids that end a completion.
+            lora: The LoRA settings of the policy whose adapters ``update_weights`` will get
+                (``GRPOConfig.lora``): vLLM starts with LoRA enabled for one adapter of that rank.
             **engine_kwargs: ``vllm.LLM`` arguments, e.g. ``max_model_len``,
                 ``gpu_memory_utilization``, ``kv_cache_memory_bytes``, ``tensor_parallel_size``,
                 ``enforce_eager``, ``seed``. On CPU, ``CPU_DEFAULTS`` fill in the ones not given.
@@ -158,8 +176,10 @@ class VLLMEngine:
             if "gpu_memory_utilization" in engine_kwargs:
                 del defaults["kv_cache_memory_bytes"]
             engine_kwargs = {**defaults, **engine_kwargs}
+        if lora is not None:
+            engine_kwargs = {**lora_engine_kwargs(lora), **engine_kwargs}
         llm = LLM(model=path, dtype=torch_dtype, logprobs_mode=LOGPROBS_MODE, **engine_kwargs)
-        return cls(llm, load_tokenizer_folder(path), stop_token_ids=stop_token_ids)
+        return cls(llm, load_tokenizer_folder(path), stop_token_ids=stop_token_ids, base=path)
 
     def generate(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams
@@ -211,7 +231,7 @@ class VLLMEngine:
             for seed in seeds
         ]
         requests = [TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prompts]
-        outputs = self.llm.generate(requests, sampling, use_tqdm=False)
+        outputs = self.llm.generate(requests, sampling, use_tqdm=False, lora_request=self.lora_request)
         if greedy:  # the n greedy completions of a prompt are equal: decode once, copy n times
             return [
                 [to_completion(out.outputs[0], params) for _ in range(params.n)] for out in outputs
@@ -219,12 +239,17 @@ class VLLMEngine:
         return [[to_completion(c, params) for c in out.outputs] for out in outputs]
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor | np.ndarray]) -> None:
-        """Loads a full state dict (tied weights included) into vLLM and drops its prefix cache.
+        """Loads a full state dict (tied weights included) into vLLM and drops its prefix cache,
+        or a LoRA policy's adapter state (:meth:`load_adapters`).
 
         Args:
             state_dict: Parameter name → torch tensor or numpy array, as the HF model's
-                ``state_dict()``; floating tensors are cast to the engine's dtype.
+                ``state_dict()``; floating tensors are cast to the engine's dtype. Or a
+                ``rllib_dph.lora.adapter_state``.
         """
+        if is_lora_state(state_dict):
+            self.load_adapters(state_dict)
+            return
         if self.tie_word_embeddings and "lm_head.weight" not in state_dict:
             raise ValueError(
                 "state_dict has no 'lm_head.weight' but the model ties it to the input "
@@ -256,6 +281,52 @@ class VLLMEngine:
                 "running); its cached KV blocks were computed with the old weights. Call "
                 "update_weights only between generate calls."
             )
+
+
+    def load_adapters(self, state: Mapping[str, Any]) -> None:
+        """Serves the adapters of a LoRA policy state from the next ``generate`` on.
+
+        The tensors are written as a PEFT folder (``lora.write_peft_folder``) under a temporary
+        root of this engine, and a ``LoRARequest`` with a new id points at it: vLLM loads it on
+        its next use (its prefix cache is keyed by adapter, so nothing computed with the old
+        adapters is reused) and evicts the previous one (``max_loras=1``), whose folder is
+        deleted here.
+
+        Raises:
+            ValueError: The engine was started without LoRA.
+        """
+        from vllm.lora.request import LoRARequest
+
+        if self.llm.llm_engine.vllm_config.lora_config is None:
+            raise ValueError(
+                "this vLLM engine was started without LoRA, so it cannot serve adapters; start it with "
+                "VLLMEngine.from_pretrained(..., lora=settings) (build_engine does for a config with "
+                ".llm(lora=...))."
+            )
+        if self._adapter_root is None:
+            self._adapter_root = tempfile.TemporaryDirectory(prefix="rllib_dph_adapters_")
+        previous = self.lora_request
+        version = 1 if previous is None else previous.lora_int_id + 1
+        folder = Path(self._adapter_root.name) / f"v{version}"
+        write_peft_folder(state, folder, base=self.base)
+        self.lora_request = LoRARequest(f"policy-v{version}", version, str(folder))
+        if previous is not None:
+            shutil.rmtree(previous.lora_path, ignore_errors=True)
+
+
+def lora_engine_kwargs(lora: Mapping[str, Any]) -> dict:
+    """``vllm.LLM`` arguments that serve one adapter of the settings ``lora``.
+
+    Raises:
+        ValueError: ``r`` is above the largest rank vLLM serves.
+    """
+    r = lora_settings(lora)["r"]
+    ranks = [rank for rank in VLLM_LORA_RANKS if rank >= r]
+    if not ranks:
+        raise ValueError(
+            f"lora['r']={r}: vLLM serves adapters of rank <= {VLLM_LORA_RANKS[-1]}; lower r or use engine='hf'."
+        )
+    return {"enable_lora": True, "max_lora_rank": ranks[0], "max_loras": 1}
 
 
 def _import_vllm(multiprocessing: bool):

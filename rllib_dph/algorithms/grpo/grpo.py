@@ -497,8 +497,9 @@ class GRPOConfig(AlgorithmConfig):
             collective_timeout_s: Seconds a collective between learners (gradient all-reduce,
                 the step's token counts, FSDP2 gathers) may wait for the other learners (default
                 1800): the timeout of the torch.distributed process group
-                (``collectives.set_timeout``). Past it the learner's update fails, naming the
-                collective where it is one of ``collectives``'.
+                (``collectives.set_timeout``). Past it the waiting learner's update fails
+                (``collectives.all_reduce`` names the collective; DDP's gradient all-reduce
+                raises torch's own timeout error) and the driver names that learner.
             **kwargs: ``AlgorithmConfig.learners`` arguments (``num_learners``,
                 ``num_gpus_per_learner``, ...).
         """

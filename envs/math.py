@@ -72,6 +72,11 @@ CHECKER_POOL_SIZE = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffini
 )
 #: A checker idle for this many seconds is stopped (each holds ~80 MB).
 CHECKER_IDLE_S = 60.0
+#: Longest wait for a free checker (all ``size`` busy) or for a new one to be started; then the
+#: check raises ``TimeoutError`` naming the pool (a check holds a checker for at most
+#: ``CHECKER_WALL_FACTOR * timeout_s`` + grace, so only a stuck pool waits this long).
+#: See :func:`set_checker_pool`.
+CHECKER_WAIT_LIMIT_S = 1800.0
 #: Address-space cap of a checker subprocess (pathological inputs could otherwise eat all memory).
 CHECKER_MEMORY_BYTES = 1 << 30
 #: CPU seconds beyond ``timeout_s`` after which a checker is killed by the kernel (when orphaned).
@@ -83,6 +88,7 @@ DEFAULT_TIMEOUT_S = 5.0
 #: upper one it is no limit.
 MAX_CHECKER_POOL_SIZE = 256
 CHECKER_IDLE_RANGE_S = (0.1, 86_400.0)
+CHECKER_WAIT_RANGE_S = (0.01, 31_536_000.0)
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)
@@ -197,6 +203,11 @@ class _CheckerDied(Exception):
     pass
 
 
+class CheckerPoolTimeout(TimeoutError):
+    """A check waited ``wait_s`` for a checker of the pool (:func:`set_checker_pool`). Not about
+    the completion: the verifier lets it through to the training loop, which names the env runner."""
+
+
 def _cpu_seconds(pid: int) -> float | None:
     """User + system CPU time of process ``pid`` from ``/proc``; None where unavailable."""
     try:
@@ -305,14 +316,16 @@ class _CheckerPool:
     ``PR_SET_PDEATHSIG``), so that thread must live as long as the process.
     """
 
-    def __init__(self, size: int = CHECKER_POOL_SIZE, idle_s: float = CHECKER_IDLE_S):
+    def __init__(self, size: int = CHECKER_POOL_SIZE, idle_s: float = CHECKER_IDLE_S, wait_s: float = CHECKER_WAIT_LIMIT_S):
         self.size = size
         self.idle_s = idle_s
+        self.wait_s = wait_s
         self._cond = threading.Condition()
         self._idle: list[tuple[float, _Checker]] = []  # (released at, checker), last used last
         self._live: set[_Checker] = set()
         self._reserved = 0  # checkers being started
         self._next_ticket = self._serving = 0  # turns of the threads waiting for a checker
+        self._abandoned: set[int] = set()  # turns of threads that stopped waiting (timed out)
         self._requests: queue.SimpleQueue = queue.SimpleQueue()  # futures of new checkers
         self._service: threading.Thread | None = None
         self._parents_checkers: list[_Checker] = []  # see forget()
@@ -341,7 +354,9 @@ class _CheckerPool:
                 self._service.start()
         self._requests.put(future)
         try:
-            checker = future.result()
+            checker = future.result(timeout=self.wait_s)
+        except TimeoutError as e:
+            raise self._wait_timeout("a new checker subprocess to be started") from e
         finally:
             with self._cond:
                 self._reserved -= 1
@@ -354,13 +369,15 @@ class _CheckerPool:
         """An idle checker, else a new one while fewer than ``size`` exist, else waits its turn.
 
         Turns are served first come, first served (a ticket each): without them a thread that
-        has just released a checker takes it back at once, and others starve for minutes.
+        has just released a checker takes it back at once, and others starve for minutes. A
+        thread waits at most ``wait_s``, then gives its turn up and raises ``TimeoutError``.
         """
+        deadline = time.monotonic() + self.wait_s
         with self._cond:
             ticket, self._next_ticket = self._next_ticket, self._next_ticket + 1
             while True:
                 if ticket != self._serving:
-                    self._cond.wait()
+                    self._wait_turn(ticket, deadline)
                 elif self._idle:
                     checker = self._idle.pop()[1]
                     if checker.proc.poll() is None:
@@ -372,11 +389,33 @@ class _CheckerPool:
                     self._next_turn()
                     break
                 else:
-                    self._cond.wait()
+                    self._wait_turn(ticket, deadline)
         return self._spawn()
+
+    def _wait_turn(self, ticket: int, deadline: float) -> None:
+        """Waits (holding ``_cond``) for a change until ``deadline``; past it gives the turn up."""
+        remaining = deadline - time.monotonic()
+        if remaining > 0:
+            self._cond.wait(remaining)
+            return
+        if ticket == self._serving:
+            self._next_turn()
+        else:
+            self._abandoned.add(ticket)
+        raise self._wait_timeout(f"a free checker (all {len(self._live)} busy)")
+
+    def _wait_timeout(self, what: str) -> CheckerPoolTimeout:
+        return CheckerPoolTimeout(
+            f"math checker pool (size={self.size}): waited wait_s={self.wait_s:g} s for {what}. "
+            "Checks hold a checker for a bounded time, so the pool is stuck or far too small for "
+            "the threads checking: raise envs.math.set_checker_pool(size=..., wait_s=...)."
+        )
 
     def _next_turn(self) -> None:
         self._serving += 1
+        while self._serving in self._abandoned:
+            self._abandoned.discard(self._serving)
+            self._serving += 1
         self._cond.notify_all()
 
     def _release(self, checker: _Checker) -> None:
@@ -459,7 +498,7 @@ class _CheckerPool:
                 except OSError:
                     pass
         parents_checkers = list(self._live)
-        self.__init__(self.size, self.idle_s)
+        self.__init__(self.size, self.idle_s, self.wait_s)
         self._parents_checkers = parents_checkers
 
 
@@ -483,7 +522,7 @@ def start_checker() -> None:
         raise RuntimeError(f"the math checker subprocess did not start: {e}") from e
 
 
-def set_checker_pool(*, size: int | None = None, idle_s: float | None = None) -> None:
+def set_checker_pool(*, size: int | None = None, idle_s: float | None = None, wait_s: float | None = None) -> None:
     """Sets the bounds of this process's checker pool. Lowering ``size`` stops no checker: no new
     one starts until fewer than ``size`` exist, and idle ones are stopped after ``idle_s``.
 
@@ -492,11 +531,15 @@ def set_checker_pool(*, size: int | None = None, idle_s: float | None = None) ->
             number of CPU cores).
         idle_s: Seconds after which an idle checker is stopped, in CHECKER_IDLE_RANGE_S
             (default 60).
+        wait_s: Longest wait of a check for a free checker, in CHECKER_WAIT_RANGE_S (default
+            ``CHECKER_WAIT_LIMIT_S``, 1800); then the check raises ``TimeoutError`` naming the
+            pool, this value and this setting.
 
     Raises:
         ArgumentError: ``size`` is not an int in [1, MAX_CHECKER_POOL_SIZE], or
-            ``idle_s`` not a number of seconds in CHECKER_IDLE_RANGE_S (NaN and infinity
-            included: they would end the pool's service thread).
+            ``idle_s`` / ``wait_s`` not a number of seconds in CHECKER_IDLE_RANGE_S /
+            CHECKER_WAIT_RANGE_S (NaN and infinity included: they would end the pool's service
+            thread or overflow its waits).
     """
     if size is not None:
         if isinstance(size, bool) or not isinstance(size, int) or not (
@@ -511,6 +554,10 @@ def set_checker_pool(*, size: int | None = None, idle_s: float | None = None) ->
         low, high = CHECKER_IDLE_RANGE_S
         idle_s = check_real(idle_s, "idle_s", low=low, high=high, where="set_checker_pool",
                             default=CHECKER_IDLE_S)
+    if wait_s is not None:
+        low, high = CHECKER_WAIT_RANGE_S
+        _POOL.wait_s = check_real(wait_s, "wait_s", low=low, high=high, where="set_checker_pool",
+                                  default=CHECKER_WAIT_LIMIT_S)
     if size is not None:
         with _POOL._cond:
             _POOL.size = size
@@ -541,6 +588,8 @@ def verify_math(
         ArgumentError: ``timeout_s`` is not a number of seconds in [MIN_TIMEOUT_S,
             MAX_TIMEOUT_S] of ``envs.arguments`` (a caller error, raised before any check).
             Nothing about the completion or the gold answer ever raises.
+        CheckerPoolTimeout: No checker was free within the pool's ``wait_s``
+            (:func:`set_checker_pool`): a stuck pool, not the completion.
     """
     timeout_s = check_timeout(timeout_s, where="verify_math", default=DEFAULT_TIMEOUT_S)
     try:
@@ -557,6 +606,8 @@ def verify_math(
         if equal is None:
             equal, error = _POOL.check(gold, pred, timeout_s)
         return Verdict(1.0 if equal else 0.0, equal, error)
+    except CheckerPoolTimeout:  # a stuck pool, not the completion: the run must see it
+        raise
     except Exception as e:  # the training loop must never see a verifier exception
         logger.warning("verify_math failed", exc_info=True)
         return Verdict(0.0, False, f"math check failed: {type(e).__name__}: {e}")

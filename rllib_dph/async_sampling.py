@@ -20,6 +20,12 @@ instead of naming it. Here every sampling request carries the published weights 
 object ref; the runner loads them first if it holds another version), every row carries the
 version it was sampled with (``columns.WEIGHT_VERSION``), and every blocking wait raises an error
 naming the env runner, the weight version and the timeout.
+
+Engine calls are bounded here, from the driver, not inside the env runner: the HF engine's
+``generate`` (and vLLM's in-process one) runs in the runner's own thread, which Python cannot
+interrupt, so ``sample_timeout_s`` and ``weight_sync_timeout_s`` bound the runner's whole call. A
+runner stuck that way stops the run (it is alive: Ray would not restart it). Timeouts of the
+learners' waits: ``rllib_dph.learner_calls`` and ``rllib_dph.collectives`` (docs/faults.md).
 """
 
 from __future__ import annotations

@@ -1,7 +1,11 @@
-"""Faults of env runners: stalls raise named timeouts, a killed runner costs one retry."""
+"""Faults: stalls raise named timeouts (env runners, learners, collectives, the math checker
+pool), a killed env runner costs one retry, a killed learner stops the run naming it and the run
+resumes from the last checkpoint."""
 
+import multiprocessing
 import os
 import signal
+import socket
 import time
 
 import numpy as np
@@ -95,3 +99,116 @@ def test_asynchronous_round_of_a_killed_env_runner_is_sampled_again(ray_session,
     assert result["env_runners"]["num_env_steps_sampled"] >= algo.config.train_rows_per_step
     assert np.isfinite(result["learners"][DEFAULT_MODULE_ID]["policy_loss"])
     algo.stop()
+
+
+# ---------------------------------------------------------------------------------- learners
+def _remote_learner(config, **learners):
+    return config.copy(copy_frozen=False).learners(num_learners=1, num_cpus_per_learner=0.5, **learners)
+
+
+def _replace_loss(algo, loss) -> None:
+    """Makes the remote learner run ``loss(**kwargs)`` in place of its loss: the fault happens
+    inside the update (after the batch reached the learner, before any optimizer step)."""
+    algo.learner_group.foreach_learner(lambda learner: setattr(learner, "compute_loss_for_module", loss))
+
+
+def test_learner_killed_mid_update_is_named_with_its_log_and_the_run_resumes(ray_session, tiny_grpo_config, tmp_path):
+    from rllib_dph.algorithms.grpo import GRPO
+    from rllib_dph.learner_calls import LearnerFailed
+
+    algo = _remote_learner(tiny_grpo_config).build_algo()
+    algo.train()
+    checkpoint = algo.save_to_path(str(tmp_path / "checkpoint"))
+
+    def die(**_):  # local: pickled by value (the learner cannot import this test module)
+        print("fault injection: this learner kills itself mid-update", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    _replace_loss(algo, die)
+    with pytest.raises(LearnerFailed, match=r"learner 0 \(actor [0-9a-f]+, pid \d+\) failed during the learner update") as error:
+        algo.train()
+    assert "fault injection: this learner kills itself mid-update" in str(error.value)  # its log
+    assert "Continue from the last checkpoint" in str(error.value)
+    algo.stop()
+
+    resumed = GRPO.from_checkpoint(checkpoint)
+    assert resumed.iteration == 1 and resumed._rounds.weights.version == 1  # the update before the kill
+    result = resumed.train()
+    assert result["training_iteration"] == 2
+    assert np.isfinite(result["learners"][DEFAULT_MODULE_ID]["policy_loss"])
+    resumed.stop()
+
+
+def test_stalled_learner_update_raises_naming_learner_and_timeout(ray_session, tiny_grpo_config):
+    algo = _remote_learner(tiny_grpo_config, learner_update_timeout_s=2.0).build_algo()
+    _replace_loss(algo, lambda **_: time.sleep(30))
+    start = time.monotonic()
+    with pytest.raises(
+        TimeoutError, match=r"learner 0 \(actor .*\) did not finish the learner update within learner_update_timeout_s=2.0 s.*learners\(learner_update_timeout_s=...\)"
+    ):
+        algo.train()
+    assert time.monotonic() - start < 25  # the timeout, not the stall, ended the wait
+    algo.stop()
+
+
+@pytest.mark.parametrize("field", ["learner_update_timeout_s", "collective_timeout_s"])
+def test_learner_timeouts_are_validated(tiny_grpo_config, field):
+    with pytest.raises(ValueError, match=field):
+        tiny_grpo_config.learners(**{field: 0}).validate()
+
+
+# ------------------------------------------------------------------------------- collectives
+def _all_reduce_alone(rank: int, port: int, messages, done) -> None:
+    """Rank 0 reduces; rank 1 is alive but never joins (a stuck learner)."""
+    import torch
+    import torch.distributed as dist
+
+    from rllib_dph.collectives import all_reduce, set_timeout
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    set_timeout(1.5)
+    if rank == 0:
+        try:
+            all_reduce(torch.ones(3))
+            messages.put("no error")
+        except TimeoutError as e:
+            messages.put(str(e))
+    done.wait(60)
+
+
+def test_collective_with_a_stuck_learner_raises_naming_it_and_the_timeout():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = multiprocessing.get_context("spawn")
+    messages, done = ctx.Queue(), ctx.Event()
+    procs = [ctx.Process(target=_all_reduce_alone, args=(rank, port, messages, done)) for rank in (0, 1)]
+    for p in procs:
+        p.start()
+    try:
+        message = messages.get(timeout=120)
+    finally:
+        done.set()
+        for p in procs:
+            p.join(30)
+    assert "learner rank 0: all_reduce of a (3,) tensor between 2 learners did not complete within collective_timeout_s=1.5 s" in message
+    assert "learners(collective_timeout_s=...)" in message
+
+
+# ------------------------------------------------------------------------- verifier pools
+def test_math_check_waiting_for_a_busy_pool_raises_naming_it_then_the_pool_works_again():
+    from envs import math as M
+
+    size, wait_s = M._POOL.size, M._POOL.wait_s
+    M.set_checker_pool(size=1, wait_s=0.5)
+    held = M._POOL._acquire()  # the pool's only checker, busy
+    try:
+        with pytest.raises(M.CheckerPoolTimeout, match=r"pool \(size=1\): waited wait_s=0.5 s for a free checker.*set_checker_pool"):
+            M.verify_math("\\boxed{\\sqrt{2}/2}", "\\frac{\\sqrt{2}}{2}")
+    finally:
+        M._POOL._release(held)
+    # The abandoned turn does not block the next check.
+    assert M.verify_math("\\boxed{\\sqrt{2}/2}", "\\frac{\\sqrt{2}}{2}").reward == 1.0
+    M.set_checker_pool(size=size, wait_s=wait_s)
+    with pytest.raises(M.ArgumentError, match="wait_s"):
+        M.set_checker_pool(wait_s=float("inf"))

@@ -204,6 +204,8 @@ GRPO_NUMBER_RULES = (
     NumberRule("max_staleness", integer=True, low=0, fix="0 for synchronous sampling, 1 to overlap sampling and update"),
     NumberRule("sample_timeout_s", low=0, low_open=True, fix="seconds, generous (default 1800)"),
     NumberRule("weight_sync_timeout_s", low=0, low_open=True, fix="seconds, generous (default 600)"),
+    NumberRule("learner_update_timeout_s", low=0, low_open=True, fix="seconds, generous (default 1800)"),
+    NumberRule("collective_timeout_s", low=0, low_open=True, high=31_536_000, fix="seconds, generous (default 1800)"),
 )
 
 #: DPH-RL's own numeric fields (see ``DPHConfig.dph``).

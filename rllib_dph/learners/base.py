@@ -13,6 +13,7 @@ from ray.rllib.core.learner.training_data import TrainingData
 from ray.rllib.utils.annotations import override
 
 from rllib_dph import columns as C
+from rllib_dph.collectives import set_timeout as set_collective_timeout
 from rllib_dph.lora import adapters_disabled
 from rllib_dph.learners.finite import SkipNonFiniteSteps
 from rllib_dph.learners.microbatches import TokenBudgetSteps
@@ -41,6 +42,7 @@ class LLMTorchLearner(ShardedModules, SkipNonFiniteSteps, TokenBudgetSteps, Grou
 
     @override(TorchLearner)
     def build(self) -> None:
+        set_collective_timeout(self.config.collective_timeout_s)
         super().build()
         self._ref_lm = None
         if self.config.needs_reference_model and self.config.lora is None:

@@ -47,6 +47,7 @@ from rllib_dph.algorithms.rules import (
 from rllib_dph.algorithms.grpo.grpo_torch_learner import GRPOTorchLearner
 from rllib_dph.engines import DEFAULT_ENGINE, ENGINES
 from rllib_dph.files import atomic_dir
+from rllib_dph.learner_calls import learner_actors, update_remote_learners
 from rllib_dph.lora import lora_problem
 from rllib_dph.batch import concat_batches, num_minibatches, select_rows, shard_groups
 from rllib_dph.learners.finite import CONSECUTIVE_SKIPPED_UPDATES
@@ -183,10 +184,13 @@ class GRPOConfig(AlgorithmConfig):
         self.env_runner_cls = LLMEnvRunner
 
     def _init_sampling_limits(self) -> None:
-        """Defaults of asynchronous sampling and its timeouts (``rllib_dph.async_sampling``)."""
+        """Defaults of asynchronous sampling and of the timeouts of every blocking wait
+        (docs/faults.md: ``rllib_dph.async_sampling``, ``learner_calls``, ``collectives``)."""
         self.max_staleness = 0
         self.sample_timeout_s = 1800.0  # RLlib's field; its default (60 s) is short for LLM rollouts
         self.weight_sync_timeout_s = 600.0
+        self.learner_update_timeout_s = 1800.0
+        self.collective_timeout_s = 1800.0
 
     def _set_provided(self, **values) -> None:
         """Sets the builder arguments that were given (not ``NotProvided``)."""
@@ -466,8 +470,16 @@ class GRPOConfig(AlgorithmConfig):
         return self
 
     @override(AlgorithmConfig)
-    def learners(self, *, sharding: Optional[str] = NotProvided, **kwargs) -> "GRPOConfig":
-        """RLlib's learner settings, plus how the policy is spread over the learners.
+    def learners(
+        self,
+        *,
+        sharding: Optional[str] = NotProvided,
+        learner_update_timeout_s: Optional[float] = NotProvided,
+        collective_timeout_s: Optional[float] = NotProvided,
+        **kwargs,
+    ) -> "GRPOConfig":
+        """RLlib's learner settings, plus how the policy is spread over the learners and how long
+        their waits may take (docs/faults.md).
 
         Args:
             sharding: ``"ddp"`` (default): every learner holds the whole model, fp32 weights and
@@ -477,11 +489,24 @@ class GRPOConfig(AlgorithmConfig):
                 with ``dtype="bfloat16"`` layers compute in bf16, gradients reduce in fp32), so
                 each learner holds 1/N of them; checkpoints and the weight sync gather the full
                 state into the first learner's host memory (``rllib_dph.sharding``).
+            learner_update_timeout_s: Seconds one update of the remote learners
+                (``num_learners >= 1``) may take (default 1800) before the run stops with a
+                ``TimeoutError`` naming the learners still updating and this timeout. A learner
+                that dies or raises stops the run at once, named with its worker log's last lines
+                (``rllib_dph.learner_calls``). A local learner runs in the driver: no timeout.
+            collective_timeout_s: Seconds a collective between learners (gradient all-reduce,
+                the step's token counts, FSDP2 gathers) may wait for the other learners (default
+                1800): the timeout of the torch.distributed process group
+                (``collectives.set_timeout``). Past it the waiting learner's update fails
+                (``collectives.all_reduce`` names the collective; DDP's gradient all-reduce
+                raises torch's own timeout error) and the driver names that learner.
             **kwargs: ``AlgorithmConfig.learners`` arguments (``num_learners``,
                 ``num_gpus_per_learner``, ...).
         """
         super().learners(**kwargs)
-        self._set_provided(sharding=sharding)
+        self._set_provided(
+            sharding=sharding, learner_update_timeout_s=learner_update_timeout_s, collective_timeout_s=collective_timeout_s
+        )
         return self
 
     @override(AlgorithmConfig)
@@ -575,6 +600,7 @@ class GRPO(Algorithm):
         # Ray Tune's registry.
         envs.register_tune_envs()
         super().setup(config)
+        self._learner_actors = learner_actors(self.learner_group)  # named in a learner's failure
         self._rounds = SamplingRounds(self.env_runner_group, self.config, self.metrics)
         # `setup` skipped RLlib's connector-state sync (there is none); push the learner's
         # initial weights so that env runners and learners start from the same policy.
@@ -662,8 +688,8 @@ class GRPO(Algorithm):
         t1 = time.perf_counter()
 
         with self.metrics.log_time((TIMERS, LEARNER_UPDATE_TIMER)):
-            learner_results = self.learner_group.update(
-                **self._learner_data(batch),
+            learner_results = self.update_learners(
+                batch,
                 timesteps={
                     NUM_ENV_STEPS_SAMPLED_LIFETIME: self.metrics.peek(
                         (ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME), default=0
@@ -686,6 +712,21 @@ class GRPO(Algorithm):
             self.metrics.log_value((STEP_TIMES, name), seconds, window=1)
         if cfg.val_interval and (self.iteration + 1) % cfg.val_interval == 0:
             self.evaluate_held_out()
+
+    def update_learners(self, batch: dict[str, np.ndarray], **kwargs) -> list[dict]:
+        """``LearnerGroup.update`` on ``batch`` (``kwargs``: its epochs, mini-batches, timesteps).
+        Remote learners are waited for at most ``learner_update_timeout_s``, and a learner that
+        dies or raises is named with its log (``learner_calls.update_remote_learners``)."""
+        data = self._learner_data(batch)
+        if self.learner_group.is_local:
+            return self.learner_group.update(**data, **kwargs)
+        return update_remote_learners(
+            self.learner_group,
+            data.get("batches") or [data["batch"]],
+            timeout_s=self.config.learner_update_timeout_s,
+            actors=self._learner_actors,
+            **kwargs,
+        )
 
     def _learner_data(self, batch: dict[str, np.ndarray]) -> dict:
         """The ``LearnerGroup.update`` data argument: the whole batch for a local learner, else

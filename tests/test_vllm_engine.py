@@ -37,6 +37,8 @@ REPO = Path(__file__).resolve().parents[1]
 # Engine arguments of every test engine: room for the long prompt, a small KV cache.
 ENGINE_KWARGS = {"max_model_len": 1024, "kv_cache_memory_bytes": 256 << 20}
 MU_ATOL = 1e-4
+#: Relative tolerance of the top-K log-probs (the tail of the distribution) against a recompute.
+TOPK_RTOL = 1e-4
 
 
 def built_models() -> list[str]:
@@ -211,13 +213,12 @@ def test_top_k_logprobs_include_the_sampled_token(engines, K):
         num_replaced += int(replaced.sum())
         # Sampled token included; entries are μ's log-probs of their ids; sorted descending.
         assert ((c.topk_ids == c.token_ids[:, None]).sum(-1) == 1).all()
-        np.testing.assert_allclose(
-            c.topk_logprobs, logp.gather(1, torch.from_numpy(c.topk_ids)).numpy(), atol=MU_ATOL
-        )
-        np.testing.assert_allclose(c.topk_logprobs[:, :-1], top_values[:, :-1], atol=MU_ATOL)
-        np.testing.assert_allclose(
-            c.topk_logprobs[~replaced, -1], top_values[~replaced, -1], atol=MU_ATOL
-        )
+        # The tail of the top 20 (log-probs near -5 to -8) of SmolLM2's 30 fp32 layers differs by
+        # up to 1.1e-4 between vLLM's and HF's kernels (seen in .ci/vllm): a relative share too.
+        tol = dict(atol=MU_ATOL, rtol=TOPK_RTOL)
+        np.testing.assert_allclose(c.topk_logprobs, logp.gather(1, torch.from_numpy(c.topk_ids)).numpy(), **tol)
+        np.testing.assert_allclose(c.topk_logprobs[:, :-1], top_values[:, :-1], **tol)
+        np.testing.assert_allclose(c.topk_logprobs[~replaced, -1], top_values[~replaced, -1], **tol)
         assert (np.diff(c.topk_logprobs[:, :-1], axis=-1) <= 0).all()
         position = (c.topk_ids == c.token_ids[:, None]).argmax(-1)
         np.testing.assert_allclose(c.topk_logprobs[np.arange(T), position], c.logprobs, atol=1e-6)

@@ -6,6 +6,7 @@ import sys
 
 import numpy as np
 import pytest
+import ray
 import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 
@@ -151,3 +152,118 @@ def test_gradient_checkpointing_takes_the_same_step():
     # step can carry into the weights at ~1e-6.
     for name, value in states[0].items():
         torch.testing.assert_close(states[1][name], value, atol=1e-5, rtol=0)
+
+
+# ---------------------------------------------------------------------------------- LoRA
+LORA = {"r": 4, "alpha": 8, "target_modules": "all-linear", "dropout": 0.0}
+
+
+def _lora_view(learner):  # runs on the learners: pickled by value (see below)
+    """One learner's LoRA facts: its full model state (gathered from the shards under FSDP2: a
+    collective, so every learner runs it; {} off rank 0), the names of the parameters its
+    optimizer holds and of those with Adam state, and its held bytes."""
+    from rllib_dph import lora
+    from rllib_dph.sharding import full_model_state, is_sharded
+
+    module = learner.module[DEFAULT_MODULE_ID].unwrapped()
+    model = module.model
+    names = {id(p): n for n, p in model.named_parameters()}
+    optim = learner.get_optimizer()
+    view = {
+        "optimized": sorted(names[id(p)] for g in optim.param_groups for p in g["params"]),
+        "with_state": sorted(names[id(p)] for p in optim.state),
+        "trainable": sorted(n for n, p in model.named_parameters() if p.requires_grad),
+        "held": held_bytes(learner),
+    }
+    state = full_model_state(model) if is_sharded(module.response_lm) else model.state_dict()
+    view["model"] = {k: v.detach().cpu().clone() for k, v in state.items()}
+    view["adapters"] = sorted(k for k in view["model"] if lora.is_adapter_key(k))
+    return view
+
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the learners cannot import tests/
+
+
+def test_fsdp2_lora_learners_take_the_step_of_one(ray_session, tmp_path):
+    """2 FSDP2 learners with LoRA on shards of the batch = 1 LoRA learner on all of it: the same
+    adapters after the step, the base untouched, Adam state for each learner's adapter shards
+    only, a weight sync of adapter tensors alone, and a checkpoint that restores into 1 learner."""
+    from rllib_dph import lora
+
+    config = _config(kl_coeff=0.5).llm(lora=dict(LORA))  # kl: π_ref = the sharded base, adapters off
+    batch = _exploration_batch(config, num_prompts=3)
+    local = config.build_learner(env=envs_make())
+    before = _lora_view(local)
+    local.update(batch=_wrap(batch))
+    alone = _lora_view(local)
+    sync = local.module[DEFAULT_MODULE_ID].get_state()  # what the 1-learner weight sync sends
+
+    group = _sharded_group(config)
+    try:
+        group.update(batches=[_wrap(shard) for shard in shard_groups(batch, 2)], num_minibatches=1)
+        views = [r.get() for r in group.foreach_learner(_lora_view)]
+        gathered = next(v["model"] for v in views if v["model"])  # rank 0's full state
+        assert set(gathered) == set(alone["model"])
+        for name, value in alone["model"].items():
+            torch.testing.assert_close(gathered[name], value, atol=1e-6, rtol=0)  # see docs/lora.md
+            if not lora.is_adapter_key(name):
+                assert torch.equal(gathered[name], before["model"][name]), name  # the base stays frozen
+        assert any(".lora_B." in k and gathered[k].abs().max() > 1e-5 for k in gathered)  # B left 0
+        for view in views:
+            assert view["optimized"] == view["with_state"] == view["trainable"] == alone["adapters"]
+            assert 0.45 < view["held"]["optimizer"] / alone["held"]["optimizer"] < 0.55  # a shard each
+
+        state = group.get_state()["learner"]
+        synced = state["rl_module"][DEFAULT_MODULE_ID]
+        assert synced[lora.LORA_SETTINGS] == sync[lora.LORA_SETTINGS]
+        assert {k: tuple(v.shape) for k, v in synced.items() if k != lora.LORA_SETTINGS} == {
+            k: tuple(v.shape) for k, v in sync.items() if k != lora.LORA_SETTINGS
+        }
+        optim = next(iter(state["optimizer"].values()))["state"]
+        assert sorted(optim["state"]) == alone["adapters"]  # Adam state of the adapters, by name
+
+        group.save_to_path(tmp_path / "ckpt")
+    finally:
+        group.shutdown()
+    restored = config.build_learner_group(env=envs_make())  # 1 (local) learner
+    restored.restore_from_path(tmp_path / "ckpt")
+    learner = restored._learner
+    for name, value in lora.adapter_tensors(learner.module[DEFAULT_MODULE_ID].model.state_dict()).items():
+        torch.testing.assert_close(value, torch.as_tensor(synced[name]), atol=0, rtol=0)
+    names = [n for n, p in learner.module[DEFAULT_MODULE_ID].model.named_parameters() if p.requires_grad]
+    local_optim = learner.get_optimizer().state_dict()["state"]
+    for index, name in enumerate(names):
+        for key, value in optim["state"][name].items():
+            np.testing.assert_array_equal(local_optim[index][key].numpy(), value)
+    restored.shutdown()
+
+
+def test_ddp_lora_learners_take_the_step_of_one(ray_session):
+    """2 DDP learners with LoRA and activation checkpointing = 1 learner on the whole batch: DDP
+    wraps the peft-injected model, all-reduces the adapter gradients alone (the frozen base has
+    none) and every replica takes the 1-learner step; the sync sends adapters only."""
+    from rllib_dph import lora
+
+    config = _config(kl_coeff=0.5).llm(lora=dict(LORA), gradient_checkpointing=True)
+    batch = _exploration_batch(config, num_prompts=3)
+    local = config.build_learner(env=envs_make())
+    before = _lora_view(local)
+    local.update(batch=_wrap(batch))
+    alone = _lora_view(local)
+
+    group = config.copy(copy_frozen=False).learners(**SHARDED).build_learner_group(env=envs_make())
+    try:
+        group.update(batches=[_wrap(shard) for shard in shard_groups(batch, 2)], num_minibatches=1)
+        views = [r.get() for r in group.foreach_learner(_lora_view)]
+        synced = group.get_state()["learner"]["rl_module"][DEFAULT_MODULE_ID]
+    finally:
+        group.shutdown()
+    for view in views:
+        for name, value in alone["model"].items():
+            torch.testing.assert_close(view["model"][name], value, atol=1e-6, rtol=0)
+            if not lora.is_adapter_key(name):
+                assert torch.equal(view["model"][name], before["model"][name]), name
+        assert view["optimized"] == view["with_state"] == view["trainable"] == alone["adapters"]
+        assert view["held"] == alone["held"]  # replicas: the whole adapter state on each
+    assert any(not torch.equal(alone["model"][k], before["model"][k]) for k in alone["adapters"])
+    assert sorted(k for k in synced if k != lora.LORA_SETTINGS) == alone["adapters"]

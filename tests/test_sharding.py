@@ -1,5 +1,7 @@
 """FSDP2 sharded learners on CPU (gloo): the step of one learner, half the bytes each, full-state
-checkpoints, the weight sync to the rollout engine, and ``rllib train`` with ``sharding="fsdp2"``."""
+checkpoints, the weight sync to the rollout engine, and ``rllib train`` with ``sharding="fsdp2"``;
+with LoRA, the same on 2 FSDP2 and on 2 DDP learners (adapters only) and checkpoints that cross
+between sharded and 1-learner groups."""
 
 import subprocess
 import sys
@@ -10,6 +12,7 @@ import ray
 import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 
+from rllib_dph import lora
 from rllib_dph.algorithms.grpo import GRPOConfig
 from rllib_dph.batch import shard_groups
 from rllib_dph.sharding import held_bytes
@@ -18,6 +21,7 @@ from test_dph import TOY_ENV, envs_make  # registers the toy env
 from test_update_correctness import GROUP, _exploration_batch, _wrap
 
 SHARDED = {"num_learners": 2, "num_cpus_per_learner": 0.5}
+LORA = {"r": 4, "alpha": 8, "target_modules": "all-linear", "dropout": 0.0}
 
 
 def _config(**training):
@@ -97,16 +101,18 @@ def test_fsdp2_needs_two_learners_and_global_norm():
         _config().learners(sharding="zero3").validate()
 
 
-def test_fsdp2_algorithm_syncs_full_weights_and_restores(ray_session, tmp_path):
-    """After a training step the rollout engine holds the gathered full weights; an algorithm
-    checkpoint restores them."""
-    config = _config().training(prompts_per_step=2).learners(sharding="fsdp2", **SHARDED)
+@pytest.mark.parametrize("lora_settings", [None, LORA], ids=["full", "lora"])
+def test_fsdp2_algorithm_syncs_full_weights_and_restores(ray_session, tmp_path, lora_settings):
+    """After a training step the rollout engine holds the gathered full weights (with LoRA: the
+    gathered adapters, its base untouched); an algorithm checkpoint restores them."""
+    config = _config().training(prompts_per_step=2).llm(lora=lora_settings).learners(sharding="fsdp2", **SHARDED)
     algo = config.build_algo()
     try:
         algo.train()
-        learner_state = algo.learner_group.get_state(components="learner/rl_module")["learner"]["rl_module"][DEFAULT_MODULE_ID]
+        tensors = lambda state: {k: v for k, v in state.items() if k != lora.LORA_SETTINGS}  # noqa: E731
+        learner_state = tensors(algo.learner_group.get_state(components="learner/rl_module")["learner"]["rl_module"][DEFAULT_MODULE_ID])
         engine_state = algo.env_runner.engine.model.state_dict()
-        assert set(learner_state) == set(engine_state)
+        assert set(learner_state) == set(engine_state if lora_settings is None else lora.adapter_tensors(engine_state))
         for name, value in learner_state.items():
             torch.testing.assert_close(engine_state[name].float(), torch.as_tensor(value), atol=0, rtol=0)
         algo.save_to_path(tmp_path / "algo")
@@ -155,14 +161,12 @@ def test_gradient_checkpointing_takes_the_same_step():
 
 
 # ---------------------------------------------------------------------------------- LoRA
-LORA = {"r": 4, "alpha": 8, "target_modules": "all-linear", "dropout": 0.0}
 
 
 def _lora_view(learner):  # runs on the learners: pickled by value (see below)
     """One learner's LoRA facts: its full model state (gathered from the shards under FSDP2: a
     collective, so every learner runs it; {} off rank 0), the names of the parameters its
     optimizer holds and of those with Adam state, and its held bytes."""
-    from rllib_dph import lora
     from rllib_dph.sharding import full_model_state, is_sharded
 
     module = learner.module[DEFAULT_MODULE_ID].unwrapped()
@@ -187,8 +191,6 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the learners 
 def _lora_checkpoints_cross(config, group, synced, optim, tmp_path):
     """The sharded LoRA group's checkpoint restores into 1 learner (adapters and Adam state by
     name), and that learner's checkpoint (torch's positional optimizer state) into the shards."""
-    from rllib_dph import lora
-
     group.save_to_path(tmp_path / "sharded")
     one = config.build_learner_group(env=envs_make())  # 1 (local) learner
     try:
@@ -221,8 +223,6 @@ def test_fsdp2_lora_learners_take_the_step_of_one(ray_session, tmp_path):
     learner on all of it: the same adapters after the step, the base untouched, Adam state for
     each learner's adapter shards only, a weight sync of adapter tensors alone, and checkpoints
     that cross between the sharded group and 1 learner both ways."""
-    from rllib_dph import lora
-
     # kl_coeff: π_ref is the sharded base with its adapters switched off.
     config = _config(kl_coeff=0.5).llm(lora=dict(LORA), gradient_checkpointing=True)
     batch = _exploration_batch(config, num_prompts=3)
@@ -266,8 +266,6 @@ def test_ddp_lora_learners_take_the_step_of_one(ray_session):
     """2 DDP learners with LoRA and activation checkpointing = 1 learner on the whole batch: DDP
     wraps the peft-injected model, all-reduces the adapter gradients alone (the frozen base has
     none) and every replica takes the 1-learner step; the sync sends adapters only."""
-    from rllib_dph import lora
-
     config = _config(kl_coeff=0.5).llm(lora=dict(LORA), gradient_checkpointing=True)
     batch = _exploration_batch(config, num_prompts=3)
     local = config.build_learner(env=envs_make())

@@ -15,6 +15,7 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 from rllib_dph import lora
 from rllib_dph.algorithms.grpo import GRPOConfig
 from rllib_dph.batch import shard_groups
+from rllib_dph.models.hub import load_causal_lm
 from rllib_dph.sharding import held_bytes
 
 from test_dph import TOY_ENV, envs_make  # registers the toy env
@@ -115,6 +116,11 @@ def test_fsdp2_algorithm_syncs_full_weights_and_restores(ray_session, tmp_path, 
         assert set(learner_state) == set(engine_state if lora_settings is None else lora.adapter_tensors(engine_state))
         for name, value in learner_state.items():
             torch.testing.assert_close(engine_state[name].float(), torch.as_tensor(value), atol=0, rtol=0)
+        if lora_settings is not None:  # the engine's base weights stay those of the base model
+            base = load_causal_lm("tiny-random", dtype=torch.float32).state_dict()
+            for name, value in engine_state.items():
+                if not lora.is_adapter_key(name):
+                    torch.testing.assert_close(value.float(), base[name.replace(".base_layer.", ".")], atol=0, rtol=0)
         algo.save_to_path(tmp_path / "algo")
         algo.train()
         algo.restore_from_path(tmp_path / "algo")

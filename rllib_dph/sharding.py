@@ -104,8 +104,34 @@ def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimize
 
 
 def load_full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: StateDict) -> None:
-    """Loads a :func:`full_optimizer_state` into a sharded model's optimizer."""
-    set_optimizer_state_dict(model, optimizer, optim_state_dict=state, options=_SCATTER)
+    """Loads a :func:`full_optimizer_state` into a sharded model's optimizer, or torch's own
+    ``optimizer.state_dict()`` of an unsharded learner (e.g. a 1-learner checkpoint)."""
+    set_optimizer_state_dict(model, optimizer, optim_state_dict=named_optimizer_state(model, optimizer, state), options=_SCATTER)
+
+
+def named_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: StateDict) -> StateDict:
+    """``state`` keyed by parameter names, as :func:`full_optimizer_state` is.
+
+    torch's own ``optimizer.state_dict()`` (what RLlib's unsharded learners checkpoint) numbers
+    the parameters by their position in ``optimizer.param_groups``; a state already keyed by
+    names is returned unchanged. Both learners build the optimizer from the same parameters in
+    the same order (``LLMTorchLearner.get_parameters``), so position i is the same parameter.
+    """
+    saved = [p for group in state["param_groups"] for p in group["params"]]
+    if all(isinstance(p, str) for p in saved):
+        return state
+    names = {id(param): name for name, param in model.named_parameters()}
+    own = [names[id(param)] for group in optimizer.param_groups for param in group["params"]]
+    if len(saved) != len(own):
+        raise ValueError(
+            f"the optimizer state holds {len(saved)} parameters and this learner's optimizer {len(own)}: "
+            "restore a checkpoint of the same model and trainable parameters (lora settings)."
+        )
+    name_of = dict(zip(saved, own))
+    return {
+        "state": {name_of[k]: v for k, v in state["state"].items()},
+        "param_groups": [{**group, "params": [name_of[p] for p in group["params"]]} for group in state["param_groups"]],
+    }
 
 
 class ShardedLearnerGroup(LearnerGroup):

@@ -1,22 +1,28 @@
 """FSDP2 sharded learners on CPU (gloo): the step of one learner, half the bytes each, full-state
-checkpoints, the weight sync to the rollout engine, and ``rllib train`` with ``sharding="fsdp2"``."""
+checkpoints, the weight sync to the rollout engine, and ``rllib train`` with ``sharding="fsdp2"``;
+with LoRA, the same on 2 FSDP2 and on 2 DDP learners (adapters only) and checkpoints that cross
+between sharded and 1-learner groups."""
 
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+import ray
 import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 
+from rllib_dph import lora
 from rllib_dph.algorithms.grpo import GRPOConfig
 from rllib_dph.batch import shard_groups
+from rllib_dph.models.hub import load_causal_lm
 from rllib_dph.sharding import held_bytes
 
 from test_dph import TOY_ENV, envs_make  # registers the toy env
 from test_update_correctness import GROUP, _exploration_batch, _wrap
 
 SHARDED = {"num_learners": 2, "num_cpus_per_learner": 0.5}
+LORA = {"r": 4, "alpha": 8, "target_modules": "all-linear", "dropout": 0.0}
 
 
 def _config(**training):
@@ -96,18 +102,25 @@ def test_fsdp2_needs_two_learners_and_global_norm():
         _config().learners(sharding="zero3").validate()
 
 
-def test_fsdp2_algorithm_syncs_full_weights_and_restores(ray_session, tmp_path):
-    """After a training step the rollout engine holds the gathered full weights; an algorithm
-    checkpoint restores them."""
-    config = _config().training(prompts_per_step=2).learners(sharding="fsdp2", **SHARDED)
+@pytest.mark.parametrize("lora_settings", [None, LORA], ids=["full", "lora"])
+def test_fsdp2_algorithm_syncs_full_weights_and_restores(ray_session, tmp_path, lora_settings):
+    """After a training step the rollout engine holds the gathered full weights (with LoRA: the
+    gathered adapters, its base untouched); an algorithm checkpoint restores them."""
+    config = _config().training(prompts_per_step=2).llm(lora=lora_settings).learners(sharding="fsdp2", **SHARDED)
     algo = config.build_algo()
     try:
         algo.train()
-        learner_state = algo.learner_group.get_state(components="learner/rl_module")["learner"]["rl_module"][DEFAULT_MODULE_ID]
+        tensors = lambda state: {k: v for k, v in state.items() if k != lora.LORA_SETTINGS}  # noqa: E731
+        learner_state = tensors(algo.learner_group.get_state(components="learner/rl_module")["learner"]["rl_module"][DEFAULT_MODULE_ID])
         engine_state = algo.env_runner.engine.model.state_dict()
-        assert set(learner_state) == set(engine_state)
+        assert set(learner_state) == set(engine_state if lora_settings is None else lora.adapter_tensors(engine_state))
         for name, value in learner_state.items():
             torch.testing.assert_close(engine_state[name].float(), torch.as_tensor(value), atol=0, rtol=0)
+        if lora_settings is not None:  # the engine's base weights stay those of the base model
+            base = load_causal_lm("tiny-random", dtype=torch.float32).state_dict()
+            for name, value in engine_state.items():
+                if not lora.is_adapter_key(name):
+                    torch.testing.assert_close(value.float(), base[name.replace(".base_layer.", ".")], atol=0, rtol=0)
         algo.save_to_path(tmp_path / "algo")
         algo.train()
         algo.restore_from_path(tmp_path / "algo")
@@ -151,3 +164,134 @@ def test_gradient_checkpointing_takes_the_same_step():
     # step can carry into the weights at ~1e-6.
     for name, value in states[0].items():
         torch.testing.assert_close(states[1][name], value, atol=1e-5, rtol=0)
+
+
+# ---------------------------------------------------------------------------------- LoRA
+
+
+def _lora_view(learner):  # runs on the learners: pickled by value (see below)
+    """One learner's LoRA facts: its full model state (gathered from the shards under FSDP2: a
+    collective, so every learner runs it; {} off rank 0), the names of the parameters its
+    optimizer holds and of those with Adam state, and its held bytes."""
+    from rllib_dph.sharding import full_model_state, is_sharded
+
+    module = learner.module[DEFAULT_MODULE_ID].unwrapped()
+    model = module.model
+    names = {id(p): n for n, p in model.named_parameters()}
+    optim = learner.get_optimizer()
+    view = {
+        "optimized": sorted(names[id(p)] for g in optim.param_groups for p in g["params"]),
+        "with_state": sorted(names[id(p)] for p in optim.state),
+        "trainable": sorted(n for n, p in model.named_parameters() if p.requires_grad),
+        "held": held_bytes(learner),
+    }
+    state = full_model_state(model) if is_sharded(module.response_lm) else model.state_dict()
+    view["model"] = {k: v.detach().cpu().clone() for k, v in state.items()}
+    view["adapters"] = sorted(k for k in view["model"] if lora.is_adapter_key(k))
+    return view
+
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the learners cannot import tests/
+
+
+def _lora_checkpoints_cross(config, group, synced, optim, tmp_path):
+    """The sharded LoRA group's checkpoint restores into 1 learner (adapters and Adam state by
+    name), and that learner's checkpoint (torch's positional optimizer state) into the shards."""
+    group.save_to_path(tmp_path / "sharded")
+    one = config.build_learner_group(env=envs_make())  # 1 (local) learner
+    try:
+        one.restore_from_path(tmp_path / "sharded")
+        model = one._learner.module[DEFAULT_MODULE_ID].model
+        for name, value in lora.adapter_tensors(model.state_dict()).items():
+            torch.testing.assert_close(value, torch.as_tensor(synced[name]), atol=0, rtol=0)
+        names = [n for n, p in model.named_parameters() if p.requires_grad]
+        positional = one._learner.get_optimizer().state_dict()["state"]
+        assert len(positional) == len(names) == len(optim["state"])
+        for index, name in enumerate(names):
+            for key, value in optim["state"][name].items():
+                np.testing.assert_array_equal(positional[index][key].numpy(), value)
+        one.save_to_path(tmp_path / "one")
+    finally:
+        one.shutdown()
+    group.restore_from_path(tmp_path / "one")
+    state = group.get_state()["learner"]
+    for name, value in synced.items():
+        if name != lora.LORA_SETTINGS:
+            torch.testing.assert_close(torch.as_tensor(state["rl_module"][DEFAULT_MODULE_ID][name]), torch.as_tensor(value), atol=0, rtol=0)
+    back = next(iter(state["optimizer"].values()))["state"]["state"]
+    for name, moments in optim["state"].items():
+        for key, value in moments.items():
+            np.testing.assert_array_equal(back[name][key], value)
+
+
+def test_fsdp2_lora_learners_take_the_step_of_one(ray_session, tmp_path):
+    """2 FSDP2 learners with LoRA (and activation checkpointing) on shards of the batch = 1 LoRA
+    learner on all of it: the same adapters after the step, the base untouched, Adam state for
+    each learner's adapter shards only, a weight sync of adapter tensors alone, and checkpoints
+    that cross between the sharded group and 1 learner both ways."""
+    # kl_coeff: π_ref is the sharded base with its adapters switched off.
+    config = _config(kl_coeff=0.5).llm(lora=dict(LORA), gradient_checkpointing=True)
+    batch = _exploration_batch(config, num_prompts=3)
+    local = config.build_learner(env=envs_make())
+    before = _lora_view(local)
+    local.update(batch=_wrap(batch))
+    alone = _lora_view(local)
+    sync = local.module[DEFAULT_MODULE_ID].get_state()  # what the 1-learner weight sync sends
+
+    group = _sharded_group(config)
+    try:
+        group.update(batches=[_wrap(shard) for shard in shard_groups(batch, 2)], num_minibatches=1)
+        views = [r.get() for r in group.foreach_learner(_lora_view)]
+        gathered = next(v["model"] for v in views if v["model"])  # rank 0's full state
+        assert set(gathered) == set(alone["model"])
+        for name, value in alone["model"].items():
+            # Adam's first step moves each adapter weight by ~lr = 1e-4 (B leaves 0 by that);
+            # summing the gradient in two shards instead of one changes it by ~2e-7 (measured).
+            torch.testing.assert_close(gathered[name], value, atol=1e-6, rtol=0)
+            if not lora.is_adapter_key(name):
+                assert torch.equal(gathered[name], before["model"][name]), name  # the base stays frozen
+        assert any(".lora_B." in k and gathered[k].abs().max() > 1e-5 for k in gathered)  # B left 0
+        for view in views:
+            assert view["optimized"] == view["with_state"] == view["trainable"] == alone["adapters"]
+            assert 0.45 < view["held"]["optimizer"] / alone["held"]["optimizer"] < 0.55  # a shard each
+
+        state = group.get_state()["learner"]  # what `sync_weights` sends the env runners
+        synced = state["rl_module"][DEFAULT_MODULE_ID]
+        assert synced[lora.LORA_SETTINGS] == sync[lora.LORA_SETTINGS]
+        assert {k: tuple(v.shape) for k, v in synced.items() if k != lora.LORA_SETTINGS} == {
+            k: tuple(v.shape) for k, v in sync.items() if k != lora.LORA_SETTINGS
+        }
+        optim = next(iter(state["optimizer"].values()))["state"]
+        assert sorted(optim["state"]) == alone["adapters"]  # Adam state of the adapters, by name
+        _lora_checkpoints_cross(config, group, synced, optim, tmp_path)
+    finally:
+        group.shutdown()
+
+
+def test_ddp_lora_learners_take_the_step_of_one(ray_session):
+    """2 DDP learners with LoRA and activation checkpointing = 1 learner on the whole batch: DDP
+    wraps the peft-injected model, all-reduces the adapter gradients alone (the frozen base has
+    none) and every replica takes the 1-learner step; the sync sends adapters only."""
+    config = _config(kl_coeff=0.5).llm(lora=dict(LORA), gradient_checkpointing=True)
+    batch = _exploration_batch(config, num_prompts=3)
+    local = config.build_learner(env=envs_make())
+    before = _lora_view(local)
+    local.update(batch=_wrap(batch))
+    alone = _lora_view(local)
+
+    group = config.copy(copy_frozen=False).learners(**SHARDED).build_learner_group(env=envs_make())
+    try:
+        group.update(batches=[_wrap(shard) for shard in shard_groups(batch, 2)], num_minibatches=1)
+        views = [r.get() for r in group.foreach_learner(_lora_view)]
+        synced = group.get_state()["learner"]["rl_module"][DEFAULT_MODULE_ID]
+    finally:
+        group.shutdown()
+    for view in views:
+        for name, value in alone["model"].items():
+            torch.testing.assert_close(view["model"][name], value, atol=1e-6, rtol=0)
+            if not lora.is_adapter_key(name):
+                assert torch.equal(view["model"][name], before["model"][name]), name
+        assert view["optimized"] == view["with_state"] == view["trainable"] == alone["adapters"]
+        assert view["held"] == alone["held"]  # replicas: the whole adapter state on each
+    assert any(not torch.equal(alone["model"][k], before["model"][k]) for k in alone["adapters"])
+    assert sorted(k for k in synced if k != lora.LORA_SETTINGS) == alone["adapters"]

@@ -60,6 +60,17 @@ def test_unknown_config_keys_are_refused_with_a_suggestion():
     assert "did you mean 'group_size'?" in problems[0].message
 
 
+def test_flat_trust_region_keys_are_refused_with_the_new_spelling_and_the_grouped_one_applies():
+    config = grpo()
+    problems = config_key_problems(config, {"clip_eps_high": 0.28, "trust_region": {"kind": "dppo_binary_kl", "low": 0.1}})
+    assert [p.where for p in problems] == ["--config key 'clip_eps_high'"]
+    assert "trust_region={'kind': 'ppo', 'high': 0.28}" in problems[0].message
+    config.update_from_dict({"trust_region": {"kind": "dppo_binary_kl", "low": 0.1}})
+    config.validate()
+    region = config.trust_region_setting
+    assert (region.kind, region.low, region.high) == ("dppo_binary_kl", 0.1, 0.05)
+
+
 def test_stop_keys_are_checked():
     problems = stop_key_problems({
         "training_iterations": 1, "training_iteration": 2, "env_runners/reward_mean": 0.9,

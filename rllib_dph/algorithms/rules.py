@@ -2,10 +2,11 @@
 
 ``GRPOConfig.validate()`` and ``DPHConfig.validate()`` run these tables: first the numeric rules
 (``NumberRule``: type, finiteness and range), then the config's ``config_rules`` in order
-(``ChoiceRule``: a name from a registry; the DPPO thresholds of the trust region;
-``CrossRule``: rules across fields). DPH's tables are GRPO's plus its own. Every message states
-the field, the value, the rule and a fix. NaN never passes a number rule (every bound is checked
-with a comparison that NaN fails), and neither does a string or a bool where a number is due.
+(``ChoiceRule``: a name from a registry; ``grpo.trust_region.TrustRegionRule``: the grouped
+trust-region setting; ``CrossRule``: rules across fields). DPH's tables are GRPO's plus its
+own. Every message states the field, the value, the rule and a fix. NaN never passes a number
+rule (every bound is checked with a comparison that NaN fails), and neither does a string or a
+bool where a number is due.
 """
 
 from __future__ import annotations
@@ -123,45 +124,6 @@ class CrossRule:
         return self.message(config) if self.broken(config) else None
 
 
-@dataclass(frozen=True)
-class DeltaRule:
-    """The thresholds ``trust_region_delta_low/high`` by what the trust region bounds
-    (``losses.TrustRegionSpec.delta_low/high``, ``losses.Threshold``): each in its range, None
-    for the default; a side the rule has no threshold for must stay None. No rule for the
-    trust regions without thresholds (PPO's ratio reads ``clip_eps_low/high``)."""
-
-    fields: tuple[str, ...] = ("trust_region_delta_low", "trust_region_delta_high")
-
-    def violation(self, config: Any) -> Optional[str]:
-        """The message when a threshold of ``config``'s trust region is out of range, else None."""
-        spec = config.trust_region_spec
-        if not spec.has_thresholds:
-            return None
-        for name, threshold in zip(self.fields, (spec.delta_low, spec.delta_high)):
-            problem = self._problem(config, name, threshold)
-            if problem is not None:
-                return f"{problem} (trust_region={config.trust_region!r} thresholds the {spec.measure})"
-        return None
-
-    @staticmethod
-    def _problem(config: Any, name: str, threshold: Any) -> Optional[str]:
-        if threshold is None:
-            value = getattr(config, name)
-            if value is None:
-                return None
-            return f"{name}={value!r} is invalid: this trust region has no such threshold; leave it None"
-        rule = NumberRule(
-            name,
-            low=threshold.low,
-            high=threshold.high,
-            low_open=threshold.low_open,
-            high_open=threshold.high_open,
-            optional=True,
-            fix=f"None for the default {threshold.default}",
-        )
-        return rule.violation(config)
-
-
 def violations(config: Any, rules: Iterable[Any]) -> Iterator[str]:
     """The messages of the rules ``config`` breaks, in table order (each rule has ``violation``)."""
     for rule in rules:
@@ -189,10 +151,7 @@ GRPO_NUMBER_RULES = (
     NumberRule("top_p", low=0, high=1, low_open=True, fix="1.0 disables nucleus sampling"),
     NumberRule("max_response_length", integer=True, low=1, fix="e.g. 128"),
     NumberRule("overlong_buffer_length", integer=True, low=0, fix="0 disables DAPO's overlong shaping"),
-    NumberRule("clip_eps_low", low=0, high=1, high_open=True, fix="typical 0.2 (1 - clip_eps_low must stay > 0)"),
-    NumberRule("clip_eps_high", low=0, fix="typical 0.2, or 0.28 for DAPO clip-higher"),
     NumberRule("clip_ratio_c", low=1, low_open=True, optional=True, fix="dual clip: 3.0 as in verl, or None to disable"),
-    NumberRule("is_truncation", low=0, low_open=True, allow_inf=True, fix="math.inf disables truncation; CISPO uses e.g. 5"),
     NumberRule("rollout_top_k", integer=True, low=0, high=20, fix="0 for none, 20 for the top-K DPPO masks"),
     NumberRule("kl_coeff", low=0, fix="0 disables the KL penalty (RKL baseline: 0.01)"),
     NumberRule("entropy_coeff", low=0, fix="0 disables the entropy bonus"),
@@ -224,29 +183,6 @@ FLOAT16_TRAINING_RULE = CrossRule(
         "scaling (a GradScaler) against gradient underflow, and this learner has none; "
         "set dtype='bfloat16' (fp32's exponent range: no scaling needed) or 'float32'. "
         "For an fp16 rollout engine only, set engine_kwargs={'dtype': 'float16'}."
-    ),
-)
-
-#: What the trust region (``losses.TRUST_REGIONS``) asks of the other fields.
-TRUST_REGION_RULES = (
-    DeltaRule(),
-    CrossRule(
-        "truncating corrections need a finite truncation",
-        lambda c: c.trust_region_spec.truncation is not None and c.is_truncation == math.inf,
-        lambda c: (
-            f"trust_region={c.trust_region!r} weights every token by min(π_θ/μ, C) with C = "
-            f"is_truncation, but is_truncation={c.is_truncation}; set is_truncation="
-            f"{c.trust_region_spec.truncation} (its source's C, docs/trust_regions.md) or another "
-            "finite C > 0."
-        ),
-    ),
-    CrossRule(
-        "top-K trust regions need top-K log-probs",
-        lambda c: c.trust_region_spec.needs_topk and c.rollout_top_k < 1,
-        lambda c: (
-            f"trust_region={c.trust_region!r} needs the rollout engine's top-K log-probs, "
-            f"but rollout_top_k={c.rollout_top_k}; set rollout_top_k (e.g. 20)."
-        ),
     ),
 )
 

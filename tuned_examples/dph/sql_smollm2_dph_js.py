@@ -39,7 +39,7 @@ config = (
         minibatch_size=64,  # 4 updates per batch: bounds the memory of the 49152-token logits
         lr=1e-6,
         loss_agg_mode="token-mean",
-        clip_eps_high=0.28,
+        trust_region={"kind": "ppo", "high": 0.28},
         dynamic_sampling=True,
     )
     .dph(

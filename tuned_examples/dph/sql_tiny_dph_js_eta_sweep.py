@@ -34,7 +34,7 @@ config = (
         prompts_per_step=16,
         lr=3e-4,
         loss_agg_mode="token-mean",
-        clip_eps_high=0.28,
+        trust_region={"kind": "ppo", "high": 0.28},
         dynamic_sampling=True,
     )
     .dph(

@@ -1,7 +1,8 @@
 """GRPO (Shao et al. 2024) and its usual variants on RLlib's new API stack.
 
-Variants are config choices, not separate algorithms: DAPO's clip-higher (``clip_eps_high``),
-dynamic sampling and overlong reward shaping (Yu et al. 2025); Dr. GRPO's unnormalised
+Variants are config choices, not separate algorithms: DAPO's clip-higher
+(``trust_region={"kind": "ppo", "high": 0.28}``), dynamic sampling and overlong reward shaping
+(Yu et al. 2025); Dr. GRPO's unnormalised
 advantages and constant-length aggregation (Liu et al. 2025); a reverse-KL penalty to a frozen
 reference model (``kl_coeff > 0``, the "RKL" baseline of the DPH-RL paper); and DPPO's trust
 regions (``trust_region="dppo_*"``, Qi et al. 2025) in place of ratio clipping.
@@ -9,7 +10,6 @@ regions (``trust_region="dppo_*"``, Qi et al. 2025) in place of ratio clipping.
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Optional, Type, Union
 
@@ -38,13 +38,13 @@ from rllib_dph.algorithms.rules import (
     FLOAT16_TRAINING_RULE,
     GRPO_CROSS_RULES,
     GRPO_NUMBER_RULES,
-    TRUST_REGION_RULES,
     ChoiceRule,
     CrossRule,
     first_violation,
     violations,
 )
 from rllib_dph.algorithms.grpo.grpo_torch_learner import GRPOTorchLearner
+from rllib_dph.algorithms.grpo.trust_region import MOVED_FIELDS, TrustRegion, TrustRegionRule, moved_field_message
 from rllib_dph.engines import DEFAULT_ENGINE, ENGINES
 from rllib_dph.files import atomic_dir
 from rllib_dph.lora import lora_problem
@@ -54,8 +54,6 @@ from rllib_dph.sharding import SHARDINGS, ShardedLearnerGroup
 from rllib_dph.losses import (
     AGGREGATIONS,
     KL_ESTIMATORS,
-    TRUST_REGIONS,
-    TrustRegionSpec,
     group_advantages,
     has_reward_variance,
     overlong_penalty,
@@ -64,17 +62,14 @@ from rllib_dph.losses import (
 #: Result key of the per-step phase times (seconds of this iteration, not smoothed).
 STEP_TIMES = "step_times"
 
-ANCHORS = ("behavior", "recompute")
 #: Learner compute dtypes (``float16`` is refused: see ``rules.FLOAT16_TRAINING_RULE``).
 DTYPES = ("float32", "bfloat16")
 #: Fields whose value names an entry of a registry (``GRPOConfig.validate``).
 GRPO_CHOICE_RULES = (
     ChoiceRule("engine", ENGINES),
     ChoiceRule("dtype", DTYPES),
-    ChoiceRule("trust_region", TRUST_REGIONS),
     ChoiceRule("loss_agg_mode", AGGREGATIONS),
     ChoiceRule("kl_estimator", KL_ESTIMATORS),
-    ChoiceRule("trust_region_anchor", ANCHORS),
     ChoiceRule("sharding", SHARDINGS),
 )
 #: What ``lora`` asks of itself and of the other fields (``GRPOConfig.llm``).
@@ -140,13 +135,7 @@ class GRPOConfig(AlgorithmConfig):
         self.overlong_buffer_length = 0
         # Policy loss.
         self.trust_region = "ppo"
-        self.clip_eps_low = 0.2
-        self.clip_eps_high = 0.2
-        self.trust_region_delta_low = None
-        self.trust_region_delta_high = None
-        self.is_truncation = math.inf
         self.clip_ratio_c = 3.0
-        self.trust_region_anchor = "behavior"
         self.rollout_top_k = 0
         self.loss_agg_mode = "token-mean"
         self.kl_coeff = 0.0
@@ -236,22 +225,15 @@ class GRPOConfig(AlgorithmConfig):
         return dict(self.env_config)
 
     @property
-    def trust_region_spec(self) -> TrustRegionSpec:
-        """The ``losses.TRUST_REGIONS`` entry of ``trust_region``."""
-        return TRUST_REGIONS[self.trust_region]
+    def trust_region_setting(self) -> TrustRegion:
+        """``trust_region`` with the spec's defaults in place of None (``TrustRegion.resolved``):
+        the kind, thresholds, truncation and anchor the learner uses."""
+        return TrustRegion.of(self.trust_region).resolved()
 
-    @property
-    def trust_region_bounds(self) -> tuple[Optional[float], Optional[float]]:
-        """(low, high) thresholds of the trust-region mask: PPO's ε for a rule without thresholds
-        of its own (``ppo``; ignored by ``tis``, ``cispo``, ``none``), else
-        ``trust_region_delta_low/high`` or, where None, the spec's defaults
-        (``TrustRegionSpec.delta_low/high``); None for a side the rule has no threshold for."""
-        spec = self.trust_region_spec
-        if not spec.has_thresholds:
-            return self.clip_eps_low, self.clip_eps_high
-        low = None if spec.delta_low is None else spec.delta_low.resolve(self.trust_region_delta_low)
-        high = None if spec.delta_high is None else spec.delta_high.resolve(self.trust_region_delta_high)
-        return low, high
+    def moved_field_error(self, name: str, value) -> Optional[str]:
+        """The error for a flat field that became part of a grouped setting (``trust_region``:
+        ``trust_region.MOVED_FIELDS``), naming its new spelling; None for any other name."""
+        return moved_field_message(name, value) if name in MOVED_FIELDS else None
 
     def llm(
         self,
@@ -324,13 +306,7 @@ class GRPOConfig(AlgorithmConfig):
         max_dynamic_sampling_rounds: Optional[int] = NotProvided,
         normalize_advantage_std: Optional[bool] = NotProvided,
         overlong_buffer_length: Optional[int] = NotProvided,
-        trust_region: Optional[str] = NotProvided,
-        clip_eps_low: Optional[float] = NotProvided,
-        clip_eps_high: Optional[float] = NotProvided,
-        trust_region_delta_low: Optional[float] = NotProvided,
-        trust_region_delta_high: Optional[float] = NotProvided,
-        is_truncation: Optional[float] = NotProvided,
-        trust_region_anchor: Optional[str] = NotProvided,
+        trust_region: Optional[Union[str, dict]] = NotProvided,
         rollout_top_k: Optional[int] = NotProvided,
         loss_agg_mode: Optional[str] = NotProvided,
         kl_coeff: Optional[float] = NotProvided,
@@ -357,32 +333,19 @@ class GRPOConfig(AlgorithmConfig):
             overlong_buffer_length: DAPO soft overlong punishment: responses longer than
                 ``max_response_length - overlong_buffer_length`` get a linear penalty reaching
                 -1 at the limit. 0 (default) disables it.
-            trust_region: The trust region or off-policy correction, anchored on the rollout
-                policy μ (``losses.TRUST_REGIONS``; table in ``docs/trust_regions.md``):
-                ``"ppo"`` (ratio clipping with ``clip_eps_low/high``); DPPO's
-                ``"dppo_binary_tv"``, ``"dppo_binary_kl"``, ``"dppo_topk_tv"``,
-                ``"dppo_topk_kl"`` (divergence between μ and π_θ); ``"ipo"`` (|π − μ| mask,
-                whatever the advantage's sign); ``"icepop"`` (mask tokens whose π/μ leaves
-                [low, high]); ``"opsm"`` (mask negative-advantage rows whose mean log-ratio
-                log π/μ is below −δ); these read ``trust_region_delta_low/high``. ``"tis"``
-                and ``"cispo"`` mask nothing and truncate the weight at ``is_truncation``;
-                ``"none"`` masks nothing.
-            clip_eps_low: PPO ε for negative advantages (default 0.2).
-            clip_eps_high: PPO ε for positive advantages (default 0.2; DAPO clip-higher: 0.28).
-            trust_region_delta_low: The trust region's lower threshold; None (default) for
-                its default: DPPO's δ for negative advantages (0.15 TV, 0.05 KL), IPO's ε for
-                π < μ (0.3), ICEPOP's ratio bound a (0.5), OPSM's δ (1e-4).
-            trust_region_delta_high: The upper threshold; None (default) for its default:
-                DPPO's δ for positive advantages, IPO's ε for π > μ (0.3), ICEPOP's ratio bound
-                b (5.0); OPSM has none (leave None).
-            is_truncation: Truncation C of the importance weight min(π_θ/μ, C) (DPPO Eq. 23);
-                infinite by default. ``trust_region="tis"`` and ``"cispo"`` need a finite C
-                (their sources: 2 and 3).
-            trust_region_anchor: What the trust region and the importance weight are anchored
-                on: ``"behavior"`` (default), the rollout engine's μ, as DPPO prescribes (§5.2,
-                Takeaway 2); or ``"recompute"``, an ablation that recomputes π_old with the
-                learner's weights before the update (what PPO implementations usually do; it
-                hides the train-inference mismatch from the trust region).
+            trust_region: The trust region or off-policy correction, one grouped setting
+                (``trust_region.TrustRegion``; table in ``docs/trust_regions.md``): a name of
+                ``losses.TRUST_REGIONS`` or a dict of ``kind``, ``low``, ``high``,
+                ``truncation``, ``anchor``, e.g. ``{"kind": "ppo", "high": 0.28}`` (DAPO
+                clip-higher). A dict replaces the whole setting; a key left out or None takes
+                the spec's default. Default ``"ppo"`` (ε 0.2 each side). ``"ppo"`` clips the
+                ratio; DPPO's ``"dppo_binary_tv"``, ``"dppo_binary_kl"``, ``"dppo_topk_tv"``,
+                ``"dppo_topk_kl"`` mask by the divergence between μ and π_θ; ``"ipo"``,
+                ``"icepop"`` and ``"opsm"`` mask whatever the advantage's sign; ``"tis"`` and
+                ``"cispo"`` mask nothing and truncate the weight at C (2 and 3); ``"none"``
+                masks nothing. The old flat fields (``clip_eps_low/high``,
+                ``trust_region_delta_low/high``, ``is_truncation``, ``trust_region_anchor``)
+                are refused with their new spelling.
             rollout_top_k: K log-probs per generated token returned by the engine (0..20);
                 the top-K DPPO masks need K >= 1.
             loss_agg_mode: ``"token-mean"`` (DAPO; default), ``"seq-mean-token-mean"`` (GRPO),
@@ -420,6 +383,9 @@ class GRPOConfig(AlgorithmConfig):
                 versions old are dropped (``num_stale_rows_dropped``). Needs
                 ``num_env_runners >= 1``. DPH's D_pef rows are added by the learner and never stale.
         """
+        moved = [self.moved_field_error(name, value) for name, value in kwargs.items() if name in MOVED_FIELDS]
+        if moved:
+            raise ValueError(moved[0])
         super().training(**kwargs)
         self._set_provided(
             group_size=group_size,
@@ -429,12 +395,6 @@ class GRPOConfig(AlgorithmConfig):
             normalize_advantage_std=normalize_advantage_std,
             overlong_buffer_length=overlong_buffer_length,
             trust_region=trust_region,
-            clip_eps_low=clip_eps_low,
-            clip_eps_high=clip_eps_high,
-            trust_region_delta_low=trust_region_delta_low,
-            trust_region_delta_high=trust_region_delta_high,
-            is_truncation=is_truncation,
-            trust_region_anchor=trust_region_anchor,
             rollout_top_k=rollout_top_k,
             loss_agg_mode=loss_agg_mode,
             kl_coeff=kl_coeff,
@@ -537,7 +497,7 @@ class GRPOConfig(AlgorithmConfig):
     number_rules = GRPO_NUMBER_RULES
     #: Every other rule, in the order they are checked (``rules.py``): choices, trust region,
     #: cross-field rules.
-    config_rules = (FLOAT16_TRAINING_RULE, *GRPO_CHOICE_RULES, *TRUST_REGION_RULES, *GRPO_CROSS_RULES, *LORA_RULES)
+    config_rules = (FLOAT16_TRAINING_RULE, *GRPO_CHOICE_RULES, TrustRegionRule(), *GRPO_CROSS_RULES, *LORA_RULES)
 
     @override(AlgorithmConfig)
     def validate(self) -> None:

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, Collection, Iterable, Iterator, Optional
 
 from rllib_dph.engines import DEFAULT_ENGINE, ENGINES
-from rllib_dph.presample import check_pef_samples
 
 
 @dataclass(frozen=True)
@@ -170,8 +169,6 @@ DPH_NUMBER_RULES = (
     NumberRule("pef_coeff", low=0, fix="η of the paper, 0.01-0.2"),
     NumberRule("alpha", low=0, high=1, low_open=True, high_open=True, fix="α of the α-divergence, e.g. 0.5"),
     NumberRule("pef_ratio", low=0, low_open=True, fix="exploration rows per D_pef row, paper: 8"),
-    NumberRule("presample_k", integer=True, low=1, fix="paper: 8 samples per prompt"),
-    NumberRule("presample_min_correct", integer=True, low=1, fix="paper: 7 of 8"),
 )
 
 #: fp16 training needs loss scaling, which the learner does not do (``GRPOConfig.llm``).
@@ -273,43 +270,21 @@ GRPO_CROSS_RULES = (
     ),
 )
 
-def _pef_samples_error(value: Any) -> Optional[str]:
-    """The message of ``presample.check_pef_samples`` for a bad ``pef_samples``, else None."""
-    try:
-        check_pef_samples(value)
-    except ValueError as error:
-        return str(error)
-    return None
-
-
 #: DPH-RL's rules across fields (see ``DPHConfig.dph``).
 DPH_CROSS_RULES = (
-    CrossRule(
-        "pef_samples: 'all', 'refine' or an integer >= 1",
-        lambda c: _pef_samples_error(c.pef_samples) is not None,
-        lambda c: _pef_samples_error(c.pef_samples),
-    ),
-    CrossRule(
-        "m of k correct",
-        lambda c: c.presample_min_correct > c.presample_k,
-        lambda c: (
-            f"presample_min_correct={c.presample_min_correct} must be <= presample_k="
-            f"{c.presample_k} (paper: 7 of 8)."
-        ),
-    ),
     CrossRule(
         "an exploration term is weighed by the D_exp size",
         lambda c: c.has_exploration_term and c.resolved_exp_path is None,
         lambda c: (
             f"divergence={c.divergence!r} needs the D_exp file to weigh the exploration term by "
-            "β₁ = η·|D_pef|/|D_exp|; set .dph(exp_path=...) or .dph(presample_dir=...)."
+            "β₁ = η·|D_pef|/|D_exp|; set .dph(exp_path=...) or .dph(presample={'out_dir': ...})."
         ),
     ),
     CrossRule(
         "a source of D_pef rows (the files themselves are checked by presample.prepare_pef)",
-        lambda c: c.pef_path is None and not c.presample_dir,
+        lambda c: c.pef_path is None and not c.presample.out_dir,
         lambda c: (
-            "no D_pef file: set .dph(presample_dir=...) (pre-sampling runs there when its files are "
+            "no D_pef file: set .dph(presample={'out_dir': ...}) (pre-sampling runs there when its files are "
             "missing) or .dph(pef_path=...) to an existing d_pef.parquet."
         ),
     ),

@@ -473,6 +473,13 @@ class GRPOConfig(AlgorithmConfig):
         ``evaluation/mean@<n>``, ``evaluation/style_entropy_bits``, ...), so Tune and TensorBoard
         show pass@k curves over training.
 
+        ``val_interval`` is the concept of RLlib's ``evaluation(evaluation_interval=...)``, but not
+        its machinery: with ``evaluation_interval`` set, RLlib's ``Algorithm.setup`` builds a
+        separate evaluation EnvRunnerGroup (more ``LLMEnvRunner``s, each loading another rollout
+        engine and copy of the model) and ``Algorithm.evaluate`` samples episodes on it. Here one
+        training env runner, which holds the current weights already, samples ``val_n``
+        completions per validation prompt; so leave RLlib's ``evaluation_interval`` unset.
+
         Args:
             val_interval: Evaluate every N training iterations; 0 (default) disables it.
             val_env_config: Env kwargs of the validation split, e.g.

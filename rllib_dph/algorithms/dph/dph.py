@@ -18,7 +18,7 @@ from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
 from ray.rllib.utils.annotations import override
 
 from rllib_dph.algorithms.grpo.grpo import GRPO, GRPOConfig
-from rllib_dph.algorithms.rules import DPH_CROSS_RULES, DPH_NUMBER_RULES, GRPO_NUMBER_RULES, ChoiceRule
+from rllib_dph.algorithms.rules import ChoiceRule, CrossRule, NumberRule
 from rllib_dph.losses import F_DIVERGENCES, PEF_NORMALIZATIONS, FDivergenceSpec
 from rllib_dph.presample import EXP_FILE, PEF_FILE, TRAINING_FIELDS, PresampleConfig, prepare_pef, read_metadata
 
@@ -54,7 +54,7 @@ def _merged_presample(current: PresampleConfig, value: Union[PresampleConfig, di
 
 class PresampleRule:
     """The embedded ``presample`` (its own rules, ``PresampleConfig.problem``), its fields that
-    training owns, and the flat fields it replaced, as a rule of ``DPHConfig.config_rules``."""
+    training owns, and the flat fields it replaced, as a rule of ``DPHConfig.dph_rules``."""
 
     def violation(self, config: Any) -> Optional[str]:
         moved = [name for name in MOVED_FIELDS if name in vars(config)]
@@ -71,13 +71,6 @@ class PresampleRule:
             return (f"presample.{owned[0]}={getattr(presample, owned[0])!r}: pre-sampling takes {owned[0]} from the "
                     "training config (its log-probs must be training's μ); set it there, leave it at its default here.")
         return None
-
-
-#: Fields whose value names an entry of a registry (``DPHConfig.validate``).
-DPH_CHOICE_RULES = (
-    ChoiceRule("divergence", F_DIVERGENCES),
-    ChoiceRule("pef_loss_normalization", PEF_NORMALIZATIONS),
-)
 
 
 class DPHConfig(GRPOConfig):
@@ -110,6 +103,32 @@ class DPHConfig(GRPOConfig):
         from rllib_dph.algorithms.dph.dph_torch_learner import DPHTorchLearner
 
         return DPHTorchLearner
+
+    #: The rules of ``dph()``'s fields (``validate``).
+    dph_rules = (
+        NumberRule("pef_coeff", low=0, fix="η of the paper, 0.01-0.2"),
+        NumberRule("alpha", low=0, high=1, low_open=True, high_open=True, fix="α of the α-divergence, e.g. 0.5"),
+        NumberRule("pef_ratio", low=0, low_open=True, fix="exploration rows per D_pef row, paper: 8"),
+        ChoiceRule("divergence", F_DIVERGENCES),
+        ChoiceRule("pef_loss_normalization", PEF_NORMALIZATIONS),
+        PresampleRule(),
+        CrossRule(
+            "an exploration term is weighed by the D_exp size",
+            lambda c: c.has_exploration_term and c.resolved_exp_path is None,
+            lambda c: (
+                f"divergence={c.divergence!r} needs the D_exp file to weigh the exploration term by "
+                "β₁ = η·|D_pef|/|D_exp|; set .dph(exp_path=...) or .dph(presample={'out_dir': ...})."
+            ),
+        ),
+        CrossRule(
+            "a source of D_pef rows (the files themselves are checked by presample.prepare_pef)",
+            lambda c: c.pef_path is None and not c.presample.out_dir,
+            lambda c: (
+                "no D_pef file: set .dph(presample={'out_dir': ...}) (pre-sampling runs there when its files are "
+                "missing) or .dph(pef_path=...) to an existing d_pef.parquet."
+            ),
+        ),
+    )
 
     def dph(
         self,
@@ -247,8 +266,7 @@ class DPHConfig(GRPOConfig):
         the disk; :func:`~rllib_dph.presample.prepare_pef` decides, also about stale files)."""
         return bool(self.presample.out_dir) and not os.path.exists(self.resolved_pef_path)
 
-    number_rules = GRPO_NUMBER_RULES + DPH_NUMBER_RULES
-    config_rules = GRPOConfig.config_rules + DPH_CHOICE_RULES + (PresampleRule(),) + DPH_CROSS_RULES
+    rules = GRPOConfig.rules + dph_rules
 
 
 class DPH(GRPO):

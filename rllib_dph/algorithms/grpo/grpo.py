@@ -34,15 +34,7 @@ from ray.rllib.utils.metrics import (
 
 from rllib_dph import columns as C
 from rllib_dph.async_sampling import SamplingRounds
-from rllib_dph.algorithms.rules import (
-    FLOAT16_TRAINING_RULE,
-    GRPO_CROSS_RULES,
-    GRPO_NUMBER_RULES,
-    ChoiceRule,
-    CrossRule,
-    first_violation,
-    violations,
-)
+from rllib_dph.algorithms.rules import ChoiceRule, CrossRule, NumberRule, first_violation
 from rllib_dph.algorithms.grpo.grpo_torch_learner import GRPOTorchLearner
 from rllib_dph.algorithms.grpo.trust_region import MOVED_FIELDS, TrustRegion, TrustRegionRule, moved_field_message
 from rllib_dph.engines import DEFAULT_ENGINE, ENGINES
@@ -62,17 +54,9 @@ from rllib_dph.losses import (
 #: Result key of the per-step phase times (seconds of this iteration, not smoothed).
 STEP_TIMES = "step_times"
 
-#: Learner compute dtypes (``float16`` is refused: see ``rules.FLOAT16_TRAINING_RULE``).
+#: Learner compute dtypes (``float16`` is refused: see ``GRPOConfig.llm_rules``).
 DTYPES = ("float32", "bfloat16")
-#: Fields whose value names an entry of a registry (``GRPOConfig.validate``).
-GRPO_CHOICE_RULES = (
-    ChoiceRule("engine", ENGINES),
-    ChoiceRule("dtype", DTYPES),
-    ChoiceRule("loss_agg_mode", AGGREGATIONS),
-    ChoiceRule("kl_estimator", KL_ESTIMATORS),
-    ChoiceRule("sharding", SHARDINGS),
-)
-#: What ``lora`` asks of itself and of the other fields (``GRPOConfig.llm``).
+#: What ``lora`` asks of itself and of the other fields (``GRPOConfig.llm_rules``).
 LORA_RULES = (
     CrossRule("lora: None or valid LoRA settings", lambda c: lora_problem(c.lora) is not None, lambda c: lora_problem(c.lora)),
     CrossRule(
@@ -235,6 +219,45 @@ class GRPOConfig(AlgorithmConfig):
         ``trust_region.MOVED_FIELDS``), naming its new spelling; None for any other name."""
         return moved_field_message(name, value) if name in MOVED_FIELDS else None
 
+    #: The rules of ``llm()``'s fields (``validate``).
+    llm_rules = (
+        NumberRule("temperature", low=0, low_open=True, fix="e.g. 1.0 (0 would be greedy: equal completions, no advantages)"),
+        NumberRule("top_p", low=0, high=1, low_open=True, fix="1.0 disables nucleus sampling"),
+        NumberRule("max_response_length", integer=True, low=1, fix="e.g. 128"),
+        CrossRule(  # before the dtype choice: it says why float16 is not one
+            "no float16 training",
+            lambda c: c.dtype == "float16",
+            lambda c: (
+                "dtype='float16' would train the learner under fp16 autocast, which needs loss "
+                "scaling (a GradScaler) against gradient underflow, and this learner has none; "
+                "set dtype='bfloat16' (fp32's exponent range: no scaling needed) or 'float32'. "
+                "For an fp16 rollout engine only, set engine_kwargs={'dtype': 'float16'}."
+            ),
+        ),
+        ChoiceRule("engine", ENGINES),
+        ChoiceRule("dtype", DTYPES),
+        CrossRule(
+            "nucleus log-probs need top_p = 1",
+            lambda c: c.engine in ENGINES and not ENGINES[c.engine].full_softmax_logprobs and c.top_p < 1,
+            lambda c: (
+                f"engine={c.engine!r} with top_p={c.top_p}: that engine reports log-probs of the top-p-"
+                "renormalised nucleus, not of the full tempered softmax the learner's π_θ is "
+                "(engines.base.SamplingParams), so π_θ/μ would start at the nucleus mass instead "
+                f"of 1; set top_p=1.0 (as DAPO and DPH-RL do) or engine={DEFAULT_ENGINE!r}."
+            ),
+        ),
+        CrossRule(
+            "a reference model may be loaded when a term needs one",
+            lambda c: c.needs_reference_model and c.reference_model is None,
+            lambda c: (
+                f"this config needs a live reference model ({', '.join(c.reference_model_users())}), "
+                "but reference_model=None forbids loading one; set reference_model='initial' "
+                "(or a model path), or drop the term that needs it."
+            ),
+        ),
+        *LORA_RULES,
+    )
+
     def llm(
         self,
         *,
@@ -295,6 +318,66 @@ class GRPOConfig(AlgorithmConfig):
             lora=lora,
         )
         return self
+
+    #: The rules of ``training()``'s fields, RLlib's among them (``validate``).
+    training_rules = (
+        NumberRule("lr", low=0, low_open=True, fix="a learning rate such as 3e-4 (tiny model) or 1e-6 (7B)"),
+        NumberRule("grad_clip", low=0, low_open=True, optional=True, fix="e.g. 1.0, or None to disable clipping"),
+        NumberRule("num_epochs", integer=True, low=1, fix="1 for one pass over each batch"),
+        NumberRule("minibatch_size", integer=True, low=1, optional=True, fix="e.g. 32 rows, or None for one step per batch"),
+        NumberRule("group_size", integer=True, low=2, fix="GRPO needs >= 2 completions per prompt, e.g. 8"),
+        NumberRule("prompts_per_step", integer=True, low=1, fix="e.g. 16"),
+        NumberRule("max_dynamic_sampling_rounds", integer=True, low=1, fix="e.g. 4"),
+        NumberRule("overlong_buffer_length", integer=True, low=0, fix="0 disables DAPO's overlong shaping"),
+        NumberRule("clip_ratio_c", low=1, low_open=True, optional=True, fix="dual clip: 3.0 as in verl, or None to disable"),
+        NumberRule("rollout_top_k", integer=True, low=0, high=20, fix="0 for none, 20 for the top-K DPPO masks"),
+        NumberRule("kl_coeff", low=0, fix="0 disables the KL penalty (RKL baseline: 0.01)"),
+        NumberRule("entropy_coeff", low=0, fix="0 disables the entropy bonus"),
+        NumberRule("max_consecutive_skipped_updates", integer=True, low=1, fix="default 5"),
+        NumberRule("max_tokens_per_microbatch", integer=True, low=1, optional=True, fix="e.g. 16384, or None for one pass per mini-batch"),
+        NumberRule("max_staleness", integer=True, low=0, fix="0 for synchronous sampling, 1 to overlap sampling and update"),
+        ChoiceRule("loss_agg_mode", AGGREGATIONS),
+        ChoiceRule("kl_estimator", KL_ESTIMATORS),
+        TrustRegionRule(),
+        CrossRule(
+            "asynchronous sampling needs remote env runners",
+            # RLlib validates an evaluation copy too, whose env runners are the evaluation ones.
+            lambda c: c.max_staleness > 0 and c.num_env_runners < 1 and not c.in_evaluation,
+            lambda c: (
+                f"max_staleness={c.max_staleness} samples on remote env runners while the learners "
+                f"update, but num_env_runners={c.num_env_runners} samples in the driver; set "
+                ".env_runners(num_env_runners=1) or more, or max_staleness=0."
+            ),
+        ),
+        CrossRule(
+            "a prompt per env runner and per learner",
+            lambda c: c.prompts_per_step < max(1, c.num_env_runners, c.num_learners),
+            lambda c: (
+                f"prompts_per_step={c.prompts_per_step} must be >= num_env_runners="
+                f"{c.num_env_runners} and >= num_learners={c.num_learners} (every env runner "
+                "samples, and every learner trains on, at least one prompt per step)."
+            ),
+        ),
+        CrossRule(
+            "overlong buffer shorter than the response",
+            lambda c: c.overlong_buffer_length >= c.max_response_length,
+            lambda c: (
+                f"overlong_buffer_length={c.overlong_buffer_length} must be < "
+                f"max_response_length={c.max_response_length}; 0 disables it."
+            ),
+        ),
+        CrossRule(
+            "mini-batches of whole groups",
+            lambda c: c.minibatch_size is not None
+            and not (c.minibatch_size <= c.train_rows_per_step and c.minibatch_size % c.group_size == 0),
+            lambda c: (
+                f"minibatch_size={c.minibatch_size} must be a multiple of group_size="
+                f"{c.group_size} (groups stay whole) and <= prompts_per_step * group_size = "
+                f"{c.train_rows_per_step} (it counts exploration rows over all learners); or None for one "
+                "optimizer step per epoch."
+            ),
+        ),
+    )
 
     @override(AlgorithmConfig)
     def training(
@@ -407,6 +490,12 @@ class GRPOConfig(AlgorithmConfig):
         )
         return self
 
+    #: The rules of ``env_runners()``'s fields (``validate``).
+    env_runner_rules = (
+        NumberRule("sample_timeout_s", low=0, low_open=True, fix="seconds, generous (default 1800)"),
+        NumberRule("weight_sync_timeout_s", low=0, low_open=True, fix="seconds, generous (default 600)"),
+    )
+
     @override(AlgorithmConfig)
     def env_runners(self, *, weight_sync_timeout_s: Optional[float] = NotProvided, **kwargs) -> "GRPOConfig":
         """RLlib's env runner settings, plus how long a weight sync may take.
@@ -424,6 +513,30 @@ class GRPOConfig(AlgorithmConfig):
         super().env_runners(**kwargs)
         self._set_provided(weight_sync_timeout_s=weight_sync_timeout_s)
         return self
+
+    #: The rules of ``learners()``'s fields (``validate``).
+    learner_rules = (
+        NumberRule("num_learners", integer=True, low=0, fix="0 for a local learner, N for N Ray learners"),
+        ChoiceRule("sharding", SHARDINGS),
+        CrossRule(
+            "fsdp2 needs two learners",
+            lambda c: c.sharding == "fsdp2" and c.num_learners < 2,
+            lambda c: (
+                f"sharding='fsdp2' shards the model over the Ray learners, but num_learners="
+                f"{c.num_learners}; set .learners(num_learners=N) with N >= 2 (e.g. one per "
+                "GPU), or sharding='ddp' for a single learner."
+            ),
+        ),
+        CrossRule(
+            "fsdp2 clips by a global norm or by value",
+            lambda c: c.sharding == "fsdp2" and c.grad_clip is not None and c.grad_clip_by == "norm",
+            lambda c: (
+                "grad_clip_by='norm' clips each gradient tensor by its own norm, which an FSDP2 "
+                "learner only holds a shard of; with sharding='fsdp2' use grad_clip_by="
+                "'global_norm' (default) or 'value'."
+            ),
+        ),
+    )
 
     @override(AlgorithmConfig)
     def learners(self, *, sharding: Optional[str] = NotProvided, **kwargs) -> "GRPOConfig":
@@ -455,6 +568,21 @@ class GRPOConfig(AlgorithmConfig):
         if rl_module_spec is None:
             rl_module_spec = self.get_multi_rl_module_spec(env=env, spaces=spaces)
         return ShardedLearnerGroup(config=self.copy(), module_spec=rl_module_spec, placement_group=placement_group)
+
+    #: The rules of ``held_out()``'s fields (``validate``).
+    held_out_rules = (
+        NumberRule("val_interval", integer=True, low=0, fix="0 disables validation"),
+        NumberRule("val_n", integer=True, low=1, fix="e.g. 8 samples per validation prompt"),
+        NumberRule("val_limit", integer=True, low=1, optional=True, fix="None evaluates every validation prompt"),
+        CrossRule(
+            "validation needs a validation split",
+            lambda c: bool(c.val_interval) and c.val_env_config is None,
+            lambda c: (
+                f"val_interval={c.val_interval} but no validation split: set "
+                ".held_out(val_env_config={'data': 'sql_synth/test'}) (or val_interval=0)."
+            ),
+        ),
+    )
 
     def held_out(
         self,
@@ -500,25 +628,21 @@ class GRPOConfig(AlgorithmConfig):
         """Rows (completions) per training iteration."""
         return self.prompts_per_step * self.group_size
 
-    #: Numeric field rules of this config class (``rules.NumberRule``), checked first.
-    number_rules = GRPO_NUMBER_RULES
-    #: Every other rule, in the order they are checked (``rules.py``): choices, trust region,
-    #: cross-field rules.
-    config_rules = (FLOAT16_TRAINING_RULE, *GRPO_CHOICE_RULES, TrustRegionRule(), *GRPO_CROSS_RULES, *LORA_RULES)
+    #: Every field rule, each table beside its setter (``rules.py``: the kinds of rule).
+    rules = (*llm_rules, *training_rules, *env_runner_rules, *learner_rules, *held_out_rules)
 
     @override(AlgorithmConfig)
     def validate(self) -> None:
-        """Refuses bad values: the first broken number rule, then every broken rule of
-        ``config_rules`` (each message states the value, the rule and the fix).
+        """Refuses bad values: the first broken number rule of ``rules``, else the first broken
+        other rule (each message states the value, the rule and the fix).
 
-        Only checks: never loads, builds or trains anything.
+        Only checks fields: never loads, builds or trains anything.
         """
         super().validate()
-        problem = first_violation(self, self.number_rules)
+        problem = first_violation(self, [rule for rule in self.rules if isinstance(rule, NumberRule)])
+        problem = problem or first_violation(self, [rule for rule in self.rules if not isinstance(rule, NumberRule)])
         if problem:
             self._value_error(problem)
-        for message in violations(self, self.config_rules):
-            self._value_error(message)
 
 
 class GRPO(Algorithm):

@@ -140,7 +140,7 @@ def moved_field_message(name: str, value: Any) -> str:
 
 
 class TrustRegionRule:
-    """``GRPOConfig.trust_region`` and the flat fields it replaced, as a rule of ``config_rules``."""
+    """``GRPOConfig.trust_region`` and the flat fields it replaced, as a rule of ``GRPOConfig.training_rules``."""
 
     def violation(self, config: Any) -> Optional[str]:
         """The first problem of ``config``'s trust region, or None."""

@@ -109,7 +109,7 @@ class TrustRegion:
         for key, threshold in (("low", spec.delta_low), ("high", spec.delta_high)):
             problem = _threshold_problem(key, getattr(self, key), threshold)
             if problem is not None:
-                yield f"{problem} (trust_region kind {self.kind!r} thresholds the {spec.measure})"
+                yield f"{problem.rstrip('.')} (trust_region kind {self.kind!r} thresholds the {spec.measure})."
         if not TRUNCATION_RULE.holds(self.truncation):
             yield TRUNCATION_RULE.message(self.truncation)
         elif spec.truncation is not None and self.truncation == math.inf:

@@ -70,7 +70,7 @@ from rllib_dph.engines import DEFAULT_ENGINE, build_engine
 from rllib_dph.engines.base import SamplingParams
 from rllib_dph.files import atomic_path, file_lock, remove_leftovers, write_json_atomic
 from rllib_dph.models.hub import model_fingerprint, resolve_model
-from rllib_dph.rollout import encode_task, make_env, rollout
+from rllib_dph.rollout import encode_task, make_env, rollout_chunks
 
 PEF_FILE = "d_pef.parquet"
 EXP_FILE = "d_exp.parquet"
@@ -298,10 +298,9 @@ class Presampler:
         self.fingerprint = fingerprint or model_fingerprint(resolve_model(config.model_name))
         self.identity = run_identity(config, self.fingerprint, self.env.tasks)
 
-    def _chunks(self, indices: list[int]):
-        size = self.config.prompts_per_chunk
-        for start in range(0, len(indices), size):
-            yield start // size, indices[start : start + size]
+    def _part(self, stage: str, chunk: int) -> pathlib.Path:
+        """The part file of chunk ``chunk`` of ``stage``."""
+        return self.out / "parts" / f"{stage}-{chunk:05d}.parquet"
 
     def _stage(self, stage: str, indices: list[int], n: int, seed: int, progress: bool) -> pa.Table:
         """Samples ``n`` completions per prompt → (index, pass_count, its correct samples).
@@ -321,18 +320,16 @@ class Presampler:
         c = self.config
         parts = []
         desc = f"pre-sampling k={n}" if stage == "sample" else "refinement"
-        for chunk, idx in tqdm(list(self._chunks(indices)), desc=desc, disable=not progress):
-            path = self.out / "parts" / f"{stage}-{chunk:05d}.parquet"
-            if not path.exists():
-                params = SamplingParams(
-                    n=n,
-                    temperature=c.temperature,
-                    top_p=c.top_p,
-                    max_new_tokens=c.max_response_length,
-                    seed=seed + chunk,
-                )
+        params = SamplingParams(n=n, temperature=c.temperature, top_p=c.top_p, max_new_tokens=c.max_response_length,
+                                seed=seed)
+        chunks = rollout_chunks(self.engine, self.env, indices, params, chunk_size=c.prompts_per_chunk,
+                                skip=lambda chunk: self._part(stage, chunk).exists())
+        total = -(-len(indices) // c.prompts_per_chunk)
+        for chunk, _, result in tqdm(chunks, total=total, desc=desc, disable=not progress):
+            path = self._part(stage, chunk)
+            if result is not None:
                 rows = []
-                for group in rollout(self.engine, self.env, idx, params).groups:
+                for group in result.groups:
                     correct = [(j, comp) for j, (comp, ok) in enumerate(zip(group.completions, group.correct)) if ok]
                     rows.append(
                         {

@@ -58,7 +58,7 @@ METHODS = {
     "DPH-JS (refine)": "tuned_examples/dph/sql_tiny_dph_js.py",
 }
 #: Overrides that make a method of :data:`METHODS` differ from its tuned example.
-METHOD_OVERRIDES = {"DPH-JS (refine)": {"pef_samples": "refine"}}
+METHOD_OVERRIDES = {"DPH-JS (refine)": {"presample": {"pef_samples": "refine"}}}
 SPLITS = {
     "in-domain": ("rllib_dph/SQL-v0", {"data": "sql_synth/test"}),
     "cross-domain": ("rllib_dph/SQL-v0", {"data": "sql_synth/test_cross"}),
@@ -133,7 +133,7 @@ def run_config(method: str, args):
     """``method``'s tuned example with the budget's and ``--config``'s overrides.
 
     A DPH run for another model than its tuned example's pre-samples into its own folder (the
-    example's ``presample_dir`` + ``_<model>``), and so does a variant with other pre-sampling
+    example's ``presample.out_dir`` + ``_<model>``), and so does a variant with other pre-sampling
     rules (+ ``_<pef_samples>``), so that runs that share a folder never take turns setting each
     other's files aside as stale.
     """
@@ -141,13 +141,17 @@ def run_config(method: str, args):
     from rllib_dph.experiments import load_tuned_example
 
     config, _ = load_tuned_example(str(REPO / METHODS[method]))
-    tuned_model, tuned_pef = config.model_name, getattr(config, "pef_samples", None)
-    config.update_from_dict({**METHOD_OVERRIDES.get(method, {}), **args.overrides})
-    if isinstance(config, DPHConfig) and config.presample_dir:
+    if not isinstance(config, DPHConfig):
+        return config.update_from_dict({**METHOD_OVERRIDES.get(method, {}), **args.overrides})
+    tuned_model, tuned_pef = config.model_name, config.presample.pef_samples
+    config.update_from_dict(METHOD_OVERRIDES.get(method, {})).update_from_dict(args.overrides)
+    out_dir = config.presample.out_dir
+    if out_dir:
         if config.model_name != tuned_model:
-            config.presample_dir = f"{config.presample_dir}_{pathlib.Path(config.model_name).name}"
-        if config.pef_samples != tuned_pef:
-            config.presample_dir = f"{config.presample_dir}_{config.pef_samples}"
+            out_dir = f"{out_dir}_{pathlib.Path(config.model_name).name}"
+        if config.presample.pef_samples != tuned_pef:
+            out_dir = f"{out_dir}_{config.presample.pef_samples}"
+        config.dph(presample={"out_dir": out_dir})
     return config
 
 
@@ -427,7 +431,7 @@ def prepare(methods: list[str], args) -> None:
 
     for method in methods:
         config = run_config(method, args)
-        if isinstance(config, DPHConfig) and config.presample_dir:
+        if isinstance(config, DPHConfig) and config.presample.out_dir:
             prepare_pef(config)  # (re)made for this model, data and settings
 
 

@@ -35,12 +35,12 @@ EXAMPLE = REPO / "tuned_examples/grpo/sql_tiny_grpo.py"
 OFF_POLICY = {"minibatch_size": 32, "num_epochs": 2}
 #: Variant name → config overrides of the tuned example.
 VARIANTS = {
-    "GRPO clip": {"trust_region": "ppo", "clip_eps_low": 0.2, "clip_eps_high": 0.2},
+    "GRPO clip": {"trust_region": {"kind": "ppo", "low": 0.2, "high": 0.2}},
     "DPPO Binary-TV": {"trust_region": "dppo_binary_tv"},
     "DPPO Binary-KL": {"trust_region": "dppo_binary_kl"},
     "DPPO TopK-TV": {"trust_region": "dppo_topk_tv", "rollout_top_k": 20},
-    "CISPO (C=5)": {"trust_region": "cispo", "is_truncation": 5.0},
-    "TIS (C=2)": {"trust_region": "tis", "is_truncation": 2.0},
+    "CISPO (C=5)": {"trust_region": {"kind": "cispo", "truncation": 5.0}},
+    "TIS (C=2)": {"trust_region": {"kind": "tis", "truncation": 2.0}},
     "ICEPOP [0.5, 5]": {"trust_region": "icepop"},
     "IPO (eps=0.3)": {"trust_region": "ipo"},
 }
@@ -121,8 +121,8 @@ def mask_cost(model: str | None) -> dict[str, float]:
     response = torch.as_tensor(batch[C.RESPONSE_MASK]).bool()
     for kind in MASK_KINDS:
         kw = dict(topk_logp=topk_p, topk_behavior_logp=topk_q) if TRUST_REGIONS[kind].needs_topk else {}
-        low, high = _config({"trust_region": kind}, 0, model).trust_region_bounds
-        kw.update(kind=kind, low=low, high=high, response_mask=response)
+        region = _config({"trust_region": kind}, 0, model).trust_region_setting
+        kw.update(kind=kind, low=region.low, high=region.high, response_mask=response)
         trust_region_mask(logp, q, adv, **kw)
         t0 = time.perf_counter()
         for _ in range(20):

@@ -272,7 +272,7 @@ def prepare_run(config) -> None:
 
     Builds a bundled tiny model that is neither shipped nor cached, and makes each DPH variant's
     D_pef file ready as ``DPH.setup`` would (``presample.prepare_pef``: pre-samples
-    ``presample_dir`` when it has no files for this model, data and sampling settings, so the
+    ``presample.out_dir`` when it has no files for this model, data and sampling settings, so the
     trial finds them); a D_pef file that cannot be used is refused here, before Ray starts.
     """
     from rllib_dph.models.hub import resolve_model

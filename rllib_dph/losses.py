@@ -681,10 +681,10 @@ def sequence_mean_log_ratio(
 
 @dataclass(frozen=True)
 class Threshold:
-    """One threshold of a trust region (``GRPOConfig.trust_region_delta_low`` or ``_high``).
+    """One threshold of a trust region (the ``low`` or ``high`` key of ``GRPOConfig.trust_region``).
 
     Attributes:
-        default: The value when the config field is None.
+        default: The value when the config's key is None.
         low, high: The valid range's ends (None: unbounded above).
         low_open, high_open: Whether an end itself is excluded.
     """
@@ -715,13 +715,12 @@ class TrustRegionSpec:
             -> (B, T) (DPPO §4.4); None for the rules that read no divergence.
         needs_topk: The divergence reads the rollout engine's top-K log-probs.
         measure: What the thresholds bound, in words (None without thresholds).
-        delta_low: The threshold ``low`` of the rule (``trust_region_delta_low``); None when
-            the rule has none. With neither threshold the config's ``low, high`` are PPO's
-            ``clip_eps_low/high`` (read by "ppo" only).
-        delta_high: The threshold ``high`` (``trust_region_delta_high``); None when none.
+        delta_low: The threshold ``low`` of the rule (``trust_region["low"]``, PPO's ε_low);
+            None when the rule has none.
+        delta_high: The threshold ``high`` (``trust_region["high"]``); None when none.
         truncation: C of the correction's source, for the corrections whose point is the
-            truncated weight min(π_θ/μ, C) (no mask); ``GRPOConfig`` requires a finite
-            ``is_truncation`` for them and suggests this value. None for the masks.
+            truncated weight min(π_θ/μ, C) (no mask): the default of
+            ``trust_region["truncation"]``. None for the masks (C = ∞).
         sequence_level: The rule reduces over each row's response tokens and needs the
             response mask.
     """
@@ -737,7 +736,7 @@ class TrustRegionSpec:
 
     @property
     def has_thresholds(self) -> bool:
-        """Whether the rule reads ``trust_region_delta_low/high`` (else PPO's ε, or nothing)."""
+        """Whether the rule reads the thresholds ``low``/``high`` (``tis``, ``cispo`` and ``none`` do not)."""
         return self.delta_low is not None or self.delta_high is not None
 
 
@@ -750,7 +749,12 @@ _IPO_EPS = Threshold(0.3, high=1)
 #: Trust regions and off-policy corrections by their ``GRPOConfig.trust_region`` name; the
 #: formulas and sources are in :func:`trust_region_mask` and ``docs/trust_regions.md``.
 TRUST_REGIONS: Dict[str, TrustRegionSpec] = {
-    "ppo": TrustRegionSpec(_ratio_keep),
+    "ppo": TrustRegionSpec(
+        _ratio_keep,
+        measure="ratio π/μ as 1 − ε_low and 1 + ε_high",
+        delta_low=Threshold(0.2, high=1, low_open=False),  # 1 − ε_low must stay > 0
+        delta_high=Threshold(0.2, low_open=False),
+    ),
     "dppo_binary_tv": TrustRegionSpec(_divergence_keep, _binary_tv, **_TV),
     "dppo_binary_kl": TrustRegionSpec(_divergence_keep, _binary_kl, **_KL),
     "dppo_topk_tv": TrustRegionSpec(_divergence_keep, _topk_tv, needs_topk=True, **_TV),
@@ -877,8 +881,8 @@ def trust_region_mask(
         behavior_logp: (B, T) log μ of the sampled tokens.
         advantages: Â, broadcastable to (B, T), e.g. (B, 1) per sequence.
         kind: one of ``TRUST_REGIONS``.
-        low: ε_low ("ppo") or the rule's ``delta_low``; None where the rule has none.
-        high: ε_high ("ppo") or the rule's ``delta_high``; None where the rule has none.
+        low: The rule's ``delta_low`` (PPO's ε_low); None where the rule has none.
+        high: The rule's ``delta_high`` (PPO's ε_high); None where the rule has none.
         topk_logp: (B, T, K) log π_θ of μ's top-K ids; top-K kinds only.
         topk_behavior_logp: (B, T, K) log μ of the same ids; top-K kinds only.
         response_mask: (B, T) bool or 0/1, each row's response tokens; sequence-level kinds

@@ -5,7 +5,9 @@
 problem it finds, each once, naming what was wrong and where:
 
 - ``--config`` keys that are not fields of the algorithm's config, and ``--stop`` keys that are
-  not result keys (both with a "did you mean"; RLlib and Tune would ignore them silently);
+  not result keys (both with a "did you mean"; RLlib and Tune would ignore them silently); the
+  flat fields that became part of a grouped setting (``trust_region``, DPH's ``presample``),
+  with their new spelling;
 - the env id (registered with Gymnasium or Tune?) and its ``env_config``: the env is built once
   in this process, which checks the data file, its columns and ``db_root`` with the env's own
   error messages;
@@ -17,7 +19,7 @@ problem it finds, each once, naming what was wrong and where:
   that will not fit is refused with the estimate, the budget and the cheapest fixes (unless
   ``--force``); one that fits prints its estimate in one line.
 
-Relative paths (``model_name``, ``data``, ``db_root``, ``presample_dir``, ``pef_path``,
+Relative paths (``model_name``, ``data``, ``db_root``, ``presample.out_dir``, ``pef_path``,
 ``exp_path``) are first made absolute against the folder the command was started from
 (:func:`resolve_paths`), because a Tune trial runs in a folder of its own.
 """
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional
 
@@ -59,7 +62,7 @@ ENV_PATH_KEYS = ("data", "db_root")
 #: Suffixes that mark a ``data`` value as a file even when it does not exist.
 DATA_SUFFIXES = (".parquet", ".jsonl", ".json")
 #: Config fields that hold output or input folders / files whatever their value looks like.
-CONFIG_PATH_FIELDS = ("presample_dir", "pef_path", "exp_path")
+CONFIG_PATH_FIELDS = ("pef_path", "exp_path")
 #: Environment variables that put Hugging Face libraries offline.
 HF_OFFLINE_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
 #: Seconds to wait for the Hugging Face Hub when a model id is not in the local cache.
@@ -99,6 +102,10 @@ def config_key_problems(config, overrides: Mapping[str, Any], where: str = "--co
     fields = {k for k in vars(config) if not k.startswith("_")}
     problems = []
     for key in overrides:
+        moved = config.moved_field_error(key, overrides[key]) if hasattr(config, "moved_field_error") else None
+        if moved is not None:  # a field that became part of a grouped setting
+            problems.append(Problem(f"{where} key {key!r}", moved))
+            continue
         translated = config._translate_special_keys(key, warn_deprecated=False)
         if translated in vars(config) or translated in ("multiagent", "callbacks_class"):
             continue
@@ -171,7 +178,7 @@ def resolve_paths(config, launch_dir: Optional[str] = None) -> None:
 
     ``model_name`` and ``reference_model`` change only when they name an existing folder or start
     with ``./``, ``../``, ``~``; ``env_config`` / ``val_env_config`` as in
-    :func:`resolved_env_config`; ``presample_dir``, ``pef_path``, ``exp_path`` always.
+    :func:`resolved_env_config`; ``presample.out_dir``, ``pef_path``, ``exp_path`` always.
     """
     launch_dir = os.path.abspath(launch_dir or os.getcwd())
     for field in ("model_name", "reference_model"):
@@ -180,6 +187,10 @@ def resolve_paths(config, launch_dir: Optional[str] = None) -> None:
     for field in CONFIG_PATH_FIELDS:
         if getattr(config, field, None):
             setattr(config, field, _absolute(getattr(config, field), launch_dir, always=True))
+    if getattr(getattr(config, "presample", None), "out_dir", None):  # DPH's embedded PresampleConfig
+        config.presample = dataclasses.replace(
+            config.presample, out_dir=_absolute(config.presample.out_dir, launch_dir, always=True)
+        )
     config.env_config = resolved_env_config(config.env_config, launch_dir)
     if getattr(config, "val_env_config", None):
         config.val_env_config = resolved_env_config(config.val_env_config, launch_dir)

@@ -47,7 +47,7 @@ files as an uninterrupted one. ``out_dir/identity.json`` records what the files 
 rebuilt model, changed data — moves them to ``out_dir/stale/<n>/`` first and samples anew.
 
 Training uses the files through :func:`prepare_pef`, the one place that decides whether they can be
-used: it pre-samples or reuses ``presample_dir`` and refuses a D_pef file whose ``identity.json``
+used: it pre-samples or reuses ``DPHConfig.presample.out_dir`` and refuses a D_pef file whose ``identity.json``
 names another model or other sampling settings than training's.
 """
 
@@ -70,7 +70,7 @@ from rllib_dph.engines import DEFAULT_ENGINE, build_engine
 from rllib_dph.engines.base import SamplingParams
 from rllib_dph.files import atomic_path, file_lock, remove_leftovers, write_json_atomic
 from rllib_dph.models.hub import model_fingerprint, resolve_model
-from rllib_dph.rollout import encode_task, make_env, rollout
+from rllib_dph.rollout import encode_task, make_env, rollout_chunks
 
 PEF_FILE = "d_pef.parquet"
 EXP_FILE = "d_exp.parquet"
@@ -91,7 +91,7 @@ PEF_SAMPLES_CHOICES = ("all", "refine")
 
 @dataclass
 class PresampleConfig:
-    """Settings of the pre-sampling stage.
+    """Settings of the pre-sampling stage; ``DPHConfig`` embeds one (``DPHConfig.presample``).
 
     Attributes:
         model_name: Base policy (tiny model name, local path or HF id).
@@ -111,10 +111,13 @@ class PresampleConfig:
         prompts_per_chunk: Prompts per generation call and per resumable part file.
         engine, engine_kwargs, dtype: Rollout engine settings (see ``GRPOConfig.llm``).
         num_gpus_per_env_runner: > 0 puts the engine on the GPU (same meaning as in RLlib).
+
+    Inside a ``DPHConfig`` the fields of :data:`TRAINING_FIELDS` come from the training config
+    (``DPHConfig.presample_config``) and stay at their defaults here.
     """
 
-    model_name: str
-    env: str
+    model_name: Optional[str] = None
+    env: Optional[str] = None
     env_config: dict = field(default_factory=dict)
     out_dir: str = "presample"
     k: int = 8
@@ -131,25 +134,42 @@ class PresampleConfig:
     dtype: str = "float32"
     num_gpus_per_env_runner: float = 0
 
+    def problem(self) -> Optional[str]:
+        """The first broken rule of the stage's own fields (``k``, ``min_correct`` and
+        ``prompts_per_chunk`` ints >= 1, ``min_correct <= k``, ``pef_samples``), or None; each
+        message states the value, the rule and the fix."""
+        for name, fix in (("k", "paper: 8 samples per prompt"), ("min_correct", "paper: 7 of 8"),
+                          ("prompts_per_chunk", "e.g. 64")):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                return f"{name}={value!r} is invalid: it must be an int >= 1; {fix}."
+        if self.min_correct > self.k:
+            return f"min_correct={self.min_correct} must be <= k={self.k} (paper: 7 of 8)."
+        return pef_samples_problem(self.pef_samples)
+
     def validate(self) -> None:
-        if self.k < 1:
-            raise ValueError(f"k={self.k} must be >= 1 (the paper samples 8 per prompt).")
-        if not 1 <= self.min_correct <= self.k:
-            raise ValueError(
-                f"min_correct={self.min_correct} must be in [1, k={self.k}] (paper: 7 of 8)."
-            )
-        if self.prompts_per_chunk < 1:
-            raise ValueError(f"prompts_per_chunk={self.prompts_per_chunk} must be >= 1.")
-        check_pef_samples(self.pef_samples)
+        """Raises ValueError for a broken rule (:meth:`problem`) or a run without model or env."""
+        problem = self.problem()
+        if problem is None and not (self.model_name and self.env):
+            problem = f"model_name={self.model_name!r}, env={self.env!r}: a pre-sampling run needs both."
+        if problem is not None:
+            raise ValueError(problem)
 
 
-def check_pef_samples(value: Any) -> None:
-    """Raises ValueError unless ``value`` is ``"all"``, ``"refine"`` or an integer >= 1."""
+#: The fields of :class:`PresampleConfig` that a ``DPHConfig`` takes from its training settings.
+TRAINING_FIELDS = (
+    "model_name", "env", "env_config", "temperature", "top_p", "max_response_length", "seed",
+    "engine", "engine_kwargs", "dtype", "num_gpus_per_env_runner",
+)
+
+
+def pef_samples_problem(value: Any) -> Optional[str]:
+    """The error for a ``pef_samples`` that is not ``"all"``, ``"refine"`` or an integer >= 1, else None."""
     if value in PEF_SAMPLES_CHOICES or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
-        return
-    raise ValueError(f"pef_samples={value!r} must be 'all' (every correct sample of the k: the paper's "
-                     "'8 of 8' recipe), 'refine' (one refinement sample, §4.1) or an integer n >= 1 "
-                     "(at most n correct samples per prompt).")
+        return None
+    return (f"pef_samples={value!r} must be 'all' (every correct sample of the k: the paper's "
+            "'8 of 8' recipe), 'refine' (one refinement sample, §4.1) or an integer n >= 1 "
+            "(at most n correct samples per prompt).")
 
 
 def _task_row(task) -> dict[str, Any]:
@@ -278,10 +298,9 @@ class Presampler:
         self.fingerprint = fingerprint or model_fingerprint(resolve_model(config.model_name))
         self.identity = run_identity(config, self.fingerprint, self.env.tasks)
 
-    def _chunks(self, indices: list[int]):
-        size = self.config.prompts_per_chunk
-        for start in range(0, len(indices), size):
-            yield start // size, indices[start : start + size]
+    def _part(self, stage: str, chunk: int) -> pathlib.Path:
+        """The part file of chunk ``chunk`` of ``stage``."""
+        return self.out / "parts" / f"{stage}-{chunk:05d}.parquet"
 
     def _stage(self, stage: str, indices: list[int], n: int, seed: int, progress: bool) -> pa.Table:
         """Samples ``n`` completions per prompt → (index, pass_count, its correct samples).
@@ -301,18 +320,16 @@ class Presampler:
         c = self.config
         parts = []
         desc = f"pre-sampling k={n}" if stage == "sample" else "refinement"
-        for chunk, idx in tqdm(list(self._chunks(indices)), desc=desc, disable=not progress):
-            path = self.out / "parts" / f"{stage}-{chunk:05d}.parquet"
-            if not path.exists():
-                params = SamplingParams(
-                    n=n,
-                    temperature=c.temperature,
-                    top_p=c.top_p,
-                    max_new_tokens=c.max_response_length,
-                    seed=seed + chunk,
-                )
+        params = SamplingParams(n=n, temperature=c.temperature, top_p=c.top_p, max_new_tokens=c.max_response_length,
+                                seed=seed)
+        chunks = rollout_chunks(self.engine, self.env, indices, params, chunk_size=c.prompts_per_chunk,
+                                skip=lambda chunk: self._part(stage, chunk).exists())
+        total = -(-len(indices) // c.prompts_per_chunk)
+        for chunk, _, result in tqdm(chunks, total=total, desc=desc, disable=not progress):
+            path = self._part(stage, chunk)
+            if result is not None:
                 rows = []
-                for group in rollout(self.engine, self.env, idx, params).groups:
+                for group in result.groups:
                     correct = [(j, comp) for j, (comp, ok) in enumerate(zip(group.completions, group.correct)) if ok]
                     rows.append(
                         {
@@ -491,13 +508,14 @@ def prepare_pef(config, *, progress: bool = True) -> tuple[str, Optional[str]]:
     """Makes ``config``'s pre-sampled files ready for training; the one place that decides about them.
 
     ``rllib train``'s preparation and ``DPH.setup`` call it (``DPHConfig.validate`` only checks
-    fields). With ``presample_dir``, :func:`presample_once` reuses its files or (re)samples them.
-    Then :func:`check_pef_file` checks the D_pef file (``pef_path``, or ``presample_dir``'s own)
+    fields). With the embedded stage's ``out_dir`` (``config.presample``, run as
+    ``config.presample_config()``), :func:`presample_once` reuses its files or (re)samples them.
+    Then :func:`check_pef_file` checks the D_pef file (``pef_path``, or ``out_dir``'s own)
     against the policy's fingerprint (``hub.model_fingerprint``: hashed once, then kept).
 
     Args:
-        config: A ``DPHConfig``: ``model_name``, ``presample_dir``, ``presample_config()``,
-            ``resolved_pef_path``, ``resolved_exp_path``, ``presample_min_correct`` and the
+        config: A ``DPHConfig``: ``model_name``, ``presample_config()``, ``resolved_pef_path``,
+            ``resolved_exp_path`` and the
             :data:`SAMPLING_SETTINGS`.
         progress: Show progress bars while sampling.
 
@@ -509,8 +527,9 @@ def prepare_pef(config, *, progress: bool = True) -> tuple[str, Optional[str]]:
             other sampling settings (the message names both values and the fix).
     """
     fingerprint = model_fingerprint(resolve_model(config.model_name))
-    if config.presample_dir:  # one pre-sampling per directory, also for parallel trials
-        presample_once(config.presample_config(), progress=progress, fingerprint=fingerprint)
+    stage = config.presample_config()
+    if stage.out_dir:  # one pre-sampling per directory, also for parallel trials
+        presample_once(stage, progress=progress, fingerprint=fingerprint)
     check_pef_file(config.resolved_pef_path, config, fingerprint=fingerprint)
     return config.resolved_pef_path, config.resolved_exp_path
 
@@ -523,8 +542,8 @@ def check_pef_file(path: str, config, *, fingerprint: str) -> None:
         raise PefFileError(f"pef_path={path!r} does not exist; run `rllib presample` first or fix the path.")
     if pq.read_metadata(path).num_rows == 0:
         raise PefFileError(
-            f"D_pef file {path!r} is empty: no training prompt reached {config.presample_min_correct} correct "
-            "samples; lower presample_min_correct or use a stronger base model."
+            f"D_pef file {path!r} is empty: no training prompt reached {config.presample.min_correct} correct "
+            "samples; lower presample's min_correct or use a stronger base model."
         )
     folder = os.path.dirname(path) or "."
     fix = (

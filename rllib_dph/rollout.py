@@ -22,7 +22,7 @@ import copy
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import gymnasium as gym
 import numpy as np
@@ -270,3 +270,27 @@ def rollout(
         generation_s += generated - start
         scoring_s += time.perf_counter() - generated
     return Rollout([_scored_group(group) for group in groups], generation_s, scoring_s)
+
+
+def rollout_chunks(
+    engine: RolloutEngine,
+    env,
+    indices: Sequence[int],
+    params: SamplingParams,
+    *,
+    chunk_size: int,
+    skip: Callable[[int], bool] = lambda chunk: False,
+) -> Iterator[tuple[int, list[int], Optional[Rollout]]]:
+    """Rolls out ``indices`` ``chunk_size`` prompts at a time (:func:`rollout`); chunk j samples
+    with seed ``params.seed + j``, so its samples depend only on the chunk (a resumed run or one
+    over fewer chunks gives the same ones). Evaluation, pre-sampling and the tiny models'
+    quality check call it.
+
+    Yields:
+        (j, the chunk's task indices, its :class:`Rollout`), lazily; the rollout is None for a
+        chunk where ``skip(j)`` holds (e.g. one whose results a resumed run has already).
+    """
+    for j, start in enumerate(range(0, len(indices), chunk_size)):
+        chunk = list(indices[start : start + chunk_size])
+        result = None if skip(j) else rollout(engine, env, chunk, dataclasses.replace(params, seed=params.seed + j))
+        yield j, chunk, result

@@ -32,7 +32,7 @@ def test_dph_presampling_runs_here_and_an_empty_d_pef_is_refused(tmp_path, capsy
         DPHConfig()
         .environment("rllib_dph/Math-v0", env_config={"data": str(data)})
         .llm(model_name="tiny-sql-math", max_response_length=8)
-        .dph(presample_dir=str(tmp_path / "presample"), presample_k=2, presample_min_correct=1)
+        .dph(presample={"out_dir": str(tmp_path / "presample"), "k": 2, "min_correct": 1})
     )
     assert config.needs_presampling
     with pytest.raises(SystemExit) as exit_info:

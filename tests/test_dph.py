@@ -207,7 +207,10 @@ def envs_make():
         ({"pef_ratio": 0}, "pef_ratio=0 is invalid: it must be a finite number > 0"),
         ({"pef_coeff": float("nan")}, "pef_coeff=nan is invalid: it must be a finite number >= 0"),
         ({"pef_loss_normalization": "rows"}, "pef_loss_normalization='rows' is not one of"),
-        ({"presample_k": 4, "presample_min_correct": 5}, "presample_min_correct=5 must be <= presample_k=4"),
+        ({"presample": {"k": 4, "min_correct": 5}}, "presample: min_correct=5 must be <= k=4"),
+        ({"presample": {"k": 0}}, "presample: k=0 is invalid: it must be an int >= 1"),
+        ({"presample": {"pef_samples": 0}}, "presample: pef_samples=0 must be 'all'"),
+        ({"presample": PresampleConfig(temperature=0.5)}, "presample.temperature=0.5: pre-sampling takes temperature from the training config"),
         ({"pef_path": None}, "no D_pef file"),
         ({"divergence": "js_definition"}, "divergence='js_definition' needs the D_exp file"),
     ],
@@ -218,6 +221,22 @@ def test_validate_messages(presampled, dph, message):
     with pytest.raises(ValueError) as err:
         config.validate()
     assert message in str(err.value)
+
+
+def test_presample_is_one_embedded_presample_config():
+    """A dict sets only its keys (also through ``update_from_dict``, as ``--config`` does); the
+    run takes training's model and sampling; the flat fields are refused with the new spelling."""
+    config = DPHConfig().llm(temperature=0.7).dph(presample={"out_dir": "run", "k": 4})
+    config.dph(presample={"min_correct": 2})
+    config.update_from_dict({"presample": {"pef_samples": "all"}})
+    stage = config.presample_config()
+    assert (stage.out_dir, stage.k, stage.min_correct, stage.pef_samples) == ("run", 4, 2, "all")
+    assert (stage.model_name, stage.temperature) == (config.model_name, 0.7)
+    assert config.presample.temperature == PresampleConfig().temperature
+    with pytest.raises(ValueError, match=r"presample_min_correct=8 is no field any more.*presample=\{'min_correct': 8\}"):
+        DPHConfig().dph(presample_min_correct=8)
+    with pytest.raises(ValueError, match="'kk' is none of them"):
+        DPHConfig().dph(presample={"kk": 8})
 
 
 def test_js_definition_is_a_divergence_not_a_flag():

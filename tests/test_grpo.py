@@ -36,12 +36,16 @@ REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
         ({"kl_coeff": math.nan}, "kl_coeff=nan is invalid: it must be a finite number >= 0"),
         ({"entropy_coeff": -0.1}, "entropy_coeff=-0.1 is invalid"),
         ({"clip_ratio_c": 1.0}, "clip_ratio_c=1.0 is invalid: it must be None or a finite number > 1"),
-        ({"is_truncation": 0}, "is_truncation=0 is invalid: it must be a number > 0 (math.inf allowed)"),
-        ({"trust_region": "dppo_binary_tv", "trust_region_delta_high": 5}, "trust_region_delta_high=5 is invalid: it must be None or a finite number in (0, 1)"),
-        ({"trust_region": "dppo_binary_kl", "trust_region_delta_low": math.inf}, "trust_region_delta_low=inf is invalid"),
+        ({"trust_region": {"truncation": 0}}, "trust_region['truncation']=0 is invalid: it must be None or a number > 0 (math.inf allowed)"),
+        ({"trust_region": {"kind": "dppo_binary_tv", "high": 5}}, "trust_region['high']=5 is invalid: it must be None or a finite number in (0, 1)"),
+        ({"trust_region": {"kind": "dppo_binary_kl", "low": math.inf}}, "trust_region['low']=inf is invalid"),
         ({"loss_agg_mode": "sum"}, "loss_agg_mode='sum' is not one of"),
         ({"trust_region": "dppo_topk_tv", "rollout_top_k": 0}, "needs the rollout engine's top-K"),
-        ({"clip_eps_low": 1.0}, "clip_eps_low=1.0 is invalid: it must be a finite number in [0, 1)"),
+        ({"trust_region": {"low": 1.0}}, "trust_region['low']=1.0 is invalid: it must be None or a finite number in [0, 1)"),
+        ({"trust_region": {"kind": "ppo", "hi": 0.3}}, "has no key 'hi'; its keys are ['kind', 'low', 'high', 'truncation', 'anchor']"),
+        ({"trust_region": {"anchor": "pi_old"}}, "trust_region['anchor']='pi_old' is not one of ['behavior', 'recompute']"),
+        ({"clip_eps_high": 0.28}, "clip_eps_high=0.28 is no field any more: the trust region is one setting; write trust_region={'kind': 'ppo', 'high': 0.28}"),
+        ({"is_truncation": 5.0}, "write trust_region={'kind': ..., 'truncation': 5.0}"),
         ({"kl_estimator": "k4"}, "kl_estimator='k4' is not one of"),
         ({"minibatch_size": 1000}, "minibatch_size=1000 must be a multiple of group_size=4"),
         ({"minibatch_size": 6}, "minibatch_size=6 must be a multiple of group_size=4"),
@@ -50,14 +54,15 @@ REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
         ({"engine": "vllm", "top_p": 0.9}, "engine='vllm' with top_p=0.9"),
         ({"dtype": "float16"}, "dtype='float16' would train the learner under fp16 autocast"),
         ({"max_consecutive_skipped_updates": 0}, "max_consecutive_skipped_updates=0 is invalid"),
-        ({"trust_region": "gspo"}, "trust_region='gspo' is not one of"),
-        ({"trust_region": "tis"}, "trust_region='tis' weights every token by min(π_θ/μ, C) with C = is_truncation, but is_truncation=inf; set is_truncation=2.0"),
-        ({"trust_region": "cispo"}, "set is_truncation=3.0"),
-        ({"trust_region": "icepop", "trust_region_delta_low": 1.5}, "trust_region_delta_low=1.5 is invalid: it must be None or a finite number in (0, 1]"),
-        ({"trust_region": "icepop", "trust_region_delta_high": 0.5}, "trust_region_delta_high=0.5 is invalid: it must be None or a finite number >= 1"),
-        ({"trust_region": "ipo", "trust_region_delta_low": 1.0}, "trust_region_delta_low=1.0 is invalid: it must be None or a finite number in (0, 1)"),
-        ({"trust_region": "opsm", "trust_region_delta_low": 0}, "trust_region_delta_low=0 is invalid: it must be None or a finite number > 0"),
-        ({"trust_region": "opsm", "trust_region_delta_high": 0.1}, "trust_region_delta_high=0.1 is invalid: this trust region has no such threshold"),
+        ({"trust_region": "gspo"}, "trust_region kind='gspo' is not one of"),
+        ({"trust_region": {"kind": "tis", "truncation": math.inf}}, "trust_region kind 'tis' weights every token by min(π_θ/μ, C), but trust_region['truncation']=inf; set it to 2.0"),
+        ({"trust_region": {"kind": "cispo", "truncation": math.inf}}, "set it to 3.0"),
+        ({"trust_region": {"kind": "tis", "high": 0.28}}, "trust_region['high']=0.28 is invalid: this trust region has no such threshold"),
+        ({"trust_region": {"kind": "icepop", "low": 1.5}}, "trust_region['low']=1.5 is invalid: it must be None or a finite number in (0, 1]"),
+        ({"trust_region": {"kind": "icepop", "high": 0.5}}, "trust_region['high']=0.5 is invalid: it must be None or a finite number >= 1"),
+        ({"trust_region": {"kind": "ipo", "low": 1.0}}, "trust_region['low']=1.0 is invalid: it must be None or a finite number in (0, 1)"),
+        ({"trust_region": {"kind": "opsm", "low": 0}}, "trust_region['low']=0 is invalid: it must be None or a finite number > 0"),
+        ({"trust_region": {"kind": "opsm", "high": 0.1}}, "trust_region['high']=0.1 is invalid: this trust region has no such threshold"),
     ],
 )
 def test_validate_names_value_rule_and_fix(tiny_grpo_config, overrides, message):
@@ -68,23 +73,59 @@ def test_validate_names_value_rule_and_fix(tiny_grpo_config, overrides, message)
     assert message in str(err.value)
 
 
+def _bounds(config):
+    region = config.trust_region_setting
+    return region.low, region.high
+
+
 def test_defaults_validate(tiny_grpo_config):
     tiny_grpo_config.validate()
-    assert tiny_grpo_config.trust_region_bounds == (0.2, 0.2)
+    assert _bounds(tiny_grpo_config) == (0.2, 0.2)
+    assert tiny_grpo_config.trust_region_setting.truncation == math.inf
     dppo = tiny_grpo_config.copy(copy_frozen=False).training(trust_region="dppo_binary_tv")
-    assert dppo.trust_region_bounds == (0.15, 0.15)
+    assert _bounds(dppo) == (0.15, 0.15)
 
 
 @pytest.mark.parametrize(
     "trust_region, bounds",
-    [("icepop", (0.5, 5.0)), ("ipo", (0.3, 0.3)), ("opsm", (1e-4, None)), ("dppo_binary_kl", (0.05, 0.05))],
+    [
+        ("ppo", (0.2, 0.2)),
+        ("icepop", (0.5, 5.0)),
+        ("ipo", (0.3, 0.3)),
+        ("opsm", (1e-4, None)),
+        ("dppo_binary_kl", (0.05, 0.05)),
+        ("tis", (None, None)),
+    ],
 )
 def test_thresholds_default_to_the_specs(tiny_grpo_config, trust_region, bounds):
     config = tiny_grpo_config.copy(copy_frozen=False).training(trust_region=trust_region)
     config.validate()
-    assert config.trust_region_bounds == bounds
-    config.training(trust_region_delta_low=0.25)
-    assert config.trust_region_bounds == (0.25, bounds[1])
+    assert _bounds(config) == bounds
+    if bounds[0] is not None:
+        config.training(trust_region={"kind": trust_region, "low": 0.25})
+        config.validate()
+        assert _bounds(config) == (0.25, bounds[1])
+
+
+@pytest.mark.parametrize("kind, truncation", [("tis", 2.0), ("cispo", 3.0), ("ppo", math.inf)])
+def test_truncation_defaults_to_the_specs_c(tiny_grpo_config, kind, truncation):
+    config = tiny_grpo_config.copy(copy_frozen=False).training(trust_region=kind)
+    config.validate()
+    assert config.trust_region_setting.truncation == truncation
+    config.training(trust_region={"kind": kind, "truncation": 5.0})
+    assert config.trust_region_setting.truncation == 5.0
+
+
+def test_a_dict_replaces_the_whole_trust_region_setting(tiny_grpo_config):
+    config = tiny_grpo_config.copy(copy_frozen=False).training(trust_region={"kind": "ppo", "high": 0.28})
+    assert _bounds(config) == (0.2, 0.28)
+    config.training(trust_region={"kind": "dppo_binary_tv"})
+    assert _bounds(config) == (0.15, 0.15)
+
+
+def test_flat_trust_region_fields_are_refused_with_the_new_spelling(tiny_grpo_config):
+    with pytest.raises(ValueError, match=r"trust_region_delta_low=0.1 is no field any more.*'low': 0.1"):
+        tiny_grpo_config.copy(copy_frozen=False).training(trust_region_delta_low=0.1)
 
 
 @pytest.fixture
@@ -171,12 +212,7 @@ def test_learner_update_changes_parameters_and_logs_every_term(tiny_grpo_config,
 def test_learner_update_with_each_correction_is_finite_and_logs_its_masked_fraction(
     tiny_grpo_config, env_runner, trust_region
 ):
-    from rllib_dph.losses import TRUST_REGIONS
-
-    truncation = TRUST_REGIONS[trust_region].truncation
-    config = tiny_grpo_config.copy(copy_frozen=False).training(
-        trust_region=trust_region, **({"is_truncation": truncation} if truncation else {})
-    )
+    config = tiny_grpo_config.copy(copy_frozen=False).training(trust_region=trust_region)
     config.validate()
     learner = config.build_learner(env=env_runner.env)
     logged = learner.update(batch=_learner_batch(config, env_runner), num_epochs=2, minibatch_size=8)[DEFAULT_MODULE_ID]
@@ -188,7 +224,7 @@ def test_learner_update_with_each_correction_is_finite_and_logs_its_masked_fract
 def test_recompute_anchor_ablation(tiny_grpo_config, env_runner):
     """The "recompute" anchor adds π_old log-probs; mismatch metrics still compare with μ."""
     config = tiny_grpo_config.copy(copy_frozen=False).training(
-        trust_region_anchor="recompute", trust_region="dppo_topk_tv", rollout_top_k=3
+        trust_region={"kind": "dppo_topk_tv", "anchor": "recompute"}, rollout_top_k=3
     )
     learner = config.build_learner(env=env_runner.env)
     batch = _learner_batch(config, env_runner)
@@ -219,7 +255,7 @@ def test_bfloat16_learner_keeps_fp32_master_weights_and_moves_every_tensor(tiny_
     (bf16 weights would round such steps away), and weights and Adam state stay float32. The
     recompute anchor and the reference model run through the same autocast: KL 0 at the start."""
     config = tiny_grpo_config.copy(copy_frozen=False).llm(dtype="bfloat16").training(
-        lr=1e-5, kl_coeff=0.1, trust_region_anchor="recompute"
+        lr=1e-5, kl_coeff=0.1, trust_region={"anchor": "recompute"}
     )
     learner = config.build_learner(env=env_runner.env)
     model = learner.module[DEFAULT_MODULE_ID].model

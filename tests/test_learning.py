@@ -23,8 +23,8 @@ def _train(example: str, iterations: int, tmp_path) -> tuple[dict, list[dict], d
     """Validation metrics before training, the iterations' results, validation metrics after."""
     config, _ = load_tuned_example(str(REPO / example))
     config.held_out(**VALIDATION)
-    if hasattr(config, "presample_dir"):
-        config.dph(presample_dir=str(tmp_path / "presample"))
+    if hasattr(config, "presample"):
+        config.dph(presample={"out_dir": str(tmp_path / "presample")})
     algo = config.build_algo()
     before = algo.evaluate_held_out()
     results = [algo.train() for _ in range(iterations)]

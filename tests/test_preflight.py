@@ -60,6 +60,23 @@ def test_unknown_config_keys_are_refused_with_a_suggestion():
     assert "did you mean 'group_size'?" in problems[0].message
 
 
+def test_flat_trust_region_keys_are_refused_with_the_new_spelling_and_the_grouped_one_applies():
+    config = grpo()
+    problems = config_key_problems(config, {"clip_eps_high": 0.28, "trust_region": {"kind": "dppo_binary_kl", "low": 0.1}})
+    assert [p.where for p in problems] == ["--config key 'clip_eps_high'"]
+    assert "trust_region={'kind': 'ppo', 'high': 0.28}" in problems[0].message
+    config.update_from_dict({"trust_region": {"kind": "dppo_binary_kl", "low": 0.1}})
+    config.validate()
+    region = config.trust_region_setting
+    assert (region.kind, region.low, region.high) == ("dppo_binary_kl", 0.1, 0.05)
+
+
+def test_flat_presample_keys_are_refused_with_the_new_spelling():
+    problems = config_key_problems(DPHConfig(), {"presample_dir": "run", "clip_eps_low": 0.1, "presample": {"k": 4}})
+    assert [p.where for p in problems] == ["--config key 'presample_dir'", "--config key 'clip_eps_low'"]
+    assert ".dph(presample={'out_dir': 'run'})" in problems[0].message
+
+
 def test_stop_keys_are_checked():
     problems = stop_key_problems({
         "training_iterations": 1, "training_iteration": 2, "env_runners/reward_mean": 0.9,
@@ -91,12 +108,12 @@ def test_relative_paths_resolve_against_the_launch_folder(tmp_path):
     (tmp_path / "models" / "mine").mkdir(parents=True)
     config = DPHConfig().environment(
         "rllib_dph/Math-v0", env_config={"data": "train.jsonl", "db_root": "dbs"}
-    ).llm(model_name="models/mine").dph(presample_dir="presample/run1")
+    ).llm(model_name="models/mine").dph(presample={"out_dir": "presample/run1"})
     config.val_env_config = {"data": "sql_synth/test"}
     resolve_paths(config, str(tmp_path))
     assert config.model_name == str(tmp_path / "models" / "mine")
     assert config.env_config == {"data": str(tmp_path / "train.jsonl"), "db_root": str(tmp_path / "dbs")}
-    assert config.presample_dir == str(tmp_path / "presample" / "run1")
+    assert config.presample.out_dir == str(tmp_path / "presample" / "run1")
     assert config.val_env_config == {"data": "sql_synth/test"}  # a bundled split name stays a name
     hub = GRPOConfig().llm(model_name="Qwen/Qwen2.5-0.5B")
     resolve_paths(hub, str(tmp_path))

@@ -67,7 +67,7 @@ def test_a_budget_for_another_model_presamples_into_its_own_folder(reproduce):
     for config in (grpo, dph):
         assert (config.model_name, config.lr, config.prompts_per_step) == ("smollm2-135m-sft", 1e-5, 4)
         assert config.env_config == {"data": "sql_synth/train[:128]"}
-    assert dph.presample_dir == tiny.presample_dir + "_smollm2-135m-sft"
+    assert dph.presample.out_dir == tiny.presample.out_dir + "_smollm2-135m-sft"
     assert set(budget["methods"]) <= set(reproduce.METHODS)
 
 
@@ -79,9 +79,9 @@ def test_the_ties_budget_compares_all_trajectories_with_one(reproduce):
     budget = reproduce.BUDGETS["ties"]
     args = SimpleNamespace(overrides=budget["config"])
     all_, refine = reproduce.run_config("DPH-JS", args), reproduce.run_config("DPH-JS (refine)", args)
-    assert (all_.pef_samples, all_.presample_min_correct) == ("all", 8)
-    assert (refine.pef_samples, refine.presample_min_correct) == ("refine", 8)
-    assert refine.presample_dir == all_.presample_dir + "_refine"
+    assert (all_.presample.pef_samples, all_.presample.min_correct) == ("all", 8)
+    assert (refine.presample.pef_samples, refine.presample.min_correct) == ("refine", 8)
+    assert refine.presample.out_dir == all_.presample.out_dir + "_refine"
     assert all_.max_response_length == refine.max_response_length == 96
     assert set(budget["methods"]) <= set(reproduce.METHODS) and budget["n"] >= 64
 

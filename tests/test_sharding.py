@@ -51,7 +51,7 @@ def _full_state(group):
     [
         {},
         # Unequal micro-batch counts on the two learners (padded), and a sharded π_ref.
-        {"max_tokens_per_microbatch": 40, "kl_coeff": 0.5, "trust_region_anchor": "recompute"},
+        {"max_tokens_per_microbatch": 40, "kl_coeff": 0.5, "trust_region": {"anchor": "recompute"}},
     ],
     ids=["one-pass", "microbatches+kl+recompute"],
 )

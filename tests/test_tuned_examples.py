@@ -30,5 +30,5 @@ def test_example_config_validates(path, tmp_path):
     if "grid_search" in text:
         return  # a Tune sweep: fields hold search spaces until Tune resolves them
     if isinstance(config, DPHConfig):
-        config.dph(presample_dir=str(tmp_path / "presample"))  # validated after pre-sampling
+        config.dph(presample={"out_dir": str(tmp_path / "presample")})  # validated after pre-sampling
     config.validate()

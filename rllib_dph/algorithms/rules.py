@@ -1,11 +1,13 @@
-"""Config rules as data: numeric fields, choices and cross-field rules, each with its message.
+"""The kinds of config rule: numeric fields, choices and cross-field rules, each with its message.
 
-``GRPOConfig.validate()`` and ``DPHConfig.validate()`` run these tables: first the numeric rules
-(``NumberRule``: type, finiteness and range), then the config's ``config_rules`` in order
-(``ChoiceRule``: a name from a registry; the DPPO thresholds of the trust region;
-``CrossRule``: rules across fields). DPH's tables are GRPO's plus its own. Every message states
-the field, the value, the rule and a fix. NaN never passes a number rule (every bound is checked
-with a comparison that NaN fails), and neither does a string or a bool where a number is due.
+Each config keeps its rule tables beside its setters (``GRPOConfig.llm_rules``,
+``training_rules``, ..., ``DPHConfig.dph_rules``; ``GRPOConfig.rules`` joins them), and
+``validate()`` runs them: first the numeric rules (``NumberRule``: type, finiteness and range),
+then the others in order (``ChoiceRule``: a name from a registry;
+``grpo.trust_region.TrustRegionRule``: the grouped trust-region setting; ``CrossRule``: rules
+across fields). Every message states the field, the value, the rule and a fix. NaN never passes a number
+rule (every bound is checked with a comparison that NaN fails), and neither does a string or a
+bool where a number is due.
 """
 
 from __future__ import annotations
@@ -15,8 +17,6 @@ import numbers
 from dataclasses import dataclass
 from typing import Any, Callable, Collection, Iterable, Iterator, Optional
 
-from rllib_dph.engines import DEFAULT_ENGINE, ENGINES
-from rllib_dph.presample import check_pef_samples
 
 
 @dataclass(frozen=True)
@@ -123,45 +123,6 @@ class CrossRule:
         return self.message(config) if self.broken(config) else None
 
 
-@dataclass(frozen=True)
-class DeltaRule:
-    """The thresholds ``trust_region_delta_low/high`` by what the trust region bounds
-    (``losses.TrustRegionSpec.delta_low/high``, ``losses.Threshold``): each in its range, None
-    for the default; a side the rule has no threshold for must stay None. No rule for the
-    trust regions without thresholds (PPO's ratio reads ``clip_eps_low/high``)."""
-
-    fields: tuple[str, ...] = ("trust_region_delta_low", "trust_region_delta_high")
-
-    def violation(self, config: Any) -> Optional[str]:
-        """The message when a threshold of ``config``'s trust region is out of range, else None."""
-        spec = config.trust_region_spec
-        if not spec.has_thresholds:
-            return None
-        for name, threshold in zip(self.fields, (spec.delta_low, spec.delta_high)):
-            problem = self._problem(config, name, threshold)
-            if problem is not None:
-                return f"{problem} (trust_region={config.trust_region!r} thresholds the {spec.measure})"
-        return None
-
-    @staticmethod
-    def _problem(config: Any, name: str, threshold: Any) -> Optional[str]:
-        if threshold is None:
-            value = getattr(config, name)
-            if value is None:
-                return None
-            return f"{name}={value!r} is invalid: this trust region has no such threshold; leave it None"
-        rule = NumberRule(
-            name,
-            low=threshold.low,
-            high=threshold.high,
-            low_open=threshold.low_open,
-            high_open=threshold.high_open,
-            optional=True,
-            fix=f"None for the default {threshold.default}",
-        )
-        return rule.violation(config)
-
-
 def violations(config: Any, rules: Iterable[Any]) -> Iterator[str]:
     """The messages of the rules ``config`` breaks, in table order (each rule has ``violation``)."""
     for rule in rules:
@@ -173,210 +134,3 @@ def violations(config: Any, rules: Iterable[Any]) -> Iterator[str]:
 def first_violation(config: Any, rules: Iterable[Any]) -> Optional[str]:
     """The message of the first rule ``config`` breaks, or None when all hold."""
     return next(violations(config, rules), None)
-
-
-#: RLlib fields and GRPO's own numeric fields (see ``GRPOConfig``'s docstrings).
-GRPO_NUMBER_RULES = (
-    NumberRule("lr", low=0, low_open=True, fix="a learning rate such as 3e-4 (tiny model) or 1e-6 (7B)"),
-    NumberRule("grad_clip", low=0, low_open=True, optional=True, fix="e.g. 1.0, or None to disable clipping"),
-    NumberRule("num_epochs", integer=True, low=1, fix="1 for one pass over each batch"),
-    NumberRule("minibatch_size", integer=True, low=1, optional=True, fix="e.g. 32 rows, or None for one step per batch"),
-    NumberRule("num_learners", integer=True, low=0, fix="0 for a local learner, N for N Ray learners"),
-    NumberRule("group_size", integer=True, low=2, fix="GRPO needs >= 2 completions per prompt, e.g. 8"),
-    NumberRule("prompts_per_step", integer=True, low=1, fix="e.g. 16"),
-    NumberRule("max_dynamic_sampling_rounds", integer=True, low=1, fix="e.g. 4"),
-    NumberRule("temperature", low=0, low_open=True, fix="e.g. 1.0 (0 would be greedy: equal completions, no advantages)"),
-    NumberRule("top_p", low=0, high=1, low_open=True, fix="1.0 disables nucleus sampling"),
-    NumberRule("max_response_length", integer=True, low=1, fix="e.g. 128"),
-    NumberRule("overlong_buffer_length", integer=True, low=0, fix="0 disables DAPO's overlong shaping"),
-    NumberRule("clip_eps_low", low=0, high=1, high_open=True, fix="typical 0.2 (1 - clip_eps_low must stay > 0)"),
-    NumberRule("clip_eps_high", low=0, fix="typical 0.2, or 0.28 for DAPO clip-higher"),
-    NumberRule("clip_ratio_c", low=1, low_open=True, optional=True, fix="dual clip: 3.0 as in verl, or None to disable"),
-    NumberRule("is_truncation", low=0, low_open=True, allow_inf=True, fix="math.inf disables truncation; CISPO uses e.g. 5"),
-    NumberRule("rollout_top_k", integer=True, low=0, high=20, fix="0 for none, 20 for the top-K DPPO masks"),
-    NumberRule("kl_coeff", low=0, fix="0 disables the KL penalty (RKL baseline: 0.01)"),
-    NumberRule("entropy_coeff", low=0, fix="0 disables the entropy bonus"),
-    NumberRule("max_consecutive_skipped_updates", integer=True, low=1, fix="default 5"),
-    NumberRule("max_tokens_per_microbatch", integer=True, low=1, optional=True, fix="e.g. 16384, or None for one pass per mini-batch"),
-    NumberRule("val_interval", integer=True, low=0, fix="0 disables validation"),
-    NumberRule("val_n", integer=True, low=1, fix="e.g. 8 samples per validation prompt"),
-    NumberRule("val_limit", integer=True, low=1, optional=True, fix="None evaluates every validation prompt"),
-    NumberRule("max_staleness", integer=True, low=0, fix="0 for synchronous sampling, 1 to overlap sampling and update"),
-    NumberRule("sample_timeout_s", low=0, low_open=True, fix="seconds, generous (default 1800)"),
-    NumberRule("weight_sync_timeout_s", low=0, low_open=True, fix="seconds, generous (default 600)"),
-    NumberRule("learner_update_timeout_s", low=0, low_open=True, fix="seconds, generous (default 1800)"),
-    NumberRule("collective_timeout_s", low=0, low_open=True, high=31_536_000, fix="seconds, generous (default 1800)"),
-)
-
-#: DPH-RL's own numeric fields (see ``DPHConfig.dph``).
-DPH_NUMBER_RULES = (
-    NumberRule("pef_coeff", low=0, fix="η of the paper, 0.01-0.2"),
-    NumberRule("alpha", low=0, high=1, low_open=True, high_open=True, fix="α of the α-divergence, e.g. 0.5"),
-    NumberRule("pef_ratio", low=0, low_open=True, fix="exploration rows per D_pef row, paper: 8"),
-    NumberRule("presample_k", integer=True, low=1, fix="paper: 8 samples per prompt"),
-    NumberRule("presample_min_correct", integer=True, low=1, fix="paper: 7 of 8"),
-)
-
-#: fp16 training needs loss scaling, which the learner does not do (``GRPOConfig.llm``).
-FLOAT16_TRAINING_RULE = CrossRule(
-    "no float16 training",
-    lambda c: c.dtype == "float16",
-    lambda c: (
-        "dtype='float16' would train the learner under fp16 autocast, which needs loss "
-        "scaling (a GradScaler) against gradient underflow, and this learner has none; "
-        "set dtype='bfloat16' (fp32's exponent range: no scaling needed) or 'float32'. "
-        "For an fp16 rollout engine only, set engine_kwargs={'dtype': 'float16'}."
-    ),
-)
-
-#: What the trust region (``losses.TRUST_REGIONS``) asks of the other fields.
-TRUST_REGION_RULES = (
-    DeltaRule(),
-    CrossRule(
-        "truncating corrections need a finite truncation",
-        lambda c: c.trust_region_spec.truncation is not None and c.is_truncation == math.inf,
-        lambda c: (
-            f"trust_region={c.trust_region!r} weights every token by min(π_θ/μ, C) with C = "
-            f"is_truncation, but is_truncation={c.is_truncation}; set is_truncation="
-            f"{c.trust_region_spec.truncation} (its source's C, docs/trust_regions.md) or another "
-            "finite C > 0."
-        ),
-    ),
-    CrossRule(
-        "top-K trust regions need top-K log-probs",
-        lambda c: c.trust_region_spec.needs_topk and c.rollout_top_k < 1,
-        lambda c: (
-            f"trust_region={c.trust_region!r} needs the rollout engine's top-K log-probs, "
-            f"but rollout_top_k={c.rollout_top_k}; set rollout_top_k (e.g. 20)."
-        ),
-    ),
-)
-
-#: GRPO's rules across fields (see ``GRPOConfig``'s docstrings).
-GRPO_CROSS_RULES = (
-    CrossRule(
-        "fsdp2 needs two learners",
-        lambda c: c.sharding == "fsdp2" and c.num_learners < 2,
-        lambda c: (
-            f"sharding='fsdp2' shards the model over the Ray learners, but num_learners="
-            f"{c.num_learners}; set .learners(num_learners=N) with N >= 2 (e.g. one per "
-            "GPU), or sharding='ddp' for a single learner."
-        ),
-    ),
-    CrossRule(
-        "fsdp2 clips by a global norm or by value",
-        lambda c: c.sharding == "fsdp2" and c.grad_clip is not None and c.grad_clip_by == "norm",
-        lambda c: (
-            "grad_clip_by='norm' clips each gradient tensor by its own norm, which an FSDP2 "
-            "learner only holds a shard of; with sharding='fsdp2' use grad_clip_by="
-            "'global_norm' (default) or 'value'."
-        ),
-    ),
-    CrossRule(
-        "asynchronous sampling needs remote env runners",
-        # RLlib validates an evaluation copy too, whose env runners are the evaluation ones.
-        lambda c: c.max_staleness > 0 and c.num_env_runners < 1 and not c.in_evaluation,
-        lambda c: (
-            f"max_staleness={c.max_staleness} samples on remote env runners while the learners "
-            f"update, but num_env_runners={c.num_env_runners} samples in the driver; set "
-            ".env_runners(num_env_runners=1) or more, or max_staleness=0."
-        ),
-    ),
-    CrossRule(
-        "a prompt per env runner and per learner",
-        lambda c: c.prompts_per_step < max(1, c.num_env_runners, c.num_learners),
-        lambda c: (
-            f"prompts_per_step={c.prompts_per_step} must be >= num_env_runners="
-            f"{c.num_env_runners} and >= num_learners={c.num_learners} (every env runner "
-            "samples, and every learner trains on, at least one prompt per step)."
-        ),
-    ),
-    CrossRule(
-        "nucleus log-probs need top_p = 1",
-        lambda c: c.engine in ENGINES and not ENGINES[c.engine].full_softmax_logprobs and c.top_p < 1,
-        lambda c: (
-            f"engine={c.engine!r} with top_p={c.top_p}: that engine reports log-probs of the top-p-"
-            "renormalised nucleus, not of the full tempered softmax the learner's π_θ is "
-            "(engines.base.SamplingParams), so π_θ/μ would start at the nucleus mass instead "
-            f"of 1; set top_p=1.0 (as DAPO and DPH-RL do) or engine={DEFAULT_ENGINE!r}."
-        ),
-    ),
-    CrossRule(
-        "overlong buffer shorter than the response",
-        lambda c: c.overlong_buffer_length >= c.max_response_length,
-        lambda c: (
-            f"overlong_buffer_length={c.overlong_buffer_length} must be < "
-            f"max_response_length={c.max_response_length}; 0 disables it."
-        ),
-    ),
-    CrossRule(
-        "a reference model may be loaded when a term needs one",
-        lambda c: c.needs_reference_model and c.reference_model is None,
-        lambda c: (
-            f"this config needs a live reference model ({', '.join(c.reference_model_users())}), "
-            "but reference_model=None forbids loading one; set reference_model='initial' "
-            "(or a model path), or drop the term that needs it."
-        ),
-    ),
-    CrossRule(
-        "validation needs a validation split",
-        lambda c: bool(c.val_interval) and c.val_env_config is None,
-        lambda c: (
-            f"val_interval={c.val_interval} but no validation split: set "
-            ".held_out(val_env_config={'data': 'sql_synth/test'}) (or val_interval=0)."
-        ),
-    ),
-    CrossRule(
-        "mini-batches of whole groups",
-        lambda c: c.minibatch_size is not None
-        and not (c.minibatch_size <= c.train_rows_per_step and c.minibatch_size % c.group_size == 0),
-        lambda c: (
-            f"minibatch_size={c.minibatch_size} must be a multiple of group_size="
-            f"{c.group_size} (groups stay whole) and <= prompts_per_step * group_size = "
-            f"{c.train_rows_per_step} (it counts exploration rows over all learners); or None for one "
-            "optimizer step per epoch."
-        ),
-    ),
-)
-
-def _pef_samples_error(value: Any) -> Optional[str]:
-    """The message of ``presample.check_pef_samples`` for a bad ``pef_samples``, else None."""
-    try:
-        check_pef_samples(value)
-    except ValueError as error:
-        return str(error)
-    return None
-
-
-#: DPH-RL's rules across fields (see ``DPHConfig.dph``).
-DPH_CROSS_RULES = (
-    CrossRule(
-        "pef_samples: 'all', 'refine' or an integer >= 1",
-        lambda c: _pef_samples_error(c.pef_samples) is not None,
-        lambda c: _pef_samples_error(c.pef_samples),
-    ),
-    CrossRule(
-        "m of k correct",
-        lambda c: c.presample_min_correct > c.presample_k,
-        lambda c: (
-            f"presample_min_correct={c.presample_min_correct} must be <= presample_k="
-            f"{c.presample_k} (paper: 7 of 8)."
-        ),
-    ),
-    CrossRule(
-        "an exploration term is weighed by the D_exp size",
-        lambda c: c.has_exploration_term and c.resolved_exp_path is None,
-        lambda c: (
-            f"divergence={c.divergence!r} needs the D_exp file to weigh the exploration term by "
-            "β₁ = η·|D_pef|/|D_exp|; set .dph(exp_path=...) or .dph(presample_dir=...)."
-        ),
-    ),
-    CrossRule(
-        "a source of D_pef rows (the files themselves are checked by presample.prepare_pef)",
-        lambda c: c.pef_path is None and not c.presample_dir,
-        lambda c: (
-            "no D_pef file: set .dph(presample_dir=...) (pre-sampling runs there when its files are "
-            "missing) or .dph(pef_path=...) to an existing d_pef.parquet."
-        ),
-    ),
-)

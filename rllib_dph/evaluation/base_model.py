@@ -21,7 +21,7 @@ from envs.sql import SQLEnv
 from rllib_dph.engines.base import SamplingParams
 from rllib_dph.engines.hf import HFEngine
 from rllib_dph.evaluation.metrics import mean_pass_at_k
-from rllib_dph.rollout import ScoredGroup, rollout
+from rllib_dph.rollout import ScoredGroup, rollout_chunks
 
 
 def evaluate_base_policy(
@@ -101,14 +101,10 @@ def _rollout_split(
     A chunk holds ``engine.max_batch_size // n`` prompts (at least one): one decoding batch.
     """
     per_chunk = max(1, engine.max_batch_size // n)
-    starts = range(0, len(env.tasks), per_chunk)
-    groups: list[ScoredGroup] = []
-    desc = f"{env.tasks[0].data_source} n={n}"
-    for j, start in enumerate(tqdm(starts, desc=desc, disable=not progress, dynamic_ncols=True)):
-        indices = list(range(start, min(start + per_chunk, len(env.tasks))))
-        params = SamplingParams(n=n, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed + j)
-        groups += rollout(engine, env, indices, params).groups
-    return groups
+    params = SamplingParams(n=n, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
+    chunks = rollout_chunks(engine, env, range(len(env.tasks)), params, chunk_size=per_chunk)
+    total, desc = -(-len(env.tasks) // per_chunk), f"{env.tasks[0].data_source} n={n}"
+    return [g for _, _, r in tqdm(chunks, total=total, desc=desc, disable=not progress, dynamic_ncols=True) for g in r.groups]
 
 
 def _accuracy(groups: Sequence[ScoredGroup]) -> float:

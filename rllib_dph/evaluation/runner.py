@@ -21,7 +21,7 @@ from rllib_dph.engines import DEFAULT_ENGINE, check_engine_name, make_engine
 from rllib_dph.engines.base import RolloutEngine, SamplingParams
 from rllib_dph.evaluation.metrics import default_ks
 from rllib_dph.evaluation.results import EvalResult, PromptRecord
-from rllib_dph.rollout import ScoredGroup, encode_task, make_env, rollout
+from rllib_dph.rollout import ScoredGroup, make_env, rollout, rollout_chunks
 
 #: Longest generated response, in tokens, unless told otherwise (GRPOConfig's default).
 DEFAULT_MAX_NEW_TOKENS = 128
@@ -109,21 +109,16 @@ def evaluate_engine(engine: RolloutEngine, env, settings: EvalSettings) -> EvalR
 
     s = settings
     indices = list(range(len(env.tasks) if s.limit is None else min(s.limit, len(env.tasks))))
+    params = SamplingParams(
+        n=s.n, temperature=s.temperature, top_p=s.top_p, max_new_tokens=s.max_new_tokens, seed=s.seed
+    )
     greedy_params = SamplingParams(n=1, temperature=0.0, max_new_tokens=s.max_new_tokens)
     start = time.perf_counter()
     records = []
     with tqdm(total=len(indices), desc=f"evaluating n={s.n}", unit="prompt", disable=not s.progress) as bar:
-        for j, chunk_start in enumerate(range(0, len(indices), s.batch_prompts)):
-            chunk = indices[chunk_start : chunk_start + s.batch_prompts]
-            prompts = [encode_task(engine.tokenizer, env.tasks[i]) for i in chunk]
-            params = SamplingParams(
-                n=s.n, temperature=s.temperature, top_p=s.top_p, max_new_tokens=s.max_new_tokens, seed=s.seed + j
-            )
-            sampled = rollout(engine, env, chunk, params, prompt_ids=prompts).groups
-            greedy = [None] * len(chunk)
-            if s.greedy:
-                greedy = rollout(engine, env, chunk, greedy_params, prompt_ids=prompts).groups
-            records += [_record(env, group, greedy_group, s) for group, greedy_group in zip(sampled, greedy)]
+        for _, chunk, sampled in rollout_chunks(engine, env, indices, params, chunk_size=s.batch_prompts):
+            greedy = rollout(engine, env, chunk, greedy_params).groups if s.greedy else [None] * len(chunk)
+            records += [_record(env, group, greedy_group, s) for group, greedy_group in zip(sampled.groups, greedy)]
             bar.update(len(chunk))
     return EvalResult(
         records=records,

@@ -26,7 +26,7 @@ from rllib_dph.sharding import ShardedModules, shard_response_lm
 class LLMTorchLearner(ShardedModules, SkipNonFiniteSteps, TokenBudgetSteps, GroupMinibatches):
     """The base classes of :mod:`rllib_dph.learners` combined, plus what the loss terms read besides
     the batch: the frozen reference model π_ref (built only when ``config.needs_reference_model``)
-    and, with ``trust_region_anchor="recompute"``, π_old's log-probs recomputed before the update.
+    and, with ``trust_region={"anchor": "recompute"}``, π_old's log-probs recomputed before the update.
 
     Mixed precision: the policy's parameters and Adam state are float32 and its forward pass
     runs under autocast to ``config.dtype`` (inside ``LLMRLModule._forward_train``, so every
@@ -82,8 +82,8 @@ class LLMTorchLearner(ShardedModules, SkipNonFiniteSteps, TokenBudgetSteps, Grou
 
     @override(TorchLearner)
     def update(self, *args, training_data: TrainingData = None, batch=None, **kwargs):
-        """With ``trust_region_anchor="recompute"``, adds π_old log-probs before the update."""
-        if self.config.trust_region_anchor == "recompute":
+        """With ``trust_region={"anchor": "recompute"}``, adds π_old log-probs before the update."""
+        if self.config.trust_region_setting.anchor == "recompute":
             training_data = training_data or TrainingData(batch=batch)
             batch = None
             for module_id, module_batch in training_data.batch.policy_batches.items():

@@ -11,7 +11,7 @@ How to run (one GPU, bf16 mixed precision):
     rllib train file tuned_examples/dph/sql_smollm2_dph_js.py
 
     # CPU only (fp32, mini-batches of 16 rows; pre-sampling all 3000 training prompts x 8 samples takes
-    # hours on 2 cores, so point presample_dir at a split you pre-sampled with
+    # hours on 2 cores, so point presample.out_dir at a split you pre-sampled with
     # `rllib presample --model smollm2-135m-sft ...`):
     rllib train file tuned_examples/dph/sql_smollm2_dph_js.py --config '{"num_gpus_per_learner": 0,
         "num_gpus_per_env_runner": 0, "dtype": "float32", "prompts_per_step": 8, "group_size": 8,
@@ -39,16 +39,18 @@ config = (
         minibatch_size=64,  # 4 updates per batch: bounds the memory of the 49152-token logits
         lr=1e-6,
         loss_agg_mode="token-mean",
-        clip_eps_high=0.28,
+        trust_region={"kind": "ppo", "high": 0.28},
         dynamic_sampling=True,
     )
     .dph(
         divergence="js",
         pef_coeff=0.2,
         pef_ratio=8,
-        presample_min_correct=8,
-        pef_samples="all",
-        presample_dir=str(home() / "presample" / "sql_smollm2_sft_k8_all"),
+        presample={
+            "out_dir": str(home() / "presample" / "sql_smollm2_sft_k8_all"),
+            "min_correct": 8,
+            "pef_samples": "all",
+        },
     )
     .debugging(seed=0)
 )

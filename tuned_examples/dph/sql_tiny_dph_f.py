@@ -38,7 +38,7 @@ config = (
         prompts_per_step=16,
         lr=3e-4,
         loss_agg_mode="token-mean",
-        clip_eps_high=0.28,
+        trust_region={"kind": "ppo", "high": 0.28},
         dynamic_sampling=True,
     )
     .dph(
@@ -46,7 +46,7 @@ config = (
         pef_coeff=0.01,
         pef_loss_normalization="original",  # η as in the paper's code (see docstring)
         pef_ratio=8,
-        presample_dir=str(home() / "presample" / "sql_tiny_k8"),
+        presample={"out_dir": str(home() / "presample" / "sql_tiny_k8")},
     )
     .debugging(seed=0)
 )

@@ -43,7 +43,7 @@ config = (
         prompts_per_step=16,
         lr=3e-4,
         loss_agg_mode="token-mean",
-        clip_eps_high=0.28,
+        trust_region={"kind": "ppo", "high": 0.28},
         dynamic_sampling=True,
     )
     .dph(
@@ -51,9 +51,11 @@ config = (
         pef_coeff=0.2,
         pef_loss_normalization="original",  # η as in the paper's code (see docstring)
         pef_ratio=8,
-        presample_min_correct=8,  # "8 of 8" ...
-        pef_samples="all",  # ... with all 8 trajectories of each such prompt (paper §6.2)
-        presample_dir=str(home() / "presample" / "sql_tiny_k8_all"),
+        presample={
+            "out_dir": str(home() / "presample" / "sql_tiny_k8_all"),
+            "min_correct": 8,  # "8 of 8" ...
+            "pef_samples": "all",  # ... with all 8 trajectories of each such prompt (paper §6.2)
+        },
     )
     .debugging(seed=0)
 )

@@ -7,7 +7,7 @@ How to run:
 
 The exploration rows (D_exp) are sampled one weight version behind the learner; the D_pef rows
 are added by the learner with their stored π_ref and are never stale. Pre-sampling is the
-synchronous example's (same presample_dir, reused when present).
+synchronous example's (same presample.out_dir, reused when present).
 
 Results to expect:
     Not yet measured (the machine was busy when this example was written); compare with the
@@ -28,7 +28,7 @@ config = (
         prompts_per_step=16,
         lr=3e-4,
         loss_agg_mode="token-mean",
-        clip_eps_high=0.28,
+        trust_region={"kind": "ppo", "high": 0.28},
         dynamic_sampling=True,
         max_staleness=1,
     )
@@ -37,9 +37,11 @@ config = (
         pef_coeff=0.2,
         pef_loss_normalization="original",
         pef_ratio=8,
-        presample_min_correct=8,
-        pef_samples="all",
-        presample_dir=os.path.expanduser("~/.cache/rllib_dph/presample/sql_tiny_k8_all"),
+        presample={
+            "out_dir": os.path.expanduser("~/.cache/rllib_dph/presample/sql_tiny_k8_all"),
+            "min_correct": 8,
+            "pef_samples": "all",
+        },
     )
     .debugging(seed=0)
 )

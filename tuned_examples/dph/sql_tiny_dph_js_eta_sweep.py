@@ -34,16 +34,18 @@ config = (
         prompts_per_step=16,
         lr=3e-4,
         loss_agg_mode="token-mean",
-        clip_eps_high=0.28,
+        trust_region={"kind": "ppo", "high": 0.28},
         dynamic_sampling=True,
     )
     .dph(
         divergence="js",
         pef_coeff=tune.grid_search([0.01, 0.05, 0.2]),
         pef_loss_normalization="original",  # η as in the paper's code (see docstring)
-        presample_min_correct=8,  # "8 of 8", all 8 trajectories kept (paper §6.2)
-        pef_samples="all",
-        presample_dir=str(home() / "presample" / "sql_tiny_k8_all"),
+        presample={
+            "out_dir": str(home() / "presample" / "sql_tiny_k8_all"),
+            "min_correct": 8,  # "8 of 8", all 8 trajectories kept (paper §6.2)
+            "pef_samples": "all",
+        },
     )
     .held_out(val_env_config={"data": "sql_synth/test"}, val_interval=5, val_n=8, val_limit=50)
     .debugging(seed=0)

@@ -31,9 +31,7 @@ config = (
         minibatch_size=32,
         num_epochs=2,
         loss_agg_mode="token-mean",
-        trust_region="dppo_binary_tv",
-        trust_region_delta_low=0.15,
-        trust_region_delta_high=0.15,
+        trust_region={"kind": "dppo_binary_tv", "low": 0.15, "high": 0.15},
     )
     .debugging(seed=0)
 )

@@ -31,9 +31,7 @@ config = (
         minibatch_size=32,
         num_epochs=2,
         loss_agg_mode="token-mean",
-        trust_region="dppo_binary_kl",
-        trust_region_delta_low=0.05,
-        trust_region_delta_high=0.05,
+        trust_region={"kind": "dppo_binary_kl", "low": 0.05, "high": 0.05},
     )
     .debugging(seed=0)
 )

@@ -40,8 +40,7 @@ config = (
         max_tokens_per_microbatch=16384,
         lr=1e-5,
         num_epochs=1,
-        clip_eps_low=0.2,
-        clip_eps_high=0.28,
+        trust_region={"kind": "ppo", "low": 0.2, "high": 0.28},
         loss_agg_mode="token-mean",
         kl_coeff=0.0,
     )

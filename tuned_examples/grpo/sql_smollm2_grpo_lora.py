@@ -41,8 +41,7 @@ config = (
         minibatch_size=64,
         lr=1e-5,  # 10x sql_smollm2_grpo.py's 1e-6
         num_epochs=1,
-        clip_eps_low=0.2,
-        clip_eps_high=0.28,
+        trust_region={"kind": "ppo", "low": 0.2, "high": 0.28},
         loss_agg_mode="token-mean",
         kl_coeff=0.0,
     )

@@ -36,8 +36,7 @@ config = (
         prompts_per_step=16,
         lr=3e-4,
         num_epochs=1,
-        clip_eps_low=0.2,
-        clip_eps_high=0.2,
+        trust_region={"kind": "ppo", "low": 0.2, "high": 0.2},
         loss_agg_mode="token-mean",
         kl_coeff=0.0,
     )

@@ -10,22 +10,67 @@ model. Only the JS "divergence definition" (Appendix F, ``divergence="js_definit
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from typing import Optional, Type, Union
+from typing import Any, Optional, Type, Union
 
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
 from ray.rllib.utils.annotations import override
 
 from rllib_dph.algorithms.grpo.grpo import GRPO, GRPOConfig
-from rllib_dph.algorithms.rules import DPH_CROSS_RULES, DPH_NUMBER_RULES, GRPO_NUMBER_RULES, ChoiceRule
+from rllib_dph.algorithms.rules import ChoiceRule, CrossRule, NumberRule
 from rllib_dph.losses import F_DIVERGENCES, PEF_NORMALIZATIONS, FDivergenceSpec
-from rllib_dph.presample import EXP_FILE, PEF_FILE, PresampleConfig, prepare_pef, read_metadata
+from rllib_dph.presample import EXP_FILE, PEF_FILE, TRAINING_FIELDS, PresampleConfig, prepare_pef, read_metadata
 
-#: Fields whose value names an entry of a registry (``DPHConfig.validate``).
-DPH_CHOICE_RULES = (
-    ChoiceRule("divergence", F_DIVERGENCES),
-    ChoiceRule("pef_loss_normalization", PEF_NORMALIZATIONS),
-)
+#: The flat fields that became fields of the embedded ``DPHConfig.presample``: old name → new.
+MOVED_FIELDS = {
+    "presample_dir": "out_dir",
+    "presample_k": "k",
+    "presample_min_correct": "min_correct",
+    "pef_samples": "pef_samples",
+    "pef_full_data": "full_data",
+}
+
+
+def _moved_error(name: str, value: Any) -> ValueError:
+    """The error for a flat field that moved into ``presample`` (``MOVED_FIELDS``)."""
+    if name not in MOVED_FIELDS:
+        return TypeError(f"DPHConfig.dph() got an unexpected keyword argument {name!r}")
+    return ValueError(f"{name}={value!r} is no field any more: DPHConfig embeds one PresampleConfig; write "
+                      f".dph(presample={{{MOVED_FIELDS[name]!r}: {value!r}}}) (docs/algorithms.md).")
+
+
+def _merged_presample(current: PresampleConfig, value: Union[PresampleConfig, dict]) -> PresampleConfig:
+    """``value`` itself, or ``current`` with the keys of the dict ``value`` set."""
+    if isinstance(value, PresampleConfig):
+        return value
+    keys = [f.name for f in dataclasses.fields(PresampleConfig) if f.name not in TRAINING_FIELDS]
+    unknown = [key for key in value if key not in keys] if isinstance(value, dict) else None
+    if unknown is None or unknown:
+        raise ValueError(f"presample={value!r} is invalid: give a PresampleConfig or a dict of its keys {keys}"
+                         + (f"; {unknown[0]!r} is none of them" if unknown else "") + " (docs/algorithms.md).")
+    return dataclasses.replace(current, **value)
+
+
+class PresampleRule:
+    """The embedded ``presample`` (its own rules, ``PresampleConfig.problem``), its fields that
+    training owns, and the flat fields it replaced, as a rule of ``DPHConfig.dph_rules``."""
+
+    def violation(self, config: Any) -> Optional[str]:
+        moved = [name for name in MOVED_FIELDS if name in vars(config)]
+        if moved:
+            return str(_moved_error(moved[0], getattr(config, moved[0])))
+        presample, defaults = config.presample, PresampleConfig()
+        if not isinstance(presample, PresampleConfig):
+            return f"presample={presample!r} is invalid: it must be a PresampleConfig; set it with .dph(presample=...)."
+        problem = presample.problem()
+        if problem is not None:
+            return f"presample: {problem}"
+        owned = [name for name in TRAINING_FIELDS if getattr(presample, name) != getattr(defaults, name)]
+        if owned:
+            return (f"presample.{owned[0]}={getattr(presample, owned[0])!r}: pre-sampling takes {owned[0]} from the "
+                    "training config (its log-probs must be training's μ); set it there, leave it at its default here.")
+        return None
 
 
 class DPHConfig(GRPOConfig):
@@ -38,7 +83,7 @@ class DPHConfig(GRPOConfig):
                 DPHConfig()
                 .environment("rllib_dph/SQL-v0", env_config={"data": "sql_synth/train"})
                 .llm(model_name="tiny-sql-math")
-                .dph(divergence="js", pef_coeff=0.05, presample_dir="presample/sql_tiny")
+                .dph(divergence="js", pef_coeff=0.05, presample={"out_dir": "presample/sql_tiny"})
             )
     """
 
@@ -51,17 +96,39 @@ class DPHConfig(GRPOConfig):
         self.pef_path = None
         self.exp_path = None
         self.pef_ratio = 8.0
-        self.presample_dir = None
-        self.presample_k = 8
-        self.presample_min_correct = 7
-        self.pef_samples = "refine"
-        self.pef_full_data = False
+        self.presample = PresampleConfig(out_dir=None)
 
     @override(AlgorithmConfig)
     def get_default_learner_class(self) -> Union[Type, str]:
         from rllib_dph.algorithms.dph.dph_torch_learner import DPHTorchLearner
 
         return DPHTorchLearner
+
+    #: The rules of ``dph()``'s fields (``validate``).
+    dph_rules = (
+        NumberRule("pef_coeff", low=0, fix="η of the paper, 0.01-0.2"),
+        NumberRule("alpha", low=0, high=1, low_open=True, high_open=True, fix="α of the α-divergence, e.g. 0.5"),
+        NumberRule("pef_ratio", low=0, low_open=True, fix="exploration rows per D_pef row, paper: 8"),
+        ChoiceRule("divergence", F_DIVERGENCES),
+        ChoiceRule("pef_loss_normalization", PEF_NORMALIZATIONS),
+        PresampleRule(),
+        CrossRule(
+            "an exploration term is weighed by the D_exp size",
+            lambda c: c.has_exploration_term and c.resolved_exp_path is None,
+            lambda c: (
+                f"divergence={c.divergence!r} needs the D_exp file to weigh the exploration term by "
+                "β₁ = η·|D_pef|/|D_exp|; set .dph(exp_path=...) or .dph(presample={'out_dir': ...})."
+            ),
+        ),
+        CrossRule(
+            "a source of D_pef rows (the files themselves are checked by presample.prepare_pef)",
+            lambda c: c.pef_path is None and not c.presample.out_dir,
+            lambda c: (
+                "no D_pef file: set .dph(presample={'out_dir': ...}) (pre-sampling runs there when its files are "
+                "missing) or .dph(pef_path=...) to an existing d_pef.parquet."
+            ),
+        ),
+    )
 
     def dph(
         self,
@@ -73,11 +140,8 @@ class DPHConfig(GRPOConfig):
         pef_path: Optional[str] = NotProvided,
         exp_path: Optional[str] = NotProvided,
         pef_ratio: Optional[float] = NotProvided,
-        presample_dir: Optional[str] = NotProvided,
-        presample_k: Optional[int] = NotProvided,
-        presample_min_correct: Optional[int] = NotProvided,
-        pef_samples: Optional[Union[str, int]] = NotProvided,
-        pef_full_data: Optional[bool] = NotProvided,
+        presample: Optional[Union[PresampleConfig, dict]] = NotProvided,
+        **moved,
     ) -> "DPHConfig":
         """Sets the DPH-RL specific configuration.
 
@@ -99,39 +163,54 @@ class DPHConfig(GRPOConfig):
                 ``"token_mean"``: η × the token-mean of Eq. 7 read literally (8× stronger at 8:1).
             alpha: α of the α-divergence, 0 < α < 1 (default 0.5).
             pef_path: The ``d_pef.parquet`` of the pre-sampling stage (reference responses with
-                their stored log-probs). Defaults to ``<presample_dir>/d_pef.parquet``.
+                their stored log-probs). Defaults to ``<presample.out_dir>/d_pef.parquet``.
             exp_path: The ``d_exp.parquet`` whose prompts the env runners sample (overrides
-                ``env_config["data"]``). Defaults to ``<presample_dir>/d_exp.parquet``.
+                ``env_config["data"]``). Defaults to ``<presample.out_dir>/d_exp.parquet``.
             pef_ratio: Exploration rows per D_pef row in every update (paper: 2048 : 256 = 8).
-            presample_dir: Directory of the pre-sampling stage. When its files are missing,
-                the algorithm runs pre-sampling there first (with the policy model, the env's
-                ``env_config`` data, ``presample_k`` and ``presample_min_correct``).
-            presample_k: Samples per prompt for an automatic pre-sampling run (default 8).
-            presample_min_correct: m of k correct for D_pef (default 7; paper's advice: 8 of 8).
-            pef_samples: Trajectories kept per D_pef prompt: ``"all"`` (the paper's "8 of 8"
-                recipe), ``"refine"`` (default) or n (``PresampleConfig.pef_samples``); each is a
-                row of its own, counted by ``pef_ratio`` and dealt like any D_pef row.
-            pef_full_data: Every prompt in D_exp too (Table 4's "Full Data"; default False).
+            presample: The pre-sampling stage, one embedded ``presample.PresampleConfig``:
+                ``out_dir`` (None: no automatic pre-sampling; its files missing, the algorithm
+                pre-samples there first), ``k`` (8), ``min_correct`` (7; paper's advice: 8 of 8),
+                ``pef_samples`` (``"all"``: the "8 of 8" recipe, ``"refine"`` (default) or n; each
+                trajectory a D_pef row, counted by ``pef_ratio``), ``full_data`` (Table 4) and
+                ``prompts_per_chunk``. Model, env, sampling and engine are training's
+                (``presample_config``). A ``PresampleConfig`` replaces it; a dict sets only its
+                keys (``{"min_correct": 8}``, also in ``--config``). The flat fields it replaced
+                (``presample_dir``, ``presample_k``, ...) are refused with the new spelling.
         """
+        if moved:
+            raise _moved_error(next(iter(moved)), next(iter(moved.values())))
         self._set_provided(
             divergence=divergence, pef_coeff=pef_coeff, pef_loss_normalization=pef_loss_normalization,
-            alpha=alpha, pef_path=pef_path, exp_path=exp_path, pef_ratio=pef_ratio, presample_dir=presample_dir,
-            presample_k=presample_k, presample_min_correct=presample_min_correct, pef_samples=pef_samples,
-            pef_full_data=pef_full_data,
+            alpha=alpha, pef_path=pef_path, exp_path=exp_path, pef_ratio=pef_ratio,
         )
+        if presample is not NotProvided:
+            self.presample = _merged_presample(self.presample, presample)
         return self
+
+    @override(GRPOConfig)
+    def moved_field_error(self, name: str, value: Any) -> Optional[str]:
+        """GRPO's, and the flat pre-sampling fields that moved into ``presample`` (``MOVED_FIELDS``)."""
+        return str(_moved_error(name, value)) if name in MOVED_FIELDS else super().moved_field_error(name, value)
+
+    @override(GRPOConfig)
+    def update_from_dict(self, config_dict: dict) -> "DPHConfig":
+        """RLlib's, with ``presample`` going through :meth:`dph` (a dict sets only its keys)."""
+        config_dict = dict(config_dict)
+        if "presample" in config_dict:
+            self.dph(presample=config_dict.pop("presample"))
+        return super().update_from_dict(config_dict)
 
     @property
     def resolved_pef_path(self) -> Optional[str]:
         if self.pef_path is not None:
             return self.pef_path
-        return os.path.join(self.presample_dir, PEF_FILE) if self.presample_dir else None
+        return os.path.join(self.presample.out_dir, PEF_FILE) if self.presample.out_dir else None
 
     @property
     def resolved_exp_path(self) -> Optional[str]:
         if self.exp_path is not None:
             return self.exp_path
-        return os.path.join(self.presample_dir, EXP_FILE) if self.presample_dir else None
+        return os.path.join(self.presample.out_dir, EXP_FILE) if self.presample.out_dir else None
 
     @property
     def divergence_spec(self) -> FDivergenceSpec:
@@ -164,16 +243,13 @@ class DPHConfig(GRPOConfig):
         return env_config
 
     def presample_config(self) -> PresampleConfig:
-        """The pre-sampling run that produces ``presample_dir`` for this config."""
-        return PresampleConfig(
+        """The pre-sampling run that produces ``presample.out_dir`` for this config: the embedded
+        stage with training's model, env, sampling and engine settings (``TRAINING_FIELDS``)."""
+        return dataclasses.replace(
+            self.presample,
             model_name=self.model_name,
             env=self.env,
             env_config=dict(self.env_config),
-            out_dir=self.presample_dir,
-            k=self.presample_k,
-            min_correct=self.presample_min_correct,
-            pef_samples=self.pef_samples,
-            full_data=self.pef_full_data,
             temperature=self.temperature,
             top_p=self.top_p,
             max_response_length=self.max_response_length,
@@ -186,19 +262,18 @@ class DPHConfig(GRPOConfig):
 
     @property
     def needs_presampling(self) -> bool:
-        """True when ``presample_dir`` is set and its D_pef file does not exist yet (a look at
+        """True when ``presample.out_dir`` is set and its D_pef file does not exist yet (a look at
         the disk; :func:`~rllib_dph.presample.prepare_pef` decides, also about stale files)."""
-        return bool(self.presample_dir) and not os.path.exists(self.resolved_pef_path)
+        return bool(self.presample.out_dir) and not os.path.exists(self.resolved_pef_path)
 
-    number_rules = GRPO_NUMBER_RULES + DPH_NUMBER_RULES
-    config_rules = GRPOConfig.config_rules + DPH_CHOICE_RULES + DPH_CROSS_RULES
+    rules = GRPOConfig.rules + dph_rules
 
 
 class DPH(GRPO):
     """DPH-RL: GRPO on D_exp plus the f-divergence term on D_pef rows.
 
     ``setup`` makes the D_pef file ready first (:func:`~rllib_dph.presample.prepare_pef`:
-    pre-sampling ``presample_dir`` when it has no files for this run, refusing a D_pef file made
+    pre-sampling ``presample.out_dir`` when it has no files for this run, refusing a D_pef file made
     by another model or with other sampling settings); the learners mix D_pef rows into every update through :class:`~rllib_dph.connectors.AddPefRows`.
     """
 
@@ -209,5 +284,5 @@ class DPH(GRPO):
 
     @override(GRPO)
     def setup(self, config) -> None:
-        prepare_pef(config)  # pre-samples or reuses presample_dir, refuses a D_pef file made for another run
+        prepare_pef(config)  # pre-samples or reuses presample.out_dir, refuses a D_pef file made for another run
         super().setup(config)

@@ -1,7 +1,8 @@
 """GRPO (Shao et al. 2024) and its usual variants on RLlib's new API stack.
 
-Variants are config choices, not separate algorithms: DAPO's clip-higher (``clip_eps_high``),
-dynamic sampling and overlong reward shaping (Yu et al. 2025); Dr. GRPO's unnormalised
+Variants are config choices, not separate algorithms: DAPO's clip-higher
+(``trust_region={"kind": "ppo", "high": 0.28}``), dynamic sampling and overlong reward shaping
+(Yu et al. 2025); Dr. GRPO's unnormalised
 advantages and constant-length aggregation (Liu et al. 2025); a reverse-KL penalty to a frozen
 reference model (``kl_coeff > 0``, the "RKL" baseline of the DPH-RL paper); and DPPO's trust
 regions (``trust_region="dppo_*"``, Qi et al. 2025) in place of ratio clipping.
@@ -9,7 +10,6 @@ regions (``trust_region="dppo_*"``, Qi et al. 2025) in place of ratio clipping.
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Optional, Type, Union
 
@@ -34,17 +34,9 @@ from ray.rllib.utils.metrics import (
 
 from rllib_dph import columns as C
 from rllib_dph.async_sampling import SamplingRounds
-from rllib_dph.algorithms.rules import (
-    FLOAT16_TRAINING_RULE,
-    GRPO_CROSS_RULES,
-    GRPO_NUMBER_RULES,
-    TRUST_REGION_RULES,
-    ChoiceRule,
-    CrossRule,
-    first_violation,
-    violations,
-)
+from rllib_dph.algorithms.rules import ChoiceRule, CrossRule, NumberRule, first_violation
 from rllib_dph.algorithms.grpo.grpo_torch_learner import GRPOTorchLearner
+from rllib_dph.algorithms.grpo.trust_region import MOVED_FIELDS, TrustRegion, TrustRegionRule, moved_field_message
 from rllib_dph.engines import DEFAULT_ENGINE, ENGINES
 from rllib_dph.files import atomic_dir
 from rllib_dph.learner_calls import learner_actors, update_remote_learners
@@ -55,8 +47,6 @@ from rllib_dph.sharding import SHARDINGS, ShardedLearnerGroup
 from rllib_dph.losses import (
     AGGREGATIONS,
     KL_ESTIMATORS,
-    TRUST_REGIONS,
-    TrustRegionSpec,
     group_advantages,
     has_reward_variance,
     overlong_penalty,
@@ -65,20 +55,9 @@ from rllib_dph.losses import (
 #: Result key of the per-step phase times (seconds of this iteration, not smoothed).
 STEP_TIMES = "step_times"
 
-ANCHORS = ("behavior", "recompute")
-#: Learner compute dtypes (``float16`` is refused: see ``rules.FLOAT16_TRAINING_RULE``).
+#: Learner compute dtypes (``float16`` is refused: see ``GRPOConfig.llm_rules``).
 DTYPES = ("float32", "bfloat16")
-#: Fields whose value names an entry of a registry (``GRPOConfig.validate``).
-GRPO_CHOICE_RULES = (
-    ChoiceRule("engine", ENGINES),
-    ChoiceRule("dtype", DTYPES),
-    ChoiceRule("trust_region", TRUST_REGIONS),
-    ChoiceRule("loss_agg_mode", AGGREGATIONS),
-    ChoiceRule("kl_estimator", KL_ESTIMATORS),
-    ChoiceRule("trust_region_anchor", ANCHORS),
-    ChoiceRule("sharding", SHARDINGS),
-)
-#: What ``lora`` asks of itself and of the other fields (``GRPOConfig.llm``).
+#: What ``lora`` asks of itself and of the other fields (``GRPOConfig.llm_rules``).
 LORA_RULES = (
     CrossRule("lora: None or valid LoRA settings", lambda c: lora_problem(c.lora) is not None, lambda c: lora_problem(c.lora)),
     CrossRule(
@@ -141,13 +120,7 @@ class GRPOConfig(AlgorithmConfig):
         self.overlong_buffer_length = 0
         # Policy loss.
         self.trust_region = "ppo"
-        self.clip_eps_low = 0.2
-        self.clip_eps_high = 0.2
-        self.trust_region_delta_low = None
-        self.trust_region_delta_high = None
-        self.is_truncation = math.inf
         self.clip_ratio_c = 3.0
-        self.trust_region_anchor = "behavior"
         self.rollout_top_k = 0
         self.loss_agg_mode = "token-mean"
         self.kl_coeff = 0.0
@@ -240,22 +213,54 @@ class GRPOConfig(AlgorithmConfig):
         return dict(self.env_config)
 
     @property
-    def trust_region_spec(self) -> TrustRegionSpec:
-        """The ``losses.TRUST_REGIONS`` entry of ``trust_region``."""
-        return TRUST_REGIONS[self.trust_region]
+    def trust_region_setting(self) -> TrustRegion:
+        """``trust_region`` with the spec's defaults in place of None (``TrustRegion.resolved``):
+        the kind, thresholds, truncation and anchor the learner uses."""
+        return TrustRegion.of(self.trust_region).resolved()
 
-    @property
-    def trust_region_bounds(self) -> tuple[Optional[float], Optional[float]]:
-        """(low, high) thresholds of the trust-region mask: PPO's ε for a rule without thresholds
-        of its own (``ppo``; ignored by ``tis``, ``cispo``, ``none``), else
-        ``trust_region_delta_low/high`` or, where None, the spec's defaults
-        (``TrustRegionSpec.delta_low/high``); None for a side the rule has no threshold for."""
-        spec = self.trust_region_spec
-        if not spec.has_thresholds:
-            return self.clip_eps_low, self.clip_eps_high
-        low = None if spec.delta_low is None else spec.delta_low.resolve(self.trust_region_delta_low)
-        high = None if spec.delta_high is None else spec.delta_high.resolve(self.trust_region_delta_high)
-        return low, high
+    def moved_field_error(self, name: str, value) -> Optional[str]:
+        """The error for a flat field that became part of a grouped setting (``trust_region``:
+        ``trust_region.MOVED_FIELDS``), naming its new spelling; None for any other name."""
+        return moved_field_message(name, value) if name in MOVED_FIELDS else None
+
+    #: The rules of ``llm()``'s fields (``validate``).
+    llm_rules = (
+        NumberRule("temperature", low=0, low_open=True, fix="e.g. 1.0 (0 would be greedy: equal completions, no advantages)"),
+        NumberRule("top_p", low=0, high=1, low_open=True, fix="1.0 disables nucleus sampling"),
+        NumberRule("max_response_length", integer=True, low=1, fix="e.g. 128"),
+        CrossRule(  # before the dtype choice: it says why float16 is not one
+            "no float16 training",
+            lambda c: c.dtype == "float16",
+            lambda c: (
+                "dtype='float16' would train the learner under fp16 autocast, which needs loss "
+                "scaling (a GradScaler) against gradient underflow, and this learner has none; "
+                "set dtype='bfloat16' (fp32's exponent range: no scaling needed) or 'float32'. "
+                "For an fp16 rollout engine only, set engine_kwargs={'dtype': 'float16'}."
+            ),
+        ),
+        ChoiceRule("engine", ENGINES),
+        ChoiceRule("dtype", DTYPES),
+        CrossRule(
+            "nucleus log-probs need top_p = 1",
+            lambda c: c.engine in ENGINES and not ENGINES[c.engine].full_softmax_logprobs and c.top_p < 1,
+            lambda c: (
+                f"engine={c.engine!r} with top_p={c.top_p}: that engine reports log-probs of the top-p-"
+                "renormalised nucleus, not of the full tempered softmax the learner's π_θ is "
+                "(engines.base.SamplingParams), so π_θ/μ would start at the nucleus mass instead "
+                f"of 1; set top_p=1.0 (as DAPO and DPH-RL do) or engine={DEFAULT_ENGINE!r}."
+            ),
+        ),
+        CrossRule(
+            "a reference model may be loaded when a term needs one",
+            lambda c: c.needs_reference_model and c.reference_model is None,
+            lambda c: (
+                f"this config needs a live reference model ({', '.join(c.reference_model_users())}), "
+                "but reference_model=None forbids loading one; set reference_model='initial' "
+                "(or a model path), or drop the term that needs it."
+            ),
+        ),
+        *LORA_RULES,
+    )
 
     def llm(
         self,
@@ -318,6 +323,66 @@ class GRPOConfig(AlgorithmConfig):
         )
         return self
 
+    #: The rules of ``training()``'s fields, RLlib's among them (``validate``).
+    training_rules = (
+        NumberRule("lr", low=0, low_open=True, fix="a learning rate such as 3e-4 (tiny model) or 1e-6 (7B)"),
+        NumberRule("grad_clip", low=0, low_open=True, optional=True, fix="e.g. 1.0, or None to disable clipping"),
+        NumberRule("num_epochs", integer=True, low=1, fix="1 for one pass over each batch"),
+        NumberRule("minibatch_size", integer=True, low=1, optional=True, fix="e.g. 32 rows, or None for one step per batch"),
+        NumberRule("group_size", integer=True, low=2, fix="GRPO needs >= 2 completions per prompt, e.g. 8"),
+        NumberRule("prompts_per_step", integer=True, low=1, fix="e.g. 16"),
+        NumberRule("max_dynamic_sampling_rounds", integer=True, low=1, fix="e.g. 4"),
+        NumberRule("overlong_buffer_length", integer=True, low=0, fix="0 disables DAPO's overlong shaping"),
+        NumberRule("clip_ratio_c", low=1, low_open=True, optional=True, fix="dual clip: 3.0 as in verl, or None to disable"),
+        NumberRule("rollout_top_k", integer=True, low=0, high=20, fix="0 for none, 20 for the top-K DPPO masks"),
+        NumberRule("kl_coeff", low=0, fix="0 disables the KL penalty (RKL baseline: 0.01)"),
+        NumberRule("entropy_coeff", low=0, fix="0 disables the entropy bonus"),
+        NumberRule("max_consecutive_skipped_updates", integer=True, low=1, fix="default 5"),
+        NumberRule("max_tokens_per_microbatch", integer=True, low=1, optional=True, fix="e.g. 16384, or None for one pass per mini-batch"),
+        NumberRule("max_staleness", integer=True, low=0, fix="0 for synchronous sampling, 1 to overlap sampling and update"),
+        ChoiceRule("loss_agg_mode", AGGREGATIONS),
+        ChoiceRule("kl_estimator", KL_ESTIMATORS),
+        TrustRegionRule(),
+        CrossRule(
+            "asynchronous sampling needs remote env runners",
+            # RLlib validates an evaluation copy too, whose env runners are the evaluation ones.
+            lambda c: c.max_staleness > 0 and c.num_env_runners < 1 and not c.in_evaluation,
+            lambda c: (
+                f"max_staleness={c.max_staleness} samples on remote env runners while the learners "
+                f"update, but num_env_runners={c.num_env_runners} samples in the driver; set "
+                ".env_runners(num_env_runners=1) or more, or max_staleness=0."
+            ),
+        ),
+        CrossRule(
+            "a prompt per env runner and per learner",
+            lambda c: c.prompts_per_step < max(1, c.num_env_runners, c.num_learners),
+            lambda c: (
+                f"prompts_per_step={c.prompts_per_step} must be >= num_env_runners="
+                f"{c.num_env_runners} and >= num_learners={c.num_learners} (every env runner "
+                "samples, and every learner trains on, at least one prompt per step)."
+            ),
+        ),
+        CrossRule(
+            "overlong buffer shorter than the response",
+            lambda c: c.overlong_buffer_length >= c.max_response_length,
+            lambda c: (
+                f"overlong_buffer_length={c.overlong_buffer_length} must be < "
+                f"max_response_length={c.max_response_length}; 0 disables it."
+            ),
+        ),
+        CrossRule(
+            "mini-batches of whole groups",
+            lambda c: c.minibatch_size is not None
+            and not (c.minibatch_size <= c.train_rows_per_step and c.minibatch_size % c.group_size == 0),
+            lambda c: (
+                f"minibatch_size={c.minibatch_size} must be a multiple of group_size="
+                f"{c.group_size} (groups stay whole) and <= prompts_per_step * group_size = "
+                f"{c.train_rows_per_step} (it counts exploration rows over all learners); or None for one "
+                "optimizer step per epoch."
+            ),
+        ),
+    )
+
     @override(AlgorithmConfig)
     def training(
         self,
@@ -328,13 +393,7 @@ class GRPOConfig(AlgorithmConfig):
         max_dynamic_sampling_rounds: Optional[int] = NotProvided,
         normalize_advantage_std: Optional[bool] = NotProvided,
         overlong_buffer_length: Optional[int] = NotProvided,
-        trust_region: Optional[str] = NotProvided,
-        clip_eps_low: Optional[float] = NotProvided,
-        clip_eps_high: Optional[float] = NotProvided,
-        trust_region_delta_low: Optional[float] = NotProvided,
-        trust_region_delta_high: Optional[float] = NotProvided,
-        is_truncation: Optional[float] = NotProvided,
-        trust_region_anchor: Optional[str] = NotProvided,
+        trust_region: Optional[Union[str, dict]] = NotProvided,
         rollout_top_k: Optional[int] = NotProvided,
         loss_agg_mode: Optional[str] = NotProvided,
         kl_coeff: Optional[float] = NotProvided,
@@ -361,32 +420,19 @@ class GRPOConfig(AlgorithmConfig):
             overlong_buffer_length: DAPO soft overlong punishment: responses longer than
                 ``max_response_length - overlong_buffer_length`` get a linear penalty reaching
                 -1 at the limit. 0 (default) disables it.
-            trust_region: The trust region or off-policy correction, anchored on the rollout
-                policy μ (``losses.TRUST_REGIONS``; table in ``docs/trust_regions.md``):
-                ``"ppo"`` (ratio clipping with ``clip_eps_low/high``); DPPO's
-                ``"dppo_binary_tv"``, ``"dppo_binary_kl"``, ``"dppo_topk_tv"``,
-                ``"dppo_topk_kl"`` (divergence between μ and π_θ); ``"ipo"`` (|π − μ| mask,
-                whatever the advantage's sign); ``"icepop"`` (mask tokens whose π/μ leaves
-                [low, high]); ``"opsm"`` (mask negative-advantage rows whose mean log-ratio
-                log π/μ is below −δ); these read ``trust_region_delta_low/high``. ``"tis"``
-                and ``"cispo"`` mask nothing and truncate the weight at ``is_truncation``;
-                ``"none"`` masks nothing.
-            clip_eps_low: PPO ε for negative advantages (default 0.2).
-            clip_eps_high: PPO ε for positive advantages (default 0.2; DAPO clip-higher: 0.28).
-            trust_region_delta_low: The trust region's lower threshold; None (default) for
-                its default: DPPO's δ for negative advantages (0.15 TV, 0.05 KL), IPO's ε for
-                π < μ (0.3), ICEPOP's ratio bound a (0.5), OPSM's δ (1e-4).
-            trust_region_delta_high: The upper threshold; None (default) for its default:
-                DPPO's δ for positive advantages, IPO's ε for π > μ (0.3), ICEPOP's ratio bound
-                b (5.0); OPSM has none (leave None).
-            is_truncation: Truncation C of the importance weight min(π_θ/μ, C) (DPPO Eq. 23);
-                infinite by default. ``trust_region="tis"`` and ``"cispo"`` need a finite C
-                (their sources: 2 and 3).
-            trust_region_anchor: What the trust region and the importance weight are anchored
-                on: ``"behavior"`` (default), the rollout engine's μ, as DPPO prescribes (§5.2,
-                Takeaway 2); or ``"recompute"``, an ablation that recomputes π_old with the
-                learner's weights before the update (what PPO implementations usually do; it
-                hides the train-inference mismatch from the trust region).
+            trust_region: The trust region or off-policy correction, one grouped setting
+                (``trust_region.TrustRegion``; table in ``docs/trust_regions.md``): a name of
+                ``losses.TRUST_REGIONS`` or a dict of ``kind``, ``low``, ``high``,
+                ``truncation``, ``anchor``, e.g. ``{"kind": "ppo", "high": 0.28}`` (DAPO
+                clip-higher). A dict replaces the whole setting; a key left out or None takes
+                the spec's default. Default ``"ppo"`` (ε 0.2 each side). ``"ppo"`` clips the
+                ratio; DPPO's ``"dppo_binary_tv"``, ``"dppo_binary_kl"``, ``"dppo_topk_tv"``,
+                ``"dppo_topk_kl"`` mask by the divergence between μ and π_θ; ``"ipo"``,
+                ``"icepop"`` and ``"opsm"`` mask whatever the advantage's sign; ``"tis"`` and
+                ``"cispo"`` mask nothing and truncate the weight at C (2 and 3); ``"none"``
+                masks nothing. The old flat fields (``clip_eps_low/high``,
+                ``trust_region_delta_low/high``, ``is_truncation``, ``trust_region_anchor``)
+                are refused with their new spelling.
             rollout_top_k: K log-probs per generated token returned by the engine (0..20);
                 the top-K DPPO masks need K >= 1.
             loss_agg_mode: ``"token-mean"`` (DAPO; default), ``"seq-mean-token-mean"`` (GRPO),
@@ -424,6 +470,9 @@ class GRPOConfig(AlgorithmConfig):
                 versions old are dropped (``num_stale_rows_dropped``). Needs
                 ``num_env_runners >= 1``. DPH's D_pef rows are added by the learner and never stale.
         """
+        moved = [self.moved_field_error(name, value) for name, value in kwargs.items() if name in MOVED_FIELDS]
+        if moved:
+            raise ValueError(moved[0])
         super().training(**kwargs)
         self._set_provided(
             group_size=group_size,
@@ -433,12 +482,6 @@ class GRPOConfig(AlgorithmConfig):
             normalize_advantage_std=normalize_advantage_std,
             overlong_buffer_length=overlong_buffer_length,
             trust_region=trust_region,
-            clip_eps_low=clip_eps_low,
-            clip_eps_high=clip_eps_high,
-            trust_region_delta_low=trust_region_delta_low,
-            trust_region_delta_high=trust_region_delta_high,
-            is_truncation=is_truncation,
-            trust_region_anchor=trust_region_anchor,
             rollout_top_k=rollout_top_k,
             loss_agg_mode=loss_agg_mode,
             kl_coeff=kl_coeff,
@@ -450,6 +493,12 @@ class GRPOConfig(AlgorithmConfig):
             max_staleness=max_staleness,
         )
         return self
+
+    #: The rules of ``env_runners()``'s fields (``validate``).
+    env_runner_rules = (
+        NumberRule("sample_timeout_s", low=0, low_open=True, fix="seconds, generous (default 1800)"),
+        NumberRule("weight_sync_timeout_s", low=0, low_open=True, fix="seconds, generous (default 600)"),
+    )
 
     @override(AlgorithmConfig)
     def env_runners(self, *, weight_sync_timeout_s: Optional[float] = NotProvided, **kwargs) -> "GRPOConfig":
@@ -468,6 +517,32 @@ class GRPOConfig(AlgorithmConfig):
         super().env_runners(**kwargs)
         self._set_provided(weight_sync_timeout_s=weight_sync_timeout_s)
         return self
+
+    #: The rules of ``learners()``'s fields (``validate``).
+    learner_rules = (
+        NumberRule("num_learners", integer=True, low=0, fix="0 for a local learner, N for N Ray learners"),
+        ChoiceRule("sharding", SHARDINGS),
+        NumberRule("learner_update_timeout_s", low=0, low_open=True, fix="seconds, generous (default 1800)"),
+        NumberRule("collective_timeout_s", low=0, low_open=True, high=31_536_000, fix="seconds, generous (default 1800)"),
+        CrossRule(
+            "fsdp2 needs two learners",
+            lambda c: c.sharding == "fsdp2" and c.num_learners < 2,
+            lambda c: (
+                f"sharding='fsdp2' shards the model over the Ray learners, but num_learners="
+                f"{c.num_learners}; set .learners(num_learners=N) with N >= 2 (e.g. one per "
+                "GPU), or sharding='ddp' for a single learner."
+            ),
+        ),
+        CrossRule(
+            "fsdp2 clips by a global norm or by value",
+            lambda c: c.sharding == "fsdp2" and c.grad_clip is not None and c.grad_clip_by == "norm",
+            lambda c: (
+                "grad_clip_by='norm' clips each gradient tensor by its own norm, which an FSDP2 "
+                "learner only holds a shard of; with sharding='fsdp2' use grad_clip_by="
+                "'global_norm' (default) or 'value'."
+            ),
+        ),
+    )
 
     @override(AlgorithmConfig)
     def learners(
@@ -521,6 +596,21 @@ class GRPOConfig(AlgorithmConfig):
             rl_module_spec = self.get_multi_rl_module_spec(env=env, spaces=spaces)
         return ShardedLearnerGroup(config=self.copy(), module_spec=rl_module_spec, placement_group=placement_group)
 
+    #: The rules of ``held_out()``'s fields (``validate``).
+    held_out_rules = (
+        NumberRule("val_interval", integer=True, low=0, fix="0 disables validation"),
+        NumberRule("val_n", integer=True, low=1, fix="e.g. 8 samples per validation prompt"),
+        NumberRule("val_limit", integer=True, low=1, optional=True, fix="None evaluates every validation prompt"),
+        CrossRule(
+            "validation needs a validation split",
+            lambda c: bool(c.val_interval) and c.val_env_config is None,
+            lambda c: (
+                f"val_interval={c.val_interval} but no validation split: set "
+                ".held_out(val_env_config={'data': 'sql_synth/test'}) (or val_interval=0)."
+            ),
+        ),
+    )
+
     def held_out(
         self,
         *,
@@ -537,6 +627,13 @@ class GRPOConfig(AlgorithmConfig):
         results (``evaluation/pass@1``, ``evaluation/pass@<n>``, ``evaluation/greedy_accuracy``,
         ``evaluation/mean@<n>``, ``evaluation/style_entropy_bits``, ...), so Tune and TensorBoard
         show pass@k curves over training.
+
+        ``val_interval`` is the concept of RLlib's ``evaluation(evaluation_interval=...)``, but not
+        its machinery: with ``evaluation_interval`` set, RLlib's ``Algorithm.setup`` builds a
+        separate evaluation EnvRunnerGroup (more ``LLMEnvRunner``s, each loading another rollout
+        engine and copy of the model) and ``Algorithm.evaluate`` samples episodes on it. Here one
+        training env runner, which holds the current weights already, samples ``val_n``
+        completions per validation prompt; so leave RLlib's ``evaluation_interval`` unset.
 
         Args:
             val_interval: Evaluate every N training iterations; 0 (default) disables it.
@@ -558,25 +655,21 @@ class GRPOConfig(AlgorithmConfig):
         """Rows (completions) per training iteration."""
         return self.prompts_per_step * self.group_size
 
-    #: Numeric field rules of this config class (``rules.NumberRule``), checked first.
-    number_rules = GRPO_NUMBER_RULES
-    #: Every other rule, in the order they are checked (``rules.py``): choices, trust region,
-    #: cross-field rules.
-    config_rules = (FLOAT16_TRAINING_RULE, *GRPO_CHOICE_RULES, *TRUST_REGION_RULES, *GRPO_CROSS_RULES, *LORA_RULES)
+    #: Every field rule, each table beside its setter (``rules.py``: the kinds of rule).
+    rules = (*llm_rules, *training_rules, *env_runner_rules, *learner_rules, *held_out_rules)
 
     @override(AlgorithmConfig)
     def validate(self) -> None:
-        """Refuses bad values: the first broken number rule, then every broken rule of
-        ``config_rules`` (each message states the value, the rule and the fix).
+        """Refuses bad values: the first broken number rule of ``rules``, else the first broken
+        other rule (each message states the value, the rule and the fix).
 
-        Only checks: never loads, builds or trains anything.
+        Only checks fields: never loads, builds or trains anything.
         """
         super().validate()
-        problem = first_violation(self, self.number_rules)
+        problem = first_violation(self, [rule for rule in self.rules if isinstance(rule, NumberRule)])
+        problem = problem or first_violation(self, [rule for rule in self.rules if not isinstance(rule, NumberRule)])
         if problem:
             self._value_error(problem)
-        for message in violations(self, self.config_rules):
-            self._value_error(message)
 
 
 class GRPO(Algorithm):

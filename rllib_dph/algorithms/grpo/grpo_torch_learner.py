@@ -88,18 +88,18 @@ class GRPOTorchLearner(LLMTorchLearner):
         anchor_logp = batch.get(C.ANCHOR_LOGP, batch[C.BEHAVIOR_LOGP]).float()  # (B, L)
         advantages = batch[C.ADVANTAGES].float()[:, None]  # (B, 1)
         valid = row_mask(batch, C.ROW_TYPE_EXP)  # (B, L)
-        low, high = config.trust_region_bounds
+        region = config.trust_region_setting
         topk = dict(
             topk_logp=fwd_out.get(TOPK_LOGP),
             topk_behavior_logp=batch.get(C.TOPK_ANCHOR_LOGP, batch.get(C.TOPK_BEHAVIOR_LOGP)),
         )
         keep, divergence = trust_region_mask(
-            logp.detach(), anchor_logp, advantages, kind=config.trust_region, low=low, high=high,
+            logp.detach(), anchor_logp, advantages, kind=region.kind, low=region.low, high=region.high,
             return_divergence=True, response_mask=valid, **topk
         )  # (B, L), (B, L) or None
         dual_keep = dual_clip_mask(logp.detach(), anchor_logp, advantages, clip_ratio_c=config.clip_ratio_c)  # (B, L)
         pg = policy_gradient_loss(
-            logp, anchor_logp, advantages, keep & dual_keep, truncation=config.is_truncation
+            logp, anchor_logp, advantages, keep & dual_keep, truncation=region.truncation
         )  # (B, L)
         loss = step.aggregate(pg, valid, row_type=C.ROW_TYPE_EXP, mode=config.loss_agg_mode)
         metrics[POLICY_LOSS] = loss

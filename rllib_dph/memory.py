@@ -640,8 +640,7 @@ def candidate_fixes(config, shape: ModelShape, prompt: int) -> list[tuple[str, d
     one's padded tokens down to one row), activation checkpointing, FSDP2 over 2, 4, 8 learners
     (only where learners have GPUs: on one CPU machine the learners add up), then LoRA with the
     default settings (``lora.LORA_DEFAULTS``) when the config is not LoRA already: last, because
-    it changes what is trained (the others change only how), and it needs a LoRA engine."""
-    from rllib_dph.engines import ENGINES
+    it changes what is trained (the others change only how)."""
     from rllib_dph.lora import LORA_DEFAULTS
 
     length = prompt + config.max_response_length
@@ -657,10 +656,7 @@ def candidate_fixes(config, shape: ModelShape, prompt: int) -> list[tuple[str, d
             if n > config.num_learners or config.sharding != "fsdp2":
                 fixes.append((f'sharding="fsdp2" over num_learners={n}', {"sharding": "fsdp2", "num_learners": n}))
     if config.lora is None:
-        lora_engine = next(name for name, spec in ENGINES.items() if spec.lora_adapters)
-        engine = {} if ENGINES[config.engine].lora_adapters else {"engine": lora_engine}
-        label = f"LoRA, lora={LORA_DEFAULTS}" + "".join(f", {k}={v!r}" for k, v in engine.items())
-        fixes.append((label, {"lora": dict(LORA_DEFAULTS), **engine}))
+        fixes.append((f"LoRA, lora={LORA_DEFAULTS}", {"lora": dict(LORA_DEFAULTS)}))
     return fixes
 
 

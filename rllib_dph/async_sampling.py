@@ -38,7 +38,7 @@ from typing import Any, Optional
 
 import numpy as np
 import ray
-from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_RL_MODULE
+from ray.rllib.core import COMPONENT_RL_MODULE
 from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
 
 from rllib_dph import columns as C
@@ -115,11 +115,9 @@ def drop_stale_rows(
     return select_rows(batch, keep), staleness[keep], int((~keep).sum())
 
 
-def publish_weights(learner_group) -> PublishedWeights:
-    """The learner group's current weights and version, put once into the object store."""
-    state = learner_group.get_state(
-        components=COMPONENT_LEARNER + "/" + COMPONENT_RL_MODULE, inference_only=True
-    )[COMPONENT_LEARNER]
+def publish_weights(state: dict) -> PublishedWeights:
+    """A learner's weights and version (its state's ``rl_module`` and ``WEIGHTS_SEQ_NO``:
+    ``learner_calls.read_learner_weights``), put once into the object store."""
     version = int(state.get(WEIGHTS_SEQ_NO, 0))
     payload = {COMPONENT_RL_MODULE: state[COMPONENT_RL_MODULE], WEIGHTS_SEQ_NO: version}
     return PublishedWeights(version=version, state=ray.put(payload))
@@ -149,9 +147,10 @@ class SamplingRounds:
         self._num_rounds = 0
 
     # ------------------------------------------------------------------ weights
-    def publish(self, learner_group) -> PublishedWeights:
-        """Publishes the learner group's weights: the next requests carry them."""
-        self.weights = publish_weights(learner_group)
+    def publish(self, state: dict) -> PublishedWeights:
+        """Publishes a learner's weights (``learner_calls.read_learner_weights``): the next
+        requests carry them."""
+        self.weights = publish_weights(state)
         self.metrics.log_value(WEIGHTS_VERSION, self.weights.version, window=1)
         return self.weights
 

@@ -97,22 +97,60 @@ def update_remote_learners(
             "timed out takes no new one; learners are not restarted: continue from the last "
             "checkpoint (Algorithm.from_checkpoint, or rllib train --resume)."
         )
+    done = _wait(manager, tag, ids, actors, timeout_s, "the learner update", ("learners", "learner_update_timeout_s"))
+    return [done[i] for i in ids]
+
+
+def read_learner_weights(learner_group, *, timeout_s: float, actors: dict[int, LearnerActor]) -> dict[str, Any]:
+    """The learner's RLModule weights for inference and their version (its state's
+    ``rl_module`` and ``WEIGHTS_SEQ_NO``), as ``LearnerGroup.get_state`` reads them (from the
+    first learner), waited for at most ``timeout_s`` (``weight_sync_timeout_s``: reading the
+    weights is the first half of the weight sync).
+
+    Raises:
+        LearnerFailed: The learner died or raised; names it and quotes its worker log.
+        TimeoutError: It did not answer in time.
+    """
+    from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_RL_MODULE
+
+    component = COMPONENT_LEARNER + "/" + COMPONENT_RL_MODULE
+    if learner_group.is_local:
+        return learner_group.get_state(components=component, inference_only=True)[COMPONENT_LEARNER]
+    manager = learner_group._worker_manager
+    first = manager.healthy_actor_ids()[:1]
+    if not first:
+        raise LearnerFailed(f"no learner in service to read the weights from: {_names(manager.actor_ids(), actors, manager)}.")
+    components = learner_group._get_subcomponents(COMPONENT_LEARNER, component)
+    tag = f"rllib_dph_weights_{time.monotonic_ns()}"
+    manager.foreach_actor_async(
+        lambda learner: learner.get_state(components, inference_only=True), tag=tag, remote_actor_ids=first
+    )
+    done = _wait(manager, tag, first, actors, timeout_s, "reading the learner's weights",
+                 ("env_runners", "weight_sync_timeout_s"))
+    return done[first[0]]
+
+
+def _wait(manager, tag: str, ids: list[int], actors: dict[int, LearnerActor], timeout_s: float, what: str,
+          setting: tuple[str, str]) -> dict[int, Any]:
+    """The results of the calls ``tag`` of learners ``ids``, by actor id, waited for at most
+    ``timeout_s``; the first failure raises :class:`LearnerFailed`, the deadline ``TimeoutError``,
+    both naming ``what`` was waited for (and ``setting``, (config setter, field), that bounds it)."""
+    setter, field = setting
     done, deadline = {}, time.monotonic() + timeout_s
     while len(done) < len(ids):
         wait = min(_POLL_S, max(0.0, deadline - time.monotonic()))
         for r in manager.fetch_ready_async_reqs(tags=[tag], timeout_seconds=wait):
             if not r.ok:
-                raise _failure(actors.get(r.actor_id), r.actor_id, r.get())
+                raise _failure(actors.get(r.actor_id), r.actor_id, r.get(), what)
             done[r.actor_id] = r.get()
         if len(done) < len(ids) and time.monotonic() >= deadline:
             late = [_name(i, actors) for i in ids if i not in done]
             raise TimeoutError(
-                f"{', '.join(late)} did not finish the learner update within learner_update_timeout_s="
-                f"{timeout_s} s. A learner is stuck (a collective waiting for a dead peer, a hung "
-                "device) or too slow: check its log (ray logs), or raise "
-                "config.learners(learner_update_timeout_s=...)."
+                f"{', '.join(late)} did not finish {what} within {field}={timeout_s} s. A learner is "
+                "stuck (a collective waiting for a dead peer, a hung device) or too slow: check its "
+                f"log (ray logs), or raise config.{setter}({field}=...)."
             )
-    return [done[i] for i in ids]
+    return done
 
 
 def _name(actor_id: int, actors: dict[int, LearnerActor]) -> str:
@@ -129,11 +167,11 @@ def _names(ids: list[int], actors: dict[int, LearnerActor], manager) -> str:
     return "; ".join(states)
 
 
-def _failure(actor: Optional[LearnerActor], actor_id: int, cause: BaseException) -> LearnerFailed:
+def _failure(actor: Optional[LearnerActor], actor_id: int, cause: BaseException, what: str) -> LearnerFailed:
     who = actor.describe() if actor else f"learner actor {actor_id}"
     log = log_tail(actor.pid) if actor else "(pid unknown: no worker log)"
     return LearnerFailed(
-        f"{who} failed during the learner update: {type(cause).__name__}: {str(cause)[:2000]}\n"
+        f"{who} failed during {what}: {type(cause).__name__}: {str(cause)[:2000]}\n"
         f"Its worker log:\n{log}\n"
         "Learners are not restarted (their optimizer state and process group cannot be rebuilt "
         "mid-run): the run stops here. Continue from the last checkpoint "

@@ -151,6 +151,24 @@ def test_stalled_learner_update_raises_naming_learner_and_timeout(ray_session, t
     algo.stop()
 
 
+def test_stalled_weight_read_raises_naming_learner_and_timeout(ray_session, tiny_grpo_config):
+    """Reading the learner's new weights after its update is bounded by weight_sync_timeout_s."""
+    algo = _remote_learner(tiny_grpo_config).env_runners(weight_sync_timeout_s=3.0).build_algo()
+
+    def stall(*_, **__):  # local: pickled by value (the learner cannot import this test module)
+        time.sleep(30)
+
+    algo.learner_group.foreach_learner(lambda learner: setattr(learner, "get_state", stall))
+    start = time.monotonic()
+    with pytest.raises(
+        TimeoutError, match=r"learner 0 \(actor .*\) did not finish reading the learner's weights within "
+        r"weight_sync_timeout_s=3.0 s.*env_runners\(weight_sync_timeout_s=...\)"
+    ):
+        algo.train()
+    assert time.monotonic() - start < 25  # the timeout, not the stall, ended the wait
+    algo.stop()
+
+
 @pytest.mark.parametrize("field", ["learner_update_timeout_s", "collective_timeout_s"])
 def test_learner_timeouts_are_validated(tiny_grpo_config, field):
     with pytest.raises(ValueError, match=field):

@@ -39,7 +39,7 @@ from rllib_dph.algorithms.grpo.grpo_torch_learner import GRPOTorchLearner
 from rllib_dph.algorithms.grpo.trust_region import MOVED_FIELDS, TrustRegion, TrustRegionRule, moved_field_message
 from rllib_dph.engines import DEFAULT_ENGINE, ENGINES
 from rllib_dph.files import atomic_dir
-from rllib_dph.learner_calls import learner_actors, update_remote_learners
+from rllib_dph.learner_calls import learner_actors, read_learner_weights, update_remote_learners
 from rllib_dph.lora import lora_problem
 from rllib_dph.batch import concat_batches, num_minibatches, select_rows, shard_groups
 from rllib_dph.learners.finite import CONSECUTIVE_SKIPPED_UPDATES
@@ -689,7 +689,7 @@ class GRPO(Algorithm):
         self._rounds = SamplingRounds(self.env_runner_group, self.config, self.metrics)
         # `setup` skipped RLlib's connector-state sync (there is none); push the learner's
         # initial weights so that env runners and learners start from the same policy.
-        self._rounds.publish(self.learner_group)
+        self._rounds.publish(self.learner_weights())
         self._rounds.push()
 
     @override(Algorithm)
@@ -798,6 +798,12 @@ class GRPO(Algorithm):
         if cfg.val_interval and (self.iteration + 1) % cfg.val_interval == 0:
             self.evaluate_held_out()
 
+    def learner_weights(self) -> dict:
+        """The learner's weights and version for the env runners (``read_learner_weights``), read
+        from a remote learner within ``weight_sync_timeout_s``."""
+        return read_learner_weights(self.learner_group, timeout_s=self.config.weight_sync_timeout_s,
+                                    actors=self._learner_actors)
+
     def update_learners(self, batch: dict[str, np.ndarray], **kwargs) -> list[dict]:
         """``LearnerGroup.update`` on ``batch`` (``kwargs``: its epochs, mini-batches, timesteps).
         Remote learners are waited for at most ``learner_update_timeout_s``, and a learner that
@@ -865,7 +871,7 @@ class GRPO(Algorithm):
         """Publishes the learner's new weights. Synchronous mode also loads them into every env
         runner now (``weight_sync_timeout_s``); asynchronous mode lets the next sampling requests
         carry them, as the env runners are busy sampling ahead."""
-        self._rounds.publish(self.learner_group)
+        self._rounds.publish(self.learner_weights())
         if self.config.max_staleness == 0:
             self._rounds.push()
 
@@ -900,5 +906,5 @@ class GRPO(Algorithm):
         if not hasattr(self, "_rounds"):
             return
         self._rounds.discard_pending()
-        self._rounds.publish(self.learner_group)
+        self._rounds.publish(self.learner_weights())
         self._rounds.push()

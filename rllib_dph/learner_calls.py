@@ -13,6 +13,7 @@ run then continues from the last checkpoint (``Algorithm.from_checkpoint``, Tune
 
 from __future__ import annotations
 
+import functools
 import glob
 import os
 import time
@@ -103,12 +104,13 @@ def update_remote_learners(
 
 def read_learner_weights(learner_group, *, timeout_s: float, actors: dict[int, LearnerActor]) -> dict[str, Any]:
     """The learner's RLModule weights for inference and their version (its state's
-    ``rl_module`` and ``WEIGHTS_SEQ_NO``), as ``LearnerGroup.get_state`` reads them (from the
-    first learner), waited for at most ``timeout_s`` (``weight_sync_timeout_s``: reading the
-    weights is the first half of the weight sync).
+    ``rl_module`` and ``WEIGHTS_SEQ_NO``), read as the learner group's ``get_state`` reads them
+    (the first learner; every learner when ``gathers_state_from_all``, i.e. FSDP2 shards, whose
+    gather is a collective, keeping rank 0's full state), waited for at most ``timeout_s``
+    (``weight_sync_timeout_s``: reading the weights is the first half of the weight sync).
 
     Raises:
-        LearnerFailed: The learner died or raised; names it and quotes its worker log.
+        LearnerFailed: A learner died or raised; names it and quotes its worker log.
         TimeoutError: It did not answer in time.
     """
     from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_RL_MODULE
@@ -117,17 +119,23 @@ def read_learner_weights(learner_group, *, timeout_s: float, actors: dict[int, L
     if learner_group.is_local:
         return learner_group.get_state(components=component, inference_only=True)[COMPONENT_LEARNER]
     manager = learner_group._worker_manager
-    first = manager.healthy_actor_ids()[:1]
-    if not first:
+    ids = manager.actor_ids() if getattr(learner_group, "gathers_state_from_all", False) else manager.healthy_actor_ids()[:1]
+    if not ids:
         raise LearnerFailed(f"no learner in service to read the weights from: {_names(manager.actor_ids(), actors, manager)}.")
-    components = learner_group._get_subcomponents(COMPONENT_LEARNER, component)
+    read = functools.partial(_rank_and_state, components=learner_group._get_subcomponents(COMPONENT_LEARNER, component))
     tag = f"rllib_dph_weights_{time.monotonic_ns()}"
-    manager.foreach_actor_async(
-        lambda learner: learner.get_state(components, inference_only=True), tag=tag, remote_actor_ids=first
-    )
-    done = _wait(manager, tag, first, actors, timeout_s, "reading the learner's weights",
-                 ("env_runners", "weight_sync_timeout_s"))
-    return done[first[0]]
+    manager.foreach_actor_async(read, tag=tag, remote_actor_ids=ids)
+    done = _wait(manager, tag, ids, actors, timeout_s, "reading the learner's weights", ("env_runners", "weight_sync_timeout_s"))
+    states = dict(done.values())  # rank -> state
+    return states[0] if len(states) > 1 else next(iter(states.values()))
+
+
+def _rank_and_state(learner, components) -> tuple[int, dict]:
+    """(this learner's torch.distributed rank, 0 without a process group; its inference state)."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    return rank, learner.get_state(components, inference_only=True)
 
 
 def _wait(manager, tag: str, ids: list[int], actors: dict[int, LearnerActor], timeout_s: float, what: str,

@@ -144,6 +144,9 @@ class ShardedLearnerGroup(LearnerGroup):
     and ``restore_from_path`` already reach every learner, and each keeps its shard.
     """
 
+    #: Reading a state needs every learner (``learner_calls.read_learner_weights`` asks all).
+    gathers_state_from_all = True
+
     @override(LearnerGroup)
     def get_state(
         self,

@@ -116,24 +116,29 @@ def engine_killed(workdir: str) -> dict:
     }
 
 
-@scenario
-def learner_killed(workdir: str) -> dict:
-    algo = remote_learner(base_config()).build_algo()
+def fail_after_a_checkpoint(workdir: str, name: str, config, inject, injected: str, survived: str, lost: str) -> dict:
+    """Trains one iteration, checkpoints, ``inject(algo)``s a fault, waits for the error of the next
+    iteration, then resumes from the checkpoint and trains one iteration: the scenario's row."""
+    algo = config.build_algo()
     algo.train()
-    checkpoint = algo.save_to_path(os.path.join(workdir, "learner_killed"))
-    algo.learner_group.foreach_learner(lambda learner: setattr(learner, "compute_loss_for_module", _die))
+    checkpoint = algo.save_to_path(os.path.join(workdir, name))
+    inject(algo)
     t0 = time.perf_counter()
     detected, error = expect_error(algo, t0)
     algo.stop()
     recovered, iteration = resume(checkpoint, t0)
     return {
-        "injected": "SIGKILL of the learner's process inside its update (iteration 2)",
+        "injected": injected,
         "detected": f"{detected:.1f}",
         "error": first_line(error),
-        "survived": "checkpoint of iteration 1 (restored, trained on)",
-        "lost": f"iteration 2's samples and update; resumed run reached iteration {iteration}",
+        "survived": survived,
+        "lost": f"{lost}; resumed run reached iteration {iteration}",
         "recovered": f"{recovered:.1f} (restore + 1 iteration)",
     }
+
+
+def _replace_loss(loss):
+    return lambda algo: algo.learner_group.foreach_learner(lambda learner: setattr(learner, "compute_loss_for_module", loss))
 
 
 def _die(**_):
@@ -145,47 +150,36 @@ def _sleep(**_):
 
 
 @scenario
+def learner_killed(workdir: str) -> dict:
+    return fail_after_a_checkpoint(
+        workdir, "learner_killed", remote_learner(base_config()), _replace_loss(_die),
+        "SIGKILL of the learner's process inside its update (iteration 2)",
+        "checkpoint of iteration 1 (restored, trained on)", "iteration 2's samples and update",
+    )
+
+
+@scenario
 def learner_update_stalled(workdir: str) -> dict:
-    algo = remote_learner(base_config(), learner_update_timeout_s=5.0).build_algo()
-    algo.train()
-    checkpoint = algo.save_to_path(os.path.join(workdir, "learner_stalled"))
-    algo.learner_group.foreach_learner(lambda learner: setattr(learner, "compute_loss_for_module", _sleep))
-    t0 = time.perf_counter()
-    detected, error = expect_error(algo, t0)
-    algo.stop()
-    recovered, iteration = resume(checkpoint, t0)
-    return {
-        "injected": "the learner's loss sleeps 30 s (learner_update_timeout_s=5)",
-        "detected": f"{detected:.1f}",
-        "error": first_line(error),
-        "survived": "checkpoint of iteration 1",
-        "lost": f"iteration 2; resumed run reached iteration {iteration}",
-        "recovered": f"{recovered:.1f} (restore + 1 iteration)",
-    }
+    return fail_after_a_checkpoint(
+        workdir, "learner_stalled", remote_learner(base_config(), learner_update_timeout_s=5.0), _replace_loss(_sleep),
+        "the learner's loss sleeps 30 s (learner_update_timeout_s=5)", "checkpoint of iteration 1", "iteration 2",
+    )
 
 
 @scenario
 def weight_sync_stalled(workdir: str) -> dict:
-    algo = base_config().env_runners(weight_sync_timeout_s=5.0).build_algo()
-    algo.train()
-    checkpoint = algo.save_to_path(os.path.join(workdir, "sync_stalled"))
-    # From now on loading weights blocks the env runner. Iteration 2 samples with the weights the
-    # runner holds already (no load), then the weight sync after its update stalls.
-    algo.env_runner_group.foreach_env_runner(
-        lambda r: setattr(r, "_load_module_state", lambda state: time.sleep(30)), local_env_runner=False
+    # From the injection on, loading weights blocks the env runner. Iteration 2 samples with the
+    # weights the runner holds already (no load), then the weight sync after its update stalls.
+    def stall_loads(algo):
+        algo.env_runner_group.foreach_env_runner(
+            lambda r: setattr(r, "_load_module_state", lambda state: time.sleep(30)), local_env_runner=False
+        )
+
+    return fail_after_a_checkpoint(
+        workdir, "sync_stalled", base_config().env_runners(weight_sync_timeout_s=5.0), stall_loads,
+        "loading new weights blocks the env runner for 30 s (weight_sync_timeout_s=5)", "checkpoint of iteration 1",
+        "iteration 2",
     )
-    t0 = time.perf_counter()
-    detected, error = expect_error(algo, t0)
-    algo.stop()
-    recovered, iteration = resume(checkpoint, t0)
-    return {
-        "injected": "loading new weights blocks the env runner for 30 s (weight_sync_timeout_s=5)",
-        "detected": f"{detected:.1f}",
-        "error": first_line(error),
-        "survived": "checkpoint of iteration 1",
-        "lost": f"iteration 2; resumed run reached iteration {iteration}",
-        "recovered": f"{recovered:.1f} (restore + 1 iteration)",
-    }
 
 
 @scenario

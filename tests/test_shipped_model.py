@@ -42,5 +42,5 @@ def test_a_stale_shipped_build_is_ignored(tmp_path, monkeypatch):
     (shipped / "tiny-sql-math" / BUILD_RECORD).write_text(json.dumps(record))
     monkeypatch.setattr(hub, "SHIPPED_DIR", shipped)
     monkeypatch.setenv("RLLIB_DPH_HOME", str(tmp_path / "home"))
-    with pytest.raises(FileNotFoundError, match="is not built"):
+    with pytest.raises(FileNotFoundError, match="not built at"):
         resolve_model("tiny-sql-math", build=False)

@@ -39,6 +39,10 @@ ENGINE_KWARGS = {"max_model_len": 1024, "kv_cache_memory_bytes": 256 << 20}
 MU_ATOL = 1e-4
 #: Relative tolerance of the top-K log-probs (the tail of the distribution) against a recompute.
 TOPK_RTOL = 1e-4
+#: bf16 engine against a bf16 HF recompute: the median and the largest |Δμ| over sampled tokens (nats).
+#: Measured here: median 0.0014 / 0.0018 / 0.066, max 0.008 / 0.14 / 0.43 (tiny-random, tiny-sql-math,
+#: SmolLM2-135M); a temperature of 1 instead of 0.7 moves a typical token by ~0.3 nats.
+BF16_MEDIAN_NATS, BF16_MAX_NATS = 0.15, 0.6
 
 
 def built_models() -> list[str]:
@@ -273,13 +277,20 @@ def test_bfloat16_engine(engines):
     engine = make_engine("vllm", model_name, dtype="bfloat16", **ENGINE_KWARGS)
     bf16 = make_engine("hf", model_name, dtype="bfloat16").model
     params = SamplingParams(n=2, temperature=0.7, max_new_tokens=8, seed=0, top_k_logprobs=2)
+    diffs = []
     for prompt, c in all_completions(engine.generate(PROMPTS, params)):
         assert c.logprobs.dtype == np.float32 and c.topk_logprobs.dtype == np.float32
         logp = recompute_logp(bf16, prompt, c.token_ids, 0.7)
         expected = logp.gather(1, torch.from_numpy(c.token_ids)[:, None]).squeeze(1)
-        # Two bf16 implementations (vLLM's CPU kernels, HF's) round differently: up to 0.10 nats
-        # measured on tiny-sql-math (bf16 keeps ~3 significant digits of each logit).
-        np.testing.assert_allclose(c.logprobs, expected.numpy(), rtol=0.05, atol=0.15)
+        diffs.append(np.abs(c.logprobs - expected.numpy()))
+    # Two bf16 implementations (vLLM's CPU kernels, HF's) round differently (bf16 keeps ~3
+    # significant digits of each logit), more so with depth and on CPUs with other bf16 kernels:
+    # up to 0.10 nats on tiny-sql-math, 0.43 on one token of SmolLM2-135M's 30 layers (seen in
+    # .ci/vllm). A wrong temperature or stale weights move most tokens, so the typical difference
+    # is held tight and the largest loosely.
+    diffs = np.concatenate(diffs)
+    print(f"bf16 |μ_vLLM - μ_HF|: median {np.median(diffs):.4f}, max {diffs.max():.4f} nats")
+    assert np.median(diffs) <= BF16_MEDIAN_NATS and diffs.max() <= BF16_MAX_NATS, diffs
     engine.update_weights({k: v.float() for k, v in hf_engine.model.state_dict().items()})
     assert engine.dtype == torch.bfloat16
     del engine

@@ -224,18 +224,24 @@ def _lora_checkpoints_cross(config, group, synced, optim, tmp_path):
             np.testing.assert_array_equal(back[name][key], value)
 
 
+def _lora_step_of_one():
+    """The LoRA config (KL to the base, activation checkpointing), a batch of 3 groups, and one
+    local learner's views before and after its update on all of it: the step 2 learners must take."""
+    config = _config(kl_coeff=0.5).llm(lora=dict(LORA), gradient_checkpointing=True)
+    batch = _exploration_batch(config, num_prompts=3)
+    local = config.build_learner(env=envs_make())
+    before = _lora_view(local)
+    local.update(batch=_wrap(batch))
+    return config, batch, local, before, _lora_view(local)
+
+
 def test_fsdp2_lora_learners_take_the_step_of_one(ray_session, tmp_path):
     """2 FSDP2 learners with LoRA (and activation checkpointing) on shards of the batch = 1 LoRA
     learner on all of it: the same adapters after the step, the base untouched, Adam state for
     each learner's adapter shards only, a weight sync of adapter tensors alone, and checkpoints
     that cross between the sharded group and 1 learner both ways."""
     # kl_coeff: π_ref is the sharded base with its adapters switched off.
-    config = _config(kl_coeff=0.5).llm(lora=dict(LORA), gradient_checkpointing=True)
-    batch = _exploration_batch(config, num_prompts=3)
-    local = config.build_learner(env=envs_make())
-    before = _lora_view(local)
-    local.update(batch=_wrap(batch))
-    alone = _lora_view(local)
+    config, batch, local, before, alone = _lora_step_of_one()
     sync = local.module[DEFAULT_MODULE_ID].get_state()  # what the 1-learner weight sync sends
 
     group = _sharded_group(config)
@@ -272,12 +278,7 @@ def test_ddp_lora_learners_take_the_step_of_one(ray_session):
     """2 DDP learners with LoRA and activation checkpointing = 1 learner on the whole batch: DDP
     wraps the peft-injected model, all-reduces the adapter gradients alone (the frozen base has
     none) and every replica takes the 1-learner step; the sync sends adapters only."""
-    config = _config(kl_coeff=0.5).llm(lora=dict(LORA), gradient_checkpointing=True)
-    batch = _exploration_batch(config, num_prompts=3)
-    local = config.build_learner(env=envs_make())
-    before = _lora_view(local)
-    local.update(batch=_wrap(batch))
-    alone = _lora_view(local)
+    config, batch, _, before, alone = _lora_step_of_one()
 
     group = config.copy(copy_frozen=False).learners(**SHARDED).build_learner_group(env=envs_make())
     try:

@@ -62,7 +62,7 @@ def _build_model(args) -> None:
 
     from rllib_dph.evaluation.base_model import evaluate_base_policy
     from rllib_dph.files import home
-    from rllib_dph.models.hub import BUNDLED_MODELS, build_model, model_fingerprint, resolve_model
+    from rllib_dph.models.hub import BUNDLED_MODELS, ModelNotFoundError, build_model, model_fingerprint, resolve_model
     from rllib_dph.models.tiny import BUILD_RECORD, format_record
 
     if args.name not in BUNDLED_MODELS:
@@ -70,7 +70,7 @@ def _build_model(args) -> None:
         return
     try:
         path = None if args.force else resolve_model(args.name, build=False)
-    except FileNotFoundError:
+    except ModelNotFoundError:  # not built yet (the resolver's typed error)
         path = None
     if path is None:
         path = str(home() / "models" / args.name)

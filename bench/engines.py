@@ -40,6 +40,8 @@ import torch
 from tokenizers import Tokenizer, models
 from transformers import (
     AutoModelForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2ForCausalLM,
@@ -49,33 +51,44 @@ from transformers.utils import logging as hf_logging
 from rllib_dph.engines.base import SamplingParams
 from rllib_dph.engines.hf import HFEngine
 
-# Qwen2 architectures with random weights, by name.
+# Architectures with random weights, by name: (HF family, config fields). "tiny" is the bundled
+# tiny-sql-math's shape; the others are public config.json shapes (SmolLM2-135M is a Llama).
 SIZES = {
-    "tiny": dict(
-        vocab_size=2048,
-        hidden_size=192,
-        intermediate_size=768,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-    ),
-    "100m": dict(
-        vocab_size=32000,
-        hidden_size=768,
-        intermediate_size=2048,
-        num_hidden_layers=12,
-        num_attention_heads=12,
-        num_key_value_heads=4,
-    ),
+    "tiny": ("qwen2", dict(
+        vocab_size=2048, hidden_size=192, intermediate_size=768, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=4,
+    )),
+    "100m": ("qwen2", dict(
+        vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
+        num_attention_heads=12, num_key_value_heads=4,
+    )),
+    "smollm2-135m": ("llama", dict(
+        vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+        num_attention_heads=9, num_key_value_heads=3, rope_theta=100000.0,
+    )),
+    "qwen2-0.5b": ("qwen2", dict(
+        vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+        num_attention_heads=14, num_key_value_heads=2,
+    )),
+    "qwen2-1.5b": ("qwen2", dict(
+        vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+        num_attention_heads=12, num_key_value_heads=2,
+    )),
 }
 
 
-def save_random_model(size: str, directory: Path) -> Path:
-    """Saves a random-weight Qwen2 of ``SIZES[size]`` and a word-level tokenizer without EOS."""
-    arch = SIZES[size]
-    config = Qwen2Config(**arch, max_position_embeddings=2048, tie_word_embeddings=True)
+def save_random_model(size: str, directory: Path, dtype: torch.dtype = torch.float32) -> Path:
+    """Saves a random-weight model of ``SIZES[size]`` in ``dtype`` and a word-level tokenizer
+    without EOS. The weights are drawn on the GPU when there is one (a 1.5B model's
+    initialisation takes tens of seconds on a CPU)."""
+    family, arch = SIZES[size]
+    config_class, model_class = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}[family]
+    config = config_class(**arch, max_position_embeddings=2048, tie_word_embeddings=True)
     torch.manual_seed(0)
-    Qwen2ForCausalLM(config).save_pretrained(directory)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        model = model_class(config)
+    model.to(dtype).save_pretrained(directory)
+    del model
     vocab = {f"w{i}": i for i in range(arch["vocab_size"])}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
     PreTrainedTokenizerFast(tokenizer_object=tokenizer).save_pretrained(directory)

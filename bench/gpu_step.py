@@ -98,7 +98,10 @@ def model_dirs(names: list[str], tmp: pathlib.Path) -> dict[str, str]:
     out = {}
     for name in names:
         if name in SIZES:
-            out[name] = str(save_random_model(name, tmp / name))
+            # bf16 files on a GPU: half the bytes to write and read for the 1.5B model; the
+            # cases load them in their own dtype.
+            dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
+            out[name] = str(save_random_model(name, tmp / name, dtype))
         else:
             out[name] = name  # bundled tiny name, local directory or HF id
     return out
@@ -276,20 +279,28 @@ def gaps(mu: list[np.ndarray], ref: list[np.ndarray]) -> tuple[float, float]:
     return float(diff.max()), float(diff.mean())
 
 
-def generation_case(model: str, dtype: str, device: torch.device, args) -> dict:
+def generation_case(model: str, dtype: str, device: torch.device, args, mode: str = "eager") -> dict:
+    """One engine on one model: the first full call's seconds (for ``compiled``: compilation and
+    CUDA-graph capture), generated tokens/s (median of ``--gen-iters`` further calls), seconds of
+    one weight sync (``update_weights`` with the model's full state dict as CPU tensors, median
+    of 3) and μ's gap to a teacher-forced recompute."""
     from rllib_dph.engines.base import SamplingParams
     from rllib_dph.engines import make_engine
 
-    engine = make_engine("hf", model, dtype=dtype, device=device, max_batch_size=args.gen_rows)
+    engine = make_engine("hf", model, dtype=dtype, device=device, max_batch_size=args.gen_rows,
+                         compile_decode=mode == "compiled")
     hf = engine.model
     vocab = hf.config.vocab_size
     num_prompts = max(1, args.gen_rows // args.n)
     gen = torch.Generator().manual_seed(0)
     prompts = torch.randint(3, vocab, (num_prompts, args.prompt_len), generator=gen).tolist()
     params = SamplingParams(n=args.n, temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=0)
-    engine.generate(prompts[:1], SamplingParams(n=args.n, max_new_tokens=4, seed=0))  # warm-up
     sync(device)
     reset_peak(device)
+    t0 = time.perf_counter()
+    engine.generate(prompts, params)  # warm-up: the full shape (compiles it under ``compiled``)
+    sync(device)
+    first = time.perf_counter() - t0
     times, tokens = [], []
     for i in range(args.gen_iters):
         t0 = time.perf_counter()
@@ -298,16 +309,25 @@ def generation_case(model: str, dtype: str, device: torch.device, args) -> dict:
         times.append(time.perf_counter() - t0)
         tokens.append(sum(len(c.token_ids) for g in groups for c in g))
     sec = statistics.median(times)
+    state = {k: v.detach().to("cpu", copy=True) for k, v in hf.state_dict().items()}
+    sync_times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        engine.update_weights(state)
+        sync(device)
+        sync_times.append(time.perf_counter() - t0)
+    del state
     rows = [(prompts[i], c) for i, g in enumerate(groups) for c in g]
     row_prompts, comps = [p for p, _ in rows], [c for _, c in rows]
     mu = [c.logprobs for c in comps]
     r = {
-        "model": model, "dtype": dtype, "rows": len(rows), "prompt": args.prompt_len,
+        "model": model, "mode": mode, "dtype": dtype, "rows": len(rows), "prompt": args.prompt_len,
         "max_new_tokens": args.max_new_tokens,
         "params_m": sum(p.numel() for p in hf.parameters()) / 1e6,
         "param_dtype": str(next(hf.parameters()).dtype).replace("torch.", ""),
-        "gen_s": sec, "gen_tokens": int(statistics.median(tokens)),
+        "first_call_s": first, "gen_s": sec, "gen_tokens": int(statistics.median(tokens)),
         "tokens_per_s": statistics.median(t / s for t, s in zip(tokens, times)),
+        "weight_sync_s": statistics.median(sync_times),
         "stopped_rows": sum(c.finish_reason == "stop" for c in comps),
         "peak_mib": peak_mib(device),
     }
@@ -341,6 +361,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--gen-iters", type=int, default=3)
+    parser.add_argument("--modes", default="eager", help="HF engine decoding: eager, compiled (compile_decode) or both")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--ray-init", action="store_true", help="start a local Ray instance first")
     parser.add_argument("--json", default=None, help="also write all results to this file")
@@ -391,17 +412,21 @@ def main() -> None:
                         results["learner"].append(r)
                         print("learner", json.dumps(r), flush=True)
         if "generation" in parts:
-            for label, path in dirs.items():
-                for dtype in args.dtypes.split(","):
-                    try:
-                        r = generation_case(path, dtype, device, args)
-                    except Exception as err:  # noqa: BLE001
-                        traceback.print_exc()
-                        r = {"model": path, "dtype": dtype, "error": f"{type(err).__name__}: {err}"}
-                        free(device)
-                    r["model"] = label
-                    results["generation"].append(r)
-                    print("generation", json.dumps(r), flush=True)
+            # Every model eager first: a slow compilation then costs only compiled cases.
+            for mode in args.modes.split(","):
+                for label, path in dirs.items():
+                    for dtype in args.dtypes.split(","):
+                        try:
+                            r = generation_case(path, dtype, device, args, mode)
+                        except Exception as err:  # noqa: BLE001
+                            traceback.print_exc()
+                            r = {"model": path, "mode": mode, "dtype": dtype, "error": f"{type(err).__name__}: {err}"}
+                            free(device)
+                        r["model"] = label
+                        results["generation"].append(r)
+                        print("generation", json.dumps(r), flush=True)
+                        if args.json:  # each case as it ends: a part cut off by its time limit keeps the rest
+                            pathlib.Path(args.json).write_text(json.dumps(results, indent=1))
 
     if "learner" in parts:
         print_learner(results["learner"], name, args)
@@ -433,16 +458,16 @@ def print_learner(rows: list[dict], name: str, args) -> None:
 
 def print_generation(rows: list[dict], name: str, args) -> None:
     print(f"\n== HF engine generation ({name}); {args.gen_rows} rows = prompts x n={args.n}, prompt {args.prompt_len}, "
-          f"max {args.max_new_tokens} new tokens, T={args.temperature}; median of {args.gen_iters} calls")
-    print(f"{'model':<14}{'dtype':<9}{'params':>7}{'rows':>5}{'tokens':>7}{'stopped':>8}{'s/call':>8}{'tok/s':>9}"
-          f"{'peak MiB':>9}{'|μ−recompute| max/mean':>26}{'|μ−fp32 recompute| max/mean':>30}")
+          f"max {args.max_new_tokens} new tokens, T={args.temperature}; median of {args.gen_iters} calls after a first")
+    print(f"{'model':<14}{'mode':<9}{'dtype':<9}{'params':>7}{'rows':>5}{'tokens':>7}{'1st s':>7}{'s/call':>8}{'tok/s':>9}"
+          f"{'sync s':>8}{'peak MiB':>9}{'|μ−recompute| max/mean':>26}{'|μ−fp32 recompute| max/mean':>30}")
     for r in rows:
         if "error" in r:
-            print(f"{r['model']:<14}{r['dtype']:<9} {r['error'][:150]}")
+            print(f"{r['model']:<14}{r.get('mode', ''):<9}{r['dtype']:<9} {r['error'][:150]}")
             continue
         fp32 = f"{r['mu_vs_fp32_max']:.2e}/{r['mu_vs_fp32_mean']:.2e}" if "mu_vs_fp32_max" in r else "-"
-        print(f"{r['model']:<14}{r['dtype']:<9}{r['params_m']:>6.1f}M{r['rows']:>5}{r['gen_tokens']:>7}{r['stopped_rows']:>8}"
-              f"{r['gen_s']:>8.3f}{r['tokens_per_s']:>9.0f}{r['peak_mib']:>9.0f}"
+        print(f"{r['model']:<14}{r['mode']:<9}{r['dtype']:<9}{r['params_m']:>6.1f}M{r['rows']:>5}{r['gen_tokens']:>7}"
+              f"{r['first_call_s']:>7.1f}{r['gen_s']:>8.3f}{r['tokens_per_s']:>9.0f}{r['weight_sync_s']:>8.3f}{r['peak_mib']:>9.0f}"
               f"{r['mu_vs_same_dtype_max']:>15.2e}/{r['mu_vs_same_dtype_mean']:.2e}{fp32:>30}")
 
 

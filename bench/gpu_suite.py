@@ -64,6 +64,8 @@ WHEELS = [
 #: Parts of the Ray wheel a learner group and Tune never load (the Java jars, the dashboard's web
 #: client, Serve, Ray LLM): dropped so that the wheels and the tree fit one 64 MiB call.
 RAY_UNUSED = ("ray/jars/", "ray/dashboard/client/build/", "ray/serve/", "ray/llm/")
+#: Tune's folders of the e2e step: many files, kept out of ``--out`` (suite.json holds what counts).
+E2E_RUNS = pathlib.Path(tempfile.gettempdir()) / "gpu_suite_e2e"
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
              "manylinux1_x86_64"]
 
@@ -106,7 +108,7 @@ def steps(out: pathlib.Path, args) -> list[Step]:
         Step("e2e", [py, "-m", "rllib_dph.cli", "train", "file", str(REPO / "tuned_examples/grpo/sql_tiny_grpo.py"),
                      "--config", json.dumps(e2e_config),
                      "--stop", json.dumps({"training_iteration": args.e2e_iterations}),
-                     "--storage-path", str(out / "e2e_runs"), "--no-checkpoint-at-end"], args.e2e_s),
+                     "--storage-path", str(E2E_RUNS), "--no-checkpoint-at-end"], args.e2e_s),
         Step("rollouts", [py, str(bench / "gpu_step.py"), "--parts", "generation", *gen, "--n", "8",
                           "--dtypes", "bfloat16", "--gen-iters", "2", "--json", str(out / "rollouts.json")],
              args.rollouts_s, out / "rollouts.json"),
@@ -280,6 +282,7 @@ def main() -> None:
     if args.dry_run:
         return dry_run(out, args)
     out.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(E2E_RUNS, ignore_errors=True)
     start = time.perf_counter()
     wanted = args.steps.split(",")
     report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "device": "unknown", "steps": {}}
@@ -301,7 +304,6 @@ def main() -> None:
             (out / "suite.json").write_text(json.dumps(report, indent=1))
             (out / "suite.md").write_text(markdown(report))
             print(f"{step.name}: rc {report['steps'][step.name]['rc']}, {report['steps'][step.name]['seconds']} s", flush=True)
-    shutil.rmtree(out / "e2e_runs", ignore_errors=True)  # Tune's folders: many files, the JSON holds what counts
     print((out / "suite.md").read_text())
 
 

@@ -60,6 +60,8 @@ WHEELS = [
     "ray==2.60.0", "gymnasium==1.1.1", "farama-notifications", "dm-tree", "lz4", "ormsgpack", "tensorboardX",
     "jsonschema", "jsonschema-specifications", "referencing", "rpds-py", "math-verify==0.9.0",
     "latex2sympy2_extended", "antlr4-python3-runtime==4.13.2",
+    # ray.train (which Tune and RLlib import) needs pydantic
+    "pydantic", "pydantic-core", "annotated-types", "typing-inspection", "typing-extensions",
 ]
 #: Parts of the Ray wheel a learner group and Tune never load (the Java jars, the dashboard's web
 #: client, Serve, Ray LLM): dropped so that the wheels and the tree fit one 64 MiB call.

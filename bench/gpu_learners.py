@@ -14,12 +14,13 @@ config (``memory.learner_setup`` + ``memory.learner_microbatch``: what ``rllib t
 preflight computes). On a CPU (``--device cpu``) the same cases run on gloo and report no
 memory, which checks the script, not the numbers.
 
-    python bench/gpu_learners.py --model qwen2-0.5b --json out.json       # one GPU, 2 learners at 0.5
+    python bench/gpu_learners.py --model qwen2-0.5b --json out.json       # 2 GPUs, one learner on each
+    python bench/gpu_learners.py --num-learners 1 --cases ddp:grpo,ddp:dph_js   # one GPU
     python bench/gpu_learners.py --device cpu --model tiny --rows 16 --prompt 16 --response 16 \\
         --cases ddp:grpo,fsdp2:dph_js:ckpt --iters 1                     # a check of the script on CPU
 
 ``--model``: a size of ``bench/engines.py`` (random weights, written to a temporary folder) or
-a model folder. A case that fails (NCCL refusing two ranks on one GPU, out of memory) is
+a model folder. A case that fails (out of memory, say) is
 reported with its error and the next case runs.
 """
 
@@ -164,7 +165,8 @@ def main() -> None:
     parser.add_argument("--cases", default="ddp:grpo,fsdp2:grpo,ddp:grpo:ckpt,fsdp2:grpo:ckpt,ddp:dph_js,fsdp2:dph_js",
                         help="comma-separated SHARDING:ALGO[:ckpt]")
     parser.add_argument("--num-learners", type=int, default=2)
-    parser.add_argument("--gpus-per-learner", type=float, default=0.5)
+    parser.add_argument("--gpus-per-learner", type=float, default=1.0,
+                        help="GPUs per learner; below 1 only for one learner (NCCL refuses two ranks on one GPU)")
     parser.add_argument("--rows", type=int, default=64, help="exploration rows per update (groups of 8)")
     parser.add_argument("--prompt", type=int, default=128)
     parser.add_argument("--response", type=int, default=256)

@@ -11,12 +11,14 @@ command, exit status, seconds and parsed results), one ``suite.md`` (the tables)
   SmolLM2-135M, Qwen2-0.5B and Qwen2-1.5B shapes, 128 rows (16 prompts x 8), 64 prompt and
   256 new tokens, bf16: tokens/s, the first call's seconds (compilation), weight-sync seconds
   and μ against a teacher-forced recompute (``bench/gpu_step.py --parts generation``);
-- ``learners``: bf16 GRPO and DPH-JS updates with 2 learners sharing the GPU
-  (``num_gpus_per_learner=0.5``), DDP and FSDP2, with and without gradient checkpointing, on a
-  random-weight Qwen2-0.5B: seconds per update and peak memory per learner against the
-  preflight's prediction (``bench/gpu_learners.py``);
-- ``learners-1``: GRPO with and without checkpointing on one learner holding the whole GPU, run
-  only when a 2-learner case failed (e.g. NCCL refusing two ranks on one GPU);
+- ``learners`` (machines with 2 GPUs or more): bf16 GRPO and DPH-JS updates with 2 learners,
+  one GPU each, DDP and FSDP2, with and without gradient checkpointing, on a random-weight
+  Qwen2-0.5B: seconds per update and peak memory per learner against the preflight's
+  prediction (``bench/gpu_learners.py``). Two learners cannot share one GPU: NCCL refuses two
+  ranks on one device ("Duplicate GPU detected", measured on the H200), and the config now
+  refuses ``num_gpus_per_learner < 1`` with several learners;
+- ``learners-1``: GRPO with and without checkpointing, and DPH-JS, on one learner holding the
+  whole GPU: the same measurements;
 - ``e2e``: ``rllib train file tuned_examples/grpo/sql_tiny_grpo.py`` on the GPU (learner and HF
   engine on it, bf16) for ``--e2e-iterations`` iterations: the iteration split into generation,
   learner and weight sync, and tokens/s, read from Tune's ``result.json``.
@@ -101,11 +103,11 @@ def steps(out: pathlib.Path, args) -> list[Step]:
     learners = [py, str(bench / "gpu_learners.py"), *learner_shape, "--iters", "2"]
     return [
         Step("env", [py, "-c", ENV_PROBE], 60),
-        Step("learners", learners + ["--num-learners", "2", "--gpus-per-learner", "0.5", "--cases", args.learner_cases,
+        Step("learners", learners + ["--num-learners", "2", "--gpus-per-learner", "1", "--cases", args.learner_cases,
                                      "--max-failures", "2", "--json", str(out / "learners.json")],
              args.learners_s, out / "learners.json"),
         Step("learners-1", learners + ["--num-learners", "1", "--gpus-per-learner", "1", "--cases",
-                                       "ddp:grpo,ddp:grpo:ckpt", "--json", str(out / "learners1.json")],
+                                       "ddp:grpo,ddp:grpo:ckpt,ddp:dph_js", "--json", str(out / "learners1.json")],
              args.learners1_s, out / "learners1.json"),
         Step("e2e", [py, "-m", "rllib_dph.cli", "train", "file", str(REPO / "tuned_examples/grpo/sql_tiny_grpo.py"),
                      "--config", json.dumps(e2e_config),
@@ -120,7 +122,7 @@ def steps(out: pathlib.Path, args) -> list[Step]:
 ENV_PROBE = """
 import json, platform, torch, transformers
 info = {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-        "cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "cuda": torch.version.cuda, "gpus": torch.cuda.device_count(), "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "gpu_memory_gib": torch.cuda.get_device_properties(0).total_memory / 2**30 if torch.cuda.is_available() else None}
 for name in ("ray", "peft", "vllm", "gymnasium", "math_verify"):
     try:
@@ -271,8 +273,8 @@ def main() -> None:
     parser.add_argument("--learner-cases", default="ddp:grpo,fsdp2:grpo,ddp:grpo:ckpt,fsdp2:grpo:ckpt,fsdp2:dph_js")
     parser.add_argument("--rollouts-s", type=float, default=300)
     parser.add_argument("--learners-s", type=float, default=140)
-    parser.add_argument("--learners1-s", type=float, default=70)
-    parser.add_argument("--e2e-s", type=float, default=90)
+    parser.add_argument("--learners1-s", type=float, default=100)
+    parser.add_argument("--e2e-s", type=float, default=120)
     parser.add_argument("--e2e-iterations", type=int, default=8)
     parser.add_argument("--prepare", action="store_true", help="download and trim the wheels into .whl/, then exit")
     parser.add_argument("--dry-run", action="store_true", help="print the commands and check the scripts start")
@@ -296,9 +298,9 @@ def main() -> None:
             if left < 30:
                 report["steps"][step.name] = {"skipped": f"{left:.0f} s of --budget-s left"}
                 continue
-            shared = report["steps"].get("learners", {}).get("results") or []
-            if step.name == "learners-1" and shared and all("update_s" in r for r in shared):
-                report["steps"][step.name] = {"skipped": "every 2-learner case ran"}
+            gpus = (report["steps"].get("env", {}).get("results") or {}).get("gpus", 0)
+            if step.name == "learners" and gpus < 2 and not args.cpu_check:
+                report["steps"][step.name] = {"skipped": f"needs 2 GPUs, the machine has {gpus}"}
                 continue
             report["steps"][step.name] = run_step(step, log, min(step.limit_s, left))
             if step.name == "env" and report["steps"]["env"].get("results"):

@@ -526,6 +526,16 @@ class GRPOConfig(AlgorithmConfig):
             ),
         ),
         CrossRule(
+            "learners do not share a GPU",
+            lambda c: c.num_learners >= 2 and 0 < c.num_gpus_per_learner < 1,
+            lambda c: (
+                f"num_gpus_per_learner={c.num_gpus_per_learner} with num_learners={c.num_learners} puts "
+                "two learners on one GPU, and NCCL (the learners' collectives on GPUs) refuses that "
+                "('Duplicate GPU detected', measured on an H200: docs/gpu.md); give each learner a "
+                "whole GPU (num_gpus_per_learner=1), or use num_learners=1 on one GPU."
+            ),
+        ),
+        CrossRule(
             "fsdp2 clips by a global norm or by value",
             lambda c: c.sharding == "fsdp2" and c.grad_clip is not None and c.grad_clip_by == "norm",
             lambda c: (

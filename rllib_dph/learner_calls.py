@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 import ray
+from ray.rllib.core.learner.learner_group import LearnerGroup
+from ray.rllib.utils.annotations import override
 
 #: Lines of a learner's Ray worker log quoted in the error.
 LOG_TAIL_LINES = 20
@@ -104,10 +106,9 @@ def update_remote_learners(
 
 def read_learner_weights(learner_group, *, timeout_s: float, actors: dict[int, LearnerActor]) -> dict[str, Any]:
     """The learner's RLModule weights for inference and their version (its state's
-    ``rl_module`` and ``WEIGHTS_SEQ_NO``), read as the learner group's ``get_state`` reads them
-    (the first learner; every learner when ``gathers_state_from_all``, i.e. FSDP2 shards, whose
-    gather is a collective, keeping rank 0's full state), waited for at most ``timeout_s``
-    (``weight_sync_timeout_s``: reading the weights is the first half of the weight sync).
+    ``rl_module`` and ``WEIGHTS_SEQ_NO``), read as :func:`read_learner_state` reads, waited for at
+    most ``timeout_s`` (``weight_sync_timeout_s``: reading the weights is the first half of the
+    weight sync).
 
     Raises:
         LearnerFailed: A learner died or raised; names it and quotes its worker log.
@@ -118,24 +119,76 @@ def read_learner_weights(learner_group, *, timeout_s: float, actors: dict[int, L
     component = COMPONENT_LEARNER + "/" + COMPONENT_RL_MODULE
     if learner_group.is_local:
         return learner_group.get_state(components=component, inference_only=True)[COMPONENT_LEARNER]
+    return read_learner_state(
+        learner_group, learner_group._get_subcomponents(COMPONENT_LEARNER, component), timeout_s=timeout_s,
+        actors=actors, what="reading the learner's weights", field=("env_runners", "weight_sync_timeout_s"),
+        inference_only=True,
+    )
+
+
+def read_learner_state(learner_group, components, *, timeout_s: float, actors: dict[int, LearnerActor], what: str,
+                       field: tuple[str, str], **kwargs) -> dict[str, Any]:
+    """A remote learner's ``get_state(components, **kwargs)``, read as RLlib's
+    ``LearnerGroup.get_state`` reads it (the first learner; every learner when the group
+    ``gathers_state_from_all``, i.e. FSDP2 shards, whose gather is a collective, keeping rank 0's
+    full state), waited for at most ``timeout_s`` (the setting ``field`` names).
+
+    Raises:
+        LearnerFailed: A learner died or raised; names it and quotes its worker log.
+        TimeoutError: It did not answer in time.
+    """
     manager = learner_group._worker_manager
     ids = manager.actor_ids() if getattr(learner_group, "gathers_state_from_all", False) else manager.healthy_actor_ids()[:1]
     if not ids:
-        raise LearnerFailed(f"no learner in service to read the weights from: {_names(manager.actor_ids(), actors, manager)}.")
-    read = functools.partial(_rank_and_state, components=learner_group._get_subcomponents(COMPONENT_LEARNER, component))
-    tag = f"rllib_dph_weights_{time.monotonic_ns()}"
+        raise LearnerFailed(f"no learner in service for {what}: {_names(manager.actor_ids(), actors, manager)}.")
+    read = functools.partial(_rank_and_state, components=components, **kwargs)
+    tag = f"rllib_dph_state_{time.monotonic_ns()}"
     manager.foreach_actor_async(read, tag=tag, remote_actor_ids=ids)
-    done = _wait(manager, tag, ids, actors, timeout_s, "reading the learner's weights", ("env_runners", "weight_sync_timeout_s"))
+    done = _wait(manager, tag, ids, actors, timeout_s, what, field)
     states = dict(done.values())  # rank -> state
     return states[0] if len(states) > 1 else next(iter(states.values()))
 
 
-def _rank_and_state(learner, components) -> tuple[int, dict]:
-    """(this learner's torch.distributed rank, 0 without a process group; its inference state)."""
+def _rank_and_state(learner, components, **kwargs) -> tuple[int, dict]:
+    """(this learner's torch.distributed rank, 0 without a process group; its state)."""
     import torch.distributed as dist
 
     rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-    return rank, learner.get_state(components, inference_only=True)
+    return rank, learner.get_state(components, **kwargs)
+
+
+class BoundedLearnerGroup(LearnerGroup):
+    """RLlib's learner group whose state reads wait at most ``learner_update_timeout_s``.
+
+    RLlib's ``LearnerGroup.get_state`` (what a checkpoint saves) waits on its learner without a
+    timeout, and its ``save_to_path`` has the learner actor read its own state. Here the state
+    is read through :func:`read_learner_state` (a learner that is stuck or dead is named, with the
+    setting), and ``save_to_path`` writes that state. Restoring is RLlib's.
+    """
+
+    #: Whether reading a state needs every learner (FSDP2 shards; ``sharding.ShardedLearnerGroup``).
+    gathers_state_from_all = False
+
+    @override(LearnerGroup)
+    def get_state(self, components=None, *, not_components=None, **kwargs) -> dict:
+        from ray.rllib.core import COMPONENT_LEARNER
+
+        if self.is_local or not self._check_component(COMPONENT_LEARNER, components, not_components):
+            return super().get_state(components, not_components=not_components, **kwargs)
+        if not hasattr(self, "_actors"):
+            self._actors = learner_actors(self)  # read once, while the learners are alive
+        state = read_learner_state(
+            self, self._get_subcomponents(COMPONENT_LEARNER, components),
+            not_components=self._get_subcomponents(COMPONENT_LEARNER, not_components),
+            timeout_s=self.config.learner_update_timeout_s, actors=self._actors,
+            what="reading the learner's state", field=("learners", "learner_update_timeout_s"), **kwargs,
+        )
+        return {COMPONENT_LEARNER: state}
+
+    @override(LearnerGroup)
+    def save_to_path(self, path=None, *, state: Optional[dict] = None, **kwargs):
+        """Saves the state read by :meth:`get_state` (RLlib's would have the learner read it)."""
+        return super().save_to_path(path, state=state if state is not None else self.get_state(), **kwargs)
 
 
 def _wait(manager, tag: str, ids: list[int], actors: dict[int, LearnerActor], timeout_s: float, what: str,

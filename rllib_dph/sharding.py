@@ -25,12 +25,10 @@ rows up to the largest count (:meth:`ShardedModules.same_count_on_all_learners`)
 
 from __future__ import annotations
 
-from typing import Any, Collection, Dict, Optional, Union
+from typing import Any, Dict
 
 import torch
 import torch.distributed as dist
-from ray.rllib.core import COMPONENT_LEARNER
-from ray.rllib.core.learner.learner_group import LearnerGroup
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.utils.annotations import override
 from ray.rllib.utils.numpy import convert_to_numpy
@@ -48,6 +46,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from rllib_dph.collectives import all_reduce
+from rllib_dph.learner_calls import BoundedLearnerGroup
 
 #: ``sharding`` choices: DDP replicas (RLlib's default) or FSDP2 shards.
 SHARDINGS = ("ddp", "fsdp2")
@@ -134,41 +133,18 @@ def named_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimiz
     }
 
 
-class ShardedLearnerGroup(LearnerGroup):
+class ShardedLearnerGroup(BoundedLearnerGroup):
     """A learner group whose full state is gathered from the shards of all its learners.
 
     RLlib's ``LearnerGroup.get_state`` (used by checkpoints and by ``sync_weights``) asks only
     the first learner; with FSDP2 that learner alone would wait forever in the gather. Here every
-    learner runs ``get_state`` (the gather is a collective) and the first learner's result,
-    which holds the full tensors, is returned. Restoring needs no change: RLlib's ``set_state``
-    and ``restore_from_path`` already reach every learner, and each keeps its shard.
+    learner runs ``get_state`` (the gather is a collective; ``learner_calls.read_learner_state``)
+    and the first learner's result, which holds the full tensors, is returned. Restoring needs no
+    change: RLlib's ``set_state`` and ``restore_from_path`` already reach every learner, and each
+    keeps its shard.
     """
 
-    #: Reading a state needs every learner (``learner_calls.read_learner_weights`` asks all).
     gathers_state_from_all = True
-
-    @override(LearnerGroup)
-    def get_state(
-        self,
-        components: Optional[Union[str, Collection[str]]] = None,
-        *,
-        not_components: Optional[Union[str, Collection[str]]] = None,
-        **kwargs,
-    ) -> StateDict:
-        if self.is_local or not self._check_component(COMPONENT_LEARNER, components, not_components):
-            return super().get_state(components, not_components=not_components, **kwargs)
-        comps = self._get_subcomponents(COMPONENT_LEARNER, components)
-        not_comps = self._get_subcomponents(COMPONENT_LEARNER, not_components)
-        results = self.foreach_learner(
-            lambda learner: (dist.get_rank(), learner.get_state(comps, not_components=not_comps, **kwargs))
-        )
-        states = dict(self._get_results(results))  # rank → state; results arrive in any order
-        return {COMPONENT_LEARNER: states[0]}
-
-    @override(LearnerGroup)
-    def save_to_path(self, path=None, *, state: Optional[Dict[str, Any]] = None, **kwargs):
-        """Saves the gathered state (RLlib's default would ask the first learner alone)."""
-        return super().save_to_path(path, state=state if state is not None else self.get_state(), **kwargs)
 
 
 class ShardedModules(TorchLearner):

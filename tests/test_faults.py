@@ -169,6 +169,30 @@ def test_stalled_weight_read_raises_naming_learner_and_timeout(ray_session, tiny
     algo.stop()
 
 
+def test_stalled_checkpoint_read_raises_naming_learner_and_timeout(ray_session, tiny_grpo_config, tmp_path):
+    """A checkpoint reads the learner's state within learner_update_timeout_s (RLlib's own read
+    waits forever); the checkpoint that was there before stays."""
+    from rllib_dph.algorithms.grpo import GRPO
+
+    algo = _remote_learner(tiny_grpo_config, learner_update_timeout_s=3.0).build_algo()
+    algo.train()
+    checkpoint = algo.save_to_path(str(tmp_path / "checkpoint"))
+
+    def stall(*_, **__):  # local: pickled by value (the learner cannot import this test module)
+        time.sleep(30)
+
+    algo.learner_group.foreach_learner(lambda learner: setattr(learner, "get_state", stall))
+    start = time.monotonic()
+    with pytest.raises(
+        TimeoutError, match=r"learner 0 \(actor .*\) did not finish reading the learner's state within "
+        r"learner_update_timeout_s=3.0 s.*learners\(learner_update_timeout_s=...\)"
+    ):
+        algo.save_to_path(checkpoint)
+    assert time.monotonic() - start < 25  # the timeout, not the stall, ended the wait
+    algo.stop()
+    assert GRPO.from_checkpoint(checkpoint).iteration == 1
+
+
 @pytest.mark.parametrize("field", ["learner_update_timeout_s", "collective_timeout_s"])
 def test_learner_timeouts_are_validated(tiny_grpo_config, field):
     with pytest.raises(ValueError, match=field):

@@ -39,7 +39,7 @@ from rllib_dph.algorithms.grpo.grpo_torch_learner import GRPOTorchLearner
 from rllib_dph.algorithms.grpo.trust_region import MOVED_FIELDS, TrustRegion, TrustRegionRule, moved_field_message
 from rllib_dph.engines import DEFAULT_ENGINE, ENGINES
 from rllib_dph.files import atomic_dir
-from rllib_dph.learner_calls import learner_actors, read_learner_weights, update_remote_learners
+from rllib_dph.learner_calls import BoundedLearnerGroup, learner_actors, read_learner_weights, update_remote_learners
 from rllib_dph.lora import lora_problem
 from rllib_dph.batch import concat_batches, num_minibatches, select_rows, shard_groups
 from rllib_dph.learners.finite import CONSECUTIVE_SKIPPED_UPDATES
@@ -570,7 +570,8 @@ class GRPOConfig(AlgorithmConfig):
                 (``num_learners >= 1``) may take (default 1800) before the run stops with a
                 ``TimeoutError`` naming the learners still updating and this timeout. A learner
                 that dies or raises stops the run at once, named with its worker log's last lines
-                (``rllib_dph.learner_calls``). A local learner runs in the driver: no timeout.
+                (``rllib_dph.learner_calls``). The same bound applies to reading the learners'
+                state for a checkpoint. A local learner runs in the driver: no timeout.
             collective_timeout_s: Seconds a collective between learners (gradient all-reduce,
                 the step's token counts, FSDP2 gathers) may wait for the other learners (default
                 1800): the timeout of the torch.distributed process group
@@ -588,15 +589,13 @@ class GRPOConfig(AlgorithmConfig):
 
     @override(AlgorithmConfig)
     def build_learner_group(self, *, env=None, spaces=None, rl_module_spec=None, placement_group=None):
-        """RLlib's learner group; a :class:`~rllib_dph.sharding.ShardedLearnerGroup` (full
-        states gathered from every learner's shard) with ``sharding="fsdp2"``."""
-        if self.sharding != "fsdp2":
-            return super().build_learner_group(
-                env=env, spaces=spaces, rl_module_spec=rl_module_spec, placement_group=placement_group
-            )
+        """RLlib's learner group with its state reads bounded by ``learner_update_timeout_s``
+        (:class:`~rllib_dph.learner_calls.BoundedLearnerGroup`); with ``sharding="fsdp2"`` a
+        :class:`~rllib_dph.sharding.ShardedLearnerGroup` (full states gathered from every shard)."""
         if rl_module_spec is None:
             rl_module_spec = self.get_multi_rl_module_spec(env=env, spaces=spaces)
-        return ShardedLearnerGroup(config=self.copy(), module_spec=rl_module_spec, placement_group=placement_group)
+        group_class = ShardedLearnerGroup if self.sharding == "fsdp2" else BoundedLearnerGroup
+        return group_class(config=self.copy(), module_spec=rl_module_spec, placement_group=placement_group)
 
     #: The rules of ``held_out()``'s fields (``validate``).
     held_out_rules = (

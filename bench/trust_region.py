@@ -15,6 +15,15 @@ real batch (targets: binary ≤ 1 %, top-K ≤ 5 %).
     python bench/trust_region.py                    # 9 variants x 1 seed x 30 iterations
     python bench/trust_region.py --seeds 0 1 2 --iterations 40 --workers 15
     python bench/trust_region.py --mask-cost-only
+    # issue #30 item 3: every correction (and none) at staleness 4, one remote env runner,
+    # one optimizer step per batch (staleness is then the only source of π ≠ μ), 3 seeds,
+    # validation pass@1 on the first 100 prompts of sql_synth/test at the end:
+    python bench/trust_region.py --max-staleness 4 --seeds 0 1 2 --iterations 30 --out bench/out/async_k4
+
+With ``--max-staleness K > 0`` the runs sample asynchronously (``training(max_staleness=K)``, one
+remote env runner) instead of taking several mini-batches and epochs per batch, the variants
+add "none" (no mask, no clip) and OPSM, and each run also records the approximate KL to μ and
+the bad-update fraction per iteration and its validation pass@1 at the end.
 """
 
 import argparse
@@ -44,23 +53,34 @@ VARIANTS = {
     "ICEPOP [0.5, 5]": {"trust_region": "icepop"},
     "IPO (eps=0.3)": {"trust_region": "ipo"},
 }
+#: Added under ``--max-staleness``: no correction at all, and the sequence-level mask.
+ASYNC_VARIANTS = {"none": {"trust_region": "none"}, "OPSM": {"trust_region": "opsm"}}
+#: Validation of the asynchronous runs: greedy-free pass@1 from 4 samples of 100 test prompts.
+VALIDATION = {"val_env_config": {"data": "sql_synth/test"}, "val_n": 4, "val_limit": 100}
 #: Trust regions whose mask cost is measured (``losses.TRUST_REGIONS`` names), each at its
 #: default thresholds.
 MASK_KINDS = ("ppo", "dppo_binary_tv", "dppo_binary_kl", "dppo_topk_tv", "dppo_topk_kl", "icepop", "ipo", "opsm")
 
 
-def _config(overrides: dict, seed: int, model: str | None):
+def _config(overrides: dict, seed: int, model: str | None, max_staleness: int = 0):
     from rllib_dph.experiments import load_tuned_example
 
     config, _ = load_tuned_example(str(EXAMPLE))
-    config.update_from_dict({**OFF_POLICY, **overrides, "seed": seed, **({"model_name": model} if model else {})})
+    regime = {"max_staleness": max_staleness, "num_env_runners": 1, **VALIDATION} if max_staleness else OFF_POLICY
+    config.update_from_dict({**regime, **overrides, "seed": seed, **({"model_name": model} if model else {})})
     return config
 
 
-def train_curves(name: str, overrides: dict, seed: int, iterations: int, model: str | None) -> dict:
-    """Per-iteration training reward, |π − μ| and masked fraction of one run."""
-    algo = _config(overrides, seed, model).build_algo()
-    curve = {"reward": [], "abs_prob_diff": [], "masked_fraction": [], "seconds": []}
+def train_curves(name: str, overrides: dict, seed: int, iterations: int, model: str | None,
+                 max_staleness: int = 0) -> dict:
+    """Per-iteration training reward, |π − μ|, masked fraction, approximate KL to μ and
+    bad-update fraction of one run; with ``max_staleness`` also the final validation pass@1."""
+    import torch
+
+    torch.set_num_threads(1)
+    algo = _config(overrides, seed, model, max_staleness).build_algo()
+    curve = {"reward": [], "abs_prob_diff": [], "masked_fraction": [], "approx_kl": [], "bad_update_fraction": [],
+             "staleness": [], "seconds": []}
     for _ in range(iterations):
         t0 = time.perf_counter()
         result = algo.train()
@@ -68,8 +88,13 @@ def train_curves(name: str, overrides: dict, seed: int, iterations: int, model: 
         curve["reward"].append(float(result["env_runners"]["reward_mean"]))
         curve["abs_prob_diff"].append(float(learner["abs_prob_diff_mean"]))
         curve["masked_fraction"].append(float(learner["clip_fraction"]))
+        curve["approx_kl"].append(float(learner["approx_kl_to_behavior"]))
+        curve["bad_update_fraction"].append(float(learner["bad_update_fraction"]))
+        curve["staleness"].append(float(result.get("staleness_mean", 0.0)))
         curve["seconds"].append(time.perf_counter() - t0)
         print(f"  {name} seed {seed} it {len(curve['reward'])}: reward {curve['reward'][-1]:.3f}")
+    if max_staleness:
+        curve["validation"] = {k: float(v) for k, v in algo.evaluate_held_out().items() if isinstance(v, (int, float))}
     algo.stop()
     return curve
 
@@ -163,6 +188,10 @@ def main() -> None:
                         help="reward target for 'steps to target' (default: mean reward of the first 5 iterations + 0.1)")
     parser.add_argument("--out", default=str(REPO / "bench/out"))
     parser.add_argument("--mask-cost-only", action="store_true")
+    parser.add_argument("--max-staleness", type=int, default=0,
+                        help="sample asynchronously with this staleness bound (see the module doc)")
+    parser.add_argument("--skip-mask-cost", action="store_true")
+    parser.add_argument("--variants", nargs="+", default=None, help="run only these variants (names as in the table)")
     args = parser.parse_args()
 
     import ray
@@ -171,38 +200,54 @@ def main() -> None:
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    shares = mask_cost(args.model)
-    print(f"\nmask cost on one batch (learner update {shares['learner_update_s']:.2f} s):")
-    for kind in MASK_KINDS:
-        print(f"  {kind:<14} {100 * shares[kind]:6.2f} % of the update")
+    shares = {} if args.skip_mask_cost else mask_cost(args.model)
+    if shares:
+        print(f"\nmask cost on one batch (learner update {shares['learner_update_s']:.2f} s):")
+        for kind in MASK_KINDS:
+            print(f"  {kind:<14} {100 * shares[kind]:6.2f} % of the update")
     if args.mask_cost_only:
         return
 
+    variants = {**VARIANTS, **ASYNC_VARIANTS} if args.max_staleness else VARIANTS
+    if args.variants:
+        unknown = set(args.variants) - set(variants)
+        if unknown:
+            raise SystemExit(f"--variants {sorted(unknown)}: not among {sorted(variants)}")
+        variants = {name: variants[name] for name in args.variants}
     with worker_pool(args.workers) as pool:
         futures = {
-            name: [pool.submit(train_curves, name, ov, s, args.iterations, args.model) for s in args.seeds]
-            for name, ov in VARIANTS.items()
+            name: [pool.submit(train_curves, name, ov, s, args.iterations, args.model, args.max_staleness)
+                   for s in args.seeds]
+            for name, ov in variants.items()
         }
         curves = {name: [f.result() for f in runs] for name, runs in futures.items()}
     first = np.mean([run["reward"][:5] for runs in curves.values() for run in runs])
     target = args.target if args.target is not None else first + 0.1
+    regime = (f"asynchronous, max_staleness={args.max_staleness}, 1 env runner, one optimizer step per batch"
+              if args.max_staleness else f"off-policy: {OFF_POLICY}")
     lines = [
-        f"Tiny SQL suite, {args.iterations} iterations, seeds {args.seeds}; target reward {target:.3f}.",
+        f"Tiny SQL suite, {regime}, {args.iterations} iterations, seeds {args.seeds}; target reward {target:.3f}.",
+        "Means over seeds (± std over seeds); per-iteration quantities averaged over all iterations.",
         "",
-        "| variant | reward, last 5 iterations | steps to target | final mean abs(pi - mu) | final masked fraction |",
-        "| --- | --- | --- | --- | --- |",
+        "| variant | reward, last 5 iterations | steps to target | mean abs(pi - mu) | masked fraction | "
+        "approx KL to mu | bad-update fraction | validation pass@1 |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name, runs in curves.items():
         final = [np.mean(run["reward"][-5:]) for run in runs]
         steps = [steps_to(run["reward"], target) for run in runs]
-        diff = [run["abs_prob_diff"][-1] for run in runs]
-        masked = [run["masked_fraction"][-1] for run in runs]
+        means = {k: np.mean([np.mean(run[k]) for run in runs]) for k in
+                 ("abs_prob_diff", "masked_fraction", "approx_kl", "bad_update_fraction")}
+        val = [run["validation"]["pass@1"] for run in runs if "validation" in run]
+        val_cell = f"{np.mean(val):.3f} ± {np.std(val):.3f}" if val else "-"
         lines.append(
             f"| {name} | {np.mean(final):.3f} ± {np.std(final):.3f} | {np.mean(steps):.1f} | "
-            f"{np.mean(diff):.2e} | {np.mean(masked):.4f} |"
+            f"{means['abs_prob_diff']:.2e} | {means['masked_fraction']:.4f} | {means['approx_kl']:.2e} | "
+            f"{means['bad_update_fraction']:.4f} | {val_cell} |"
         )
-    lines += ["", "Mask cost as a share of the learner update time (one batch):", ""]
-    lines += [f"- {kind}: {100 * shares[kind]:.2f} %" for kind in MASK_KINDS]
+    if shares:
+        lines += ["", "Mask cost as a share of the learner update time (one batch):", ""]
+        lines += [f"- {kind}: {100 * shares[kind]:.2f} %" for kind in MASK_KINDS]
     table = "\n".join(lines)
     print("\n" + table)
     (out / "trust_region.md").write_text(table + "\n")

@@ -47,11 +47,12 @@ GROUP = 8
 
 
 def parse_case(text: str) -> dict:
-    """``"fsdp2:dph_js:ckpt"`` → sharding, algorithm and gradient checkpointing of one case."""
+    """``"fsdp2:dph_js:ckpt"`` → sharding, algorithm, gradient checkpointing and LoRA (the
+    defaults, ``lora.LORA_DEFAULTS``) of one case."""
     sharding, algo, *flags = text.split(":")
-    if sharding not in ("ddp", "fsdp2") or algo not in ("grpo", "dph_js") or set(flags) - {"ckpt"}:
-        raise SystemExit(f"--cases {text!r}: expected (ddp|fsdp2):(grpo|dph_js)[:ckpt]")
-    return {"sharding": sharding, "algo": algo, "checkpointing": "ckpt" in flags}
+    if sharding not in ("ddp", "fsdp2") or algo not in ("grpo", "dph_js") or set(flags) - {"ckpt", "lora"}:
+        raise SystemExit(f"--cases {text!r}: expected (ddp|fsdp2):(grpo|dph_js)[:ckpt][:lora]")
+    return {"sharding": sharding, "algo": algo, "checkpointing": "ckpt" in flags, "lora": "lora" in flags}
 
 
 def write_pef_file(folder: pathlib.Path, args, vocab: int) -> str:
@@ -82,11 +83,13 @@ def case_config(case: dict, folder: str, pef_path: str, args):
         config = DPHConfig().dph(divergence="js", pef_coeff=0.2, pef_ratio=8, pef_path=pef_path)
     else:
         config = GRPOConfig()
+    from rllib_dph.lora import LORA_DEFAULTS
+
     gpu = args.device == "cuda"
     return (
         config.environment("rllib_dph/SQL-v0")
         .llm(model_name=folder, dtype="bfloat16" if gpu else "float32", max_response_length=args.response,
-             gradient_checkpointing=case["checkpointing"])
+             gradient_checkpointing=case["checkpointing"], lora=dict(LORA_DEFAULTS) if case["lora"] else None)
         .training(group_size=GROUP, prompts_per_step=args.rows // GROUP, minibatch_size=args.rows, lr=1e-6)
         .learners(num_learners=args.num_learners, sharding=case["sharding"],
                   num_gpus_per_learner=args.gpus_per_learner if gpu else 0,
@@ -163,7 +166,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cuda", "cpu"])
     parser.add_argument("--model", default="qwen2-0.5b", help="a size of bench/engines.py or a model folder")
     parser.add_argument("--cases", default="ddp:grpo,fsdp2:grpo,ddp:grpo:ckpt,fsdp2:grpo:ckpt,ddp:dph_js,fsdp2:dph_js",
-                        help="comma-separated SHARDING:ALGO[:ckpt]")
+                        help="comma-separated SHARDING:ALGO[:ckpt][:lora]")
     parser.add_argument("--num-learners", type=int, default=2)
     parser.add_argument("--gpus-per-learner", type=float, default=1.0,
                         help="GPUs per learner; below 1 only for one learner (NCCL refuses two ranks on one GPU)")
@@ -218,7 +221,7 @@ def main() -> None:
           f"{args.rows} rows x ({args.prompt} + {args.response}) tokens; median of {args.iters} after 1 warm-up")
     print(f"{'case':<20}{'s/update':>9}{'tok/s':>9}{'peak GB per learner':>22}{'predicted GB':>13}{'error':>8}")
     for r in results:
-        name = f"{r['sharding']}:{r['algo']}{':ckpt' if r['checkpointing'] else ''}"
+        name = f"{r['sharding']}:{r['algo']}{':ckpt' if r['checkpointing'] else ''}{':lora' if r.get('lora') else ''}"
         if "update_s" not in r:
             print(f"{name:<20} {r.get('error', r.get('skipped', ''))[:200]}")
             continue

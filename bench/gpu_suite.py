@@ -17,8 +17,8 @@ command, exit status, seconds and parsed results), one ``suite.md`` (the tables)
   prediction (``bench/gpu_learners.py``). Two learners cannot share one GPU: NCCL refuses two
   ranks on one device ("Duplicate GPU detected", measured on the H200), and the config now
   refuses ``num_gpus_per_learner < 1`` with several learners;
-- ``learners-1``: GRPO with and without checkpointing, and DPH-JS, on one learner holding the
-  whole GPU: the same measurements;
+- ``learners-1``: GRPO with and without checkpointing, DPH-JS, and both with LoRA (the defaults,
+  r 16 on every linear layer), on one learner holding the whole GPU: the same measurements;
 - ``e2e``: ``rllib train file tuned_examples/grpo/sql_tiny_grpo.py`` on the GPU (learner and HF
   engine on it, bf16) for ``--e2e-iterations`` iterations: the iteration split into generation,
   learner and weight sync, and tokens/s, read from Tune's ``result.json``.
@@ -107,7 +107,8 @@ def steps(out: pathlib.Path, args) -> list[Step]:
                                      "--max-failures", "2", "--json", str(out / "learners.json")],
              args.learners_s, out / "learners.json"),
         Step("learners-1", learners + ["--num-learners", "1", "--gpus-per-learner", "1", "--cases",
-                                       "ddp:grpo,ddp:grpo:ckpt,ddp:dph_js", "--json", str(out / "learners1.json")],
+                                       "ddp:grpo,ddp:grpo:ckpt,ddp:dph_js,ddp:grpo:lora,ddp:dph_js:lora",
+                                       "--json", str(out / "learners1.json")],
              args.learners1_s, out / "learners1.json"),
         Step("e2e", [py, "-m", "rllib_dph.cli", "train", "file", str(REPO / "tuned_examples/grpo/sql_tiny_grpo.py"),
                      "--config", json.dumps(e2e_config),
@@ -216,7 +217,7 @@ def markdown(report: dict) -> str:
                   "| case | learners x GPU | s/update | tokens/s | peak GB per learner | predicted GB | error |",
                   "| --- | --- | --- | --- | --- | --- | --- |"]
         for r in rows:
-            case = f"{r['sharding']}:{r['algo']}{':ckpt' if r['checkpointing'] else ''}"
+            case = f"{r['sharding']}:{r['algo']}{':ckpt' if r['checkpointing'] else ''}{':lora' if r.get('lora') else ''}"
             if "update_s" not in r:
                 lines.append(f"| {case} | | {r.get('error', r.get('skipped', ''))[-300:]} |||||".replace("\n", " "))
                 continue
@@ -273,7 +274,7 @@ def main() -> None:
     parser.add_argument("--learner-cases", default="ddp:grpo,fsdp2:grpo,ddp:grpo:ckpt,fsdp2:grpo:ckpt,fsdp2:dph_js")
     parser.add_argument("--rollouts-s", type=float, default=300)
     parser.add_argument("--learners-s", type=float, default=140)
-    parser.add_argument("--learners1-s", type=float, default=100)
+    parser.add_argument("--learners1-s", type=float, default=150)
     parser.add_argument("--e2e-s", type=float, default=120)
     parser.add_argument("--e2e-iterations", type=int, default=8)
     parser.add_argument("--prepare", action="store_true", help="download and trim the wheels into .whl/, then exit")

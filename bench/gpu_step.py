@@ -149,7 +149,7 @@ def on_policy_behavior_logp(module, batch: dict, device: torch.device, chunk: in
 
 
 def learner_case(model: str, dtype: str, shape: tuple[int, int, int], device: torch.device, iters: int) -> dict:
-    from envs.base import Task, Verdict, VerifierEnv
+    from rllib_dph.envs.base import Task, Verdict, VerifierEnv
     from ray.rllib.core import DEFAULT_MODULE_ID
     from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
     from transformers import AutoConfig

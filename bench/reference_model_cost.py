@@ -78,7 +78,7 @@ def run_variant(name: str, model_dir: str, rows: int) -> dict:
     from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
     from transformers import AutoConfig
 
-    from envs.base import Task, Verdict, VerifierEnv
+    from rllib_dph.envs.base import Task, Verdict, VerifierEnv
     from rllib_dph.algorithms.dph import DPHConfig
     from rllib_dph.algorithms.grpo import GRPOConfig
 

@@ -92,7 +92,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         if not hasattr(self.env, "tasks"):
             raise TypeError(
                 f"env {self.config.env!r} is a {type(self.env).__name__}, not a verifier text env; "
-                "LLMEnvRunner needs an env built on envs.base.VerifierEnv."
+                "LLMEnvRunner needs an env built on rllib_dph.envs.base.VerifierEnv."
             )
 
     @override(EnvRunner)

@@ -235,7 +235,7 @@ def run_identity(config: PresampleConfig, fingerprint: str, tasks) -> dict[str, 
     Args:
         config: The run.
         fingerprint: The policy model's fingerprint (``hub.model_fingerprint``).
-        tasks: The env's tasks (``envs.base.Task``); their ids, messages and ground truths are
+        tasks: The env's tasks (``rllib_dph.envs.base.Task``); their ids, messages and ground truths are
             hashed (a SQL task's ``db_path`` left out: it is where this machine keeps the file).
     """
     digest = hashlib.sha256()

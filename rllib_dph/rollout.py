@@ -2,7 +2,7 @@
 
 Everything that samples a policy on an env's tasks goes through :func:`rollout`: the env runner
 (training batches), evaluation (pass@k & co.), DPH's pre-sampling stage and the tiny model's
-quality check. It runs episodes of the env contract (``envs.base``): each episode resets the env
+quality check. It runs episodes of the env contract (``rllib_dph.envs.base``): each episode resets the env
 to its task (``options={"index": i}``); then, turn by turn, one ``engine.generate`` call samples
 the next turn of every episode still running (the first turn: ``n`` per prompt, sharing the
 prompt), each turn is decoded with ``skip_special_tokens=True`` and stepped; an episode that is
@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import gymnasium as gym
 import numpy as np
 
-import envs  # noqa: F401  (registers the bundled envs with gymnasium)
+import rllib_dph.envs  # noqa: F401  (registers the bundled envs with gymnasium)
 from rllib_dph.chat import encode_observation, encode_prompt
 from rllib_dph.engines.base import Completion, RolloutEngine, SamplingParams
 
@@ -50,7 +50,7 @@ def make_env(env_id: Any, env_config: dict) -> gym.Env:
 
 
 def encode_task(tokenizer, task) -> list[int]:
-    """Token ids of a task's prompt (``envs.base.Task.messages``) with the chat template."""
+    """Token ids of a task's prompt (``rllib_dph.envs.base.Task.messages``) with the chat template."""
     return encode_prompt(tokenizer, [dict(m) for m in task.messages])
 
 
@@ -233,7 +233,7 @@ def rollout(
     Args:
         engine: A rollout engine (``generate``, ``tokenizer``; an engine with a
             ``max_model_len`` ends the episodes whose next turn would not fit in it).
-        env: A verifier env (``tasks``, ``reset``, ``step``; the contract of ``envs.base``).
+        env: A verifier env (``tasks``, ``reset``, ``step``; the contract of ``rllib_dph.envs.base``).
         indices: Task indices, in the order of the returned groups.
         params: How to sample each turn (``n`` episodes per prompt, temperature, top-p,
             ``max_new_tokens`` per turn, seed (turn t >= 1 uses ``seed + 1_000_003 * t``), top-K).

@@ -10,18 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from rllib_dph.imports import ensure_package_envs, import_user_modules, package_envs_dir
+from rllib_dph.imports import ensure_package_envs, import_user_modules
 
 REPO = Path(__file__).resolve().parents[1]
 
 USER_MODULE = textwrap.dedent(
     """
-    import envs
+    import rllib_dph.envs
 
     def exact_match(completion, answer):
         return completion.strip() == answer
 
-    envs.register_verifier_env(
+    rllib_dph.envs.register_verifier_env(
         "myorg/Reverse-v0",
         verifier=exact_match,
         data=[{"question": w, "answer": w[::-1]} for w in ["abc", "hello", "rllib", "ray"]],
@@ -43,16 +43,8 @@ def user_project(tmp_path):
 
 def test_ensure_package_envs_returns_ours():
     envs = ensure_package_envs()
-    assert Path(envs.__file__).parent == package_envs_dir()
+    assert Path(envs.__file__).parent == REPO / "rllib_dph" / "envs"
     assert "rllib_dph/SQL-v0" in envs.registered_env_ids()
-
-
-def test_a_foreign_envs_module_is_named(monkeypatch):
-    foreign = types.ModuleType("envs")
-    foreign.__file__ = "/somewhere/else/envs/__init__.py"
-    monkeypatch.setitem(sys.modules, "envs", foreign)
-    with pytest.raises(ImportError, match="/somewhere/else/envs"):
-        ensure_package_envs()
 
 
 def test_import_errors_name_the_module(tmp_path):

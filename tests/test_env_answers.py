@@ -4,10 +4,10 @@ import dataclasses
 
 import pytest
 
-from envs.base import Verdict, VerifierEnv
-from envs.math import MathEnv
-from envs.sql import SQLEnv
-from envs.suites import load_split, sft_examples
+from rllib_dph.envs.base import Verdict, VerifierEnv
+from rllib_dph.envs.math import MathEnv
+from rllib_dph.envs.sql import SQLEnv
+from rllib_dph.envs.suites import load_split, sft_examples
 
 
 def sql_block(query):

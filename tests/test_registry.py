@@ -8,16 +8,16 @@ import gymnasium as gym
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-import envs
-from envs.base import Verdict
-from envs.registry import FunctionVerifierEnv, register_verifier_env
+import rllib_dph.envs
+from rllib_dph.envs.base import Verdict
+from rllib_dph.envs.registry import FunctionVerifierEnv, register_verifier_env
 
 WORDS = ["ray", "rllib", "policy", "gradient", "reward"]
 
 
 def _register_reverse(env_id="test/Reverse-v0", **kwargs):
     # The example of docs/environments.md: an exact-match string task registered in one call.
-    envs.register_verifier_env(
+    rllib_dph.envs.register_verifier_env(
         env_id,
         verifier=lambda completion, answer: completion.strip() == answer,
         data=[{"question": w, "answer": w[::-1]} for w in WORDS],
@@ -112,12 +112,12 @@ def test_registering_again_is_quiet():
         warnings.simplefilter("error")
         _register_reverse()
         _register_reverse()
-    assert envs.registered_env_ids().count("test/Reverse-v0") == 1
+    assert rllib_dph.envs.registered_env_ids().count("test/Reverse-v0") == 1
 
 
 def test_import_registers_the_bundled_envs_without_importing_ray():
     code = (
-        "import sys, envs, gymnasium as g; "
+        "import sys, rllib_dph.envs, gymnasium as g; "
         "print('ray' in sys.modules, 'rllib_dph/Math-v0' in g.registry)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -130,8 +130,8 @@ def test_tune_env_names_resolve_through_rllib():
     from ray.rllib.env.env_context import EnvContext
 
     _register_reverse("test/TuneReverse-v0")
-    assert "test/TuneReverse-v0" in envs.register_tune_envs()
-    assert "rllib_dph/Math-v0" in envs.register_tune_envs()
+    assert "test/TuneReverse-v0" in rllib_dph.envs.register_tune_envs()
+    assert "rllib_dph/Math-v0" in rllib_dph.envs.register_tune_envs()
     rows = [{"question": "abc", "answer": "cba"}]
     config = AlgorithmConfig().environment("test/TuneReverse-v0", env_config={"data": rows})
     env_id, creator = Algorithm._get_env_id_and_creator(config.env, config)
@@ -154,7 +154,7 @@ BUNDLED = {"rllib_dph/SQL-v0": "sql_synth/test", "rllib_dph/Math-v0": "math_synt
 
 
 def test_bundled_envs_are_registered_first():
-    assert envs.registered_env_ids()[:2] == list(BUNDLED)
+    assert rllib_dph.envs.registered_env_ids()[:2] == list(BUNDLED)
 
 
 @pytest.mark.parametrize("env_id", list(BUNDLED))

@@ -2,8 +2,8 @@
 
 import numpy as np
 
-from envs.sql import SQLEnv
-from envs.suites import load_split
+from rllib_dph.envs.sql import SQLEnv
+from rllib_dph.envs.suites import load_split
 from rllib_dph.chat import encode_prompt
 from rllib_dph.engines.base import SamplingParams
 from rllib_dph.engines import make_engine

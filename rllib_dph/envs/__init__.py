@@ -3,19 +3,19 @@
 Importing this package registers the bundled envs with Gymnasium (lazily: their modules load on
 first ``gym.make``):
 
-- ``rllib_dph/SQL-v0``: text-to-SQL, reward from executing the last ```sql block (``envs.sql``);
-- ``rllib_dph/Math-v0``: math word problems, reward from the last ``\\boxed{}`` (``envs.math``);
+- ``rllib_dph/SQL-v0``: text-to-SQL, reward from executing the last ```sql block (``rllib_dph.envs.sql``);
+- ``rllib_dph/Math-v0``: math word problems, reward from the last ``\\boxed{}`` (``rllib_dph.envs.math``);
 - ``rllib_dph/SQLMultiTurn-v0``: text-to-SQL with exploratory queries before the answer
-  (``envs.sql_multiturn``).
+  (``rllib_dph.envs.sql_multiturn``).
 
 New tasks: :func:`register_verifier_env`, :func:`register_multiturn_env`. Ray Tune names:
 :func:`register_tune_envs` (automatic when ``ray.tune`` (e.g. via RLlib) was imported before
 ``envs``).
 """
 
-from envs.base import Task, Verdict, VerifierEnv
-from envs.data import load_tasks
-from envs.registry import (
+from rllib_dph.envs.base import Task, Verdict, VerifierEnv
+from rllib_dph.envs.data import load_tasks
+from rllib_dph.envs.registry import (
     FunctionVerifierEnv,
     register,
     register_tune_envs,
@@ -24,9 +24,9 @@ from envs.registry import (
     registered_env_ids,
 )
 
-register("rllib_dph/SQL-v0", entry_point="envs.sql:SQLEnv")
-register("rllib_dph/Math-v0", entry_point="envs.math:MathEnv")
-register("rllib_dph/SQLMultiTurn-v0", entry_point="envs.sql_multiturn:SQLMultiTurnEnv")
+register("rllib_dph/SQL-v0", entry_point="rllib_dph.envs.sql:SQLEnv")
+register("rllib_dph/Math-v0", entry_point="rllib_dph.envs.math:MathEnv")
+register("rllib_dph/SQLMultiTurn-v0", entry_point="rllib_dph.envs.sql_multiturn:SQLMultiTurnEnv")
 
 __all__ = [
     "FunctionVerifierEnv",

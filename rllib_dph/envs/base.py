@@ -21,7 +21,7 @@ single- and multi-turn envs:
   the engine's ``max_new_tokens`` per turn.
 
 A :class:`VerifierEnv` is the one-turn case: ``step`` scores the whole completion and always
-terminates (``envs.multiturn.MultiTurnEnv`` adds turns). The rollout runs concurrent episodes on
+terminates (``rllib_dph.envs.multiturn.MultiTurnEnv`` adds turns). The rollout runs concurrent episodes on
 shallow copies of one env (``copy.copy``), so an env keeps its per-episode state in attributes
 that ``reset`` assigns, never in objects it mutates in place.
 """
@@ -194,13 +194,13 @@ class VerifierEnv(gym.Env):
         """The name of the solution style of a completion, or None when this env names none.
 
         This default names none. Envs whose tasks come from a suite with style names
-        (``envs.suites.style_of``) override it.
+        (``rllib_dph.envs.suites.style_of``) override it.
 
         Args:
             index: The task's index in :attr:`tasks`.
             completion: The completion text.
             suite: Name the style with this suite's style function (one of
-                ``envs.suites.STYLE_SUITES``) instead of the task's ``data_source``.
+                ``rllib_dph.envs.suites.STYLE_SUITES``) instead of the task's ``data_source``.
         """
         return None
 

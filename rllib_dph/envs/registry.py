@@ -3,10 +3,10 @@
 A new task is a verifier function, a data set and a prompt format::
 
     import gymnasium as gym
-    import envs
+    import rllib_dph.envs
 
     words = ["ray", "rllib", "policy", "gradient"]
-    envs.register_verifier_env(
+    rllib_dph.envs.register_verifier_env(
         "demo/Reverse-v0",
         verifier=lambda completion, answer: completion.strip() == answer,
         data=[{"question": w, "answer": w[::-1]} for w in words],
@@ -35,9 +35,9 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.envs.registration import load_env_creator
 
-from envs.arguments import ArgumentError
-from envs.base import Task, Verdict, VerifierEnv
-from envs.data.loaders import PromptFormat, check_prompt_format, load_tasks
+from rllib_dph.envs.arguments import ArgumentError
+from rllib_dph.envs.base import Task, Verdict, VerifierEnv
+from rllib_dph.envs.data.loaders import PromptFormat, check_prompt_format, load_tasks
 
 logger = logging.getLogger(__name__)
 
@@ -93,11 +93,11 @@ def register_verifier_env(
             A bool becomes reward 1.0 / 0.0; a number is the reward and counts as correct when
             >= 1.0; return a :class:`Verdict` to set ``correct`` and ``error`` yourself. Should it
             raise, the step gets reward 0 and the exception in ``info["error"]``, except for an
-            ``envs.arguments.ArgumentError`` (a bad argument such as ``timeout_s=inf``, which
+            ``rllib_dph.envs.arguments.ArgumentError`` (a bad argument such as ``timeout_s=inf``, which
             would score every step 0): that one is raised. Pass a plain function (Gymnasium
             deep-copies kwargs and Ray pickles them).
         data: A ``.parquet`` / ``.jsonl`` path, a list of row dicts (or :class:`Task` objects), or
-            a bundled suite split name (see :func:`envs.data.load_tasks`).
+            a bundled suite split name (see :func:`rllib_dph.envs.data.load_tasks`).
         prompt_format: ``str.format`` template over a row's fields (``"Reverse: {question}"``) or
             a function ``row -> str | list of chat messages``. ``None``: the rows are in the verl
             layout (``prompt``, ``reward_model.ground_truth``, ``data_source``).
@@ -127,7 +127,7 @@ def register_verifier_env(
         name=env_id,
         **defaults,
     )
-    register(env_id, entry_point="envs.registry:FunctionVerifierEnv", kwargs=kwargs)
+    register(env_id, entry_point="rllib_dph.envs.registry:FunctionVerifierEnv", kwargs=kwargs)
 
 
 def register_multiturn_env(
@@ -144,7 +144,7 @@ def register_multiturn_env(
     """Registers a multi-turn verifier task: a tool, a verifier and a prompt format.
 
     A policy turn that holds a tool call gets the tool's reply as the next observation; a turn
-    without one is the final answer, scored by the verifier (``envs.multiturn``).
+    without one is the final answer, scored by the verifier (``rllib_dph.envs.multiturn``).
 
     Args:
         env_id: Versioned id ``namespace/Name-vN``.
@@ -157,7 +157,7 @@ def register_multiturn_env(
             ``turn -> call or None`` (None: the turn is the final answer).
         max_turns: Most policy turns per episode, >= 1.
         **kwargs: ``max_episode_tokens``, ``max_observation_chars``, ``tool_reward``
-            (``envs.multiturn.MultiTurnEnv.setup_turns``) and the keyword arguments of
+            (``rllib_dph.envs.multiturn.MultiTurnEnv.setup_turns``) and the keyword arguments of
             :func:`register_verifier_env` (``ground_truth_field``, ``system_prompt``, the
             verifier's own).
     """
@@ -169,7 +169,7 @@ def register_multiturn_env(
         check_prompt_format(prompt_format)
     defaults = dict(tool=tool, verifier=verifier, data=data, prompt_format=prompt_format,
                     tool_call=tool_call, max_turns=max_turns, name=env_id)
-    register(env_id, entry_point="envs.multiturn:FunctionMultiTurnEnv", kwargs={**defaults, **kwargs})
+    register(env_id, entry_point="rllib_dph.envs.multiturn:FunctionMultiTurnEnv", kwargs={**defaults, **kwargs})
 
 
 def registered_env_ids() -> list[str]:
@@ -212,7 +212,7 @@ def as_verdict(result: Any, env_id: str) -> Verdict:
         return Verdict(reward, reward >= 1.0)
     raise TypeError(
         f"{env_id}: the verifier returned a {type(result).__name__} ({result!r:.80}); "
-        "return a float reward, a bool or an envs.base.Verdict."
+        "return a float reward, a bool or an rllib_dph.envs.base.Verdict."
     )
 
 

@@ -1,26 +1,17 @@
-"""Imports of the ``rllib`` command: the package's own ``envs`` and the user's modules.
-
-``envs`` is a top-level package next to ``rllib_dph``. A user project with a folder of its own
-named ``envs/`` would shadow it: Python and Ray workers put the launch folder first on
-``sys.path``. :func:`ensure_package_envs` loads the package's ``envs`` by location instead, in
-the driver and (through Ray's ``worker_process_setup_hook``, see :func:`ray_runtime_env`) in
-every Ray worker.
+"""Imports of the ``rllib`` command: the user's own modules.
 
 ``rllib train --import mymodule`` imports the user's modules so that the envs they register
 (``rllib_dph.envs.register_verifier_env``) exist; the module names travel to Ray workers in
-``$RLLIB_DPH_IMPORTS`` and are imported there too.
+``$RLLIB_DPH_IMPORTS`` and are imported there too (Ray's ``worker_process_setup_hook``, see
+:func:`ray_runtime_env`).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.machinery
-import importlib.util
 import os
 import sys
-from pathlib import Path
-from types import ModuleType
 from typing import Sequence
 
 #: Environment variable with the user's modules (comma-separated) that Ray workers import.
@@ -29,11 +20,6 @@ IMPORTS_ENV_VAR = "RLLIB_DPH_IMPORTS"
 LAUNCH_DIR_ENV_VAR = "RLLIB_DPH_LAUNCH_DIR"
 #: The Ray worker start-up hook (a ``module.function`` path, see ``ray_runtime_env``).
 WORKER_SETUP_HOOK = "rllib_dph.imports.setup_worker"
-
-
-def ensure_package_envs() -> ModuleType:
-    """Imports ``rllib_dph.envs`` (which registers the bundled envs) and returns it."""
-    return importlib.import_module("rllib_dph.envs")
 
 
 def import_user_modules(names: Sequence[str], launch_dir: str | None = None) -> list[str]:
@@ -72,8 +58,7 @@ def add_import_flag(parser: argparse.ArgumentParser) -> None:
 
 
 def setup_worker() -> None:
-    """Ray worker start-up: rllib_dph's ``envs`` first, then the modules in ``$RLLIB_DPH_IMPORTS``."""
-    ensure_package_envs()
+    """Ray worker start-up: imports the modules in ``$RLLIB_DPH_IMPORTS``."""
     names = [n for n in os.environ.get(IMPORTS_ENV_VAR, "").split(",") if n]
     if names:
         import_user_modules(names, os.environ.get(LAUNCH_DIR_ENV_VAR))

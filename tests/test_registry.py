@@ -1,8 +1,10 @@
 """The env registry: a new task in a few lines, gymnasium.make, Ray Tune names, check_env."""
 
+import runpy
 import subprocess
 import sys
 import warnings
+from pathlib import Path
 
 import gymnasium as gym
 import pytest
@@ -12,6 +14,7 @@ import rllib_dph.envs
 from rllib_dph.envs.base import Verdict
 from rllib_dph.envs.registry import FunctionVerifierEnv, register_verifier_env
 
+REPO = Path(__file__).resolve().parents[1]
 WORDS = ["ray", "rllib", "policy", "gradient", "reward"]
 
 
@@ -24,6 +27,26 @@ def _register_reverse(env_id="test/Reverse-v0", **kwargs):
         prompt_format="Reverse the word: {question}",
         **kwargs,
     )
+
+
+def test_the_example_in_the_envs_folder_registers_a_working_env():
+    """envs/example_verifier.py (the users' starting point): importing it registers its env."""
+    runpy.run_path(str(REPO / "envs" / "example_verifier.py"))
+    env = gym.make("example/Reverse-v0")
+    prompt, _ = env.reset(options={"index": 1})
+    assert prompt == "Write the word backwards, nothing else: rllib"
+    assert env.step("billr")[1:3] == (1.0, True)
+    env.reset(options={"index": 1})
+    assert env.step("rllib")[1] == 0.0
+
+
+def test_the_example_runs_as_a_script():
+    out = subprocess.run([sys.executable, "envs/example_verifier.py"], capture_output=True, text=True,
+                         cwd=REPO, timeout=120, check=True)
+    assert out.stdout.splitlines() == [
+        "'Write the word backwards, nothing else: ray' -> 'yar': reward 1.0, correct True",
+        "'Write the word backwards, nothing else: ray' -> 'ray': reward 0.0, correct False",
+    ]
 
 
 def test_register_make_and_step_a_new_task():

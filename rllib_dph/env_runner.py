@@ -35,7 +35,8 @@ from rllib_dph.batch import sequence_rows
 from rllib_dph.engines import build_engine
 from rllib_dph.engines.base import SamplingParams
 from rllib_dph.evaluation.runner import EvalSettings, evaluate_engine
-from rllib_dph.rollout import encode_task, make_env, rollout
+from rllib_dph.envs import make_env
+from rllib_dph.rollout import encode_task, rollout
 
 if TYPE_CHECKING:
     from rllib_dph.async_sampling import PublishedWeights

@@ -13,7 +13,7 @@ single-turn env ends every episode at its first step: one ``generate`` call, as 
 An episode is one :class:`~rllib_dph.engines.base.Completion`: its turns and observations in
 order, observation tokens with NaN log-probs (holes in the batch's ``RESPONSE_MASK``, see
 ``batch.sequence_rows``). The rollout knows nothing of tools or answer formats: the env owns
-the protocol. :func:`make_env` builds the env named in a config.
+the protocol. ``rllib_dph.envs.make_env`` builds the env named in a config.
 """
 
 from __future__ import annotations
@@ -24,29 +24,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional, Sequence
 
-import gymnasium as gym
 import numpy as np
 
-import rllib_dph.envs  # noqa: F401  (registers the bundled envs with gymnasium)
 from rllib_dph.chat import encode_observation, encode_prompt
 from rllib_dph.engines.base import Completion, RolloutEngine, SamplingParams
-
-
-def make_env(env_id: Any, env_config: dict) -> gym.Env:
-    """Creates the env named in ``config.environment(...)``.
-
-    Args:
-        env_id: An env class, a Ray Tune registered name, or a gymnasium id
-            (``rllib_dph/SQL-v0``; importing ``envs`` registers the bundled ones).
-        env_config: The env's keyword arguments.
-    """
-    from ray.tune.registry import ENV_CREATOR, _global_registry
-
-    if isinstance(env_id, type):
-        return env_id(**env_config)
-    if _global_registry.contains(ENV_CREATOR, env_id):
-        return _global_registry.get(ENV_CREATOR, env_id)(env_config)
-    return gym.make(env_id, **env_config).unwrapped
 
 
 def encode_task(tokenizer, task) -> list[int]:

@@ -17,6 +17,7 @@ from rllib_dph.envs.base import Task, Verdict, VerifierEnv
 from rllib_dph.envs.data import load_tasks
 from rllib_dph.envs.registry import (
     FunctionVerifierEnv,
+    make_env,
     register,
     register_tune_envs,
     register_multiturn_env,
@@ -34,6 +35,7 @@ __all__ = [
     "Verdict",
     "VerifierEnv",
     "load_tasks",
+    "make_env",
     "register",
     "register_multiturn_env",
     "register_tune_envs",

@@ -189,8 +189,25 @@ def register_tune_envs() -> list[str]:
     return list(_REGISTERED)
 
 
-def make_env(entry_point: str, kwargs: Mapping[str, Any], env_config: Mapping | None) -> gym.Env:
-    """The Tune env creator: builds ``entry_point(**kwargs, **env_config)``."""
+def make_env(env_id: Any, env_config: Mapping[str, Any]) -> gym.Env:
+    """Creates the env named in ``config.environment(...)``: the one way to build an env.
+
+    Args:
+        env_id: An env class, a Ray Tune registered name, or a gymnasium id
+            (``rllib_dph/SQL-v0``; importing ``rllib_dph.envs`` registers the bundled ones).
+        env_config: The env's keyword arguments.
+    """
+    from ray.tune.registry import ENV_CREATOR, _global_registry
+
+    if isinstance(env_id, type):
+        return env_id(**env_config)
+    if _global_registry.contains(ENV_CREATOR, env_id):
+        return _global_registry.get(ENV_CREATOR, env_id)(env_config)
+    return gym.make(env_id, **env_config).unwrapped
+
+
+def _tune_creator(entry_point: str, kwargs: Mapping[str, Any], env_config: Mapping | None) -> gym.Env:
+    """The Tune env creator of a registered id: builds ``entry_point(**kwargs, **env_config)``."""
     return load_env_creator(entry_point)(**{**kwargs, **dict(env_config or {})})
 
 
@@ -198,7 +215,7 @@ def _register_with_tune(env_id: str) -> None:
     from ray.tune.registry import register_env
 
     spec = gym.spec(env_id)
-    register_env(env_id, functools.partial(make_env, spec.entry_point, dict(spec.kwargs)))
+    register_env(env_id, functools.partial(_tune_creator, spec.entry_point, dict(spec.kwargs)))
 
 
 def as_verdict(result: Any, env_id: str) -> Verdict:

@@ -21,7 +21,8 @@ from rllib_dph.engines import DEFAULT_ENGINE, check_engine_name, make_engine
 from rllib_dph.engines.base import RolloutEngine, SamplingParams
 from rllib_dph.evaluation.metrics import default_ks
 from rllib_dph.evaluation.results import EvalResult, PromptRecord
-from rllib_dph.rollout import ScoredGroup, make_env, rollout, rollout_chunks
+from rllib_dph.envs import make_env
+from rllib_dph.rollout import ScoredGroup, rollout, rollout_chunks
 
 #: Longest generated response, in tokens, unless told otherwise (GRPOConfig's default).
 DEFAULT_MAX_NEW_TOKENS = 128

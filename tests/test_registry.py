@@ -11,7 +11,8 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import rllib_dph.envs
-from rllib_dph.envs.base import Verdict
+from rllib_dph.envs.base import Verdict, VerifierEnv
+from rllib_dph.envs.data import load_tasks
 from rllib_dph.envs.registry import FunctionVerifierEnv, register_verifier_env
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,6 +48,16 @@ def test_the_example_runs_as_a_script():
         "'Write the word backwards, nothing else: ray' -> 'yar': reward 1.0, correct True",
         "'Write the word backwards, nothing else: ray' -> 'ray': reward 0.0, correct False",
     ]
+
+
+def test_the_bundled_envs_base_takes_the_same_verifier_as_register_verifier_env():
+    """One verifier signature: ``verifier(completion, ground_truth) -> bool | float | Verdict``."""
+    tasks = load_tasks([{"q": "x", "answer": "y"}], task="generic", prompt_format="{q}")
+    env = VerifierEnv(tasks, lambda completion, ground_truth: completion == ground_truth)
+    env.reset(options={"index": 0})
+    assert env.step("y")[1:3] == (1.0, True)
+    env.reset(options={"index": 0})
+    assert env.step("n")[1] == 0.0
 
 
 def test_register_make_and_step_a_new_task():

@@ -28,11 +28,13 @@ that ``reset`` assigns, never in objects it mutates in place.
 
 from __future__ import annotations
 
+import numbers
 import string
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 import gymnasium as gym
+import numpy as np
 from gymnasium import spaces
 
 #: Characters every env accepts: all printable ASCII. Data-specific characters are added per env.
@@ -83,8 +85,25 @@ class Verdict:
     error: str | None = None
 
 
-#: A verifier maps (completion text, task) to a verdict. It must never raise.
-Verifier = Callable[[str, Task], Verdict]
+#: The one verifier signature, of the bundled envs and of yours (``register_verifier_env``):
+#: ``verifier(completion, ground_truth) -> Verdict | bool | float`` (read by :func:`as_verdict`);
+#: ``ground_truth`` is the task's :attr:`Task.ground_truth`.
+Verifier = Callable[[str, Any], "Verdict | bool | float"]
+
+
+def as_verdict(result: Any, env_id: str) -> Verdict:
+    """Turns a verifier's return value (Verdict, bool or number) into a :class:`Verdict`."""
+    if isinstance(result, Verdict):
+        return result
+    if isinstance(result, (bool, np.bool_)):
+        return Verdict(1.0 if result else 0.0, bool(result))
+    if isinstance(result, numbers.Real):
+        reward = float(result)
+        return Verdict(reward, reward >= 1.0)
+    raise TypeError(
+        f"{env_id}: the verifier returned a {type(result).__name__} ({result!r:.80}); "
+        "return a float reward, a bool or an rllib_dph.envs.base.Verdict."
+    )
 
 
 class VerifierEnv(gym.Env):
@@ -171,7 +190,7 @@ class VerifierEnv(gym.Env):
         if self._index is None:
             raise RuntimeError(f"{self.name}: call reset() before step().")
         task = self.tasks[self._index]
-        verdict = self.verifier(str(action), task)
+        verdict = as_verdict(self.verifier(str(action), task.ground_truth), self.name)
         info = self._info(self._index)
         info["correct"] = bool(verdict.correct)
         if verdict.error is not None:

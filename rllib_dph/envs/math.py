@@ -670,8 +670,8 @@ class MathEnv(VerifierEnv):
         """Builds the env on already-loaded tasks (``ground_truth`` = the gold answer)."""
         return cls(list(tasks), **kwargs)
 
-    def _verify(self, completion: str, task: Task) -> Verdict:
-        return verify_math(completion, task.ground_truth, timeout_s=self.timeout_s)
+    def _verify(self, completion: str, gold_answer: Any) -> Verdict:
+        return verify_math(completion, gold_answer, timeout_s=self.timeout_s)
 
     def answer_key(self, index: int, completion: str) -> str | None:
         """The extracted final answer without whitespace; None when there is none.

@@ -26,13 +26,11 @@ from __future__ import annotations
 
 import functools
 import logging
-import numbers
 import re
 import sys
 from typing import Any, Callable, Mapping, Sequence
 
 import gymnasium as gym
-import numpy as np
 from gymnasium.envs.registration import load_env_creator
 
 from rllib_dph.envs.arguments import ArgumentError
@@ -218,21 +216,6 @@ def _register_with_tune(env_id: str) -> None:
     register_env(env_id, functools.partial(_tune_creator, spec.entry_point, dict(spec.kwargs)))
 
 
-def as_verdict(result: Any, env_id: str) -> Verdict:
-    """Turns a verifier's return value (Verdict, bool or number) into a :class:`Verdict`."""
-    if isinstance(result, Verdict):
-        return result
-    if isinstance(result, (bool, np.bool_)):
-        return Verdict(1.0 if result else 0.0, bool(result))
-    if isinstance(result, numbers.Real):
-        reward = float(result)
-        return Verdict(reward, reward >= 1.0)
-    raise TypeError(
-        f"{env_id}: the verifier returned a {type(result).__name__} ({result!r:.80}); "
-        "return a float reward, a bool or an rllib_dph.envs.base.Verdict."
-    )
-
-
 class FunctionVerifierEnv(VerifierEnv):
     """A verifier text env around a plain verifier function (made by :func:`register_verifier_env`).
 
@@ -286,14 +269,14 @@ class FunctionVerifierEnv(VerifierEnv):
         self.verifier_kwargs = verifier_kwargs
         self._warned = False
 
-    def _verify(self, completion: str, task: Task) -> Verdict:
+    def _verify(self, completion: str, ground_truth: Any) -> float | bool | Verdict:
         try:
-            result = self.verifier_fn(completion, task.ground_truth, **self.verifier_kwargs)
+            return self.verifier_fn(completion, ground_truth, **self.verifier_kwargs)
         except ArgumentError:  # the env's settings, not the completion: never a silent 0
             raise
         except Exception as e:  # a step never raises; the first failure is logged in full
             if not self._warned:
-                logger.warning("%s: verifier raised on task %s", self.name, task.id, exc_info=True)
+                logger.warning("%s: verifier raised on task %s", self.name, self.tasks[self._index].id,
+                               exc_info=True)
                 self._warned = True
             return Verdict(0.0, False, f"verifier raised {type(e).__name__}: {e}")
-        return as_verdict(result, self.name)

@@ -1337,8 +1337,7 @@ class SQLEnv(VerifierEnv):
         """Builds the env on already-loaded tasks; ``kwargs`` as for ``SQLEnv`` (not ``data``)."""
         return cls(list(tasks), **kwargs)
 
-    def _verify(self, completion: str, task: Task) -> Verdict:
-        truth = task.ground_truth
+    def _verify(self, completion: str, truth: Mapping[str, Any]) -> Verdict:
         return verify_sql(
             completion,
             truth["gold_sql"],

@@ -1,8 +1,11 @@
 """The env registry: a new task in a few lines, gymnasium.make, Ray Tune names, check_env."""
 
+import math
 import runpy
 import subprocess
 import sys
+import threading
+import time
 import warnings
 from pathlib import Path
 
@@ -13,7 +16,7 @@ from gymnasium.utils.env_checker import check_env
 import rllib_dph.envs
 from rllib_dph.envs.base import Verdict, VerifierEnv
 from rllib_dph.envs.data import load_tasks
-from rllib_dph.envs.registry import FunctionVerifierEnv, register_verifier_env
+from rllib_dph.envs.registry import DEFAULT_VERIFIER_TIMEOUT_S, FunctionVerifierEnv, register_verifier_env
 
 REPO = Path(__file__).resolve().parents[1]
 WORDS = ["ray", "rllib", "policy", "gradient", "reward"]
@@ -98,6 +101,65 @@ def test_a_raising_verifier_gives_zero_and_the_reason():
     env.reset()
     _, reward, _, _, info = env.step("z")
     assert reward == 0.0 and info["error"] == "verifier raised KeyError: 'boom'"
+
+
+_RELEASE = threading.Event()
+
+
+def _hangs_on_hang(completion, answer):
+    """A verifier stuck on one input (until the test releases it); module-level: Tune pickles it."""
+    if completion == "hang":
+        _RELEASE.wait(60)
+    return completion == answer
+
+
+def test_a_hanging_verifier_is_cut_off_scored_0_and_the_env_goes_on(caplog):
+    """The bundled verifiers' protection for a user's verifier: a call past verifier_timeout_s
+    scores 0 with the reason, the step returns, and the next step scores normally."""
+    register_verifier_env("test/Hang-v0", verifier=_hangs_on_hang, data=[{"q": "x", "answer": "y"}],
+                          prompt_format="{q}", verifier_timeout_s=0.2)
+    env = gym.make("test/Hang-v0")
+    try:
+        env.reset(options={"index": 0})
+        start = time.monotonic()
+        _, reward, terminated, _, info = env.step("hang")
+        assert time.monotonic() - start < 5.0
+        assert (reward, terminated, info["correct"]) == (0.0, True, False)
+        assert info["error"] == "verifier timed out after 0.2 s (verifier_timeout_s)"
+        assert "verifier timed out" in caplog.text
+        env.reset(options={"index": 0})
+        assert env.step("y")[1] == 1.0
+    finally:
+        _RELEASE.set()
+
+
+def test_verifier_timeout_default_override_and_off():
+    _register_reverse("test/ReverseTimeout-v0")
+    assert gym.make("test/ReverseTimeout-v0").unwrapped.verifier_timeout_s == DEFAULT_VERIFIER_TIMEOUT_S
+    assert gym.make("test/ReverseTimeout-v0", verifier_timeout_s=2).unwrapped.verifier_timeout_s == 2.0
+    threads = []
+
+    def verifier(completion, answer):
+        threads.append(threading.current_thread())
+        return True
+
+    for timeout_s, on_this_thread in [(None, True), (5.0, False)]:
+        env = FunctionVerifierEnv([{"q": "x", "answer": "y"}], verifier=verifier, prompt_format="{q}",
+                                  verifier_timeout_s=timeout_s)
+        env.reset()
+        assert env.step("y")[1] == 1.0
+        assert (threads[-1] is threading.current_thread()) is on_this_thread
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, math.inf, math.nan, 7200, "5", True])
+def test_a_bad_verifier_timeout_is_refused_at_registration(bad):
+    with pytest.raises(ValueError, match=r"test/BadTimeout-v0: verifier_timeout_s=.* pass .*verifier_timeout_s=30"):
+        _register_reverse("test/BadTimeout-v0", verifier_timeout_s=bad)
+    with pytest.raises(ValueError, match="verifier_timeout_s="):
+        rllib_dph.envs.register_multiturn_env(
+            "test/BadTimeoutTurns-v0", tool=lambda call, gt: "", verifier=lambda c, gt: True,
+            data=[{"q": "x", "answer": "y"}], prompt_format="{q}", verifier_timeout_s=bad,
+        )
 
 
 def test_a_verifier_returning_the_wrong_type_is_a_clear_error():

@@ -28,12 +28,13 @@ import functools
 import logging
 import re
 import sys
+import threading
 from typing import Any, Callable, Mapping, Sequence
 
 import gymnasium as gym
 from gymnasium.envs.registration import load_env_creator
 
-from rllib_dph.envs.arguments import ArgumentError
+from rllib_dph.envs.arguments import ArgumentError, check_timeout
 from rllib_dph.envs.base import Task, Verdict, VerifierEnv
 from rllib_dph.envs.data.loaders import PromptFormat, check_prompt_format, load_tasks
 
@@ -43,6 +44,10 @@ _ENV_ID = re.compile(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+?-v\d+")  # namespace/Name
 
 #: Ids registered through this module, in registration order (builtins first).
 _REGISTERED: dict[str, None] = {}
+
+#: Default wall-clock limit of one call of a registered verifier (``verifier_timeout_s``), in
+#: seconds: twice the SQL verifier's default, so a slow but working verifier is not cut off.
+DEFAULT_VERIFIER_TIMEOUT_S = 30.0
 
 
 def check_env_id(env_id: str) -> None:
@@ -81,6 +86,7 @@ def register_verifier_env(
     prompt_format: PromptFormat | None = None,
     ground_truth_field: str = "answer",
     system_prompt: str | None = None,
+    verifier_timeout_s: float | None = DEFAULT_VERIFIER_TIMEOUT_S,
     **defaults: Any,
 ) -> None:
     """Registers a verifier task as a Gymnasium env and a Ray Tune env name (see module docstring).
@@ -102,13 +108,18 @@ def register_verifier_env(
         ground_truth_field: The row field passed to the verifier as ``ground_truth`` (with a
             ``prompt_format``).
         system_prompt: Optional system message put before every prompt.
+        verifier_timeout_s: Wall-clock limit of one verifier call in seconds, in [0.01, 3600]
+            (None: no limit); a call past it scores 0 with the reason in ``info["error"]``. See
+            :class:`FunctionVerifierEnv` (the verifier runs on a helper thread).
         **defaults: Keyword arguments of ``verifier``; ``gym.make(env_id, name=value)`` or a Tune
             ``env_config`` overrides them, like ``data``.
 
     Raises:
-        ValueError / TypeError: A malformed id, a non-callable verifier or a bad prompt format.
+        ValueError / TypeError: A malformed id, a non-callable verifier, a bad prompt format or
+            a ``verifier_timeout_s`` out of range.
     """
     check_env_id(env_id)
+    _check_verifier_timeout(verifier_timeout_s, env_id)
     if not callable(verifier):
         raise TypeError(
             f"{env_id}: verifier must be a function (completion, ground_truth) -> float | bool | "
@@ -116,15 +127,9 @@ def register_verifier_env(
         )
     if prompt_format is not None:
         check_prompt_format(prompt_format)
-    kwargs = dict(
-        data=data,
-        verifier=verifier,
-        prompt_format=prompt_format,
-        ground_truth_field=ground_truth_field,
-        system_prompt=system_prompt,
-        name=env_id,
-        **defaults,
-    )
+    kwargs = dict(data=data, verifier=verifier, prompt_format=prompt_format,
+                  ground_truth_field=ground_truth_field, system_prompt=system_prompt,
+                  verifier_timeout_s=verifier_timeout_s, name=env_id, **defaults)
     register(env_id, entry_point="rllib_dph.envs.registry:FunctionVerifierEnv", kwargs=kwargs)
 
 
@@ -156,10 +161,11 @@ def register_multiturn_env(
         max_turns: Most policy turns per episode, >= 1.
         **kwargs: ``max_episode_tokens``, ``max_observation_chars``, ``tool_reward``
             (``rllib_dph.envs.multiturn.MultiTurnEnv.setup_turns``) and the keyword arguments of
-            :func:`register_verifier_env` (``ground_truth_field``, ``system_prompt``, the
-            verifier's own).
+            :func:`register_verifier_env` (``ground_truth_field``, ``system_prompt``,
+            ``verifier_timeout_s``, the verifier's own).
     """
     check_env_id(env_id)
+    _check_verifier_timeout(kwargs.get("verifier_timeout_s"), env_id)
     for name, fn in (("tool", tool), ("verifier", verifier)):
         if not callable(fn):
             raise TypeError(f"{env_id}: {name} must be a function; got a {type(fn).__name__}.")
@@ -216,6 +222,48 @@ def _register_with_tune(env_id: str) -> None:
     register_env(env_id, functools.partial(_tune_creator, spec.entry_point, dict(spec.kwargs)))
 
 
+def _check_verifier_timeout(value: Any, where: str) -> float | None:
+    """``verifier_timeout_s`` as a float in [MIN_TIMEOUT_S, MAX_TIMEOUT_S] of
+    ``rllib_dph.envs.arguments``, or None (no limit)."""
+    if value is None:
+        return None
+    return check_timeout(value, where=where, default=DEFAULT_VERIFIER_TIMEOUT_S,
+                         name="verifier_timeout_s")
+
+
+class _TimedOut(Exception):
+    """The verifier was still running at its deadline (not the verifier's own TimeoutError)."""
+
+
+def _call_with_timeout(fn: Callable[[], Any], timeout_s: float | None) -> Any:
+    """``fn()`` on a helper thread, waited for at most ``timeout_s`` wall seconds.
+
+    Returns ``fn``'s value and raises its exception. None: ``fn()`` in this thread, no limit.
+
+    Raises:
+        _TimedOut: ``fn`` had not returned after ``timeout_s``; its daemon thread is left running
+            (a Python thread cannot be stopped) and its result is dropped.
+    """
+    if timeout_s is None:
+        return fn()
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = fn()
+        except BaseException as e:  # handed to the caller, raised there
+            outcome["error"] = e
+
+    thread = threading.Thread(target=run, name="verifier", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise _TimedOut()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
 class FunctionVerifierEnv(VerifierEnv):
     """A verifier text env around a plain verifier function (made by :func:`register_verifier_env`).
 
@@ -230,7 +278,8 @@ class FunctionVerifierEnv(VerifierEnv):
     ``spaces.Text``: the prompt text (chat message contents joined by blank lines).
 
     ## Rewards
-    The verifier's reward: a bool gives 1.0 / 0.0, a number is used as is, a Verdict's ``reward``.
+    The verifier's reward: a bool gives 1.0 / 0.0, a number is used as is, a Verdict's ``reward``;
+    0 when the verifier raised or ran past ``verifier_timeout_s``.
 
     ## Starting State
     A row drawn uniformly with ``self.np_random``, or the one given by ``options={"index": i}``.
@@ -240,10 +289,20 @@ class FunctionVerifierEnv(VerifierEnv):
 
     ## Info
     ``task_id``, ``data_source``, ``index``, ``messages``; after ``step`` also ``correct`` and, when
-    the verifier said so or raised, ``error``.
+    the verifier said so, raised or timed out, ``error``.
 
     ## Arguments
     See :func:`register_verifier_env`; extra keyword arguments go to the verifier.
+
+    ## Verifier timeout
+    As the bundled verifiers have a time limit, so does yours: ``verifier_timeout_s`` (default
+    :data:`DEFAULT_VERIFIER_TIMEOUT_S`, wall clock). The verifier runs on a helper thread that
+    the step waits for that long; a call still running then scores 0 with ``info["error"]``
+    "verifier timed out after ... s" and the step returns. Python cannot stop a thread: one that
+    never returns stays behind (a daemon thread, ended with the process). Code that needs the
+    main thread fails there: Math-Verify's own timeouts (``signal.alarm``; pass
+    ``parsing_timeout=None, timeout_seconds=None``, or use :func:`rllib_dph.envs.math.verify_math`).
+    ``verifier_timeout_s=None``: no limit, the verifier runs in the step's thread.
     """
 
     def __init__(
@@ -254,6 +313,7 @@ class FunctionVerifierEnv(VerifierEnv):
         prompt_format: PromptFormat | None = None,
         ground_truth_field: str = "answer",
         system_prompt: str | None = None,
+        verifier_timeout_s: float | None = DEFAULT_VERIFIER_TIMEOUT_S,
         name: str = "custom",
         **verifier_kwargs: Any,
     ):
@@ -267,16 +327,22 @@ class FunctionVerifierEnv(VerifierEnv):
         super().__init__(tasks, self._verify, name=name)
         self.verifier_fn = verifier
         self.verifier_kwargs = verifier_kwargs
+        self.verifier_timeout_s = _check_verifier_timeout(verifier_timeout_s, name)
         self._warned = False
 
     def _verify(self, completion: str, ground_truth: Any) -> float | bool | Verdict:
+        call = functools.partial(self.verifier_fn, completion, ground_truth, **self.verifier_kwargs)
+        error = None
         try:
-            return self.verifier_fn(completion, ground_truth, **self.verifier_kwargs)
+            return _call_with_timeout(call, self.verifier_timeout_s)
         except ArgumentError:  # the env's settings, not the completion: never a silent 0
             raise
-        except Exception as e:  # a step never raises; the first failure is logged in full
-            if not self._warned:
-                logger.warning("%s: verifier raised on task %s", self.name, self.tasks[self._index].id,
-                               exc_info=True)
-                self._warned = True
-            return Verdict(0.0, False, f"verifier raised {type(e).__name__}: {e}")
+        except _TimedOut:
+            reason = f"verifier timed out after {self.verifier_timeout_s:g} s (verifier_timeout_s)"
+        except Exception as e:  # a step never raises
+            error, reason = e, f"verifier raised {type(e).__name__}: {e}"
+        if not self._warned:  # the first failure is logged in full
+            task_id = self.tasks[self._index].id
+            logger.warning("%s: %s on task %s", self.name, reason, task_id, exc_info=error)
+            self._warned = True
+        return Verdict(0.0, False, reason)

@@ -8,9 +8,9 @@ first ``gym.make``):
 - ``rllib_dph/SQLMultiTurn-v0``: text-to-SQL with exploratory queries before the answer
   (``rllib_dph.envs.sql_multiturn``).
 
-New tasks: :func:`register_verifier_env`, :func:`register_multiturn_env`. Ray Tune names:
-:func:`register_tune_envs` (automatic when ``ray.tune`` (e.g. via RLlib) was imported before
-``envs``).
+New tasks: :func:`register_verifier_env`, :func:`register_multiturn_env`. Building an env from
+an id, class or Tune name: :func:`make_env`. Ray Tune names: :func:`register_tune_envs`
+(automatic when ``ray.tune`` (e.g. via RLlib) was imported before ``rllib_dph.envs``).
 """
 
 from rllib_dph.envs.base import Task, Verdict, VerifierEnv

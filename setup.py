@@ -10,7 +10,7 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=find_packages(include=["rllib_dph", "rllib_dph.*", "envs", "envs.*"]),
+    packages=find_packages(include=["rllib_dph", "rllib_dph.*"]),
     # The shipped build of the tiny base model (weights, tokenizer, build record; ~5 MB).
     package_data={"rllib_dph.models": ["bundled/*/*"]},
     install_requires=[

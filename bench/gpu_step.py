@@ -149,7 +149,7 @@ def on_policy_behavior_logp(module, batch: dict, device: torch.device, chunk: in
 
 
 def learner_case(model: str, dtype: str, shape: tuple[int, int, int], device: torch.device, iters: int) -> dict:
-    from envs.base import Task, Verdict, VerifierEnv
+    from rllib_dph.envs.base import Task, Verdict, VerifierEnv
     from ray.rllib.core import DEFAULT_MODULE_ID
     from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
     from transformers import AutoConfig
@@ -166,7 +166,7 @@ def learner_case(model: str, dtype: str, shape: tuple[int, int, int], device: to
         .learners(num_gpus_per_learner=1 if device.type == "cuda" else 0)
         .debugging(seed=0)
     )
-    env = VerifierEnv([Task("t", "x", ({"role": "user", "content": "q"},), "a")], lambda c, t: Verdict(0.0, False))
+    env = VerifierEnv([Task("t", "x", ({"role": "user", "content": "q"},), "a")], lambda completion, ground_truth: Verdict(0.0, False))
     reset_peak(device)
     learner = config.build_learner(env=env)
     module = learner.module[DEFAULT_MODULE_ID]

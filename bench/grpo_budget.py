@@ -145,7 +145,7 @@ def main() -> None:
 
     from rllib_dph.evaluation import EvalSettings
     from rllib_dph.experiments import load_tuned_example
-    from rllib_dph.rollout import make_env
+    from rllib_dph.envs import make_env
 
     torch.set_num_threads(2)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)

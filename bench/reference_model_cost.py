@@ -78,7 +78,7 @@ def run_variant(name: str, model_dir: str, rows: int) -> dict:
     from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
     from transformers import AutoConfig
 
-    from envs.base import Task, Verdict, VerifierEnv
+    from rllib_dph.envs.base import Task, Verdict, VerifierEnv
     from rllib_dph.algorithms.dph import DPHConfig
     from rllib_dph.algorithms.grpo import GRPOConfig
 
@@ -92,7 +92,7 @@ def run_variant(name: str, model_dir: str, rows: int) -> dict:
         pef = pathlib.Path(model_dir) / "d_pef.parquet"
         write_pef_file(model_dir, pef, vocab)
         config.dph(pef_path=str(pef), divergence="js", pef_coeff=0.2)
-    env = VerifierEnv([Task("t", "x", ({"role": "user", "content": "q"},), "a")], lambda c, t: Verdict(0.0, False))
+    env = VerifierEnv([Task("t", "x", ({"role": "user", "content": "q"},), "a")], lambda completion, ground_truth: Verdict(0.0, False))
     learner = config.build_learner(env=env)
     ma = MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(synthetic_batch(rows, vocab))}, env_steps=rows)
 

@@ -134,7 +134,7 @@ def _hostile_math(rng: random.Random) -> tuple[str, str]:
 
 def _tasks(db_paths: list[str]):
     """The SQL tasks (every gold query on every database) and the math tasks."""
-    from envs.base import Task
+    from rllib_dph.envs.base import Task
 
     def task(i, gold, truth):
         return Task(f"t{i}", "soak", ({"role": "user", "content": gold},), truth)
@@ -166,8 +166,8 @@ def score_chunk(items: list, db_paths: list[str], threads: int, timeouts: dict) 
     Returns the records ``(kind, class, correct, reward, error, latency_s)`` and the pids of the
     checker subprocesses alive at the end.
     """
-    from envs.math import _POOL, MathEnv
-    from envs.sql import SQLEnv
+    from rllib_dph.envs.math import _POOL, MathEnv
+    from rllib_dph.envs.sql import SQLEnv
 
     sql_tasks, math_tasks = _tasks(db_paths)
     local = threading.local()
@@ -269,7 +269,7 @@ class Sampler(threading.Thread):
         while not self._done.wait(self.period_s):
             workers = set(self.workers)
             children = _children(workers)
-            self.checkers |= {p for p in children if "envs.math" in _proc(p, "cmdline")}
+            self.checkers |= {p for p in children if "rllib_dph.envs.math" in _proc(p, "cmdline")}
             self.peak_memory = max(self.peak_memory, sum(map(_rss, workers | children)))
             files = {path: size for folder in self.folders for path, size in _files(folder).items()}
             new = {path: size for path, size in files.items() if path not in self.initial}

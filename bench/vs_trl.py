@@ -10,7 +10,7 @@ all of them, no gradient accumulation, no epochs over the batch), no reference m
 coefficient / beta 0), no vLLM, token-mean loss with the PPO clip 0.2, advantages normalised by
 the group's std, Adam without weight decay, global grad-norm clip 1.0, constant learning rate
 `--lr` (3e-4), no gradient checkpointing, `torch.set_num_threads(--threads)` in both processes.
-The reward is our SQL verifier on both sides: `envs.sql.verify_sql` (the function `SQLEnv`
+The reward is our SQL verifier on both sides: `rllib_dph.envs.sql.verify_sql` (the function `SQLEnv`
 calls) on the completion text decoded with `skip_special_tokens=True`, with the task's gold
 query, database and comparison method; TRL calls it as its python reward function.
 
@@ -46,7 +46,7 @@ which runs exactly:
         transformers==<this env's> gymnasium==<this env's> torch==<same>
 
 (torch first and pinned to this environment's CPU build, the wheel in pip's find-links, so that
-pip never pulls CUDA packages; gymnasium because `envs.sql` imports `envs.base`). Only packages
+pip never pulls CUDA packages; gymnasium because `rllib_dph.envs.sql` imports `rllib_dph.envs.base`). Only packages
 that rllib_dph itself requires (torch, transformers, gymnasium) are pinned to this environment's
 versions; TRL's own dependencies (datasets, accelerate) have fixed pins here, so the launching
 environment needs none of them. Then:
@@ -87,8 +87,8 @@ from collections import defaultdict
 cfg = json.load(open(sys.argv[1]))
 import torch
 torch.set_num_threads(cfg["threads"])
-sys.path.append(cfg["repo"])  # appended: only `envs` (our verifier) is imported from it
-from envs.sql import verify_sql
+sys.path.append(cfg["repo"])  # appended: only `rllib_dph.envs` (our verifier) is imported from it
+from rllib_dph.envs.sql import verify_sql
 import datasets, transformers, trl
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
@@ -439,7 +439,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    from envs.data import load_tasks
+    from rllib_dph.envs.data import load_tasks
     from rllib_dph.chat import encode_prompt
     from rllib_dph.models.hub import load_tokenizer, resolve_model
 

@@ -26,7 +26,7 @@ from typing import Any, Optional
 
 from rllib_dph.engines import DEFAULT_ENGINE, ENGINES
 from rllib_dph.experiments import add_run_flags, json_flag, load_tuned_example, run_from_args, slug
-from rllib_dph.imports import add_import_flag, ensure_package_envs, import_user_modules
+from rllib_dph.imports import add_import_flag, import_user_modules
 
 
 def _algorithms() -> dict[str, Any]:
@@ -312,11 +312,7 @@ def _add_export_parser(sub) -> None:
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    """The ``rllib`` argument parser: one subcommand per ``_add_*_parser``.
-
-    Call it after ``ensure_package_envs()``: the path types come from ``rllib_dph.models.hub``,
-    whose imports reach ``envs``.
-    """
+    """The ``rllib`` argument parser: one subcommand per ``_add_*_parser``."""
     parser = argparse.ArgumentParser(prog="rllib", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     _add_train_parser(sub)
@@ -329,7 +325,6 @@ def _build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[list[str]] = None) -> None:
     """Runs ``rllib <command> ...`` (``argv`` default: the process's arguments)."""
-    ensure_package_envs()
     args = _build_parser().parse_args(argv)
     args.func(args)
 

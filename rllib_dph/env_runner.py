@@ -35,7 +35,8 @@ from rllib_dph.batch import sequence_rows
 from rllib_dph.engines import build_engine
 from rllib_dph.engines.base import SamplingParams
 from rllib_dph.evaluation.runner import EvalSettings, evaluate_engine
-from rllib_dph.rollout import encode_task, make_env, rollout
+from rllib_dph.envs import make_env
+from rllib_dph.rollout import encode_task, rollout
 
 if TYPE_CHECKING:
     from rllib_dph.async_sampling import PublishedWeights
@@ -92,7 +93,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         if not hasattr(self.env, "tasks"):
             raise TypeError(
                 f"env {self.config.env!r} is a {type(self.env).__name__}, not a verifier text env; "
-                "LLMEnvRunner needs an env built on envs.base.VerifierEnv."
+                "LLMEnvRunner needs an env built on rllib_dph.envs.base.VerifierEnv."
             )
 
     @override(EnvRunner)

@@ -25,7 +25,7 @@ import sys
 import time
 from typing import Any, Optional
 
-from rllib_dph.imports import add_import_flag, ensure_package_envs, import_user_modules, ray_runtime_env
+from rllib_dph.imports import add_import_flag, import_user_modules, ray_runtime_env
 
 #: Exit code of a run refused by the preflight checks.
 PREFLIGHT_EXIT_CODE = 2
@@ -168,9 +168,9 @@ def _start_ray(verbose: int, user_modules: tuple) -> None:
     the Tune names of the registered envs."""
     import ray
 
+    from rllib_dph import envs
     from rllib_dph.console import quiet_logging
 
-    envs = ensure_package_envs()
     if verbose == 0:
         quiet_logging()
         os.environ["RAY_AIR_NEW_OUTPUT"] = "0"  # Tune's legacy reporter prints nothing at verbose=0
@@ -198,7 +198,7 @@ def _exit_on_failed_trials(results, verbose: int) -> None:
 
 def add_run_flags(parser: argparse.ArgumentParser) -> None:
     """Adds the flags of one run (read by :func:`run_from_args`) to ``parser``."""
-    from rllib_dph.models.hub import absolute_path  # after ensure_package_envs: models import envs
+    from rllib_dph.models.hub import absolute_path
 
     parser.add_argument(
         "--config",
@@ -385,7 +385,6 @@ def _metric_value(metrics: dict, metric: str):
 
 def run_tuned_example(config, stop: dict, argv: Optional[list[str]] = None) -> None:
     """``python <tuned_example.py> [--stop JSON] ...``: what ``rllib train file`` does."""
-    ensure_package_envs()
     parser = argparse.ArgumentParser(description="Run this tuned example through Ray Tune.")
     add_run_flags(parser)
     run_from_args(config, stop, parser.parse_args(argv))

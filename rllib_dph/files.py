@@ -18,7 +18,7 @@ previous content or the new one, never a half-written file that a later run woul
 Temporary files and folders start with ``.<name>.`` next to their destination, so the rename
 never crosses a file system; :func:`remove_leftovers` deletes those of a killed writer.
 
-This module imports nothing of the package (``envs`` uses it too) and only the standard library.
+This module imports nothing of the package (``rllib_dph.envs`` uses it too) and only the standard library.
 """
 
 from __future__ import annotations

@@ -1,26 +1,17 @@
-"""Imports of the ``rllib`` command: the package's own ``envs`` and the user's modules.
-
-``envs`` is a top-level package next to ``rllib_dph``. A user project with a folder of its own
-named ``envs/`` would shadow it: Python and Ray workers put the launch folder first on
-``sys.path``. :func:`ensure_package_envs` loads the package's ``envs`` by location instead, in
-the driver and (through Ray's ``worker_process_setup_hook``, see :func:`ray_runtime_env`) in
-every Ray worker.
+"""Imports of the ``rllib`` command: the user's own modules.
 
 ``rllib train --import mymodule`` imports the user's modules so that the envs they register
-(``envs.register_verifier_env``) exist; the module names travel to Ray workers in
-``$RLLIB_DPH_IMPORTS`` and are imported there too.
+(``rllib_dph.envs.register_verifier_env``) exist; the module names travel to Ray workers in
+``$RLLIB_DPH_IMPORTS`` and are imported there too (Ray's ``worker_process_setup_hook``, see
+:func:`ray_runtime_env`).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.machinery
-import importlib.util
 import os
 import sys
-from pathlib import Path
-from types import ModuleType
 from typing import Sequence
 
 #: Environment variable with the user's modules (comma-separated) that Ray workers import.
@@ -29,48 +20,6 @@ IMPORTS_ENV_VAR = "RLLIB_DPH_IMPORTS"
 LAUNCH_DIR_ENV_VAR = "RLLIB_DPH_LAUNCH_DIR"
 #: The Ray worker start-up hook (a ``module.function`` path, see ``ray_runtime_env``).
 WORKER_SETUP_HOOK = "rllib_dph.imports.setup_worker"
-
-
-def package_envs_dir() -> Path:
-    """The ``envs`` package folder installed with rllib_dph (a sibling of ``rllib_dph/``)."""
-    return Path(__file__).resolve().parent.parent / "envs"
-
-
-def _is_package_envs(module: ModuleType) -> bool:
-    return Path(getattr(module, "__file__", "") or "").resolve().parent == package_envs_dir()
-
-
-def ensure_package_envs() -> ModuleType:
-    """Imports rllib_dph's ``envs`` (and registers its envs) whatever else is named ``envs``.
-
-    Returns:
-        The package's ``envs`` module, also in ``sys.modules["envs"]``, so that ``import envs``
-        and entry points such as ``"envs.sql:SQLEnv"`` resolve to it.
-
-    Raises:
-        ImportError: Another module named ``envs`` was imported before (a user's package); it
-            cannot be replaced without breaking its users.
-    """
-    loaded = sys.modules.get("envs")
-    if loaded is not None:
-        if _is_package_envs(loaded):
-            return loaded
-        raise ImportError(
-            f"a module named 'envs' from {getattr(loaded, '__file__', loaded)} was imported before "
-            f"rllib_dph's own envs ({package_envs_dir()}); rename your package (e.g. 'my_envs') "
-            "or import rllib_dph first."
-        )
-    spec = importlib.machinery.PathFinder.find_spec("envs", [str(package_envs_dir().parent)])
-    if spec is None:
-        raise ImportError(f"rllib_dph's envs package is missing from {package_envs_dir()}; reinstall rllib_dph.")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["envs"] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules["envs"]
-        raise
-    return module
 
 
 def import_user_modules(names: Sequence[str], launch_dir: str | None = None) -> list[str]:
@@ -109,8 +58,7 @@ def add_import_flag(parser: argparse.ArgumentParser) -> None:
 
 
 def setup_worker() -> None:
-    """Ray worker start-up: rllib_dph's ``envs`` first, then the modules in ``$RLLIB_DPH_IMPORTS``."""
-    ensure_package_envs()
+    """Ray worker start-up: imports the modules in ``$RLLIB_DPH_IMPORTS``."""
     names = [n for n in os.environ.get(IMPORTS_ENV_VAR, "").split(",") if n]
     if names:
         import_user_modules(names, os.environ.get(LAUNCH_DIR_ENV_VAR))

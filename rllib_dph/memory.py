@@ -602,7 +602,8 @@ def longest_prompt(config) -> int:
         FileNotFoundError: the model (its tokenizer) is not built or cached yet.
     """
     from rllib_dph.models.hub import load_tokenizer
-    from rllib_dph.rollout import encode_task, make_env
+    from rllib_dph.envs import make_env
+    from rllib_dph.rollout import encode_task
 
     tokenizer = load_tokenizer(built_model(config.model_name))  # nothing is built here
     env = make_env(config.env, config.sampling_env_config)

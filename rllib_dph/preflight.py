@@ -204,10 +204,7 @@ def env_problems(env_id: Any, env_config: Mapping, where: str = "env") -> list[P
     """
     import gymnasium as gym
 
-    from rllib_dph.imports import ensure_package_envs
-    from rllib_dph.rollout import make_env
-
-    ensure_package_envs()  # registers the bundled envs
+    from rllib_dph.envs import make_env  # importing rllib_dph.envs registers the bundled envs
     if not isinstance(env_id, str):
         return []  # an env class or creator: nothing to look up
     from ray.tune.registry import ENV_CREATOR, _global_registry

@@ -70,7 +70,8 @@ from rllib_dph.engines import DEFAULT_ENGINE, build_engine
 from rllib_dph.engines.base import SamplingParams
 from rllib_dph.files import atomic_path, file_lock, remove_leftovers, write_json_atomic
 from rllib_dph.models.hub import model_fingerprint, resolve_model
-from rllib_dph.rollout import encode_task, make_env, rollout_chunks
+from rllib_dph.envs import make_env
+from rllib_dph.rollout import encode_task, rollout_chunks
 
 PEF_FILE = "d_pef.parquet"
 EXP_FILE = "d_exp.parquet"
@@ -235,7 +236,7 @@ def run_identity(config: PresampleConfig, fingerprint: str, tasks) -> dict[str, 
     Args:
         config: The run.
         fingerprint: The policy model's fingerprint (``hub.model_fingerprint``).
-        tasks: The env's tasks (``envs.base.Task``); their ids, messages and ground truths are
+        tasks: The env's tasks (``rllib_dph.envs.base.Task``); their ids, messages and ground truths are
             hashed (a SQL task's ``db_path`` left out: it is where this machine keeps the file).
     """
     digest = hashlib.sha256()

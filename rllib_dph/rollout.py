@@ -2,7 +2,7 @@
 
 Everything that samples a policy on an env's tasks goes through :func:`rollout`: the env runner
 (training batches), evaluation (pass@k & co.), DPH's pre-sampling stage and the tiny model's
-quality check. It runs episodes of the env contract (``envs.base``): each episode resets the env
+quality check. It runs episodes of the env contract (``rllib_dph.envs.base``): each episode resets the env
 to its task (``options={"index": i}``); then, turn by turn, one ``engine.generate`` call samples
 the next turn of every episode still running (the first turn: ``n`` per prompt, sharing the
 prompt), each turn is decoded with ``skip_special_tokens=True`` and stepped; an episode that is
@@ -13,7 +13,7 @@ single-turn env ends every episode at its first step: one ``generate`` call, as 
 An episode is one :class:`~rllib_dph.engines.base.Completion`: its turns and observations in
 order, observation tokens with NaN log-probs (holes in the batch's ``RESPONSE_MASK``, see
 ``batch.sequence_rows``). The rollout knows nothing of tools or answer formats: the env owns
-the protocol. :func:`make_env` builds the env named in a config.
+the protocol. ``rllib_dph.envs.make_env`` builds the env named in a config.
 """
 
 from __future__ import annotations
@@ -24,33 +24,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional, Sequence
 
-import gymnasium as gym
 import numpy as np
 
-import envs  # noqa: F401  (registers the bundled envs with gymnasium)
 from rllib_dph.chat import encode_observation, encode_prompt
 from rllib_dph.engines.base import Completion, RolloutEngine, SamplingParams
 
 
-def make_env(env_id: Any, env_config: dict) -> gym.Env:
-    """Creates the env named in ``config.environment(...)``.
-
-    Args:
-        env_id: An env class, a Ray Tune registered name, or a gymnasium id
-            (``rllib_dph/SQL-v0``; importing ``envs`` registers the bundled ones).
-        env_config: The env's keyword arguments.
-    """
-    from ray.tune.registry import ENV_CREATOR, _global_registry
-
-    if isinstance(env_id, type):
-        return env_id(**env_config)
-    if _global_registry.contains(ENV_CREATOR, env_id):
-        return _global_registry.get(ENV_CREATOR, env_id)(env_config)
-    return gym.make(env_id, **env_config).unwrapped
-
-
 def encode_task(tokenizer, task) -> list[int]:
-    """Token ids of a task's prompt (``envs.base.Task.messages``) with the chat template."""
+    """Token ids of a task's prompt (``rllib_dph.envs.base.Task.messages``) with the chat template."""
     return encode_prompt(tokenizer, [dict(m) for m in task.messages])
 
 
@@ -233,7 +214,7 @@ def rollout(
     Args:
         engine: A rollout engine (``generate``, ``tokenizer``; an engine with a
             ``max_model_len`` ends the episodes whose next turn would not fit in it).
-        env: A verifier env (``tasks``, ``reset``, ``step``; the contract of ``envs.base``).
+        env: A verifier env (``tasks``, ``reset``, ``step``; the contract of ``rllib_dph.envs.base``).
         indices: Task indices, in the order of the returned groups.
         params: How to sample each turn (``n`` episodes per prompt, temperature, top-p,
             ``max_new_tokens`` per turn, seed (turn t >= 1 uses ``seed + 1_000_003 * t``), top-K).

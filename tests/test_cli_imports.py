@@ -1,27 +1,26 @@
-"""`--import` of user modules, and a user's own `envs/` folder not shadowing the package's envs."""
+"""`--import` of user modules, and a user's own `envs/` folder beside `rllib_dph.envs`."""
 
 import json
 import os
 import subprocess
 import sys
 import textwrap
-import types
 from pathlib import Path
 
 import pytest
 
-from rllib_dph.imports import ensure_package_envs, import_user_modules, package_envs_dir
+from rllib_dph.imports import import_user_modules
 
 REPO = Path(__file__).resolve().parents[1]
 
 USER_MODULE = textwrap.dedent(
     """
-    import envs
+    import rllib_dph.envs
 
     def exact_match(completion, answer):
         return completion.strip() == answer
 
-    envs.register_verifier_env(
+    rllib_dph.envs.register_verifier_env(
         "myorg/Reverse-v0",
         verifier=exact_match,
         data=[{"question": w, "answer": w[::-1]} for w in ["abc", "hello", "rllib", "ray"]],
@@ -41,18 +40,37 @@ def user_project(tmp_path):
     return tmp_path
 
 
-def test_ensure_package_envs_returns_ours():
-    envs = ensure_package_envs()
-    assert Path(envs.__file__).parent == package_envs_dir()
-    assert "rllib_dph/SQL-v0" in envs.registered_env_ids()
+SHADOW_CHECK = textwrap.dedent(
+    """
+    import envs  # the user's own package, first on sys.path (the working directory)
+    assert envs.OWNER == "user", envs.__file__
+    import gymnasium as gym
+    import rllib_dph.envs
+
+    env = gym.make("rllib_dph/SQL-v0", data="sql_synth/test[:1]")
+    env.reset(options={"index": 0})
+    gold = env.unwrapped.tasks[0].ground_truth["gold_sql"]
+    rllib_dph.envs.register_verifier_env(
+        "user/Echo-v0", verifier=lambda completion, answer: completion == answer,
+        data=[{"question": "echo", "answer": "echo"}], prompt_format="{question}",
+    )
+    echo = gym.make("user/Echo-v0")
+    echo.reset(options={"index": 0})
+    print(rllib_dph.envs.__name__, env.step("```sql\\n" + gold + "\\n```")[1], echo.step("echo")[1])
+    """
+)
 
 
-def test_a_foreign_envs_module_is_named(monkeypatch):
-    foreign = types.ModuleType("envs")
-    foreign.__file__ = "/somewhere/else/envs/__init__.py"
-    monkeypatch.setitem(sys.modules, "envs", foreign)
-    with pytest.raises(ImportError, match="/somewhere/else/envs"):
-        ensure_package_envs()
+def test_a_user_envs_package_does_not_shadow_rllib_dph_envs(tmp_path):
+    """The cause of the old shadowing is gone: with the user's `envs/` first on sys.path (a
+    package that is not ours), `rllib_dph.envs` still imports, its SQL env scores a step and a
+    verifier env registers."""
+    (tmp_path / "envs").mkdir()
+    (tmp_path / "envs" / "__init__.py").write_text("OWNER = 'user'\nregister_verifier_env = None\n")
+    out = subprocess.run([sys.executable, "-c", SHADOW_CHECK], capture_output=True, text=True, timeout=300,
+                         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["rllib_dph.envs", "1.0", "1.0"]
 
 
 def test_import_errors_name_the_module(tmp_path):
@@ -61,8 +79,8 @@ def test_import_errors_name_the_module(tmp_path):
 
 
 def test_rllib_train_with_a_user_env_from_a_project_with_its_own_envs_folder(user_project):
-    """The issue's `--env myorg/Reverse-v0` case, run from a folder whose `envs/` would shadow ours
-    (in the driver and in Ray workers, which put the launch folder first on sys.path)."""
+    """The issue's `--env myorg/Reverse-v0` case, run from a folder with an `envs/` package of its
+    own (first on sys.path in the driver and in Ray workers; it is never imported)."""
     cmd = [
         sys.executable, "-m", "rllib_dph.cli", "train", "--algo", "GRPO", "--env", "myorg/Reverse-v0",
         "--import", "reverse_env",

@@ -1,4 +1,5 @@
-"""Relative links in README.md and docs/*.md point at files that exist, and at headings that exist.
+"""Relative links in README.md, envs/README.md and docs/*.md point at files that exist, and at
+headings that exist.
 
 The docs build (``mkdocs build --strict`` in .ci/run) checks the pages under docs/; this test also
 covers README.md, whose links go into docs/ and the repository, and runs without mkdocs. A link
@@ -25,7 +26,7 @@ EXTERNAL = ("http://", "https://", "mailto:")
 
 
 def _markdown_files() -> list[Path]:
-    return [REPO / "README.md", *sorted(DOCS.glob("*.md"))]
+    return [REPO / "README.md", REPO / "envs" / "README.md", *sorted(DOCS.glob("*.md"))]
 
 
 def _prose(text: str) -> str:

@@ -10,7 +10,7 @@ import pytest
 import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 
-import envs
+import rllib_dph.envs
 from rllib_dph import columns as C
 from rllib_dph.algorithms.dph import DPHConfig
 from rllib_dph.connectors import AddPefRows, PefRowSampler
@@ -36,7 +36,7 @@ def toy_verifier(completion: str, ground_truth: str) -> bool:
     return ground_truth == "always"
 
 
-envs.register_verifier_env(
+rllib_dph.envs.register_verifier_env(
     TOY_ENV,
     verifier=toy_verifier,
     data=[
@@ -91,7 +91,7 @@ def test_presample_split_and_refinement(presampled):
     meta = read_metadata(out / "d_pef.parquet")
     assert meta["model_name"] == "tiny-random" and len(meta["model_fingerprint"]) > 8
     # D_exp is a valid `data=` input of the env.
-    tasks = envs.load_tasks(str(out / "d_exp.parquet"), task="generic")
+    tasks = rllib_dph.envs.load_tasks(str(out / "d_exp.parquet"), task="generic")
     assert [t.id for t in tasks] == [r["id"] for r in exp]
 
 

@@ -4,10 +4,10 @@ import dataclasses
 
 import pytest
 
-from envs.base import Verdict, VerifierEnv
-from envs.math import MathEnv
-from envs.sql import SQLEnv
-from envs.suites import load_split, sft_examples
+from rllib_dph.envs.base import Verdict, VerifierEnv
+from rllib_dph.envs.math import MathEnv
+from rllib_dph.envs.sql import SQLEnv
+from rllib_dph.envs.suites import load_split, sft_examples
 
 
 def sql_block(query):
@@ -66,7 +66,7 @@ def test_math_answer_key_is_the_final_answer(math_env, completion, expected):
 
 @pytest.mark.parametrize("completion,expected", [("  42 \n", "42"), ("   ", None), ("", None)])
 def test_base_answer_key_is_the_stripped_text(completion, expected):
-    env = VerifierEnv(load_split("math_synth/test")[:1], lambda text, task: Verdict(0.0, False))
+    env = VerifierEnv(load_split("math_synth/test")[:1], lambda completion, ground_truth: Verdict(0.0, False))
     assert env.answer_key(0, completion) == expected
 
 
@@ -97,5 +97,5 @@ def test_sql_solution_style_follows_the_data_source_or_the_suite(sql_env, data_s
 
 
 def test_base_env_names_no_style():
-    env = VerifierEnv(load_split("sql_synth/test")[:1], lambda text, task: Verdict(0.0, False))
+    env = VerifierEnv(load_split("sql_synth/test")[:1], lambda completion, ground_truth: Verdict(0.0, False))
     assert env.solution_style(0, sql_block("SELECT 1")) is None

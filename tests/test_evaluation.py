@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from envs.suites import load_split
+from rllib_dph.envs.suites import load_split
 from rllib_dph.chat import encode_prompt
 from rllib_dph.cli import main
 from rllib_dph.engines.base import Completion
@@ -384,7 +384,7 @@ class ScriptedEngine:
 
 @pytest.fixture(scope="module")
 def sql_env():
-    from envs.sql import SQLEnv
+    from rllib_dph.envs.sql import SQLEnv
 
     return SQLEnv(load_split("sql_synth/test")[:3])
 
@@ -451,9 +451,9 @@ def test_sql_solution_key_ignores_whitespace_case_comments_and_semicolons(sql_en
 
 
 def test_the_default_solution_key_is_the_text_with_whitespace_folded():
-    from envs.math import MathEnv
+    from rllib_dph.envs.math import MathEnv
 
-    env = MathEnv(load_split("math_synth/test")[:1])  # math keeps the default of envs.base
+    env = MathEnv(load_split("math_synth/test")[:1])  # math keeps the default of rllib_dph.envs.base
     assert env.solution_key(0, " 2 +  2\n= \\boxed{4} ") == "2 + 2 = \\boxed{4}"
     assert env.solution_key(0, " \n ") is None
 

@@ -239,7 +239,7 @@ def test_collective_with_a_stuck_learner_raises_naming_it_and_the_timeout():
 
 # ------------------------------------------------------------------------- verifier pools
 def test_math_check_waiting_for_a_busy_pool_raises_naming_it_then_the_pool_works_again():
-    from envs import math as M
+    from rllib_dph.envs import math as M
 
     size, wait_s = M._POOL.size, M._POOL.wait_s
     M.set_checker_pool(size=1, wait_s=0.5)

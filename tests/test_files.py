@@ -134,7 +134,7 @@ def test_lock_refuses_a_bad_timeout(tmp_path, bad):
 
 
 def test_one_cache_root_for_models_suites_and_fingerprints(monkeypatch, tmp_path):
-    from envs import suites
+    from rllib_dph.envs import suites
     from rllib_dph.models import hub
 
     monkeypatch.setenv(files.HOME_ENV_VAR, str(tmp_path))
@@ -148,7 +148,7 @@ def test_one_cache_root_for_models_suites_and_fingerprints(monkeypatch, tmp_path
 
 
 def test_files_module_is_a_leaf():
-    """envs imports rllib_dph.files, so it must import nothing of either package (no cycle)."""
+    """rllib_dph.envs imports rllib_dph.files, so it must import nothing of either package (no cycle)."""
     tree = ast.parse((REPO / "rllib_dph" / "files.py").read_text())
     names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
     names += [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]

@@ -1,7 +1,7 @@
 """The shape of the house, checked on the source text (pure AST: nothing of the package is imported).
 
-- No import cycle among our own modules (``rllib_dph.*``, ``envs.*``), counting the imports
-  inside functions too, nor among our packages (``rllib_dph.<package>``, ``envs``); ``models/``
+- No import cycle among our own modules (``rllib_dph.*``), counting the imports
+  inside functions too, nor among our packages (``rllib_dph.<package>``); ``models/``
   imports nothing above it.
 - No function or method longer than 60 lines including its docstring (config builder methods
   are allowed a 60-line body after their docstring: their docstrings document every field).
@@ -14,7 +14,7 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-PACKAGES = ("rllib_dph", "envs")
+PACKAGES = ("rllib_dph",)
 MAX_LINES = 60
 #: Config builder methods (``AlgorithmConfig`` setters under ``rllib_dph/algorithms/``) whose
 #: body after the docstring must be <= MAX_LINES; their docstrings document every field.
@@ -116,7 +116,7 @@ def test_no_import_cycle():
 
 
 def _package(module: str) -> str:
-    """The package a module belongs to for layering: ``rllib_dph.<first part>`` or ``envs``."""
+    """The package a module belongs to for layering: ``rllib_dph.<first part>``."""
     parts = module.split(".")
     return ".".join(parts[:2]) if parts[0] == "rllib_dph" else parts[0]
 
@@ -143,13 +143,20 @@ def test_no_import_cycle_between_packages():
 
 #: ``models/`` builds and loads weights; it may import only these packages (no engine, rollout,
 #: evaluation or algorithm code: the base model's quality check lives in ``evaluation``).
-MODELS_MAY_IMPORT = {"envs", "rllib_dph.chat", "rllib_dph.files"}
+MODELS_MAY_IMPORT = {"rllib_dph.envs", "rllib_dph.chat", "rllib_dph.files"}
 
 
 def test_models_import_nothing_above_them():
     above = {target: where for target, where in _package_graph()["rllib_dph.models"].items()
              if target not in MODELS_MAY_IMPORT}
     assert not above, f"rllib_dph/models imports packages above it: {above}"
+
+
+def test_envs_import_only_files():
+    """``rllib_dph.envs`` is the bottom layer: the rest of the package imports it, not the reverse."""
+    above = {target: where for target, where in _package_graph()["rllib_dph.envs"].items()
+             if target != "rllib_dph.files"}
+    assert not above, f"rllib_dph/envs imports packages above it: {above}"
 
 
 def _functions(tree: ast.Module):

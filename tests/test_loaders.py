@@ -1,4 +1,4 @@
-"""Task loaders (envs.data.load_tasks): the verl / DPH-RL layout, jsonl, lists, suites, errors."""
+"""Task loaders (rllib_dph.envs.data.load_tasks): the verl / DPH-RL layout, jsonl, lists, suites, errors."""
 
 import json
 import os
@@ -9,9 +9,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import envs  # noqa: F401  (registers the bundled envs)
-from envs.base import Task
-from envs.data import load_tasks
+import rllib_dph.envs  # noqa: F401  (registers the bundled envs)
+from rllib_dph.envs.base import Task
+from rllib_dph.envs.data import load_tasks
 
 # The nested types of the original DPH-RL (verl) SQL files.
 MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string())])
@@ -90,8 +90,8 @@ def test_sql_env_serves_a_verl_file(tmp_path, db_root):
 
 
 def test_cmp_methods_match_the_sql_verifier():
-    from envs.data.loaders import SQL_CMP_METHODS
-    from envs.sql import COMPARATORS
+    from rllib_dph.envs.data.loaders import SQL_CMP_METHODS
+    from rllib_dph.envs.sql import COMPARATORS
 
     assert set(SQL_CMP_METHODS) == set(COMPARATORS)
 
@@ -160,7 +160,7 @@ def test_tasks_in_a_list_are_kept():
 
 
 def test_suite_split_names_load_the_bundled_suites():
-    from envs import suites
+    from rllib_dph.envs import suites
 
     assert load_tasks("math_synth/test", task="math") == suites.load_split("math_synth/test")
     with pytest.raises(ValueError, match="bundled splits: sql_synth/train, sql_synth/test"):

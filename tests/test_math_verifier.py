@@ -1,4 +1,4 @@
-"""Math answer extraction and checking (envs.math): equivalences, hostile inputs, the env."""
+"""Math answer extraction and checking (rllib_dph.envs.math): equivalences, hostile inputs, the env."""
 
 import os
 import signal
@@ -10,8 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from envs.base import Task
-from envs.math import (
+from rllib_dph.envs.base import Task
+from rllib_dph.envs.math import (
     CHECKER_KILL_GRACE_S,
     CHECKER_WALL_FACTOR,
     MathEnv,
@@ -21,7 +21,7 @@ from envs.math import (
     start_checker,
     verify_math,
 )
-from envs.math import _POOL
+from rllib_dph.envs.math import _POOL
 
 
 @pytest.mark.parametrize(
@@ -226,7 +226,7 @@ def test_bad_pool_bounds(kwargs):
 
 _PARENT = """
 import os, sys, time
-from envs.math import _POOL, start_checker
+from rllib_dph.envs.math import _POOL, start_checker
 start_checker()
 print(_POOL._idle[-1][1].proc.pid, flush=True)
 time.sleep(60)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from envs import suites
+from rllib_dph.envs import suites
 from rllib_dph import cli
 from rllib_dph.models import hub
 from rllib_dph.chat import encode_prompt

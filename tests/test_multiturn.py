@@ -21,12 +21,12 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from test_sql_verifier import ADVERSARIAL, TempFileWatch, make_db, sha256
 
-import envs
-from envs.base import Task
-from envs.multiturn import FunctionMultiTurnEnv
-from envs.sql import verify_sql
-from envs.sql_multiturn import SQLMultiTurnEnv
-from envs.suites import load_split
+import rllib_dph.envs
+from rllib_dph.envs.base import Task
+from rllib_dph.envs.multiturn import FunctionMultiTurnEnv
+from rllib_dph.envs.sql import verify_sql
+from rllib_dph.envs.sql_multiturn import SQLMultiTurnEnv
+from rllib_dph.envs.suites import load_split
 from rllib_dph import columns as C
 from rllib_dph.batch import sequence_rows
 from rllib_dph.chat import encode_prompt
@@ -54,7 +54,7 @@ def count_chars(call: str, ground_truth) -> str:
     return f"{len(call)} characters"
 
 
-envs.register_multiturn_env(
+rllib_dph.envs.register_multiturn_env(
     JUMPY_ENV,
     tool=count_chars,
     verifier=lambda text, answer: "SELECT" in text,

@@ -1,29 +1,66 @@
 """The env registry: a new task in a few lines, gymnasium.make, Ray Tune names, check_env."""
 
+import math
+import runpy
 import subprocess
 import sys
+import threading
+import time
 import warnings
+from pathlib import Path
 
 import gymnasium as gym
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-import envs
-from envs.base import Verdict
-from envs.registry import FunctionVerifierEnv, register_verifier_env
+import rllib_dph.envs
+from rllib_dph.envs.base import Verdict, VerifierEnv
+from rllib_dph.envs.data import load_tasks
+from rllib_dph.envs.registry import DEFAULT_VERIFIER_TIMEOUT_S, FunctionVerifierEnv, register_verifier_env
 
+REPO = Path(__file__).resolve().parents[1]
 WORDS = ["ray", "rllib", "policy", "gradient", "reward"]
 
 
 def _register_reverse(env_id="test/Reverse-v0", **kwargs):
     # The example of docs/environments.md: an exact-match string task registered in one call.
-    envs.register_verifier_env(
+    rllib_dph.envs.register_verifier_env(
         env_id,
         verifier=lambda completion, answer: completion.strip() == answer,
         data=[{"question": w, "answer": w[::-1]} for w in WORDS],
         prompt_format="Reverse the word: {question}",
         **kwargs,
     )
+
+
+def test_the_example_in_the_envs_folder_registers_a_working_env():
+    """envs/example_verifier.py (the users' starting point): importing it registers its env."""
+    runpy.run_path(str(REPO / "envs" / "example_verifier.py"))
+    env = gym.make("example/Reverse-v0")
+    prompt, _ = env.reset(options={"index": 1})
+    assert prompt == "Write the word backwards, nothing else: rllib"
+    assert env.step("billr")[1:3] == (1.0, True)
+    env.reset(options={"index": 1})
+    assert env.step("rllib")[1] == 0.0
+
+
+def test_the_example_runs_as_a_script():
+    out = subprocess.run([sys.executable, "envs/example_verifier.py"], capture_output=True, text=True,
+                         cwd=REPO, timeout=120, check=True)
+    assert out.stdout.splitlines() == [
+        "'Write the word backwards, nothing else: ray' -> 'yar': reward 1.0, correct True",
+        "'Write the word backwards, nothing else: ray' -> 'ray': reward 0.0, correct False",
+    ]
+
+
+def test_the_bundled_envs_base_takes_the_same_verifier_as_register_verifier_env():
+    """One verifier signature: ``verifier(completion, ground_truth) -> bool | float | Verdict``."""
+    tasks = load_tasks([{"q": "x", "answer": "y"}], task="generic", prompt_format="{q}")
+    env = VerifierEnv(tasks, lambda completion, ground_truth: completion == ground_truth)
+    env.reset(options={"index": 0})
+    assert env.step("y")[1:3] == (1.0, True)
+    env.reset(options={"index": 0})
+    assert env.step("n")[1] == 0.0
 
 
 def test_register_make_and_step_a_new_task():
@@ -64,6 +101,65 @@ def test_a_raising_verifier_gives_zero_and_the_reason():
     env.reset()
     _, reward, _, _, info = env.step("z")
     assert reward == 0.0 and info["error"] == "verifier raised KeyError: 'boom'"
+
+
+_RELEASE = threading.Event()
+
+
+def _hangs_on_hang(completion, answer):
+    """A verifier stuck on one input (until the test releases it); module-level: Tune pickles it."""
+    if completion == "hang":
+        _RELEASE.wait(60)
+    return completion == answer
+
+
+def test_a_hanging_verifier_is_cut_off_scored_0_and_the_env_goes_on(caplog):
+    """The bundled verifiers' protection for a user's verifier: a call past verifier_timeout_s
+    scores 0 with the reason, the step returns, and the next step scores normally."""
+    register_verifier_env("test/Hang-v0", verifier=_hangs_on_hang, data=[{"q": "x", "answer": "y"}],
+                          prompt_format="{q}", verifier_timeout_s=0.2)
+    env = gym.make("test/Hang-v0")
+    try:
+        env.reset(options={"index": 0})
+        start = time.monotonic()
+        _, reward, terminated, _, info = env.step("hang")
+        assert time.monotonic() - start < 5.0
+        assert (reward, terminated, info["correct"]) == (0.0, True, False)
+        assert info["error"] == "verifier timed out after 0.2 s (verifier_timeout_s)"
+        assert "verifier timed out" in caplog.text
+        env.reset(options={"index": 0})
+        assert env.step("y")[1] == 1.0
+    finally:
+        _RELEASE.set()
+
+
+def test_verifier_timeout_default_override_and_off():
+    _register_reverse("test/ReverseTimeout-v0")
+    assert gym.make("test/ReverseTimeout-v0").unwrapped.verifier_timeout_s == DEFAULT_VERIFIER_TIMEOUT_S
+    assert gym.make("test/ReverseTimeout-v0", verifier_timeout_s=2).unwrapped.verifier_timeout_s == 2.0
+    threads = []
+
+    def verifier(completion, answer):
+        threads.append(threading.current_thread())
+        return True
+
+    for timeout_s, on_this_thread in [(None, True), (5.0, False)]:
+        env = FunctionVerifierEnv([{"q": "x", "answer": "y"}], verifier=verifier, prompt_format="{q}",
+                                  verifier_timeout_s=timeout_s)
+        env.reset()
+        assert env.step("y")[1] == 1.0
+        assert (threads[-1] is threading.current_thread()) is on_this_thread
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, math.inf, math.nan, 7200, "5", True])
+def test_a_bad_verifier_timeout_is_refused_at_registration(bad):
+    with pytest.raises(ValueError, match=r"test/BadTimeout-v0: verifier_timeout_s=.* pass .*verifier_timeout_s=30"):
+        _register_reverse("test/BadTimeout-v0", verifier_timeout_s=bad)
+    with pytest.raises(ValueError, match="verifier_timeout_s="):
+        rllib_dph.envs.register_multiturn_env(
+            "test/BadTimeoutTurns-v0", tool=lambda call, gt: "", verifier=lambda c, gt: True,
+            data=[{"q": "x", "answer": "y"}], prompt_format="{q}", verifier_timeout_s=bad,
+        )
 
 
 def test_a_verifier_returning_the_wrong_type_is_a_clear_error():
@@ -112,12 +208,12 @@ def test_registering_again_is_quiet():
         warnings.simplefilter("error")
         _register_reverse()
         _register_reverse()
-    assert envs.registered_env_ids().count("test/Reverse-v0") == 1
+    assert rllib_dph.envs.registered_env_ids().count("test/Reverse-v0") == 1
 
 
 def test_import_registers_the_bundled_envs_without_importing_ray():
     code = (
-        "import sys, envs, gymnasium as g; "
+        "import sys, rllib_dph.envs, gymnasium as g; "
         "print('ray' in sys.modules, 'rllib_dph/Math-v0' in g.registry)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -130,8 +226,8 @@ def test_tune_env_names_resolve_through_rllib():
     from ray.rllib.env.env_context import EnvContext
 
     _register_reverse("test/TuneReverse-v0")
-    assert "test/TuneReverse-v0" in envs.register_tune_envs()
-    assert "rllib_dph/Math-v0" in envs.register_tune_envs()
+    assert "test/TuneReverse-v0" in rllib_dph.envs.register_tune_envs()
+    assert "rllib_dph/Math-v0" in rllib_dph.envs.register_tune_envs()
     rows = [{"question": "abc", "answer": "cba"}]
     config = AlgorithmConfig().environment("test/TuneReverse-v0", env_config={"data": rows})
     env_id, creator = Algorithm._get_env_id_and_creator(config.env, config)
@@ -154,7 +250,7 @@ BUNDLED = {"rllib_dph/SQL-v0": "sql_synth/test", "rllib_dph/Math-v0": "math_synt
 
 
 def test_bundled_envs_are_registered_first():
-    assert envs.registered_env_ids()[:2] == list(BUNDLED)
+    assert rllib_dph.envs.registered_env_ids()[:2] == list(BUNDLED)
 
 
 @pytest.mark.parametrize("env_id", list(BUNDLED))

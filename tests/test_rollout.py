@@ -2,12 +2,13 @@
 
 import numpy as np
 
-from envs.sql import SQLEnv
-from envs.suites import load_split
+from rllib_dph.envs.sql import SQLEnv
+from rllib_dph.envs.suites import load_split
 from rllib_dph.chat import encode_prompt
 from rllib_dph.engines.base import SamplingParams
 from rllib_dph.engines import make_engine
-from rllib_dph.rollout import make_env, rollout
+from rllib_dph.envs import make_env
+from rllib_dph.rollout import rollout
 
 
 def test_rollout_equals_engine_and_env_by_hand():

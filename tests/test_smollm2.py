@@ -17,7 +17,7 @@ import pytest
 import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 
-import envs
+import rllib_dph.envs
 from rllib_dph.chat import encode_prompt
 from rllib_dph.engines.base import SamplingParams
 from rllib_dph.models import smollm2
@@ -35,7 +35,7 @@ TOY_ENV = "rllib_dph_test/SmolToy-v0"
 SQL_MESSAGES = [{"role": "user", "content": "Write a SQL query that counts the rows of table users."}]
 
 
-envs.register_verifier_env(
+rllib_dph.envs.register_verifier_env(
     TOY_ENV,
     verifier=toy_verifier,  # the toy tasks of test_dph: 'always', 'never', 'sometimes'
     data=[

@@ -5,8 +5,8 @@ import sqlite3
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-from envs.base import Task
-from envs.sql import SQLEnv
+from rllib_dph.envs.base import Task
+from rllib_dph.envs.sql import SQLEnv
 
 SCHEMA = "CREATE TABLE singer (id INTEGER PRIMARY KEY, name TEXT, country TEXT, age INTEGER)"
 SINGERS = [(1, "Ann", "FR", 30), (2, "Bob", "US", 25), (3, "Cid", "US", 41)]

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from envs.sql import (
+from rllib_dph.envs.sql import (
     MAX_COMPLETION_CHARS,
     MAX_ROWS,
     column_overlap_score,
@@ -544,8 +544,8 @@ def test_guarded_functions_agree_with_sqlite(db, call):
 
 def test_watchdog_interrupts_without_the_progress_handler(db, monkeypatch):
     """The deadline holds from outside SQLite's VM even if no deadline check ever fires."""
-    monkeypatch.setattr("envs.sql._Sandbox._past_deadline", lambda self: False)
-    monkeypatch.setattr("envs.sql.DEADLINE_GRACE_S", 30.0)  # the caller waits for the query itself
+    monkeypatch.setattr("rllib_dph.envs.sql._Sandbox._past_deadline", lambda self: False)
+    monkeypatch.setattr("rllib_dph.envs.sql.DEADLINE_GRACE_S", 30.0)  # the caller waits for the query itself
     start = time.monotonic()
     verdict = verify_sql(fenced("SELECT count(*) FROM numbers a, numbers b, numbers c, numbers d"),
                          "SELECT COUNT(*) FROM singer", db, timeout_s=0.5)
@@ -557,28 +557,28 @@ def test_watchdog_interrupts_without_the_progress_handler(db, monkeypatch):
 def test_caller_returns_at_the_deadline_when_sqlite_cannot_stop(db, monkeypatch):
     """A step SQLite cannot interrupt (an in-memory sort of millions of rows) is not waited for:
     the caller gets "timed out" at the deadline plus the grace, the query thread ends later."""
-    import envs.sql
+    import rllib_dph.envs.sql
 
     def uninterruptible(self, sql, deadline):
         time.sleep(3.0)
         return [(1,)]
 
-    monkeypatch.setattr("envs.sql._Sandbox.run", uninterruptible)
+    monkeypatch.setattr("rllib_dph.envs.sql._Sandbox.run", uninterruptible)
     start = time.monotonic()
     verdict = verify_sql(fenced("SELECT 1"), "SELECT 1", db, timeout_s=0.5)
     assert verdict.error.endswith("timed out: the query ran past its time limit")  # gold runs first
-    assert time.monotonic() - start < 0.5 + envs.sql.DEADLINE_GRACE_S + 0.5
+    assert time.monotonic() - start < 0.5 + rllib_dph.envs.sql.DEADLINE_GRACE_S + 0.5
 
 
 _MEMORY_CAP = """
 import resource, sys, time
-import envs.sql
-envs.sql.MAX_SQLITE_HEAP_BYTES = 64 << 20
+import rllib_dph.envs.sql
+rllib_dph.envs.sql.MAX_SQLITE_HEAP_BYTES = 64 << 20
 sql = ("```sql\\nWITH x AS MATERIALIZED (SELECT randomblob(100000) FROM numbers a, numbers b)"
        " SELECT count(*) FROM x\\n```")
-verdict = envs.sql.verify_sql(sql, "SELECT 1", sys.argv[1], timeout_s=30)
+verdict = rllib_dph.envs.sql.verify_sql(sql, "SELECT 1", sys.argv[1], timeout_s=30)
 print(verdict.error)
-print(envs.sql.verify_sql("```sql\\nSELECT 1\\n```", "SELECT 1", sys.argv[1]).correct)
+print(rllib_dph.envs.sql.verify_sql("```sql\\nSELECT 1\\n```", "SELECT 1", sys.argv[1]).correct)
 """
 
 

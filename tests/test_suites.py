@@ -1,4 +1,4 @@
-"""Tests of the bundled synthetic suites (envs/suites): sizes, determinism, leakage, gold styles."""
+"""Tests of the bundled synthetic suites (rllib_dph/envs/suites): sizes, determinism, leakage, gold styles."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from fractions import Fraction
 
 import pytest
 
-import envs.suites as suites
-from envs.suites import SPLITS, STYLES, load_split, sft_examples, style_of
-from envs.suites import sql_suite
-from envs.suites.sql_domains import ALL_DOMAINS, CROSS_DOMAINS, TRAIN_DOMAINS
+import rllib_dph.envs.suites as suites
+from rllib_dph.envs.suites import SPLITS, STYLES, load_split, sft_examples, style_of
+from rllib_dph.envs.suites import sql_suite
+from rllib_dph.envs.suites.sql_domains import ALL_DOMAINS, CROSS_DOMAINS, TRAIN_DOMAINS
 
 ALLOWED_CHARS = set(string.printable) - set("\t\r\x0b\x0c")
 BOXED = re.compile(r"\\boxed\{(.*)\}\s*$")
@@ -256,7 +256,7 @@ def test_damaged_database_is_rewritten_and_no_temp_files_remain(data_dir):
 
 _DIGEST_SCRIPT = """
 import hashlib, json, sys
-import envs.suites as s
+import rllib_dph.envs.suites as s
 digest = hashlib.sha256()
 for name in s.SPLITS:
     for t in s.load_split(name):
@@ -312,7 +312,7 @@ def _rows(question: sql_suite.SqlQuestion, sql: str) -> list:
 def test_approaches_are_right_exactly_where_they_should_be(split):
     """Ordinary questions: both approaches return the gold rows in every style. Ties questions:
     every ``extremum`` rendering does, no ``order_limit`` rendering does (it keeps one tied row)."""
-    from envs.suites.sql_query import sql_approach, sql_style
+    from rllib_dph.envs.suites.sql_query import sql_approach, sql_style
 
     checked = 0
     for q in sql_suite.questions(split):

@@ -12,10 +12,10 @@ import time
 
 import pytest
 
-import envs.sql
-from envs.base import Task
-from envs.math import MathEnv, extract_answer, set_checker_pool, verify_math
-from envs.sql import (
+import rllib_dph.envs.sql
+from rllib_dph.envs.base import Task
+from rllib_dph.envs.math import MathEnv, extract_answer, set_checker_pool, verify_math
+from rllib_dph.envs.sql import (
     MAX_VALUE_BYTES,
     SQLEnv,
     _GuardedFunctions,
@@ -60,7 +60,7 @@ def run_python(code, *args, timeout=120):
 
 _PEAK_GROWTH = """
 import resource, sys, time
-from envs.sql import verify_sql
+from rllib_dph.envs.sql import verify_sql
 db, sql = sys.argv[1], sys.argv[2]
 verify_sql("```sql\\nSELECT 1\\n```", "SELECT 1", db)  # everything imported and opened
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -103,7 +103,7 @@ def test_the_limit_is_counted_in_utf8_bytes_as_sqlite_does(db, count):
             expected = None
     try:
         got = execute_sql(sql, db)
-    except envs.sql.SQLExecutionError as error:
+    except rllib_dph.envs.sql.SQLExecutionError as error:
         assert "string or blob too big" in str(error)
         got = None
     assert got == expected
@@ -207,13 +207,13 @@ import os, resource, sys, threading
 from concurrent.futures import ThreadPoolExecutor
 limit, folder = int(sys.argv[1]), sys.argv[2]
 resource.setrlimit(resource.RLIMIT_NOFILE, (limit, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
-import envs.sql
+import rllib_dph.envs.sql
 paths = sorted(os.path.join(folder, name) for name in os.listdir(folder))
 peak, lock = [0], threading.Lock()
 
 def score(i):
     path = paths[i % len(paths)]
-    reward = envs.sql.sql_reward("```sql\\nSELECT count(*) + 0.0 FROM t\\n```",
+    reward = rllib_dph.envs.sql.sql_reward("```sql\\nSELECT count(*) + 0.0 FROM t\\n```",
                                  "SELECT COUNT(*) FROM t", path)
     with lock:
         peak[0] = max(peak[0], len(os.listdir("/proc/self/fd")))
@@ -221,7 +221,7 @@ def score(i):
 
 with ThreadPoolExecutor(16) as pool:
     rewards = list(pool.map(score, range(3 * len(paths))))
-print(sum(r == 1.0 for r in rewards), len(rewards), peak[0], envs.sql._CONNECTIONS.open_count)
+print(sum(r == 1.0 for r in rewards), len(rewards), peak[0], rllib_dph.envs.sql._CONNECTIONS.open_count)
 """
 
 
@@ -235,14 +235,14 @@ def test_scoring_many_databases_from_many_threads_stays_under_the_open_file_limi
     correct, calls, peak, open_now = map(int, run_python(_MANY_DATABASES, limit, folder).split())
     assert correct == calls == 900
     assert peak < limit
-    assert open_now <= limit // envs.sql.FILES_PER_CONNECTION
+    assert open_now <= limit // rllib_dph.envs.sql.FILES_PER_CONNECTION
 
 
 _NO_FREE_DESCRIPTOR = """
 import os, sys
-import envs.sql
+import rllib_dph.envs.sql
 paths = sys.argv[1:]
-score = lambda path: envs.sql.sql_reward("```sql\\nSELECT 3\\n```", "SELECT COUNT(*) FROM t", path)
+score = lambda path: rllib_dph.envs.sql.sql_reward("```sql\\nSELECT 3\\n```", "SELECT COUNT(*) FROM t", path)
 print(all(score(path) == 1.0 for path in paths[:-1]))  # leaves idle connections open
 held = []
 try:
@@ -250,7 +250,7 @@ try:
         held.append(os.open(os.devnull, os.O_RDONLY))
 except OSError:
     pass
-print(score(paths[-1]) == 1.0, envs.sql._CONNECTIONS.open_count)
+print(score(paths[-1]) == 1.0, rllib_dph.envs.sql._CONNECTIONS.open_count)
 """
 
 
@@ -320,7 +320,7 @@ def test_format_penalty_is_checked(db, penalty):
                                     {"idle_s": 1e12}, {"size": 0}, {"size": True},
                                     {"size": 10**6}, {"size": 2.0}])
 def test_checker_pool_bounds_are_checked(kwargs):
-    from envs.math import _POOL
+    from rllib_dph.envs.math import _POOL
 
     before = (_POOL.size, _POOL.idle_s)
     with pytest.raises(ValueError, match=f"set_checker_pool: {next(iter(kwargs))}="):
@@ -333,9 +333,9 @@ def test_a_registered_verifier_with_a_bad_timeout_raises_instead_of_scoring_0():
     timeout_s=inf every step would score 0."""
     import gymnasium as gym
 
-    import envs
+    import rllib_dph.envs
 
-    envs.register_verifier_env(
+    rllib_dph.envs.register_verifier_env(
         "test/MathInf-v0", verifier=verify_math, timeout_s=math.inf,
         data=[{"question": "1+1", "answer": "2"}], prompt_format="{question}",
     )
@@ -359,7 +359,7 @@ class _Target:
 
 
 def test_the_watchdog_survives_far_deadlines_and_still_interrupts(db, monkeypatch):
-    watchdog = envs.sql._WATCHDOG
+    watchdog = rllib_dph.envs.sql._WATCHDOG
     verify_sql(fenced("SELECT 1"), "SELECT 1", db)  # the thread runs
     far = _Target()
     watchdog.watch(far, 1, time.monotonic() + 1e12)  # its wait is capped, never overflows
@@ -370,8 +370,8 @@ def test_the_watchdog_survives_far_deadlines_and_still_interrupts(db, monkeypatc
     time.sleep(0.3)
     assert watchdog.alive() and near.interrupted == [3] and far.interrupted == []
     # And it still stops a real query that no deadline check inside SQLite would stop.
-    monkeypatch.setattr("envs.sql._Sandbox._past_deadline", lambda self: False)
-    monkeypatch.setattr("envs.sql.DEADLINE_GRACE_S", 30.0)
+    monkeypatch.setattr("rllib_dph.envs.sql._Sandbox._past_deadline", lambda self: False)
+    monkeypatch.setattr("rllib_dph.envs.sql.DEADLINE_GRACE_S", 30.0)
     start = time.monotonic()
     verdict = verify_sql(fenced("SELECT count(*) FROM t a, t b, t c, t d, t e, t f, t g, t h"),
                          "SELECT 1", db, timeout_s=0.5)

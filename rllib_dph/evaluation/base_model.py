@@ -15,9 +15,9 @@ import numpy as np
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from envs import suites
-from envs.math import MathEnv
-from envs.sql import SQLEnv
+from rllib_dph.envs import suites
+from rllib_dph.envs.math import MathEnv
+from rllib_dph.envs.sql import SQLEnv
 from rllib_dph.engines.base import SamplingParams
 from rllib_dph.engines.hf import HFEngine
 from rllib_dph.evaluation.metrics import mean_pass_at_k

@@ -8,7 +8,7 @@ import math
 from collections import Counter
 from typing import Mapping, Optional, Sequence
 
-#: The style ``envs.suites.style_of`` gives a completion without an answer block; not a solution style.
+#: The style ``rllib_dph.envs.suites.style_of`` gives a completion without an answer block; not a solution style.
 NO_ANSWER_STYLE = "none"
 
 
@@ -155,7 +155,7 @@ def style_entropy(counts: Mapping[str, int]) -> float:
     style) counts as a style. 0 for a single style (or none); log2(S) for S equally used styles.
 
     Args:
-        counts: Number of completions per style name (as from ``envs.suites.style_of``).
+        counts: Number of completions per style name (as from ``rllib_dph.envs.suites.style_of``).
     """
     used = [c for style, c in counts.items() if style != NO_ANSWER_STYLE and c > 0]
     total = sum(used)
@@ -202,7 +202,7 @@ def distinct_correct_at_k(solutions: Sequence[Optional[str]], correct: Sequence[
 
     Args:
         solutions: Solution key of each of the n samples (equal keys: the same solution), or
-            None (e.g. ``envs.base.VerifierEnv.solution_key``).
+            None (e.g. ``rllib_dph.envs.base.VerifierEnv.solution_key``).
         correct: Whether each sample is correct.
         k: Subset size, 1 <= k <= n.
     """

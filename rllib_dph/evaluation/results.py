@@ -46,15 +46,15 @@ class PromptRecord:
         index: The task's index in the env.
         correct: Whether each of the n samples is correct.
         answers: Majority-vote key of each sample (None: no answer), see
-            ``envs.base.VerifierEnv.answer_key``.
-        styles: Solution style of each sample (``envs.base.VerifierEnv.solution_style``); empty
+            ``rllib_dph.envs.base.VerifierEnv.answer_key``.
+        styles: Solution style of each sample (``rllib_dph.envs.base.VerifierEnv.solution_style``); empty
             when the env names no style for the task.
         num_truncated: Samples that hit ``max_new_tokens`` without stopping.
         greedy_correct: Whether the greedy completion is correct; None when not generated.
         completions: The n sample texts, when kept.
         greedy_completion: The greedy text, when kept.
         solutions: Solution key of each sample, shortened to a hash (equal: the same solution;
-            None: no key), see ``envs.base.VerifierEnv.solution_key``; empty in results written
+            None: no key), see ``rllib_dph.envs.base.VerifierEnv.solution_key``; empty in results written
             before keys were recorded.
         turns: Policy turns of each of the n episodes (empty when not recorded).
         tool_calls: Tool calls (e.g. exploratory queries) of each episode (empty when not recorded).
@@ -454,7 +454,7 @@ def plot_style_pass_at_k(
     if not styles:
         raise ValueError(
             "plot_style_pass_at_k: no result recorded a solution style; plot evaluations on an env "
-            "that names styles (envs.base.VerifierEnv.solution_style), e.g. the bundled suites."
+            "that names styles (rllib_dph.envs.base.VerifierEnv.solution_style), e.g. the bundled suites."
         )
     ns = [r.n for r in loaded]
     if not 1 <= k <= min(ns):

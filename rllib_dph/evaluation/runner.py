@@ -2,7 +2,7 @@
 
 For every prompt of an env split the policy draws ``n`` samples (temperature / top-p) and, by
 default, one greedy completion, through :func:`rllib_dph.rollout.rollout`; the env scores each
-and names its majority-vote answer, solution style and solution (``envs.base.VerifierEnv.answer_key``
+and names its majority-vote answer, solution style and solution (``rllib_dph.envs.base.VerifierEnv.answer_key``
 / ``solution_style`` / ``solution_key``). :func:`evaluate_engine` runs on a built engine and env (the env runner
 during training); :func:`evaluate` builds both from names or an RLlib checkpoint.
 """
@@ -16,12 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
-from envs.suites import STYLE_SUITES
+from rllib_dph.envs.suites import STYLE_SUITES
 from rllib_dph.engines import DEFAULT_ENGINE, check_engine_name, make_engine
 from rllib_dph.engines.base import RolloutEngine, SamplingParams
 from rllib_dph.evaluation.metrics import default_ks
 from rllib_dph.evaluation.results import EvalResult, PromptRecord
-from rllib_dph.rollout import ScoredGroup, make_env, rollout, rollout_chunks
+from rllib_dph.envs import make_env
+from rllib_dph.rollout import ScoredGroup, rollout, rollout_chunks
 
 #: Longest generated response, in tokens, unless told otherwise (GRPOConfig's default).
 DEFAULT_MAX_NEW_TOKENS = 128
@@ -46,7 +47,7 @@ class EvalSettings:
         seed: Sampling seed: prompt chunk j is sampled with seed ``seed + j``, so the same seed,
             ``batch_prompts`` and weights give the same samples.
         style_suite: Suite whose style function names the solution styles (one of
-            ``envs.suites.STYLE_SUITES``); None uses each task's ``data_source`` when it is one
+            ``rllib_dph.envs.suites.STYLE_SUITES``); None uses each task's ``data_source`` when it is one
             of them and records no styles otherwise.
         limit: Evaluate only the first ``limit`` tasks (>= 1); None evaluates all.
         batch_prompts: Prompts per ``generate`` call, >= 1.
@@ -101,7 +102,7 @@ def evaluate_engine(engine: RolloutEngine, env, settings: EvalSettings) -> EvalR
 
     Args:
         engine: A rollout engine (``generate``, ``tokenizer``), e.g. an env runner's.
-        env: A verifier env (``envs.base.VerifierEnv``: ``tasks``, ``reset``, ``step``,
+        env: A verifier env (``rllib_dph.envs.base.VerifierEnv``: ``tasks``, ``reset``, ``step``,
             ``answer_key``, ``solution_style``, ``solution_key``).
         settings: What to sample and report.
     """

@@ -1,7 +1,7 @@
 """Tiny offline base models: a local tokenizer, a small Qwen2 causal LM and its SFT.
 
 Everything here runs on a laptop CPU with no download. ``build_tiny_model`` trains a byte-level
-BPE tokenizer on the bundled suites (``envs.suites``), builds a small ``Qwen2ForCausalLM`` from a
+BPE tokenizer on the bundled suites (``rllib_dph.envs.suites``), builds a small ``Qwen2ForCausalLM`` from a
 seed, supervised-fine-tunes it on the suites' multi-style SQL and math solutions and saves
 everything with ``save_pretrained``; the build command adds the base policy's measured quality
 (``rllib_dph.evaluation.base_model``) to the build record. The schedule of
@@ -37,7 +37,7 @@ from transformers import (
 )
 from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX as QWEN2_PRETOKENIZE_REGEX
 
-from envs import suites
+from rllib_dph.envs import suites
 from rllib_dph.models.sft import encode_example, sft
 
 PAD_TOKEN = "<|endoftext|>"
@@ -127,7 +127,7 @@ def sft_corpus() -> list[dict]:
 
     Returns:
         Dicts with ``messages`` (the prompt as chat messages), ``completion``, ``style`` and
-        ``task_id`` (see ``envs.suites.sft_examples``).
+        ``task_id`` (see ``rllib_dph.envs.suites.sft_examples``).
     """
     examples = []
     for suite in SUITES:

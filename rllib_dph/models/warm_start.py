@@ -46,7 +46,7 @@ class WarmStartSpec:
 
     Args:
         base: The pretrained chat model (a bundled name, folder or HF id).
-        splits: Suite splits whose solutions are the SFT data (``envs.suites.sft_examples``).
+        splits: Suite splits whose solutions are the SFT data (``rllib_dph.envs.suites.sft_examples``).
         sft_steps: Optimizer steps; ``sft_steps * batch_size`` examples are drawn (seeded) from
             the splits, each seen once.
         batch_size: Sequences per step.
@@ -90,7 +90,7 @@ def _base_fingerprint(base_dir: str | os.PathLike) -> str:
 
 def training_examples(spec: WarmStartSpec) -> list[dict]:
     """The ``sft_steps * batch_size`` examples of the warm start, drawn with ``spec.seed``."""
-    from envs import suites
+    from rllib_dph.envs import suites
 
     pool = [ex for split in spec.splits for ex in suites.sft_examples(split)]
     wanted = spec.sft_steps * spec.batch_size

@@ -688,11 +688,11 @@ class GRPO(Algorithm):
 
     @override(Algorithm)
     def setup(self, config) -> None:
-        import envs
+        import rllib_dph.envs
 
         # Verifier envs registered in this (driver) process reach remote env runners through
         # Ray Tune's registry.
-        envs.register_tune_envs()
+        rllib_dph.envs.register_tune_envs()
         super().setup(config)
         self._learner_actors = learner_actors(self.learner_group)  # named in a learner's failure
         self._rounds = SamplingRounds(self.env_runner_group, self.config, self.metrics)

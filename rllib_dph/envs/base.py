@@ -21,18 +21,20 @@ single- and multi-turn envs:
   the engine's ``max_new_tokens`` per turn.
 
 A :class:`VerifierEnv` is the one-turn case: ``step`` scores the whole completion and always
-terminates (``envs.multiturn.MultiTurnEnv`` adds turns). The rollout runs concurrent episodes on
+terminates (``rllib_dph.envs.multiturn.MultiTurnEnv`` adds turns). The rollout runs concurrent episodes on
 shallow copies of one env (``copy.copy``), so an env keeps its per-episode state in attributes
 that ``reset`` assigns, never in objects it mutates in place.
 """
 
 from __future__ import annotations
 
+import numbers
 import string
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 import gymnasium as gym
+import numpy as np
 from gymnasium import spaces
 
 #: Characters every env accepts: all printable ASCII. Data-specific characters are added per env.
@@ -83,8 +85,25 @@ class Verdict:
     error: str | None = None
 
 
-#: A verifier maps (completion text, task) to a verdict. It must never raise.
-Verifier = Callable[[str, Task], Verdict]
+#: The one verifier signature, of the bundled envs and of yours (``register_verifier_env``):
+#: ``verifier(completion, ground_truth) -> Verdict | bool | float`` (read by :func:`as_verdict`);
+#: ``ground_truth`` is the task's :attr:`Task.ground_truth`.
+Verifier = Callable[[str, Any], "Verdict | bool | float"]
+
+
+def as_verdict(result: Any, env_id: str) -> Verdict:
+    """Turns a verifier's return value (Verdict, bool or number) into a :class:`Verdict`."""
+    if isinstance(result, Verdict):
+        return result
+    if isinstance(result, (bool, np.bool_)):
+        return Verdict(1.0 if result else 0.0, bool(result))
+    if isinstance(result, numbers.Real):
+        reward = float(result)
+        return Verdict(reward, reward >= 1.0)
+    raise TypeError(
+        f"{env_id}: the verifier returned a {type(result).__name__} ({result!r:.80}); "
+        "return a float reward, a bool or an rllib_dph.envs.base.Verdict."
+    )
 
 
 class VerifierEnv(gym.Env):
@@ -171,7 +190,7 @@ class VerifierEnv(gym.Env):
         if self._index is None:
             raise RuntimeError(f"{self.name}: call reset() before step().")
         task = self.tasks[self._index]
-        verdict = self.verifier(str(action), task)
+        verdict = as_verdict(self.verifier(str(action), task.ground_truth), self.name)
         info = self._info(self._index)
         info["correct"] = bool(verdict.correct)
         if verdict.error is not None:
@@ -194,13 +213,13 @@ class VerifierEnv(gym.Env):
         """The name of the solution style of a completion, or None when this env names none.
 
         This default names none. Envs whose tasks come from a suite with style names
-        (``envs.suites.style_of``) override it.
+        (``rllib_dph.envs.suites.style_of``) override it.
 
         Args:
             index: The task's index in :attr:`tasks`.
             completion: The completion text.
             suite: Name the style with this suite's style function (one of
-                ``envs.suites.STYLE_SUITES``) instead of the task's ``data_source``.
+                ``rllib_dph.envs.suites.STYLE_SUITES``) instead of the task's ``data_source``.
         """
         return None
 

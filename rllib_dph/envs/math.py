@@ -12,7 +12,7 @@ answer is **5**." gives ``5``). Two answers are equal when
    without asking Math-Verify.
 
 Math-Verify's own timeout uses ``signal.alarm``, which only works in the main thread. We switch it
-off and run ``parse`` + ``verify`` in a *checker subprocess* instead (``python -m envs.math``),
+off and run ``parse`` + ``verify`` in a *checker subprocess* instead (``python -m rllib_dph.envs.math``),
 reused across calls (a pipe round trip, ~0.2 ms). The checkers of a process form a bounded pool
 (:func:`set_checker_pool`; default: one per CPU core, so 16 threads do not start 16 checkers
 that share 2 cores); a thread waits for a free one, and idle checkers are stopped after
@@ -50,10 +50,10 @@ from concurrent.futures import Future
 from fractions import Fraction
 from typing import Any, Mapping, Sequence
 
-from envs.arguments import ArgumentError, check_real, check_timeout
-from envs.base import Task, Verdict, VerifierEnv
-from envs.data import load_tasks
-from envs.suites import task_style
+from rllib_dph.envs.arguments import ArgumentError, check_real, check_timeout
+from rllib_dph.envs.base import Task, Verdict, VerifierEnv
+from rllib_dph.envs.data import load_tasks
+from rllib_dph.envs.suites import task_style
 
 logger = logging.getLogger(__name__)
 
@@ -219,7 +219,7 @@ def _cpu_seconds(pid: int) -> float | None:
 
 
 class _Checker:
-    """One checker subprocess (``python -m envs.math PARENT_PID``) and the JSON-lines protocol.
+    """One checker subprocess (``python -m rllib_dph.envs.math PARENT_PID``) and the JSON-lines protocol.
 
     Request: ``{"gold": str, "pred": str, "limit_s": float}``; reply: ``{"equal": bool,
     "error": str | null}``. The subprocess first writes ``{"ready": true}`` once it has imported
@@ -231,7 +231,7 @@ class _Checker:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "envs.math", str(os.getpid())],
+            [sys.executable, "-m", "rllib_dph.envs.math", str(os.getpid())],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
@@ -408,7 +408,7 @@ class _CheckerPool:
         return CheckerPoolTimeout(
             f"math checker pool (size={self.size}): waited wait_s={self.wait_s:g} s for {what}. "
             "Checks hold a checker for a bounded time, so the pool is stuck or far too small for "
-            "the threads checking: raise envs.math.set_checker_pool(size=..., wait_s=...)."
+            "the threads checking: raise rllib_dph.envs.math.set_checker_pool(size=..., wait_s=...)."
         )
 
     def _next_turn(self) -> None:
@@ -586,7 +586,7 @@ def verify_math(
 
     Raises:
         ArgumentError: ``timeout_s`` is not a number of seconds in [MIN_TIMEOUT_S,
-            MAX_TIMEOUT_S] of ``envs.arguments`` (a caller error, raised before any check).
+            MAX_TIMEOUT_S] of ``rllib_dph.envs.arguments`` (a caller error, raised before any check).
             Nothing about the completion or the gold answer ever raises.
         CheckerPoolTimeout: No checker was free within the pool's ``wait_s``
             (:func:`set_checker_pool`): a stuck pool, not the completion.
@@ -670,8 +670,8 @@ class MathEnv(VerifierEnv):
         """Builds the env on already-loaded tasks (``ground_truth`` = the gold answer)."""
         return cls(list(tasks), **kwargs)
 
-    def _verify(self, completion: str, task: Task) -> Verdict:
-        return verify_math(completion, task.ground_truth, timeout_s=self.timeout_s)
+    def _verify(self, completion: str, gold_answer: Any) -> Verdict:
+        return verify_math(completion, gold_answer, timeout_s=self.timeout_s)
 
     def answer_key(self, index: int, completion: str) -> str | None:
         """The extracted final answer without whitespace; None when there is none.
@@ -686,7 +686,7 @@ class MathEnv(VerifierEnv):
         return None if answer is None else re.sub(r"\s+", "", answer)
 
     def solution_style(self, index: int, completion: str, suite: str | None = None) -> str | None:
-        """The math style (``envs.suites.style_of``) when the task's suite has styles, else None."""
+        """The math style (``rllib_dph.envs.suites.style_of``) when the task's suite has styles, else None."""
         return task_style(self.tasks[index].data_source, completion, suite)
 
 

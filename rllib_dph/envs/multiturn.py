@@ -1,7 +1,7 @@
 """Multi-turn verifier envs: the policy may call a tool before it gives its final answer.
 
-The episode contract is the one of ``envs.base`` (Gymnasium ``reset`` / ``step`` with text
-actions and observations); :class:`MultiTurnEnv` adds turns to any :class:`~envs.base.VerifierEnv`:
+The episode contract is the one of ``rllib_dph.envs.base`` (Gymnasium ``reset`` / ``step`` with text
+actions and observations); :class:`MultiTurnEnv` adds turns to any :class:`~rllib_dph.envs.base.VerifierEnv`:
 
 - a policy turn that holds a tool call (:meth:`MultiTurnEnv.tool_call` finds it) runs the tool
   (:meth:`MultiTurnEnv.run_tool`), and the tool's reply, cut to ``max_observation_chars``, is the
@@ -15,7 +15,7 @@ Per-turn shaping (off by default): every tool turn earns ``tool_reward`` (negati
 call), added to the episode's reward; with the default 0.0 the episode's reward is the
 verifier's alone. A tool that raises never ends the rollout: its error message is the observation.
 
-:class:`FunctionMultiTurnEnv` is the env that ``envs.register_multiturn_env`` builds from a tool
+:class:`FunctionMultiTurnEnv` is the env that ``rllib_dph.envs.register_multiturn_env`` builds from a tool
 function, a verifier and a prompt format.
 """
 
@@ -27,8 +27,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 from gymnasium import spaces
 
-from envs.base import Task, Verdict
-from envs.registry import FunctionVerifierEnv
+from rllib_dph.envs.base import Task, Verdict
+from rllib_dph.envs.registry import FunctionVerifierEnv
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ def tag_content(tag: str) -> Callable[[str], str | None]:
 
 
 class MultiTurnEnv:
-    """Mixin that gives a :class:`~envs.base.VerifierEnv` subclass turns (module docstring).
+    """Mixin that gives a :class:`~rllib_dph.envs.base.VerifierEnv` subclass turns (module docstring).
 
     Put it before the env class (``class MyEnv(MultiTurnEnv, SQLEnv)``), call
     :meth:`setup_turns` in ``__init__`` after the env's own ``__init__``, and define
@@ -178,7 +178,7 @@ class FunctionMultiTurnEnv(MultiTurnEnv, FunctionVerifierEnv):
     also ``correct`` and, when the answer could not be checked or never came, ``error``.
 
     ## Arguments
-    See ``envs.registry.register_multiturn_env``; extra keyword arguments go to the verifier.
+    See ``rllib_dph.envs.registry.register_multiturn_env``; extra keyword arguments go to the verifier.
     """
 
     def __init__(

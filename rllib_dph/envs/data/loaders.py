@@ -41,9 +41,9 @@ import string
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from envs.base import Task
+from rllib_dph.envs.base import Task
 
-#: Comparison methods of the SQL verifier (the keys of ``envs.sql.COMPARATORS``).
+#: Comparison methods of the SQL verifier (the keys of ``rllib_dph.envs.sql.COMPARATORS``).
 SQL_CMP_METHODS = ("bird", "spider")
 DEFAULT_SQL_CMP_METHOD = "bird"
 #: File suffixes read by :func:`load_tasks`.
@@ -100,7 +100,7 @@ def load_tasks(
         data: One of
             - a path to a ``.parquet`` file (read with pyarrow) or a ``.jsonl`` file (one JSON
               object per line, read line by line);
-            - the name of a bundled suite split, e.g. ``"sql_synth/train"`` (see ``envs.suites``);
+            - the name of a bundled suite split, e.g. ``"sql_synth/train"`` (see ``rllib_dph.envs.suites``);
             - either of those with a row range, ``"sql_synth/train[:256]"`` (Python slice bounds);
             - a list of :class:`Task` objects (kept as they are) and/or row dicts (converted like
               file rows).
@@ -244,13 +244,13 @@ def check_prompt_format(prompt_format: PromptFormat) -> tuple[str, ...]:
 
 def _load_suite(name: str) -> list[Task]:
     try:
-        suites = importlib.import_module("envs.suites")
+        suites = importlib.import_module("rllib_dph.envs.suites")
     except ModuleNotFoundError as e:
-        if e.name != "envs.suites":
+        if e.name != "rllib_dph.envs.suites":
             raise
         raise ValueError(
             f"data={name!r} does not end in {' or '.join(FILE_SUFFIXES)}, so it was read as a "
-            "bundled suite split, but the bundled suites (envs.suites) are not installed."
+            "bundled suite split, but the bundled suites (rllib_dph.envs.suites) are not installed."
         ) from e
     if not suites.is_split_name(name):
         raise ValueError(

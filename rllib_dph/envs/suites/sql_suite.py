@@ -13,7 +13,7 @@ appear in other templates' train phrasings). The SQL skills are the same, so a m
 what it learnt; the schema and the wording are new. With the shipped tiny model: pass@16 0.78
 in-domain, 0.23 cross-domain (``README.md``, "The tiny base model").
 
-Every question carries one solution per style of :data:`~envs.suites.sql_query.SQL_STYLES`,
+Every question carries one solution per style of :data:`~rllib_dph.envs.suites.sql_query.SQL_STYLES`,
 all returning the gold rows (same set of rows, same column order).
 """
 
@@ -30,7 +30,7 @@ from .sql_query import SQL_STYLES, Agg, Col, Cond, Join, Query, Scalar, render
 
 SPLIT_SIZES = {"train": 3000, "test": 300, "test_cross": 300}
 #: Splits of the ties family (see :func:`tie_questions`): held-out test prompts, and the pool
-#: that training mixes in at a chosen share (``envs.suites.load_split("sql_synth/train@ties=0.05")``).
+#: that training mixes in at a chosen share (``rllib_dph.envs.suites.load_split("sql_synth/train@ties=0.05")``).
 TIE_SPLITS = ("test_ties", "train_ties")
 #: Instances of the ties family held out for ``test_ties`` (one question each).
 TIE_TEST_INSTANCES = 300

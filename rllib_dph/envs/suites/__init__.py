@@ -32,7 +32,7 @@ fixed shuffled order (so 5 % of the prompts are ties questions).
 
 Example::
 
-    from envs.suites import load_split, sft_examples, style_of
+    from rllib_dph.envs.suites import load_split, sft_examples, style_of
     tasks = load_split("sql_synth/test")
     rows = sft_examples("math_synth/train")   # one row per (question, style)
     style_of("sql_synth", "```sql\\nWITH t AS (...) SELECT ...\\n```")  # -> "cte"
@@ -230,8 +230,8 @@ def _sft_solution(task: Task, style: str) -> str:
 def style_of(suite: str, completion: str) -> str:
     """Name the solution style of a completion.
 
-    SQL: the last ```sql block is inspected (see :func:`envs.suites.sql_query.sql_style`); math:
-    the opening words (see :func:`envs.suites.math_suite.math_style`).
+    SQL: the last ```sql block is inspected (see :func:`rllib_dph.envs.suites.sql_query.sql_style`); math:
+    the opening words (see :func:`rllib_dph.envs.suites.math_suite.math_style`).
 
     Args:
         suite: ``"sql_synth"`` or ``"math_synth"`` (``"sql_synth_cross"`` counts as SQL);

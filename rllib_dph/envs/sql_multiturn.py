@@ -1,10 +1,10 @@
 """Text-to-SQL with execution feedback: exploratory queries before the final answer.
 
-``rllib_dph/SQLMultiTurn-v0``. The tasks and the verifier are those of ``envs.sql.SQLEnv``; the
+``rllib_dph/SQLMultiTurn-v0``. The tasks and the verifier are those of ``rllib_dph.envs.sql.SQLEnv``; the
 prompt adds the protocol (:data:`PROTOCOL`):
 
 - a turn with a ``<query>...</query>`` block and no ```sql block is an exploratory query: it runs
-  through the verifier's own sandbox (:func:`envs.sql.execute_sql`: read-only, the same time limit
+  through the verifier's own sandbox (:func:`rllib_dph.envs.sql.execute_sql`: read-only, the same time limit
   per query, heap cap, row and byte caps, one statement), and the observation is its first
   ``max_observation_rows`` rows (cut to ``max_observation_chars``) or its error message;
 - any other turn is the final answer, scored like a ``SQL-v0`` completion (its last ```sql block
@@ -17,9 +17,9 @@ import dataclasses
 import os
 from typing import Any, Mapping, Sequence
 
-from envs.base import Task
-from envs.multiturn import MultiTurnEnv, tag_content
-from envs.sql import SQLEnv, SQLExecutionError, execute_sql, extract_sql
+from rllib_dph.envs.base import Task
+from rllib_dph.envs.multiturn import MultiTurnEnv, tag_content
+from rllib_dph.envs.sql import SQLEnv, SQLExecutionError, execute_sql, extract_sql
 
 #: The protocol appended to every prompt (``str.format`` with ``max_turns`` and ``rows``).
 PROTOCOL = (
@@ -93,7 +93,7 @@ class SQLMultiTurnEnv(MultiTurnEnv, SQLEnv):
         if max_observation_rows < 1:
             raise ValueError(f"SQLMultiTurnEnv: max_observation_rows={max_observation_rows} must be >= 1.")
         if not (isinstance(data, Sequence) and all(isinstance(t, Task) for t in data)):
-            from envs.data import load_tasks
+            from rllib_dph.envs.data import load_tasks
 
             data = load_tasks(data, task="sql", db_root=db_root)
         protocol = PROTOCOL.format(rows=max_observation_rows, max_turns=max_turns)
@@ -114,7 +114,7 @@ class SQLMultiTurnEnv(MultiTurnEnv, SQLEnv):
         return None if extract_sql(text) is not None else self._find_query(text)
 
     def run_tool(self, call: str, task: Task) -> str:
-        """The exploratory query's rows, or ``error: ...``, from :func:`envs.sql.execute_sql`."""
+        """The exploratory query's rows, or ``error: ...``, from :func:`rllib_dph.envs.sql.execute_sql`."""
         try:
             rows = execute_sql(call, task.ground_truth["db_path"], timeout_s=self.timeout_s)
         except SQLExecutionError as error:

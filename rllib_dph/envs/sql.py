@@ -111,9 +111,9 @@ from collections import Counter, OrderedDict
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from envs.arguments import ArgumentError, check_real, check_timeout
-from envs.base import Task, Verdict, VerifierEnv
-from envs.suites import task_style
+from rllib_dph.envs.arguments import ArgumentError, check_real, check_timeout
+from rllib_dph.envs.base import Task, Verdict, VerifierEnv
+from rllib_dph.envs.suites import task_style
 
 logger = logging.getLogger(__name__)
 
@@ -1004,7 +1004,7 @@ def execute_sql(sql: str, db_path: str, *, timeout_s: float = DEFAULT_TIMEOUT_S)
         SQLExecutionError: The statement is not a single read-only query, failed, timed out or
             returned more than MAX_ROWS rows or MAX_RESULT_BYTES bytes; ``str(error)`` says which.
         ArgumentError: ``timeout_s`` is not a number of seconds in [MIN_TIMEOUT_S,
-            MAX_TIMEOUT_S] of ``envs.arguments`` (a caller error).
+            MAX_TIMEOUT_S] of ``rllib_dph.envs.arguments`` (a caller error).
     """
     timeout_s = check_timeout(timeout_s, where="execute_sql", default=DEFAULT_TIMEOUT_S)
     return _execute(sql, db_path, time.monotonic() + timeout_s)
@@ -1176,7 +1176,7 @@ def verify_sql(
 
     Raises:
         ArgumentError: ``cmp_method`` is unknown, ``timeout_s`` is not a number of seconds in
-            [MIN_TIMEOUT_S, MAX_TIMEOUT_S] of ``envs.arguments`` (NaN and infinity included), or
+            [MIN_TIMEOUT_S, MAX_TIMEOUT_S] of ``rllib_dph.envs.arguments`` (NaN and infinity included), or
             ``format_penalty`` is not in [0, 1] (caller errors, raised before any scoring; a
             ValueError). Nothing about the completion or the database ever raises.
     """
@@ -1290,8 +1290,8 @@ class SQLEnv(VerifierEnv):
     ## Arguments
     Args:
         data: A bundled suite split (``"sql_synth/train"``), a parquet or jsonl file, or a list
-            of row dicts, all read by ``envs.data.load_tasks``; or a list of already-loaded
-            :class:`~envs.base.Task` (used as they are, ``db_root`` unused).
+            of row dicts, all read by ``rllib_dph.envs.data.load_tasks``; or a list of already-loaded
+            :class:`~rllib_dph.envs.base.Task` (used as they are, ``db_root`` unused).
         db_root: Directory the ``db_id`` paths of a data file are relative to.
         cmp_method: ``"bird"`` or ``"spider"`` for every task; None uses each task's own.
         timeout_s: Wall-clock limit per verification in seconds, in [0.01, 3600].
@@ -1314,7 +1314,7 @@ class SQLEnv(VerifierEnv):
             tasks = list(data)
         else:
             # Imported here so that the verifier and from_tasks work without the data loaders.
-            from envs.data import load_tasks
+            from rllib_dph.envs.data import load_tasks
 
             tasks = load_tasks(data, task="sql", db_root=db_root)
         if cmp_method is not None and cmp_method not in COMPARATORS:
@@ -1337,8 +1337,7 @@ class SQLEnv(VerifierEnv):
         """Builds the env on already-loaded tasks; ``kwargs`` as for ``SQLEnv`` (not ``data``)."""
         return cls(list(tasks), **kwargs)
 
-    def _verify(self, completion: str, task: Task) -> Verdict:
-        truth = task.ground_truth
+    def _verify(self, completion: str, truth: Mapping[str, Any]) -> Verdict:
         return verify_sql(
             completion,
             truth["gold_sql"],
@@ -1370,7 +1369,7 @@ class SQLEnv(VerifierEnv):
         return "rows:" + hashlib.sha1(canonical.encode()).hexdigest()[:16]
 
     def solution_style(self, index: int, completion: str, suite: str | None = None) -> str | None:
-        """The SQL style (``envs.suites.style_of``) when the task's suite has styles, else None."""
+        """The SQL style (``rllib_dph.envs.suites.style_of``) when the task's suite has styles, else None."""
         return task_style(self.tasks[index].data_source, completion, suite)
 
     def solution_key(self, index: int, completion: str) -> str | None:
@@ -1400,7 +1399,7 @@ def _check_ground_truth(task: Task, *, needs_cmp_method: bool) -> None:
     if not isinstance(truth, Mapping):
         raise ValueError(
             f"{where}: ground_truth is a {type(truth).__name__}; SQL tasks need a dict with "
-            f"'db_path', 'gold_sql' and 'cmp_method' (as built by envs.data.load_tasks)."
+            f"'db_path', 'gold_sql' and 'cmp_method' (as built by rllib_dph.envs.data.load_tasks)."
         )
     for key in _GROUND_TRUTH_KEYS + (("cmp_method",) if needs_cmp_method else ()):
         if not truth.get(key):

@@ -6,7 +6,7 @@ of ``inf`` or ``1e300`` overflows ``threading``'s waits, ``nan`` compares false 
 and ``1e-9`` times out every query. So every numeric argument is checked where it enters (the
 public function or the env constructor) against a documented range, and a bad one is a caller
 error raised at once (:class:`ArgumentError`), naming the value, the rule and the fix. It is
-never turned into a reward: ``envs.registry.FunctionVerifierEnv`` lets it through where it
+never turned into a reward: ``rllib_dph.envs.registry.FunctionVerifierEnv`` lets it through where it
 scores any other exception of a verifier 0.
 """
 

@@ -3,10 +3,10 @@
 A new task is a verifier function, a data set and a prompt format::
 
     import gymnasium as gym
-    import envs
+    import rllib_dph.envs
 
     words = ["ray", "rllib", "policy", "gradient"]
-    envs.register_verifier_env(
+    rllib_dph.envs.register_verifier_env(
         "demo/Reverse-v0",
         verifier=lambda completion, answer: completion.strip() == answer,
         data=[{"question": w, "answer": w[::-1]} for w in words],
@@ -26,18 +26,17 @@ from __future__ import annotations
 
 import functools
 import logging
-import numbers
 import re
 import sys
+import threading
 from typing import Any, Callable, Mapping, Sequence
 
 import gymnasium as gym
-import numpy as np
 from gymnasium.envs.registration import load_env_creator
 
-from envs.arguments import ArgumentError
-from envs.base import Task, Verdict, VerifierEnv
-from envs.data.loaders import PromptFormat, check_prompt_format, load_tasks
+from rllib_dph.envs.arguments import ArgumentError, check_timeout
+from rllib_dph.envs.base import Task, Verdict, VerifierEnv
+from rllib_dph.envs.data.loaders import PromptFormat, check_prompt_format, load_tasks
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +44,10 @@ _ENV_ID = re.compile(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+?-v\d+")  # namespace/Name
 
 #: Ids registered through this module, in registration order (builtins first).
 _REGISTERED: dict[str, None] = {}
+
+#: Default wall-clock limit of one call of a registered verifier (``verifier_timeout_s``), in
+#: seconds: twice the SQL verifier's default, so a slow but working verifier is not cut off.
+DEFAULT_VERIFIER_TIMEOUT_S = 30.0
 
 
 def check_env_id(env_id: str) -> None:
@@ -83,6 +86,7 @@ def register_verifier_env(
     prompt_format: PromptFormat | None = None,
     ground_truth_field: str = "answer",
     system_prompt: str | None = None,
+    verifier_timeout_s: float | None = DEFAULT_VERIFIER_TIMEOUT_S,
     **defaults: Any,
 ) -> None:
     """Registers a verifier task as a Gymnasium env and a Ray Tune env name (see module docstring).
@@ -93,24 +97,29 @@ def register_verifier_env(
             A bool becomes reward 1.0 / 0.0; a number is the reward and counts as correct when
             >= 1.0; return a :class:`Verdict` to set ``correct`` and ``error`` yourself. Should it
             raise, the step gets reward 0 and the exception in ``info["error"]``, except for an
-            ``envs.arguments.ArgumentError`` (a bad argument such as ``timeout_s=inf``, which
+            ``rllib_dph.envs.arguments.ArgumentError`` (a bad argument such as ``timeout_s=inf``, which
             would score every step 0): that one is raised. Pass a plain function (Gymnasium
             deep-copies kwargs and Ray pickles them).
         data: A ``.parquet`` / ``.jsonl`` path, a list of row dicts (or :class:`Task` objects), or
-            a bundled suite split name (see :func:`envs.data.load_tasks`).
+            a bundled suite split name (see :func:`rllib_dph.envs.data.load_tasks`).
         prompt_format: ``str.format`` template over a row's fields (``"Reverse: {question}"``) or
             a function ``row -> str | list of chat messages``. ``None``: the rows are in the verl
             layout (``prompt``, ``reward_model.ground_truth``, ``data_source``).
         ground_truth_field: The row field passed to the verifier as ``ground_truth`` (with a
             ``prompt_format``).
         system_prompt: Optional system message put before every prompt.
+        verifier_timeout_s: Wall-clock limit of one verifier call in seconds, in [0.01, 3600]
+            (None: no limit); a call past it scores 0 with the reason in ``info["error"]``. See
+            :class:`FunctionVerifierEnv` (the verifier runs on a helper thread).
         **defaults: Keyword arguments of ``verifier``; ``gym.make(env_id, name=value)`` or a Tune
             ``env_config`` overrides them, like ``data``.
 
     Raises:
-        ValueError / TypeError: A malformed id, a non-callable verifier or a bad prompt format.
+        ValueError / TypeError: A malformed id, a non-callable verifier, a bad prompt format or
+            a ``verifier_timeout_s`` out of range.
     """
     check_env_id(env_id)
+    _check_verifier_timeout(verifier_timeout_s, env_id)
     if not callable(verifier):
         raise TypeError(
             f"{env_id}: verifier must be a function (completion, ground_truth) -> float | bool | "
@@ -118,16 +127,10 @@ def register_verifier_env(
         )
     if prompt_format is not None:
         check_prompt_format(prompt_format)
-    kwargs = dict(
-        data=data,
-        verifier=verifier,
-        prompt_format=prompt_format,
-        ground_truth_field=ground_truth_field,
-        system_prompt=system_prompt,
-        name=env_id,
-        **defaults,
-    )
-    register(env_id, entry_point="envs.registry:FunctionVerifierEnv", kwargs=kwargs)
+    kwargs = dict(data=data, verifier=verifier, prompt_format=prompt_format,
+                  ground_truth_field=ground_truth_field, system_prompt=system_prompt,
+                  verifier_timeout_s=verifier_timeout_s, name=env_id, **defaults)
+    register(env_id, entry_point="rllib_dph.envs.registry:FunctionVerifierEnv", kwargs=kwargs)
 
 
 def register_multiturn_env(
@@ -144,7 +147,7 @@ def register_multiturn_env(
     """Registers a multi-turn verifier task: a tool, a verifier and a prompt format.
 
     A policy turn that holds a tool call gets the tool's reply as the next observation; a turn
-    without one is the final answer, scored by the verifier (``envs.multiturn``).
+    without one is the final answer, scored by the verifier (``rllib_dph.envs.multiturn``).
 
     Args:
         env_id: Versioned id ``namespace/Name-vN``.
@@ -157,11 +160,12 @@ def register_multiturn_env(
             ``turn -> call or None`` (None: the turn is the final answer).
         max_turns: Most policy turns per episode, >= 1.
         **kwargs: ``max_episode_tokens``, ``max_observation_chars``, ``tool_reward``
-            (``envs.multiturn.MultiTurnEnv.setup_turns``) and the keyword arguments of
-            :func:`register_verifier_env` (``ground_truth_field``, ``system_prompt``, the
-            verifier's own).
+            (``rllib_dph.envs.multiturn.MultiTurnEnv.setup_turns``) and the keyword arguments of
+            :func:`register_verifier_env` (``ground_truth_field``, ``system_prompt``,
+            ``verifier_timeout_s``, the verifier's own).
     """
     check_env_id(env_id)
+    _check_verifier_timeout(kwargs.get("verifier_timeout_s"), env_id)
     for name, fn in (("tool", tool), ("verifier", verifier)):
         if not callable(fn):
             raise TypeError(f"{env_id}: {name} must be a function; got a {type(fn).__name__}.")
@@ -169,7 +173,7 @@ def register_multiturn_env(
         check_prompt_format(prompt_format)
     defaults = dict(tool=tool, verifier=verifier, data=data, prompt_format=prompt_format,
                     tool_call=tool_call, max_turns=max_turns, name=env_id)
-    register(env_id, entry_point="envs.multiturn:FunctionMultiTurnEnv", kwargs={**defaults, **kwargs})
+    register(env_id, entry_point="rllib_dph.envs.multiturn:FunctionMultiTurnEnv", kwargs={**defaults, **kwargs})
 
 
 def registered_env_ids() -> list[str]:
@@ -189,8 +193,25 @@ def register_tune_envs() -> list[str]:
     return list(_REGISTERED)
 
 
-def make_env(entry_point: str, kwargs: Mapping[str, Any], env_config: Mapping | None) -> gym.Env:
-    """The Tune env creator: builds ``entry_point(**kwargs, **env_config)``."""
+def make_env(env_id: Any, env_config: Mapping[str, Any]) -> gym.Env:
+    """Creates the env named in ``config.environment(...)``: the one way to build an env.
+
+    Args:
+        env_id: An env class, a Ray Tune registered name, or a gymnasium id
+            (``rllib_dph/SQL-v0``; importing ``rllib_dph.envs`` registers the bundled ones).
+        env_config: The env's keyword arguments.
+    """
+    from ray.tune.registry import ENV_CREATOR, _global_registry
+
+    if isinstance(env_id, type):
+        return env_id(**env_config)
+    if _global_registry.contains(ENV_CREATOR, env_id):
+        return _global_registry.get(ENV_CREATOR, env_id)(env_config)
+    return gym.make(env_id, **env_config).unwrapped
+
+
+def _tune_creator(entry_point: str, kwargs: Mapping[str, Any], env_config: Mapping | None) -> gym.Env:
+    """The Tune env creator of a registered id: builds ``entry_point(**kwargs, **env_config)``."""
     return load_env_creator(entry_point)(**{**kwargs, **dict(env_config or {})})
 
 
@@ -198,22 +219,49 @@ def _register_with_tune(env_id: str) -> None:
     from ray.tune.registry import register_env
 
     spec = gym.spec(env_id)
-    register_env(env_id, functools.partial(make_env, spec.entry_point, dict(spec.kwargs)))
+    register_env(env_id, functools.partial(_tune_creator, spec.entry_point, dict(spec.kwargs)))
 
 
-def as_verdict(result: Any, env_id: str) -> Verdict:
-    """Turns a verifier's return value (Verdict, bool or number) into a :class:`Verdict`."""
-    if isinstance(result, Verdict):
-        return result
-    if isinstance(result, (bool, np.bool_)):
-        return Verdict(1.0 if result else 0.0, bool(result))
-    if isinstance(result, numbers.Real):
-        reward = float(result)
-        return Verdict(reward, reward >= 1.0)
-    raise TypeError(
-        f"{env_id}: the verifier returned a {type(result).__name__} ({result!r:.80}); "
-        "return a float reward, a bool or an envs.base.Verdict."
-    )
+def _check_verifier_timeout(value: Any, where: str) -> float | None:
+    """``verifier_timeout_s`` as a float in [MIN_TIMEOUT_S, MAX_TIMEOUT_S] of
+    ``rllib_dph.envs.arguments``, or None (no limit)."""
+    if value is None:
+        return None
+    return check_timeout(value, where=where, default=DEFAULT_VERIFIER_TIMEOUT_S,
+                         name="verifier_timeout_s")
+
+
+class _TimedOut(Exception):
+    """The verifier was still running at its deadline (not the verifier's own TimeoutError)."""
+
+
+def _call_with_timeout(fn: Callable[[], Any], timeout_s: float | None) -> Any:
+    """``fn()`` on a helper thread, waited for at most ``timeout_s`` wall seconds.
+
+    Returns ``fn``'s value and raises its exception. None: ``fn()`` in this thread, no limit.
+
+    Raises:
+        _TimedOut: ``fn`` had not returned after ``timeout_s``; its daemon thread is left running
+            (a Python thread cannot be stopped) and its result is dropped.
+    """
+    if timeout_s is None:
+        return fn()
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = fn()
+        except BaseException as e:  # handed to the caller, raised there
+            outcome["error"] = e
+
+    thread = threading.Thread(target=run, name="verifier", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise _TimedOut()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 class FunctionVerifierEnv(VerifierEnv):
@@ -230,7 +278,8 @@ class FunctionVerifierEnv(VerifierEnv):
     ``spaces.Text``: the prompt text (chat message contents joined by blank lines).
 
     ## Rewards
-    The verifier's reward: a bool gives 1.0 / 0.0, a number is used as is, a Verdict's ``reward``.
+    The verifier's reward: a bool gives 1.0 / 0.0, a number is used as is, a Verdict's ``reward``;
+    0 when the verifier raised or ran past ``verifier_timeout_s``.
 
     ## Starting State
     A row drawn uniformly with ``self.np_random``, or the one given by ``options={"index": i}``.
@@ -240,10 +289,20 @@ class FunctionVerifierEnv(VerifierEnv):
 
     ## Info
     ``task_id``, ``data_source``, ``index``, ``messages``; after ``step`` also ``correct`` and, when
-    the verifier said so or raised, ``error``.
+    the verifier said so, raised or timed out, ``error``.
 
     ## Arguments
     See :func:`register_verifier_env`; extra keyword arguments go to the verifier.
+
+    ## Verifier timeout
+    As the bundled verifiers have a time limit, so does yours: ``verifier_timeout_s`` (default
+    :data:`DEFAULT_VERIFIER_TIMEOUT_S`, wall clock). The verifier runs on a helper thread that
+    the step waits for that long; a call still running then scores 0 with ``info["error"]``
+    "verifier timed out after ... s" and the step returns. Python cannot stop a thread: one that
+    never returns stays behind (a daemon thread, ended with the process). Code that needs the
+    main thread fails there: Math-Verify's own timeouts (``signal.alarm``; pass
+    ``parsing_timeout=None, timeout_seconds=None``, or use :func:`rllib_dph.envs.math.verify_math`).
+    ``verifier_timeout_s=None``: no limit, the verifier runs in the step's thread.
     """
 
     def __init__(
@@ -254,6 +313,7 @@ class FunctionVerifierEnv(VerifierEnv):
         prompt_format: PromptFormat | None = None,
         ground_truth_field: str = "answer",
         system_prompt: str | None = None,
+        verifier_timeout_s: float | None = DEFAULT_VERIFIER_TIMEOUT_S,
         name: str = "custom",
         **verifier_kwargs: Any,
     ):
@@ -267,16 +327,22 @@ class FunctionVerifierEnv(VerifierEnv):
         super().__init__(tasks, self._verify, name=name)
         self.verifier_fn = verifier
         self.verifier_kwargs = verifier_kwargs
+        self.verifier_timeout_s = _check_verifier_timeout(verifier_timeout_s, name)
         self._warned = False
 
-    def _verify(self, completion: str, task: Task) -> Verdict:
+    def _verify(self, completion: str, ground_truth: Any) -> float | bool | Verdict:
+        call = functools.partial(self.verifier_fn, completion, ground_truth, **self.verifier_kwargs)
+        error = None
         try:
-            result = self.verifier_fn(completion, task.ground_truth, **self.verifier_kwargs)
+            return _call_with_timeout(call, self.verifier_timeout_s)
         except ArgumentError:  # the env's settings, not the completion: never a silent 0
             raise
-        except Exception as e:  # a step never raises; the first failure is logged in full
-            if not self._warned:
-                logger.warning("%s: verifier raised on task %s", self.name, task.id, exc_info=True)
-                self._warned = True
-            return Verdict(0.0, False, f"verifier raised {type(e).__name__}: {e}")
-        return as_verdict(result, self.name)
+        except _TimedOut:
+            reason = f"verifier timed out after {self.verifier_timeout_s:g} s (verifier_timeout_s)"
+        except Exception as e:  # a step never raises
+            error, reason = e, f"verifier raised {type(e).__name__}: {e}"
+        if not self._warned:  # the first failure is logged in full
+            task_id = self.tasks[self._index].id
+            logger.warning("%s: %s on task %s", self.name, reason, task_id, exc_info=error)
+            self._warned = True
+        return Verdict(0.0, False, reason)

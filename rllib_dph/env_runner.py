@@ -121,17 +121,10 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             self._prompt_ids[index] = encode_task(self.tokenizer, self.env.tasks[index])
         return self._prompt_ids[index]
 
-    def sampling_params(self, *, greedy: bool = False, n: Optional[int] = None) -> SamplingParams:
-        """The engine's sampling parameters from the algorithm config."""
+    def sampling_params(self) -> SamplingParams:
+        """The config's sampling (``GRPOConfig.sampling_params``) with this runner's seed of this call."""
         cfg = self.config
-        return SamplingParams(
-            n=n or cfg.group_size,
-            temperature=0.0 if greedy else cfg.temperature,
-            top_p=1.0 if greedy else cfg.top_p,
-            max_new_tokens=cfg.max_response_length,
-            seed=(cfg.seed or 0) * 7919 + 104729 * self.worker_index + self._num_calls,
-            top_k_logprobs=cfg.rollout_top_k,
-        )
+        return cfg.sampling_params(seed=(cfg.seed or 0) * 7919 + 104729 * self.worker_index + self._num_calls)
 
     @override(EnvRunner)
     def sample(self, *, num_prompts: Optional[int] = None, **kwargs) -> dict[str, np.ndarray]:

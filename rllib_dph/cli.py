@@ -120,6 +120,7 @@ def _default_eval_out(policy: str, env: str, env_config: dict) -> str:
 
 
 def _evaluate(args) -> None:
+    from rllib_dph.engines.base import SamplingParams
     from rllib_dph.evaluation import (
         EvalResult,
         EvalSettings,
@@ -136,9 +137,10 @@ def _evaluate(args) -> None:
     import_user_modules(args.imports)
     env_config = json_flag(args.env_config, "--env-config")
     baseline = EvalResult.from_json(args.baseline) if args.baseline else None  # fail before evaluating
+    sampling = SamplingParams(n=args.n, temperature=args.temperature, top_p=args.top_p,
+                              max_new_tokens=args.max_new_tokens, seed=args.seed)
     settings = EvalSettings(
-        n=args.n, temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
-        ks=args.ks, greedy=not args.no_greedy, seed=args.seed, style_suite=args.style_suite, limit=args.limit,
+        sampling=sampling, ks=args.ks, greedy=not args.no_greedy, style_suite=args.style_suite, limit=args.limit,
         batch_prompts=args.batch_prompts, keep_completions=args.keep_completions, progress=True,
     )
     result = evaluate_policy(

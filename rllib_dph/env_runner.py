@@ -230,7 +230,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
     def evaluate_split(self, env_config: dict, *, n: int, limit: Optional[int] = None, seed: int = 0) -> dict:
         """pass@k, greedy accuracy, mean@n, style shares of the current weights on an env split.
 
-        Samples at the config's temperature, top-p and ``max_response_length``.
+        Samples with the config's sampling settings (``GRPOConfig.sampling_params``), ``n`` per prompt.
 
         Args:
             env_config: The env's keyword arguments for the split (the env is built once per split).
@@ -244,15 +244,8 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         key = repr(sorted(env_config.items()))
         if key not in self._eval_envs:
             self._eval_envs[key] = make_env(self.config.env, env_config)
-        cfg = self.config
-        settings = EvalSettings(
-            n=n,
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            max_new_tokens=cfg.max_response_length,
-            seed=seed,
-            limit=limit,
-        )
+        sampling = self.config.sampling_params(n=n, seed=seed, top_k_logprobs=0)
+        settings = EvalSettings(sampling=sampling, limit=limit)
         return evaluate_engine(self.engine, self._eval_envs[key], settings).flat_metrics()
 
     # ------------------------------------------------------------------ state

@@ -346,7 +346,7 @@ def test_presampled_d_pef_rows_hold_multiturn_episodes_with_ref_logp_on_policy_t
 
 def test_evaluation_is_per_episode_and_reports_turns_and_tool_use(engine):
     env = jumpy_env()
-    result = evaluate_engine(engine, env, EvalSettings(n=3, max_new_tokens=10, limit=3, greedy=False))
+    result = evaluate_engine(engine, env, EvalSettings(sampling=SamplingParams(n=3, max_new_tokens=10), limit=3, greedy=False))
     turns = [t for r in result.records for t in r.turns]
     assert len(turns) == 9 and all(1 <= t <= 3 for t in turns)
     summary = result.summary()

@@ -82,6 +82,7 @@ def _build_model(args) -> None:
 
 
 def _presample(args) -> None:
+    from rllib_dph.engines.base import SamplingParams
     from rllib_dph.presample import PresampleConfig, presample
 
     import_user_modules(args.imports)
@@ -94,10 +95,8 @@ def _presample(args) -> None:
         min_correct=args.min_correct,
         pef_samples=args.pef_samples,
         full_data=args.full_data,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        max_response_length=args.max_response_length,
-        seed=args.seed,
+        sampling=SamplingParams(temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
+                                seed=args.seed),
         prompts_per_chunk=args.prompts_per_chunk,
         engine=args.engine,
         engine_kwargs=json_flag(args.engine_kwargs, "--engine-kwargs"),
@@ -253,7 +252,9 @@ def _add_presample_parser(sub) -> None:
                      help="keep every prompt in D_exp too (the paper's Table 4 'Full Data', with --min-correct 1)")
     pre.add_argument("--temperature", type=float, default=1.0)
     pre.add_argument("--top-p", type=float, default=1.0)
-    pre.add_argument("--max-response-length", type=int, default=128)
+    pre.add_argument("--max-new-tokens", "--max-response-length", dest="max_new_tokens", type=int, default=128,
+                     help="longest response in tokens, training's max_response_length (default 128; "
+                          "--max-response-length is the old spelling)")
     pre.add_argument("--seed", type=int, default=0)
     pre.add_argument("--prompts-per-chunk", type=int, default=64)
     pre.add_argument("--engine", default=DEFAULT_ENGINE, choices=sorted(ENGINES), help=_engine_help())

@@ -118,11 +118,22 @@ def _default_eval_out(policy: str, env: str, env_config: dict) -> str:
     return os.path.join("eval_results", f"{slug(policy)}__{slug(target)}")
 
 
-def _evaluate(args) -> None:
+def _eval_settings(args):
+    """The ``EvalSettings`` of ``rllib evaluate``'s flags (its sampling one ``SamplingParams``)."""
     from rllib_dph.engines.base import SamplingParams
+    from rllib_dph.evaluation import EvalSettings
+
+    sampling = SamplingParams(n=args.n, temperature=args.temperature, top_p=args.top_p,
+                              max_new_tokens=args.max_new_tokens, seed=args.seed)
+    return EvalSettings(
+        sampling=sampling, ks=args.ks, greedy=not args.no_greedy, style_suite=args.style_suite, limit=args.limit,
+        batch_prompts=args.batch_prompts, keep_completions=args.keep_completions, progress=True,
+    )
+
+
+def _evaluate(args) -> None:
     from rllib_dph.evaluation import (
         EvalResult,
-        EvalSettings,
         compare,
         evaluate_policy,
         finite_or_none,
@@ -136,17 +147,11 @@ def _evaluate(args) -> None:
     import_user_modules(args.imports)
     env_config = json_flag(args.env_config, "--env-config")
     baseline = EvalResult.from_json(args.baseline) if args.baseline else None  # fail before evaluating
-    sampling = SamplingParams(n=args.n, temperature=args.temperature, top_p=args.top_p,
-                              max_new_tokens=args.max_new_tokens, seed=args.seed)
-    settings = EvalSettings(
-        sampling=sampling, ks=args.ks, greedy=not args.no_greedy, style_suite=args.style_suite, limit=args.limit,
-        batch_prompts=args.batch_prompts, keep_completions=args.keep_completions, progress=True,
-    )
     result = evaluate_policy(
         absolute_if_path(args.policy),
         args.env,
         env_config,
-        settings,
+        _eval_settings(args),
         engine=args.engine,
         dtype=args.dtype,
         device=args.device,

@@ -258,8 +258,7 @@ def _add_presample_parser(sub) -> None:
     pre.add_argument("--temperature", type=float, default=1.0)
     pre.add_argument("--top-p", type=float, default=1.0)
     pre.add_argument("--max-new-tokens", "--max-response-length", dest="max_new_tokens", type=int, default=128,
-                     help="longest response in tokens, training's max_response_length (default 128; "
-                          "--max-response-length is the old spelling)")
+                     help="training's max_response_length (default 128; --max-response-length: the old spelling)")
     pre.add_argument("--seed", type=int, default=0)
     pre.add_argument("--prompts-per-chunk", type=int, default=64)
     pre.add_argument("--engine", default=DEFAULT_ENGINE, choices=sorted(ENGINES), help=_engine_help())

@@ -108,12 +108,10 @@ class PresampleConfig:
             or an integer n >= 1 (the first n correct samples of the k).
         full_data: Keep every prompt in D_exp as well (Table 4's "Full Data", with
             ``min_correct=1``); default False: D_exp is the prompts not in D_pef.
-        sampling: How every sample is drawn, one :class:`~rllib_dph.engines.base.SamplingParams`
-            (``temperature``, ``top_p``, ``max_new_tokens``, ``seed``: chunk c uses ``seed + c``,
-            None counts as 0); match training's (``GRPOConfig.sampling_params``). Its ``n`` stays 1:
-            the stage draws ``k`` per prompt (one per refinement). A dict is read as its fields.
-            The flat fields it replaced (``temperature``, ``top_p``, ``max_response_length``,
-            ``seed``) are refused with the new spelling (:data:`MOVED_FIELDS`).
+        sampling: How every sample is drawn, one ``engines.base.SamplingParams`` (a dict is read
+            as its fields; it replaced the flat fields of :data:`MOVED_FIELDS`): training's
+            (``GRPOConfig.sampling_params``); chunk c uses ``seed + c`` (None counts as 0); ``n``
+            stays 1, the stage draws ``k`` per prompt (one per refinement).
         prompts_per_chunk: Prompts per generation call and per resumable part file.
         engine, engine_kwargs, dtype: Rollout engine settings (see ``GRPOConfig.llm``).
         num_gpus_per_env_runner: > 0 puts the engine on the GPU (same meaning as in RLlib).
@@ -182,16 +180,14 @@ MOVED_FIELDS = {
 
 
 def moved_field_problem(values: dict) -> Optional[str]:
-    """The error for the first flat sampling field (:data:`MOVED_FIELDS`) among the keys of ``values``
-    (a ``presample`` dict), naming its new spelling; None when there is none."""
+    """The error for the first flat sampling field (:data:`MOVED_FIELDS`) among the keys of a
+    ``presample`` dict, naming its new spelling; None when there is none."""
     name = next((key for key in values if key in MOVED_FIELDS), None)
-    if name is None:
-        return None
     new = "max_new_tokens" if name == "max_response_length" else name
-    return (f"presample {name}={values[name]!r} is no field any more: pre-sampling samples with one "
-            f"SamplingParams, inside DPHConfig training's (GRPOConfig.sampling_params): set {MOVED_FIELDS[name]} on "
-            f"the training config; a lone PresampleConfig takes sampling=SamplingParams({new}=...) "
-            "(docs/algorithms.md).")
+    return None if name is None else (
+        f"presample {name}={values[name]!r} is no field any more: inside DPHConfig pre-sampling samples with "
+        f"training's GRPOConfig.sampling_params(), set {MOVED_FIELDS[name]}; a lone PresampleConfig takes "
+        f"sampling=SamplingParams({new}=...) (docs/algorithms.md).")
 
 
 def pef_samples_problem(value: Any) -> Optional[str]:

@@ -17,14 +17,12 @@ import torch
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to sample: the one owner of the sampling settings.
+    """How to sample: the one owner of the sampling settings, named as here everywhere.
 
-    Pre-sampling (``PresampleConfig.sampling``) and evaluation (``EvalSettings.sampling``) embed
-    one each; a training config makes its own in one place, ``GRPOConfig.sampling_params()``,
-    which the env runners, validation and DPH's pre-sampling use. Names: the fields below are the
-    names at the sampling level everywhere; the training config keeps its public
-    ``max_response_length`` (→ ``max_new_tokens``), ``group_size`` (→ ``n``) and
-    ``rollout_top_k`` (→ ``top_k_logprobs``), mapped only by ``sampling_params()``.
+    Pre-sampling and evaluation embed one each (``PresampleConfig.sampling``,
+    ``EvalSettings.sampling``); a training config keeps its public ``max_response_length``,
+    ``group_size`` and ``rollout_top_k``, mapped to ``max_new_tokens``, ``n`` and
+    ``top_k_logprobs`` in one place, ``GRPOConfig.sampling_params()``.
 
     Attributes:
         n: Completions per prompt (the GRPO group size), >= 1.

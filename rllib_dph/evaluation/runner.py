@@ -23,8 +23,8 @@ from rllib_dph.evaluation.metrics import default_ks
 from rllib_dph.evaluation.results import EvalResult, PromptRecord
 from rllib_dph.rollout import ScoredGroup, make_env, rollout, rollout_chunks
 
-#: How evaluation samples unless told otherwise: 16 per prompt, 128 new tokens (GRPOConfig's default), seed 0.
-DEFAULT_SAMPLING = SamplingParams(n=16, temperature=1.0, top_p=1.0, max_new_tokens=128, seed=0)
+#: How evaluation samples unless told otherwise (128 new tokens: GRPOConfig's default).
+DEFAULT_SAMPLING = SamplingParams(n=16, max_new_tokens=128, seed=0)
 #: Prompts per ``engine.generate`` call (16 prompts x n=16 fills the HF engine's 256-row batch).
 DEFAULT_BATCH_PROMPTS = 16
 #: Where an Algorithm checkpoint keeps the learner's RL modules.
@@ -36,13 +36,11 @@ class EvalSettings:
     """How to evaluate a policy; checked when built (``ValueError`` naming the first bad field).
 
     Attributes:
-        sampling: How the samples of each prompt are drawn (one
-            :class:`~rllib_dph.engines.base.SamplingParams`): ``n`` samples per prompt (>= 1) at
-            ``temperature`` (> 0), ``top_p``, ``max_new_tokens`` and ``seed`` (prompt chunk j is
-            sampled with seed ``seed + j``, so the same seed, ``batch_prompts`` and weights give
-            the same samples; None counts as 0). Default :data:`DEFAULT_SAMPLING`. The flat fields it replaced
-            (``n``, ``temperature``, ``top_p``, ``max_new_tokens``, ``seed``) are no keywords any
-            more: write ``EvalSettings(sampling=SamplingParams(n=4, temperature=0.7))``.
+        sampling: How each prompt's samples are drawn, one ``engines.base.SamplingParams``
+            (default :data:`DEFAULT_SAMPLING`; it replaced the flat ``n``, ``temperature``,
+            ``top_p``, ``max_new_tokens``, ``seed``): ``n`` >= 1, ``temperature`` > 0; prompt
+            chunk j is sampled with seed ``seed + j`` (None counts as 0), so the same seed,
+            ``batch_prompts`` and weights give the same samples.
         ks: The k of pass@k and maj@k, each in [1, n]; None (default) becomes 1, 2, 4, ... <= n
             and n (:func:`~rllib_dph.evaluation.metrics.default_ks`).
         greedy: Also generate one greedy completion per prompt (greedy accuracy).
@@ -119,11 +117,7 @@ def evaluate_engine(engine: RolloutEngine, env, settings: EvalSettings) -> EvalR
             bar.update(len(chunk))
     return EvalResult(
         records=records,
-        n=params.n,
-        temperature=params.temperature,
-        top_p=params.top_p,
-        max_new_tokens=params.max_new_tokens,
-        seed=params.seed,
+        **{name: getattr(params, name) for name in ("n", "temperature", "top_p", "max_new_tokens", "seed")},
         ks=list(s.ks),
         policy=type(engine).__name__,
         env_id=getattr(env, "name", type(env).__name__),

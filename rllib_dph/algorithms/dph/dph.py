@@ -20,9 +20,8 @@ from ray.rllib.utils.annotations import override
 from rllib_dph.algorithms.grpo.grpo import GRPO, GRPOConfig
 from rllib_dph.algorithms.rules import ChoiceRule, CrossRule, NumberRule
 from rllib_dph.losses import F_DIVERGENCES, PEF_NORMALIZATIONS, FDivergenceSpec
-from rllib_dph.presample import (
-    EXP_FILE, PEF_FILE, TRAINING_FIELDS, PresampleConfig, moved_field_problem, prepare_pef, read_metadata,
-)
+from rllib_dph.presample import EXP_FILE, PEF_FILE, TRAINING_FIELDS, PresampleConfig, moved_field_problem, prepare_pef
+from rllib_dph.presample import read_metadata
 
 #: The flat fields that became fields of the embedded ``DPHConfig.presample``: old name → new.
 MOVED_FIELDS = {

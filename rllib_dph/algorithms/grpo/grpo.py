@@ -186,21 +186,12 @@ class GRPOConfig(AlgorithmConfig):
         }
 
     def sampling_params(self, **changes) -> SamplingParams:
-        """The config's sampling settings as the engines take them: the one place that maps them.
-
-        ``group_size`` → ``n``, ``temperature``, ``top_p``, ``max_response_length`` →
-        ``max_new_tokens``, ``seed`` (None → 0), ``rollout_top_k`` → ``top_k_logprobs``. The env
-        runners (with their own per-call seed), evaluation during training and DPH's pre-sampling
-        (``DPHConfig.presample_config``) sample with it, so they sample one distribution.
-
-        Args:
-            changes: Fields of the returned :class:`~rllib_dph.engines.base.SamplingParams` to
-                set otherwise (``dataclasses.replace``), e.g. ``n=1``.
-        """
-        settings = dict(
-            n=self.group_size, temperature=self.temperature, top_p=self.top_p,
-            max_new_tokens=self.max_response_length, seed=self.seed or 0, top_k_logprobs=self.rollout_top_k,
-        )
+        """The config's sampling settings as one ``SamplingParams``, with ``changes`` (e.g. ``n=1``)
+        set: the one place that maps them (``max_response_length`` → ``max_new_tokens``,
+        ``group_size`` → ``n``, ``rollout_top_k`` → ``top_k_logprobs``, seed None → 0). The env
+        runners, validation and DPH's pre-sampling sample with it."""
+        settings = dict(n=self.group_size, temperature=self.temperature, top_p=self.top_p,
+                        max_new_tokens=self.max_response_length, seed=self.seed or 0, top_k_logprobs=self.rollout_top_k)
         return SamplingParams(**{**settings, **changes})
 
     def reference_model_users(self) -> list[str]:

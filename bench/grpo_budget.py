@@ -101,7 +101,7 @@ def base_result(algo, env, settings, args, config):
 
     # The fingerprint, not the name: a rebuilt model of the same name is another base model.
     key = json.dumps([model_fingerprint(resolve_model(config.model_name)), args.split, args.n, args.limit,
-                      settings.seed, settings.max_new_tokens], sort_keys=True)
+                      settings.sampling.seed, settings.sampling.max_new_tokens], sort_keys=True)
     name = f"base-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
     cache = pathlib.Path(args.base_cache) / name if args.base_cache else None
     if cache is not None and cache.is_file() and json.loads(cache.read_text())["key"] == key:
@@ -153,8 +153,8 @@ def main() -> None:
     config.update_from_dict({**json.loads(args.config), "seed": args.seed, "val_interval": 0})
     algo = config.build_algo()
     env = make_env(config.env, {**config.env_config, "data": args.split})
-    settings = EvalSettings(n=args.n, temperature=1.0, max_new_tokens=config.max_response_length,
-                            limit=args.limit, seed=12345)
+    settings = EvalSettings(sampling=config.sampling_params(n=args.n, temperature=1.0, top_p=1.0, seed=12345,
+                                                            top_k_logprobs=0), limit=args.limit)
     k_max = max(settings.ks)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

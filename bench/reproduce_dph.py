@@ -112,10 +112,11 @@ def eval_path(out: pathlib.Path, split: str) -> pathlib.Path:
 
 def evaluate_all(policy, name: str, out: pathlib.Path, args) -> None:
     """Evaluates ``policy`` on every split into JSON files under ``out`` (kept when present)."""
+    from rllib_dph.engines.base import SamplingParams
     from rllib_dph.evaluation import EvalSettings, evaluate_policy
 
-    settings = EvalSettings(n=args.n, temperature=1.0, max_new_tokens=args.max_new_tokens,
-                            limit=args.eval_limit, seed=0)
+    settings = EvalSettings(sampling=SamplingParams(n=args.n, temperature=1.0, max_new_tokens=args.max_new_tokens,
+                                                    seed=0), limit=args.eval_limit)
     for split in args.splits:
         env_id, env_config = SPLITS[split]
         if not eval_path(out, split).exists():

@@ -82,6 +82,7 @@ def _build_model(args) -> None:
 
 
 def _presample(args) -> None:
+    from rllib_dph.engines.base import SamplingParams
     from rllib_dph.presample import PresampleConfig, presample
 
     import_user_modules(args.imports)
@@ -94,10 +95,8 @@ def _presample(args) -> None:
         min_correct=args.min_correct,
         pef_samples=args.pef_samples,
         full_data=args.full_data,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        max_response_length=args.max_response_length,
-        seed=args.seed,
+        sampling=SamplingParams(temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
+                                seed=args.seed),
         prompts_per_chunk=args.prompts_per_chunk,
         engine=args.engine,
         engine_kwargs=json_flag(args.engine_kwargs, "--engine-kwargs"),
@@ -119,10 +118,22 @@ def _default_eval_out(policy: str, env: str, env_config: dict) -> str:
     return os.path.join("eval_results", f"{slug(policy)}__{slug(target)}")
 
 
+def _eval_settings(args):
+    """The ``EvalSettings`` of ``rllib evaluate``'s flags (its sampling one ``SamplingParams``)."""
+    from rllib_dph.engines.base import SamplingParams
+    from rllib_dph.evaluation import EvalSettings
+
+    sampling = SamplingParams(n=args.n, temperature=args.temperature, top_p=args.top_p,
+                              max_new_tokens=args.max_new_tokens, seed=args.seed)
+    return EvalSettings(
+        sampling=sampling, ks=args.ks, greedy=not args.no_greedy, style_suite=args.style_suite, limit=args.limit,
+        batch_prompts=args.batch_prompts, keep_completions=args.keep_completions, progress=True,
+    )
+
+
 def _evaluate(args) -> None:
     from rllib_dph.evaluation import (
         EvalResult,
-        EvalSettings,
         compare,
         evaluate_policy,
         finite_or_none,
@@ -136,16 +147,11 @@ def _evaluate(args) -> None:
     import_user_modules(args.imports)
     env_config = json_flag(args.env_config, "--env-config")
     baseline = EvalResult.from_json(args.baseline) if args.baseline else None  # fail before evaluating
-    settings = EvalSettings(
-        n=args.n, temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
-        ks=args.ks, greedy=not args.no_greedy, seed=args.seed, style_suite=args.style_suite, limit=args.limit,
-        batch_prompts=args.batch_prompts, keep_completions=args.keep_completions, progress=True,
-    )
     result = evaluate_policy(
         absolute_if_path(args.policy),
         args.env,
         env_config,
-        settings,
+        _eval_settings(args),
         engine=args.engine,
         dtype=args.dtype,
         device=args.device,
@@ -251,7 +257,8 @@ def _add_presample_parser(sub) -> None:
                      help="keep every prompt in D_exp too (the paper's Table 4 'Full Data', with --min-correct 1)")
     pre.add_argument("--temperature", type=float, default=1.0)
     pre.add_argument("--top-p", type=float, default=1.0)
-    pre.add_argument("--max-response-length", type=int, default=128)
+    pre.add_argument("--max-new-tokens", "--max-response-length", dest="max_new_tokens", type=int, default=128,
+                     help="training's max_response_length (default 128; --max-response-length: the old spelling)")
     pre.add_argument("--seed", type=int, default=0)
     pre.add_argument("--prompts-per-chunk", type=int, default=64)
     pre.add_argument("--engine", default=DEFAULT_ENGINE, choices=sorted(ENGINES), help=_engine_help())

@@ -122,17 +122,10 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             self._prompt_ids[index] = encode_task(self.tokenizer, self.env.tasks[index])
         return self._prompt_ids[index]
 
-    def sampling_params(self, *, greedy: bool = False, n: Optional[int] = None) -> SamplingParams:
-        """The engine's sampling parameters from the algorithm config."""
+    def sampling_params(self) -> SamplingParams:
+        """The config's sampling (``GRPOConfig.sampling_params``) with this runner's seed of this call."""
         cfg = self.config
-        return SamplingParams(
-            n=n or cfg.group_size,
-            temperature=0.0 if greedy else cfg.temperature,
-            top_p=1.0 if greedy else cfg.top_p,
-            max_new_tokens=cfg.max_response_length,
-            seed=(cfg.seed or 0) * 7919 + 104729 * self.worker_index + self._num_calls,
-            top_k_logprobs=cfg.rollout_top_k,
-        )
+        return cfg.sampling_params(seed=(cfg.seed or 0) * 7919 + 104729 * self.worker_index + self._num_calls)
 
     @override(EnvRunner)
     def sample(self, *, num_prompts: Optional[int] = None, **kwargs) -> dict[str, np.ndarray]:
@@ -238,7 +231,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
     def evaluate_split(self, env_config: dict, *, n: int, limit: Optional[int] = None, seed: int = 0) -> dict:
         """pass@k, greedy accuracy, mean@n, style shares of the current weights on an env split.
 
-        Samples at the config's temperature, top-p and ``max_response_length``.
+        Samples with the config's sampling settings (``GRPOConfig.sampling_params``), ``n`` per prompt.
 
         Args:
             env_config: The env's keyword arguments for the split (the env is built once per split).
@@ -252,15 +245,8 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         key = repr(sorted(env_config.items()))
         if key not in self._eval_envs:
             self._eval_envs[key] = make_env(self.config.env, env_config)
-        cfg = self.config
-        settings = EvalSettings(
-            n=n,
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            max_new_tokens=cfg.max_response_length,
-            seed=seed,
-            limit=limit,
-        )
+        sampling = self.config.sampling_params(n=n, seed=seed, top_k_logprobs=0)
+        settings = EvalSettings(sampling=sampling, limit=limit)
         return evaluate_engine(self.engine, self._eval_envs[key], settings).flat_metrics()
 
     # ------------------------------------------------------------------ state

@@ -59,7 +59,7 @@ import json
 import os
 import pathlib
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Optional, Union
 
 import numpy as np
@@ -82,8 +82,10 @@ LOCK_FILE = ".lock"
 IDENTITY_FILE = "identity.json"
 #: Sub-folder that receives the files of a directory made for another run (nothing is deleted).
 STALE_DIR = "stale"
-#: Sampling settings a D_pef file records and training must match (see :func:`prepare_pef`).
-SAMPLING_SETTINGS = ("temperature", "top_p", "max_response_length")
+#: Sampling settings a D_pef file records (its ``identity.json`` and parquet metadata keys, named as
+#: in the training config) and training must match (see :func:`prepare_pef`), each with the
+#: :class:`~rllib_dph.engines.base.SamplingParams` field it is read from.
+SAMPLING_SETTINGS = {"temperature": "temperature", "top_p": "top_p", "max_response_length": "max_new_tokens"}
 #: Version of the D_pef file layout: 3 = one row per trajectory, ``pef_samples`` recorded.
 SCHEMA_VERSION = 3
 #: The named choices of ``PresampleConfig.pef_samples`` (an integer n >= 1 is the third kind).
@@ -107,8 +109,10 @@ class PresampleConfig:
             or an integer n >= 1 (the first n correct samples of the k).
         full_data: Keep every prompt in D_exp as well (Table 4's "Full Data", with
             ``min_correct=1``); default False: D_exp is the prompts not in D_pef.
-        temperature, top_p, max_response_length: Sampling settings (match training's).
-        seed: Base seed; chunk c uses ``seed + c``.
+        sampling: How every sample is drawn, one ``engines.base.SamplingParams`` (a dict is read
+            as its fields; it replaced the flat fields of :data:`MOVED_FIELDS`): training's
+            (``GRPOConfig.sampling_params``); chunk c uses ``seed + c`` (None counts as 0); ``n``
+            stays 1, the stage draws ``k`` per prompt (one per refinement).
         prompts_per_chunk: Prompts per generation call and per resumable part file.
         engine, engine_kwargs, dtype: Rollout engine settings (see ``GRPOConfig.llm``).
         num_gpus_per_env_runner: > 0 puts the engine on the GPU (same meaning as in RLlib).
@@ -125,20 +129,23 @@ class PresampleConfig:
     min_correct: int = 7
     pef_samples: Union[str, int] = "refine"
     full_data: bool = False
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_response_length: int = 128
-    seed: int = 0
+    sampling: SamplingParams = field(default_factory=lambda: SamplingParams(seed=0))
     prompts_per_chunk: int = 64
     engine: str = DEFAULT_ENGINE
     engine_kwargs: dict = field(default_factory=dict)
     dtype: str = "float32"
     num_gpus_per_env_runner: float = 0
 
+    def __post_init__(self):
+        if isinstance(self.sampling, dict):
+            self.sampling = SamplingParams(**self.sampling)
+        if isinstance(self.sampling, SamplingParams) and self.sampling.seed is None:
+            self.sampling = replace(self.sampling, seed=0)
+
     def problem(self) -> Optional[str]:
         """The first broken rule of the stage's own fields (``k``, ``min_correct`` and
-        ``prompts_per_chunk`` ints >= 1, ``min_correct <= k``, ``pef_samples``), or None; each
-        message states the value, the rule and the fix."""
+        ``prompts_per_chunk`` ints >= 1, ``min_correct <= k``, ``pef_samples``, ``sampling.n`` 1),
+        or None; each message states the value, the rule and the fix."""
         for name, fix in (("k", "paper: 8 samples per prompt"), ("min_correct", "paper: 7 of 8"),
                           ("prompts_per_chunk", "e.g. 64")):
             value = getattr(self, name)
@@ -146,6 +153,9 @@ class PresampleConfig:
                 return f"{name}={value!r} is invalid: it must be an int >= 1; {fix}."
         if self.min_correct > self.k:
             return f"min_correct={self.min_correct} must be <= k={self.k} (paper: 7 of 8)."
+        if not isinstance(self.sampling, SamplingParams) or self.sampling.n != 1:
+            return (f"sampling={self.sampling!r} is invalid: it must be a SamplingParams with n=1 (the stage draws "
+                    f"k={self.k} samples per prompt); set k instead of sampling.n.")
         return pef_samples_problem(self.pef_samples)
 
     def validate(self) -> None:
@@ -159,9 +169,26 @@ class PresampleConfig:
 
 #: The fields of :class:`PresampleConfig` that a ``DPHConfig`` takes from its training settings.
 TRAINING_FIELDS = (
-    "model_name", "env", "env_config", "temperature", "top_p", "max_response_length", "seed",
-    "engine", "engine_kwargs", "dtype", "num_gpus_per_env_runner",
+    "model_name", "env", "env_config", "sampling", "engine", "engine_kwargs", "dtype", "num_gpus_per_env_runner",
 )
+
+#: The flat sampling fields that became fields of the embedded ``PresampleConfig.sampling``:
+#: old name → the training config's setting that ``DPHConfig`` takes it from (issue #29 item 4).
+MOVED_FIELDS = {
+    "temperature": ".llm(temperature=...)", "top_p": ".llm(top_p=...)",
+    "max_response_length": ".llm(max_response_length=...)", "seed": ".debugging(seed=...)",
+}
+
+
+def moved_field_problem(values: dict) -> Optional[str]:
+    """The error for the first flat sampling field (:data:`MOVED_FIELDS`) among the keys of a
+    ``presample`` dict, naming its new spelling; None when there is none."""
+    name = next((key for key in values if key in MOVED_FIELDS), None)
+    new = "max_new_tokens" if name == "max_response_length" else name
+    return None if name is None else (
+        f"presample {name}={values[name]!r} is no field any more: inside DPHConfig pre-sampling samples with "
+        f"training's GRPOConfig.sampling_params(), set {MOVED_FIELDS[name]}; a lone PresampleConfig takes "
+        f"sampling=SamplingParams({new}=...) (docs/algorithms.md).")
 
 
 def pef_samples_problem(value: Any) -> Optional[str]:
@@ -245,9 +272,10 @@ def run_identity(config: PresampleConfig, fingerprint: str, tasks) -> dict[str, 
         if isinstance(truth, dict):
             truth = {k: v for k, v in truth.items() if k != "db_path"}
         digest.update(json.dumps([task.id, list(task.messages), truth], sort_keys=True, default=str).encode())
-    settings = ("k", "min_correct", "pef_samples", "full_data", "seed", "prompts_per_chunk", *SAMPLING_SETTINGS)
-    return {"model_fingerprint": fingerprint, "data_sha256": digest.hexdigest()[:16],
-            **{name: getattr(config, name) for name in settings}}
+    settings = {name: getattr(config, name) for name in ("k", "min_correct", "pef_samples", "full_data")}
+    settings["seed"], settings["prompts_per_chunk"] = config.sampling.seed, config.prompts_per_chunk
+    sampling = {key: getattr(config.sampling, name) for key, name in SAMPLING_SETTINGS.items()}
+    return {"model_fingerprint": fingerprint, "data_sha256": digest.hexdigest()[:16], **settings, **sampling}
 
 
 def read_identity(out_dir: str | os.PathLike) -> Optional[dict[str, Any]]:
@@ -321,8 +349,7 @@ class Presampler:
         c = self.config
         parts = []
         desc = f"pre-sampling k={n}" if stage == "sample" else "refinement"
-        params = SamplingParams(n=n, temperature=c.temperature, top_p=c.top_p, max_new_tokens=c.max_response_length,
-                                seed=seed)
+        params = replace(c.sampling, n=n, seed=seed)
         chunks = rollout_chunks(self.engine, self.env, indices, params, chunk_size=c.prompts_per_chunk,
                                 skip=lambda chunk: self._part(stage, chunk).exists())
         total = -(-len(indices) // c.prompts_per_chunk)
@@ -350,11 +377,11 @@ class Presampler:
         trajectories (``sample_index``, ``response_ids``, ``ref_logp``) of each prompt that stays
         in D_pef, as ``pef_samples`` says."""
         c = self.config
-        sampled = self._stage("sample", list(range(len(self.env.tasks))), c.k, c.seed, progress).to_pylist()
+        sampled = self._stage("sample", list(range(len(self.env.tasks))), c.k, c.sampling.seed, progress).to_pylist()
         pass_count = {r["index"]: r["pass_count"] for r in sampled}
         candidates = sorted(i for i, n in pass_count.items() if n >= c.min_correct)
         if c.pef_samples == "refine":
-            refine_seed = c.seed + 1_000_003
+            refine_seed = c.sampling.seed + 1_000_003
             refined = {r["index"]: r for r in self._stage("refine", candidates, 1, refine_seed, progress).to_pylist()}
             reference = {i: _trajectories(refined[i], first_index=c.k) for i in candidates if refined[i]["responses"]}
         else:
@@ -369,9 +396,7 @@ class Presampler:
         metadata = {
             META_PREFIX + "model_fingerprint": self.fingerprint,
             META_PREFIX + "model_name": c.model_name,
-            META_PREFIX + "temperature": c.temperature,
-            META_PREFIX + "top_p": c.top_p,
-            META_PREFIX + "max_response_length": c.max_response_length,
+            **{META_PREFIX + key: getattr(c.sampling, name) for key, name in SAMPLING_SETTINGS.items()},
             META_PREFIX + "chat_template_sha": chat_template_sha(self.tokenizer),
             META_PREFIX + "k": c.k,
             META_PREFIX + "min_correct": c.min_correct,
@@ -516,8 +541,7 @@ def prepare_pef(config, *, progress: bool = True) -> tuple[str, Optional[str]]:
 
     Args:
         config: A ``DPHConfig``: ``model_name``, ``presample_config()``, ``resolved_pef_path``,
-            ``resolved_exp_path`` and the
-            :data:`SAMPLING_SETTINGS`.
+            ``resolved_exp_path`` and ``sampling_params()`` (:data:`SAMPLING_SETTINGS`).
         progress: Show progress bars while sampling.
 
     Returns:
@@ -558,12 +582,13 @@ def check_pef_file(path: str, config, *, fingerprint: str) -> None:
     if "pef_samples" not in identity:
         raise PefFileError(f"D_pef file {path!r} was made before pre-sampling recorded pef_samples (one reference "
                            f"trajectory per prompt, schema 2); it is not read as if made by today's rules; {fix}.")
-    for name in SAMPLING_SETTINGS:
-        if name not in identity or float(identity[name]) != float(getattr(config, name)):
+    sampling = config.sampling_params()
+    for name, field_name in SAMPLING_SETTINGS.items():
+        value = getattr(sampling, field_name)
+        if name not in identity or float(identity[name]) != float(value):
             raise PefFileError(
                 f"D_pef file {path!r} was sampled with {name}={identity.get(name)}, but this config has "
-                f"{name}={getattr(config, name)}: its stored reference log-probs belong to another "
-                f"distribution; {fix}."
+                f"{name}={value}: its stored reference log-probs belong to another distribution; {fix}."
             )
     if identity.get("model_fingerprint") != fingerprint:
         raise PefFileError(

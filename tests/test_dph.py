@@ -58,7 +58,7 @@ def _presample_config(out_dir, **kw):
         out_dir=str(out_dir),
         k=4,
         min_correct=3,
-        max_response_length=8,
+        sampling={"max_new_tokens": 8},
         prompts_per_chunk=5,
         **kw,
     )
@@ -210,7 +210,9 @@ def envs_make():
         ({"presample": {"k": 4, "min_correct": 5}}, "presample: min_correct=5 must be <= k=4"),
         ({"presample": {"k": 0}}, "presample: k=0 is invalid: it must be an int >= 1"),
         ({"presample": {"pef_samples": 0}}, "presample: pef_samples=0 must be 'all'"),
-        ({"presample": PresampleConfig(temperature=0.5)}, "presample.temperature=0.5: pre-sampling takes temperature from the training config"),
+        ({"presample": PresampleConfig(sampling={"temperature": 0.5})},
+         "presample.sampling=SamplingParams(n=1, temperature=0.5, top_p=1.0, max_new_tokens=128, seed=0, "
+         "top_k_logprobs=0): pre-sampling takes sampling from the training config"),
         ({"pef_path": None}, "no D_pef file"),
         ({"divergence": "js_definition"}, "divergence='js_definition' needs the D_exp file"),
     ],
@@ -231,12 +233,31 @@ def test_presample_is_one_embedded_presample_config():
     config.update_from_dict({"presample": {"pef_samples": "all"}})
     stage = config.presample_config()
     assert (stage.out_dir, stage.k, stage.min_correct, stage.pef_samples) == ("run", 4, 2, "all")
-    assert (stage.model_name, stage.temperature) == (config.model_name, 0.7)
-    assert config.presample.temperature == PresampleConfig().temperature
+    assert (stage.model_name, stage.sampling.temperature) == (config.model_name, 0.7)
+    assert config.presample.sampling == PresampleConfig().sampling
     with pytest.raises(ValueError, match=r"presample_min_correct=8 is no field any more.*presample=\{'min_correct': 8\}"):
         DPHConfig().dph(presample_min_correct=8)
     with pytest.raises(ValueError, match="'kk' is none of them"):
         DPHConfig().dph(presample={"kk": 8})
+
+
+def test_presample_samples_with_training_sampling_params():
+    """Pre-sampling draws with the training config's one SamplingParams (``sampling_params``,
+    n=1: the stage draws k; no top-K); a flat sampling name in ``presample`` is refused with the
+    new spelling, also through ``update_from_dict``; ``sampling.n`` is refused in favour of k."""
+    config = (DPHConfig().llm(temperature=0.7, top_p=0.9, max_response_length=48)
+              .training(group_size=4, rollout_top_k=3).debugging(seed=5).dph(presample={"k": 6}))
+    sampling = config.presample_config().sampling
+    assert sampling == config.sampling_params(n=1, top_k_logprobs=0)
+    assert (sampling.n, sampling.temperature, sampling.top_p, sampling.max_new_tokens, sampling.seed,
+            sampling.top_k_logprobs) == (1, 0.7, 0.9, 48, 5, 0)
+    assert config.sampling_params().n == 4 and config.sampling_params().top_k_logprobs == 3
+    with pytest.raises(ValueError, match=r"presample temperature=0.7 is no field any more.*\.llm\(temperature=\.\.\.\)"):
+        DPHConfig().dph(presample={"temperature": 0.7})
+    with pytest.raises(ValueError, match=r"max_response_length=64 is no field.*SamplingParams\(max_new_tokens=\.\.\.\)"):
+        DPHConfig().update_from_dict({"presample": {"max_response_length": 64}})
+    with pytest.raises(ValueError, match="set k instead of sampling.n"):
+        PresampleConfig(model_name="tiny-random", env=TOY_ENV, sampling={"n": 4}).validate()
 
 
 def test_js_definition_is_a_divergence_not_a_flag():

@@ -14,7 +14,7 @@ import torch
 from rllib_dph.envs.suites import load_split
 from rllib_dph.chat import encode_prompt
 from rllib_dph.cli import main
-from rllib_dph.engines.base import Completion
+from rllib_dph.engines.base import Completion, SamplingParams
 from rllib_dph.engines import make_engine
 from rllib_dph.evaluation import (
     EvalResult,
@@ -408,7 +408,7 @@ def test_evaluate_engine_scores_votes_and_styles(sql_env):
         for task, s, g in zip(sql_env.tasks, samples, greedy)
     }
     engine = ScriptedEngine(tokenizer, script)
-    result = evaluate_engine(engine, sql_env, EvalSettings(n=4, batch_prompts=2, keep_completions=True))
+    result = evaluate_engine(engine, sql_env, EvalSettings(sampling=SamplingParams(n=4), batch_prompts=2, keep_completions=True))
 
     assert [r.correct for r in result.records] == [
         [True, True, False, False],
@@ -461,11 +461,11 @@ def test_the_default_solution_key_is_the_text_with_whitespace_folded():
 def test_evaluate_engine_checks_its_settings(sql_env):
     engine = ScriptedEngine(load_tokenizer("tiny-random"), {})
     with pytest.raises(ValueError, match=r"ks=\[8\] must all be in \[1, n=4\]"):
-        evaluate_engine(engine, sql_env, EvalSettings(n=4, ks=[8]))
+        evaluate_engine(engine, sql_env, EvalSettings(sampling=SamplingParams(n=4), ks=[8]))
     with pytest.raises(ValueError, match="style_suite='spider'"):
-        evaluate_engine(engine, sql_env, EvalSettings(n=4, style_suite="spider"))
+        evaluate_engine(engine, sql_env, EvalSettings(sampling=SamplingParams(n=4), style_suite="spider"))
     with pytest.raises(ValueError, match="temperature=0"):
-        evaluate_engine(engine, sql_env, EvalSettings(n=4, temperature=0))
+        evaluate_engine(engine, sql_env, EvalSettings(sampling=SamplingParams(n=4, temperature=0)))
 
 
 # ------------------------------------------------------------------------------ CLI and checkpoints
@@ -549,7 +549,7 @@ def test_checkpoint_evaluates_like_the_weights_it_was_saved_with(ray_session, ti
     algo.save_to_path(str(tmp_path / "ckpt"))
     algo.stop()
 
-    settings = EvalSettings(n=2, limit=3, max_new_tokens=12, keep_completions=True, progress=False)
+    settings = EvalSettings(sampling=SamplingParams(n=2, max_new_tokens=12), limit=3, keep_completions=True, progress=False)
     from_checkpoint = evaluate_policy(str(tmp_path / "ckpt"), SQL_ENV, SQL_TEST, settings)
     engine = make_engine("hf", "tiny-random")
     base = evaluate_policy(engine, SQL_ENV, SQL_TEST, settings)

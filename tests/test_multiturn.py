@@ -330,7 +330,7 @@ def test_presampled_d_pef_rows_hold_multiturn_episodes_with_ref_logp_on_policy_t
     env = TwoTurnEnv([{"question": p, "answer": ""} for p in PROMPTS[:3]], tool=count_chars,
                      verifier=lambda text, answer: True, prompt_format="{question}")
     config = PresampleConfig(model_name="tiny-sql-math", env="unused", out_dir=str(tmp_path), k=2,
-                             min_correct=1, pef_samples=1, max_response_length=8)
+                             min_correct=1, pef_samples=1, sampling=SamplingParams(max_new_tokens=8))
     Presampler(config, engine=engine, env=env).run(progress=False)
     table = pq.read_table(tmp_path / PEF_FILE).to_pylist()
     assert len(table) == 3
@@ -346,7 +346,7 @@ def test_presampled_d_pef_rows_hold_multiturn_episodes_with_ref_logp_on_policy_t
 
 def test_evaluation_is_per_episode_and_reports_turns_and_tool_use(engine):
     env = jumpy_env()
-    result = evaluate_engine(engine, env, EvalSettings(n=3, max_new_tokens=10, limit=3, greedy=False))
+    result = evaluate_engine(engine, env, EvalSettings(sampling=SamplingParams(n=3, max_new_tokens=10), limit=3, greedy=False))
     turns = [t for r in result.records for t in r.turns]
     assert len(turns) == 9 and all(1 <= t <= 3 for t in turns)
     summary = result.summary()

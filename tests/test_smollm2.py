@@ -166,7 +166,7 @@ def test_one_dph_js_iteration_after_presampling_four_prompts(ray_session, model_
     summary = presample(
         PresampleConfig(
             model_name=SMOLLM2_NAME, env=TOY_ENV, out_dir=str(tmp_path), k=2, min_correct=2,
-            max_response_length=8, prompts_per_chunk=4,
+            sampling=SamplingParams(max_new_tokens=8), prompts_per_chunk=4,
         ),
         progress=False,
     )

@@ -24,10 +24,10 @@ from test_dph import TOY_ENV, envs_make  # registers the toy env
 GROUP = 4
 
 
-def _presample(out_dir, **kw):
+def _presample(out_dir, **sampling):
     config = PresampleConfig(
         model_name="tiny-random", env=TOY_ENV, out_dir=str(out_dir), k=4, min_correct=3,
-        max_response_length=8, prompts_per_chunk=9, **kw,
+        sampling={"max_new_tokens": 8, **sampling}, prompts_per_chunk=9,
     )
     presample_once(config, progress=False)
     return out_dir / "d_pef.parquet"
@@ -180,7 +180,7 @@ def test_d_pef_file_records_how_it_was_sampled(pef_file):
 def test_concurrent_presampling_of_one_directory_samples_once(tmp_path):
     config = PresampleConfig(
         model_name="tiny-random", env=TOY_ENV, out_dir=str(tmp_path / "shared"), k=2, min_correct=1,
-        max_response_length=4,
+        sampling={"max_new_tokens": 4},
     )
     ran = []
     threads = [threading.Thread(target=lambda: ran.append(presample_once(config, progress=False))) for _ in range(2)]

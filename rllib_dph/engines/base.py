@@ -17,7 +17,12 @@ import torch
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to sample.
+    """How to sample: the one owner of the sampling settings, named as here everywhere.
+
+    Pre-sampling and evaluation embed one each (``PresampleConfig.sampling``,
+    ``EvalSettings.sampling``); a training config keeps its public ``max_response_length``,
+    ``group_size`` and ``rollout_top_k``, mapped to ``max_new_tokens``, ``n`` and
+    ``top_k_logprobs`` in one place, ``GRPOConfig.sampling_params()``.
 
     Attributes:
         n: Completions per prompt (the GRPO group size), >= 1.

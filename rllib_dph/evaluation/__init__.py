@@ -16,7 +16,7 @@ again::
 
     from rllib_dph.evaluation import EvalSettings, compare, evaluate_policy, plot_pass_at_k, plot_style_pass_at_k
 
-    settings = EvalSettings(n=16)
+    settings = EvalSettings(sampling=SamplingParams(n=16, seed=0))  # engines.base.SamplingParams
     base = evaluate_policy("tiny-sql-math", "rllib_dph/SQL-v0", {"data": "sql_synth/test"}, settings)
     tuned = evaluate_policy("~/ray_results/GRPO/trial/checkpoint_000003", "rllib_dph/SQL-v0",
                      {"data": "sql_synth/test"}, settings)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
@@ -24,8 +24,8 @@ from rllib_dph.evaluation.results import EvalResult, PromptRecord
 from rllib_dph.envs import make_env
 from rllib_dph.rollout import ScoredGroup, rollout, rollout_chunks
 
-#: Longest generated response, in tokens, unless told otherwise (GRPOConfig's default).
-DEFAULT_MAX_NEW_TOKENS = 128
+#: How evaluation samples unless told otherwise (128 new tokens: GRPOConfig's default).
+DEFAULT_SAMPLING = SamplingParams(n=16, max_new_tokens=128, seed=0)
 #: Prompts per ``engine.generate`` call (16 prompts x n=16 fills the HF engine's 256-row batch).
 DEFAULT_BATCH_PROMPTS = 16
 #: Where an Algorithm checkpoint keeps the learner's RL modules.
@@ -37,15 +37,14 @@ class EvalSettings:
     """How to evaluate a policy; checked when built (``ValueError`` naming the first bad field).
 
     Attributes:
-        n: Samples per prompt, >= 1.
-        temperature: Sampling temperature of the n samples, > 0.
-        top_p: Nucleus mass in (0, 1].
-        max_new_tokens: Longest response, in tokens.
+        sampling: How each prompt's samples are drawn, one ``engines.base.SamplingParams``
+            (default :data:`DEFAULT_SAMPLING`; it replaced the flat ``n``, ``temperature``,
+            ``top_p``, ``max_new_tokens``, ``seed``): ``n`` >= 1, ``temperature`` > 0; prompt
+            chunk j is sampled with seed ``seed + j`` (None counts as 0), so the same seed,
+            ``batch_prompts`` and weights give the same samples.
         ks: The k of pass@k and maj@k, each in [1, n]; None (default) becomes 1, 2, 4, ... <= n
             and n (:func:`~rllib_dph.evaluation.metrics.default_ks`).
         greedy: Also generate one greedy completion per prompt (greedy accuracy).
-        seed: Sampling seed: prompt chunk j is sampled with seed ``seed + j``, so the same seed,
-            ``batch_prompts`` and weights give the same samples.
         style_suite: Suite whose style function names the solution styles (one of
             ``rllib_dph.envs.suites.STYLE_SUITES``); None uses each task's ``data_source`` when it is one
             of them and records no styles otherwise.
@@ -55,13 +54,9 @@ class EvalSettings:
         progress: Show a progress bar over prompts.
     """
 
-    n: int = 16
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    sampling: SamplingParams = DEFAULT_SAMPLING
     ks: Optional[Sequence[int]] = None
     greedy: bool = True
-    seed: int = 0
     style_suite: Optional[str] = None
     limit: Optional[int] = None
     batch_prompts: int = DEFAULT_BATCH_PROMPTS
@@ -69,16 +64,16 @@ class EvalSettings:
     progress: bool = False
 
     def __post_init__(self):
-        ks = list(self.ks or ())
+        ks, sampling = list(self.ks or ()), self.sampling
         rules = [
-            (self.n >= 1, f"n={self.n} samples per prompt must be >= 1"),
+            (sampling.n >= 1, f"sampling.n={sampling.n} samples per prompt must be >= 1"),
             (
-                self.temperature > 0,
-                f"temperature={self.temperature} must be > 0 for the n samples (greedy=True adds greedy)",
+                sampling.temperature > 0,
+                f"sampling.temperature={sampling.temperature} must be > 0 for the n samples (greedy=True adds greedy)",
             ),
             (
-                all(1 <= k <= self.n for k in ks),
-                f"ks={ks} must all be in [1, n={self.n}]; drop the larger k or raise n",
+                all(1 <= k <= sampling.n for k in ks),
+                f"ks={ks} must all be in [1, n={sampling.n}]; drop the larger k or raise sampling.n",
             ),
             (self.batch_prompts >= 1, f"batch_prompts={self.batch_prompts} must be >= 1"),
             (self.limit is None or self.limit >= 1, f"limit={self.limit} must be >= 1, or None for every prompt"),
@@ -90,7 +85,9 @@ class EvalSettings:
         for ok, message in rules:
             if not ok:
                 raise ValueError(f"evaluate: {message}.")
-        object.__setattr__(self, "ks", tuple(ks) if ks else tuple(default_ks(self.n)))
+        object.__setattr__(self, "ks", tuple(ks) if ks else tuple(default_ks(sampling.n)))
+        if sampling.seed is None:
+            object.__setattr__(self, "sampling", replace(sampling, seed=0))
 
 
 def evaluate_engine(engine: RolloutEngine, env, settings: EvalSettings) -> EvalResult:
@@ -98,7 +95,7 @@ def evaluate_engine(engine: RolloutEngine, env, settings: EvalSettings) -> EvalR
 
     Prompts are encoded with the engine's tokenizer and chat template (as the env runner does)
     and generated ``settings.batch_prompts`` at a time; chunk j is sampled with seed
-    ``settings.seed + j``, then (with ``settings.greedy``) decoded greedily.
+    ``settings.sampling.seed + j``, then (with ``settings.greedy``) decoded greedily.
 
     Args:
         engine: A rollout engine (``generate``, ``tokenizer``), e.g. an env runner's.
@@ -110,24 +107,18 @@ def evaluate_engine(engine: RolloutEngine, env, settings: EvalSettings) -> EvalR
 
     s = settings
     indices = list(range(len(env.tasks) if s.limit is None else min(s.limit, len(env.tasks))))
-    params = SamplingParams(
-        n=s.n, temperature=s.temperature, top_p=s.top_p, max_new_tokens=s.max_new_tokens, seed=s.seed
-    )
-    greedy_params = SamplingParams(n=1, temperature=0.0, max_new_tokens=s.max_new_tokens)
+    params = s.sampling
+    greedy_params = SamplingParams(n=1, temperature=0.0, max_new_tokens=params.max_new_tokens)
     start = time.perf_counter()
     records = []
-    with tqdm(total=len(indices), desc=f"evaluating n={s.n}", unit="prompt", disable=not s.progress) as bar:
+    with tqdm(total=len(indices), desc=f"evaluating n={params.n}", unit="prompt", disable=not s.progress) as bar:
         for _, chunk, sampled in rollout_chunks(engine, env, indices, params, chunk_size=s.batch_prompts):
             greedy = rollout(engine, env, chunk, greedy_params).groups if s.greedy else [None] * len(chunk)
             records += [_record(env, group, greedy_group, s) for group, greedy_group in zip(sampled.groups, greedy)]
             bar.update(len(chunk))
     return EvalResult(
         records=records,
-        n=s.n,
-        temperature=s.temperature,
-        top_p=s.top_p,
-        max_new_tokens=s.max_new_tokens,
-        seed=s.seed,
+        **{name: getattr(params, name) for name in ("n", "temperature", "top_p", "max_new_tokens", "seed")},
         ks=list(s.ks),
         policy=type(engine).__name__,
         env_id=getattr(env, "name", type(env).__name__),

@@ -20,7 +20,8 @@ from ray.rllib.utils.annotations import override
 from rllib_dph.algorithms.grpo.grpo import GRPO, GRPOConfig
 from rllib_dph.algorithms.rules import ChoiceRule, CrossRule, NumberRule
 from rllib_dph.losses import F_DIVERGENCES, PEF_NORMALIZATIONS, FDivergenceSpec
-from rllib_dph.presample import EXP_FILE, PEF_FILE, TRAINING_FIELDS, PresampleConfig, prepare_pef, read_metadata
+from rllib_dph.presample import EXP_FILE, PEF_FILE, TRAINING_FIELDS, PresampleConfig, moved_field_problem, prepare_pef
+from rllib_dph.presample import read_metadata
 
 #: The flat fields that became fields of the embedded ``DPHConfig.presample``: old name → new.
 MOVED_FIELDS = {
@@ -44,6 +45,9 @@ def _merged_presample(current: PresampleConfig, value: Union[PresampleConfig, di
     """``value`` itself, or ``current`` with the keys of the dict ``value`` set."""
     if isinstance(value, PresampleConfig):
         return value
+    moved = moved_field_problem(value) if isinstance(value, dict) else None
+    if moved is not None:
+        raise ValueError(moved)
     keys = [f.name for f in dataclasses.fields(PresampleConfig) if f.name not in TRAINING_FIELDS]
     unknown = [key for key in value if key not in keys] if isinstance(value, dict) else None
     if unknown is None or unknown:
@@ -244,16 +248,14 @@ class DPHConfig(GRPOConfig):
 
     def presample_config(self) -> PresampleConfig:
         """The pre-sampling run that produces ``presample.out_dir`` for this config: the embedded
-        stage with training's model, env, sampling and engine settings (``TRAINING_FIELDS``)."""
+        stage with training's model, env, sampling and engine settings (``TRAINING_FIELDS``); its
+        sampling is :meth:`sampling_params` with ``n=1`` (the stage draws ``presample.k``) and no top-K."""
         return dataclasses.replace(
             self.presample,
             model_name=self.model_name,
             env=self.env,
             env_config=dict(self.env_config),
-            temperature=self.temperature,
-            top_p=self.top_p,
-            max_response_length=self.max_response_length,
-            seed=self.seed or 0,
+            sampling=self.sampling_params(n=1, top_k_logprobs=0),
             engine=self.engine,
             engine_kwargs=dict(self.engine_kwargs),
             dtype=self.dtype,

@@ -37,7 +37,7 @@ from rllib_dph.async_sampling import SamplingRounds
 from rllib_dph.algorithms.rules import ChoiceRule, CrossRule, NumberRule, first_violation
 from rllib_dph.algorithms.grpo.grpo_torch_learner import GRPOTorchLearner
 from rllib_dph.algorithms.grpo.trust_region import MOVED_FIELDS, TrustRegion, TrustRegionRule, moved_field_message
-from rllib_dph.engines import DEFAULT_ENGINE, ENGINES
+from rllib_dph.engines import DEFAULT_ENGINE, ENGINES, SamplingParams
 from rllib_dph.files import atomic_dir
 from rllib_dph.learner_calls import BoundedLearnerGroup, learner_actors, read_learner_weights, update_remote_learners
 from rllib_dph.lora import lora_problem
@@ -184,6 +184,15 @@ class GRPOConfig(AlgorithmConfig):
             "lora": self.lora,
             "entropy_with_grad": self.entropy_coeff != 0,
         }
+
+    def sampling_params(self, **changes) -> SamplingParams:
+        """The config's sampling settings as one ``SamplingParams``, with ``changes`` (e.g. ``n=1``)
+        set: the one place that maps them (``max_response_length`` → ``max_new_tokens``,
+        ``group_size`` → ``n``, ``rollout_top_k`` → ``top_k_logprobs``, seed None → 0). The env
+        runners, validation and DPH's pre-sampling sample with it."""
+        settings = dict(n=self.group_size, temperature=self.temperature, top_p=self.top_p,
+                        max_new_tokens=self.max_response_length, seed=self.seed or 0, top_k_logprobs=self.rollout_top_k)
+        return SamplingParams(**{**settings, **changes})
 
     def reference_model_users(self) -> list[str]:
         """The settings that need a live reference model (here: the KL penalty)."""

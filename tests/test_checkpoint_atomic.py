@@ -79,6 +79,23 @@ def _kill_9(proc: subprocess.Popen) -> None:
     assert proc.wait(timeout=60) == -signal.SIGKILL
 
 
+def test_a_relative_checkpoint_path_is_taken_from_the_working_folder(ray_session, tiny_grpo_config, tmp_path,
+                                                                       monkeypatch):
+    """RLlib hands a relative path to pyarrow, which refuses it ("URI has empty scheme"); a
+    run's relative output folder must not lose its checkpoint at the end."""
+    from rllib_dph.algorithms.grpo import GRPO
+
+    monkeypatch.chdir(tmp_path)
+    algo = tiny_grpo_config.build_algo()
+    try:
+        algo.train()
+        saved_at = algo.save_to_path("runs/checkpoint")
+    finally:
+        algo.stop()
+    assert saved_at == str(tmp_path / "runs" / "checkpoint")
+    assert GRPO.from_checkpoint(saved_at).iteration == 1
+
+
 def test_a_save_killed_with_sigkill_leaves_the_previous_checkpoint(ray_session, tmp_path):
     """A driver killed (SIGKILL) while its Algorithm writes a checkpoint over the previous one:
     the previous one still loads, with its iteration count and weights."""

@@ -10,6 +10,7 @@ regions (``trust_region="dppo_*"``, Qi et al. 2025) in place of ratio clipping.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Optional, Type, Union
 
@@ -719,10 +720,13 @@ class GRPO(Algorithm):
         lacks state, or a previous checkpoint at ``path`` half overwritten. Here the files go to a
         sibling folder that replaces ``path`` only when complete. Tune saves through this too
         (``Algorithm.save_checkpoint``). Remote file systems (a ``filesystem`` or a URI) and
-        ``path=None`` (a fresh temporary folder) keep RLlib's own writing.
+        ``path=None`` (a fresh temporary folder) keep RLlib's own writing. A relative local
+        ``path`` is taken from the working folder (RLlib's own would hand it to pyarrow, which
+        refuses it: "URI has empty scheme"); the absolute path is returned.
         """
         if path is None or filesystem is not None or "://" in str(path):
             return super().save_to_path(path, state=state, filesystem=filesystem, use_msgpack=use_msgpack)
+        path = os.path.abspath(path)
         with atomic_dir(path) as tmp:
             super().save_to_path(str(tmp), state=state, use_msgpack=use_msgpack)
         return str(path)

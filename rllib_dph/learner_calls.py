@@ -169,18 +169,22 @@ class BoundedLearnerGroup(LearnerGroup):
     #: Whether reading a state needs every learner (FSDP2 shards; ``sharding.ShardedLearnerGroup``).
     gathers_state_from_all = False
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        #: The remote learners by actor id, read once while they are alive: every error about a
+        #: learner (an update, a weight read, a state read) names it from here.
+        self.actors = learner_actors(self)
+
     @override(LearnerGroup)
     def get_state(self, components=None, *, not_components=None, **kwargs) -> dict:
         from ray.rllib.core import COMPONENT_LEARNER
 
         if self.is_local or not self._check_component(COMPONENT_LEARNER, components, not_components):
             return super().get_state(components, not_components=not_components, **kwargs)
-        if not hasattr(self, "_actors"):
-            self._actors = learner_actors(self)  # read once, while the learners are alive
         state = read_learner_state(
             self, self._get_subcomponents(COMPONENT_LEARNER, components),
             not_components=self._get_subcomponents(COMPONENT_LEARNER, not_components),
-            timeout_s=self.config.learner_update_timeout_s, actors=self._actors,
+            timeout_s=self.config.learner_update_timeout_s, actors=self.actors,
             what="reading the learner's state", field=("learners", "learner_update_timeout_s"), **kwargs,
         )
         return {COMPONENT_LEARNER: state}

@@ -40,7 +40,7 @@ from rllib_dph.algorithms.grpo.grpo_torch_learner import GRPOTorchLearner
 from rllib_dph.algorithms.grpo.trust_region import MOVED_FIELDS, TrustRegion, TrustRegionRule, moved_field_message
 from rllib_dph.engines import DEFAULT_ENGINE, ENGINES, SamplingParams
 from rllib_dph.files import atomic_dir
-from rllib_dph.learner_calls import BoundedLearnerGroup, learner_actors, read_learner_weights, update_remote_learners
+from rllib_dph.learner_calls import BoundedLearnerGroup, read_learner_weights, update_remote_learners
 from rllib_dph.lora import lora_problem
 from rllib_dph.batch import concat_batches, num_minibatches, select_rows, shard_groups
 from rllib_dph.learners.finite import CONSECUTIVE_SKIPPED_UPDATES
@@ -704,7 +704,6 @@ class GRPO(Algorithm):
         # Ray Tune's registry.
         rllib_dph.envs.register_tune_envs()
         super().setup(config)
-        self._learner_actors = learner_actors(self.learner_group)  # named in a learner's failure
         self._rounds = SamplingRounds(self.env_runner_group, self.config, self.metrics)
         # `setup` skipped RLlib's connector-state sync (there is none); push the learner's
         # initial weights so that env runners and learners start from the same policy.
@@ -824,7 +823,7 @@ class GRPO(Algorithm):
         """The learner's weights and version for the env runners (``read_learner_weights``), read
         from a remote learner within ``weight_sync_timeout_s``."""
         return read_learner_weights(self.learner_group, timeout_s=self.config.weight_sync_timeout_s,
-                                    actors=self._learner_actors)
+                                    actors=self.learner_group.actors)
 
     def update_learners(self, batch: dict[str, np.ndarray], **kwargs) -> list[dict]:
         """``LearnerGroup.update`` on ``batch`` (``kwargs``: its epochs, mini-batches, timesteps).
@@ -837,7 +836,7 @@ class GRPO(Algorithm):
             self.learner_group,
             data.get("batches") or [data["batch"]],
             timeout_s=self.config.learner_update_timeout_s,
-            actors=self._learner_actors,
+            actors=self.learner_group.actors,
             **kwargs,
         )
 

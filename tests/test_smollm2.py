@@ -190,3 +190,19 @@ def test_one_dph_js_iteration_after_presampling_four_prompts(ray_session, model_
     assert logged["num_pef_tokens"] > 0 and logged["num_exploration_tokens"] > 0
     # The stored log-probs are the base policy's: before the update u = π_θ/π_ref = 1.
     assert abs(logged["pef_u_mean"] - 1.0) < 1e-3 and logged["pef_loss"] < 1e-6
+
+
+@needs_package
+def test_conversion_takes_the_files_own_eos_id():
+    """transformers 5.17 read this GGUF's EOS as <|im_start|> (the BOS, id 1); the file declares
+    id 2, <|im_end|>, and the conversion follows the file (measured on the H200 image)."""
+    from transformers import AutoTokenizer
+
+    source = smollm2.gguf_path()
+    assert smollm2.gguf_eos_id(source) == 2
+    tokenizer = AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name)
+    tokenizer.eos_token = "<|im_start|>"  # what 5.17 loads
+    smollm2.use_file_eos(tokenizer, smollm2.gguf_eos_id(source))
+    assert (tokenizer.eos_token, tokenizer.eos_token_id) == (END_OF_TURN, 2)
+    smollm2.use_file_eos(tokenizer, None)  # a file without the field: transformers' reading stays
+    assert tokenizer.eos_token == END_OF_TURN

@@ -121,6 +121,25 @@ def dequantised_model(source: Path, *, end_of_turn: int, pad_token_id: int):
     return model
 
 
+def gguf_eos_id(path: str | os.PathLike) -> int | None:
+    """The end-of-sequence id the GGUF file itself declares (``tokenizer.ggml.eos_token_id``)."""
+    from gguf import GGUFReader
+
+    field = GGUFReader(str(path)).fields.get("tokenizer.ggml.eos_token_id")
+    return None if field is None else int(field.parts[field.data[0]][0])
+
+
+def use_file_eos(tokenizer, eos_id: int | None) -> None:
+    """Sets ``tokenizer``'s EOS to the file's ``eos_id`` where transformers read another.
+
+    transformers 5.17 (the H200 image's) loads SmolLM2's GGUF tokenizer with EOS
+    ``<|im_start|>`` (id 1, the BOS) although the file declares id 2, ``<|im_end|>``; 5.23 reads
+    it right. The file's own id decides.
+    """
+    if eos_id is not None and tokenizer.eos_token_id != eos_id:
+        tokenizer.eos_token = tokenizer.convert_ids_to_tokens(eos_id)
+
+
 def convert_smollm2(out_dir: str | os.PathLike, *, progress: bool = True) -> dict:
     """Converts the GGUF file into a Hugging Face folder in ``out_dir`` and returns its record.
 
@@ -145,6 +164,7 @@ def convert_smollm2(out_dir: str | os.PathLike, *, progress: bool = True) -> dic
     stages = tqdm(total=4, desc=f"converting {SMOLLM2_NAME}", unit="stage", disable=not progress)
     stages.set_postfix_str("tokenizer")
     tokenizer = AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name)
+    use_file_eos(tokenizer, gguf_eos_id(source))
     end_of_turn = tokenizer.convert_tokens_to_ids(END_OF_TURN)
     if tokenizer.eos_token != END_OF_TURN or not tokenizer.chat_template:
         raise ValueError(

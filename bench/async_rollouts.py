@@ -9,6 +9,7 @@ the two phases could give on the same actors and cores, and the measured speed-u
 
     python bench/async_rollouts.py                               # k 0 1 2 4, 1 and 2 runners
     python bench/async_rollouts.py --k 0 1 --runners 1 --iterations 3
+    python bench/async_rollouts.py --learner-threads 1      # the learner on one core, the runners on the other
 """
 
 import argparse
@@ -47,7 +48,7 @@ def measure(example: str, overrides: dict, iterations: int) -> dict:
         "sampling_s": sum(sampling) / iterations,
         "update_s": sum(update) / iterations,
         "staleness_mean": sum(staleness) / iterations,
-        "rows_dropped": dropped,
+        "rows_dropped": int(dropped),
     }
 
 
@@ -58,9 +59,17 @@ def main() -> None:
     parser.add_argument("--runners", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--iterations", type=int, default=5)
     parser.add_argument("--config", default="{}", help="more config overrides as JSON")
+    parser.add_argument("--learner-threads", type=int,
+                        help="torch threads of this process, where the local learner updates (default: torch's, "
+                        "one per core); the env runners are Ray actors with their own")
     args = parser.parse_args()
 
     import ray
+    import torch
+
+    if args.learner_threads:
+        torch.set_num_threads(args.learner_threads)
+    print(f"learner threads: {torch.get_num_threads()}")
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     print(f"{'runners':>7} {'k':>2} {'iter/s':>7} {'tok/s':>7} {'stale':>5} {'dropped':>7} {'speed-up':>8} {'bound':>6}")

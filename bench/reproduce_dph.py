@@ -410,7 +410,8 @@ def claims(numbers: dict, k_max: int, methods=("DPH-F", "DPH-JS", "DPH-JS (refin
 def plots(base: dict, runs: dict, out: pathlib.Path) -> None:
     """Seed 0's figures: pass@k curves with bands and per-style pass@k bars for every evaluated split
     (`pass_at_k[_<split>].png`, `style_pass_at_k[_<split>].png`; in-domain unsuffixed), and the
-    in-domain style shares like the paper's Figure 4 (`styles.png`)."""
+    in-domain style shares like the paper's Figure 4 (`styles.png`), and every run's training
+    reward per iteration (`train_reward.png`)."""
     from rllib_dph.evaluation import plot_pass_at_k, plot_style_pass_at_k
 
     for split in base:
@@ -420,6 +421,32 @@ def plots(base: dict, runs: dict, out: pathlib.Path) -> None:
         if any(s != "none" for r in results for s in r.style_counts()):
             plot_style_pass_at_k(results, out / f"style_pass_at_k{suffix}.png")
     style_shares(base, runs, out / "styles.png")
+    train_rewards(out, out / "train_reward.png")
+
+
+def train_rewards(out: pathlib.Path, out_png: pathlib.Path, window: int = 5) -> None:
+    """Every run's training reward per iteration (its ``train_reward.json``) and its moving mean
+    over ``window`` iterations, one line per run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curves = {path.parent.name: json.loads(path.read_text()) for path in sorted((out / "runs").glob("*/train_reward.json"))}
+    if not curves:
+        return
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, curve in curves.items():
+        x = np.arange(1, len(curve) + 1)
+        line, = ax.plot(x, curve, alpha=0.3)
+        if len(curve) >= window:
+            ax.plot(x[window - 1:], np.convolve(curve, np.ones(window) / window, mode="valid"), color=line.get_color(),
+                    label=f"{name} (mean of {window})")
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("training reward (mean over the batch)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=120)
 
 
 def style_shares(base: dict, runs: dict, out_png: pathlib.Path) -> None:

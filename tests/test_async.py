@@ -1,5 +1,10 @@
 """Asynchronous sampling (``max_staleness``): weight versions, the staleness bound, resume."""
 
+import json
+import pathlib
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from ray.rllib.core import DEFAULT_MODULE_ID
@@ -10,9 +15,13 @@ from rllib_dph.async_sampling import (
     STALENESS_MAX,
     STALENESS_MEAN,
     WEIGHTS_VERSION,
+    PublishedWeights,
+    SamplingRounds,
     drop_stale_rows,
     split_prompts,
 )
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def test_drop_stale_rows_keeps_rows_within_the_bound():
@@ -23,10 +32,24 @@ def test_drop_stale_rows_keeps_rows_within_the_bound():
     # Version 2 is 3 updates old, version 7 is from weights this learner never had.
     np.testing.assert_array_equal(kept[C.REWARDS], [0.0, 1.0, 2.0, 3.0])
     np.testing.assert_array_equal(staleness, [0, 0, 1, 1])
-    assert dropped == 4 and C.WEIGHT_VERSION not in kept
-    assert C.WEIGHT_VERSION in batch  # the caller's batch is left as it was
+    assert dropped == 4 and list(kept[C.WEIGHT_VERSION]) == [5, 5, 4, 4]  # removed once the step's rows are chosen
+    assert len(batch[C.WEIGHT_VERSION]) == 8  # the caller's batch is left as it was
     _, staleness, dropped = drop_stale_rows(batch, version=5, max_staleness=3)
     assert dropped == 2 and staleness.max() == 3
+
+
+def test_staleness_is_that_of_the_rows_the_step_keeps():
+    """With dynamic sampling a step's rows come from several rounds: the logged staleness is that
+    of the rows kept, not of the last round drawn (which may be discarded for lack of signal)."""
+    from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
+
+    rounds = SamplingRounds(group=None, config=None, metrics=MetricsLogger())
+    rounds.weights = PublishedWeights(version=2, state=None)
+    kept = {C.REWARDS: np.arange(6.0), C.WEIGHT_VERSION: np.array([1, 1, 1, 1, 2, 2])}  # 2 rounds
+    batch = rounds.strip_versions(kept)
+    assert C.WEIGHT_VERSION not in batch and C.WEIGHT_VERSION in kept
+    assert rounds.metrics.peek(STALENESS_MAX) == 1
+    assert rounds.metrics.peek(STALENESS_MEAN) == pytest.approx(4 / 6)
 
 
 def test_split_prompts_over_env_runners():
@@ -184,3 +207,40 @@ def test_async_sampling_with_fsdp2_learners(ray_session, tiny_grpo_config):
     for name, value in published.items():
         assert runner[name] == pytest.approx(float(np.asarray(value, dtype=np.float64).sum()), rel=1e-5, abs=1e-5), name
     assert any(runner[name] != initial[name] for name in published)
+
+
+@pytest.mark.parametrize(
+    "example, overrides",
+    [
+        ("grpo/sql_tiny_grpo_async.py", {}),
+        # Pre-samples 8 training prompts into the test's folder instead of the example's cache.
+        ("dph/sql_tiny_dph_js_async.py", {"env_config": {"data": "sql_synth/train[:8]"},
+                                          "presample": {"k": 4, "min_correct": 2}}),
+    ],
+    ids=["grpo", "dph_js"],
+)
+def test_rllib_train_runs_the_async_tuned_examples(tmp_path, example, overrides):
+    """`rllib train file` on the asynchronous tuned examples, through Tune, on a smaller budget:
+    the second iteration trains rows at most one version old and drops none."""
+    overrides = {"max_response_length": 32, "group_size": 4, "prompts_per_step": 2, **overrides}
+    if "presample" in overrides:
+        overrides["presample"]["out_dir"] = str(tmp_path / "presample")
+    cmd = [
+        sys.executable, "-m", "rllib_dph.cli", "train", "file", str(REPO / "tuned_examples" / example),
+        "--stop", json.dumps({"training_iteration": 2}), "--config", json.dumps(overrides),
+        "--storage-path", str(tmp_path), "--name", "async", "-v", "0",
+    ]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-4000:]
+    trial_dir = next(p for p in (tmp_path / "async").iterdir() if p.is_dir())
+    results = [json.loads(line) for line in (trial_dir / "result.json").read_text().splitlines()]
+    assert [r["training_iteration"] for r in results] == [1, 2]
+    assert results[-1]["config"]["max_staleness"] == 1
+    assert [r[WEIGHTS_VERSION] for r in results] == [1, 2]
+    assert all(r[NUM_STALE_ROWS_DROPPED] == 0 for r in results)
+    if not results[-1]["config"]["dynamic_sampling"]:
+        assert [r[STALENESS_MAX] for r in results] == [0, 1] and results[-1][STALENESS_MEAN] == 1.0
+    else:  # the step's later rounds sample with the current weights: its rows are 0 or 1 versions old
+        assert results[-1][STALENESS_MAX] <= 1 and results[-1]["dynamic_sampling_rounds"] >= 1
+    if "presample" in overrides:  # DPH: D_pef rows in both updates
+        assert all(r["learners"][DEFAULT_MODULE_ID]["pef_rows_max"] > 0 for r in results)

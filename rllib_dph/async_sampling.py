@@ -97,21 +97,21 @@ def split_prompts(num_prompts: int, runner_ids: list[int]) -> dict[int, int]:
 def drop_stale_rows(
     batch: dict[str, np.ndarray], version: int, max_staleness: int
 ) -> tuple[dict[str, np.ndarray], np.ndarray, int]:
-    """Removes ``WEIGHT_VERSION`` from a rollout batch and the rows outside the staleness bound.
+    """The rows of a rollout batch within the staleness bound, ``WEIGHT_VERSION`` kept.
 
     A row's staleness is ``version - WEIGHT_VERSION``: the learner updates it was sampled
     before. Rows with staleness in ``[0, max_staleness]`` are kept; older rows and rows from a
     version the learner never had (negative staleness, e.g. sampled before an older checkpoint
     was restored) are dropped. All rows of a group share one version, so groups stay whole.
+    The column stays until the step's rows are chosen (:meth:`SamplingRounds.strip_versions`).
 
     Returns:
-        ``(kept batch without WEIGHT_VERSION, staleness of the kept rows (B_kept,), rows dropped)``.
+        ``(kept batch, staleness of the kept rows (B_kept,), rows dropped)``.
     """
-    batch = dict(batch)
-    staleness = version - batch.pop(C.WEIGHT_VERSION)  # (B,)
+    staleness = version - batch[C.WEIGHT_VERSION]  # (B,)
     keep = (staleness >= 0) & (staleness <= max_staleness)
     if keep.all():
-        return batch, staleness, 0
+        return dict(batch), staleness, 0
     return select_rows(batch, keep), staleness[keep], int((~keep).sum())
 
 
@@ -217,7 +217,7 @@ class SamplingRounds:
 
     # ------------------------------------------------------------------ rounds
     def next_round(self, num_prompts: int) -> tuple[list[dict[str, np.ndarray]], list[dict]]:
-        """The next round's batches (stale rows dropped, ``WEIGHT_VERSION`` removed) and the env
+        """The next round's batches (stale rows dropped, ``WEIGHT_VERSION`` kept) and the env
         runners' metrics; in asynchronous mode, first requests rounds to keep ``max_staleness``
         of them ahead."""
         if self.group.num_remote_env_runners() == 0:
@@ -241,9 +241,17 @@ class SamplingRounds:
         return [self._drop_stale(batch)], [metrics]
 
     def _drop_stale(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        batch, staleness, dropped = drop_stale_rows(batch, self.weights.version, self.config.max_staleness)
+        batch, _, dropped = drop_stale_rows(batch, self.weights.version, self.config.max_staleness)
         self.metrics.log_value(NUM_STALE_ROWS_DROPPED, dropped, reduce="sum")
         self.metrics.log_value(NUM_STALE_ROWS_DROPPED + "_lifetime", dropped, reduce="lifetime_sum")
+        return batch
+
+    def strip_versions(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The step's chosen rows without ``WEIGHT_VERSION`` (the learner never sees it); logs
+        their staleness (``staleness_mean`` / ``staleness_max``), however many rounds (dynamic
+        sampling) they came from."""
+        batch = dict(batch)
+        staleness = self.weights.version - batch.pop(C.WEIGHT_VERSION)  # (B,)
         if len(staleness):
             self.metrics.log_value(STALENESS_MEAN, float(staleness.mean()), window=1)
             self.metrics.log_value(STALENESS_MAX, int(staleness.max()), window=1)

@@ -31,7 +31,7 @@ RESPONSE_LENGTH = "response_length"
 CORRECT = "correct"
 TRUNCATED = "truncated"  # the response hit the token limit before EOS
 # The weight version (RLlib's WEIGHTS_SEQ_NO: learner updates so far) a row was sampled with; set
-# by ``LLMEnvRunner.sample_round`` and removed by ``async_sampling.drop_stale_rows`` before the update.
+# by ``LLMEnvRunner.sample_round`` and removed by ``SamplingRounds.strip_versions`` before the update.
 WEIGHT_VERSION = "weight_version"
 
 ROW_TYPE_EXP = 0

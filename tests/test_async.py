@@ -1,5 +1,10 @@
 """Asynchronous sampling (``max_staleness``): weight versions, the staleness bound, resume."""
 
+import json
+import pathlib
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from ray.rllib.core import DEFAULT_MODULE_ID
@@ -10,9 +15,13 @@ from rllib_dph.async_sampling import (
     STALENESS_MAX,
     STALENESS_MEAN,
     WEIGHTS_VERSION,
+    PublishedWeights,
+    SamplingRounds,
     drop_stale_rows,
     split_prompts,
 )
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def test_drop_stale_rows_keeps_rows_within_the_bound():
@@ -23,10 +32,24 @@ def test_drop_stale_rows_keeps_rows_within_the_bound():
     # Version 2 is 3 updates old, version 7 is from weights this learner never had.
     np.testing.assert_array_equal(kept[C.REWARDS], [0.0, 1.0, 2.0, 3.0])
     np.testing.assert_array_equal(staleness, [0, 0, 1, 1])
-    assert dropped == 4 and C.WEIGHT_VERSION not in kept
-    assert C.WEIGHT_VERSION in batch  # the caller's batch is left as it was
+    assert dropped == 4 and list(kept[C.WEIGHT_VERSION]) == [5, 5, 4, 4]  # removed once the step's rows are chosen
+    assert len(batch[C.WEIGHT_VERSION]) == 8  # the caller's batch is left as it was
     _, staleness, dropped = drop_stale_rows(batch, version=5, max_staleness=3)
     assert dropped == 2 and staleness.max() == 3
+
+
+def test_staleness_is_that_of_the_rows_the_step_keeps():
+    """With dynamic sampling a step's rows come from several rounds: the logged staleness is that
+    of the rows kept, not of the last round drawn (which may be discarded for lack of signal)."""
+    from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
+
+    rounds = SamplingRounds(group=None, config=None, metrics=MetricsLogger())
+    rounds.weights = PublishedWeights(version=2, state=None)
+    kept = {C.REWARDS: np.arange(6.0), C.WEIGHT_VERSION: np.array([1, 1, 1, 1, 2, 2])}  # 2 rounds
+    batch = rounds.strip_versions(kept)
+    assert C.WEIGHT_VERSION not in batch and C.WEIGHT_VERSION in kept
+    assert rounds.metrics.peek(STALENESS_MAX) == 1
+    assert rounds.metrics.peek(STALENESS_MEAN) == pytest.approx(4 / 6)
 
 
 def test_split_prompts_over_env_runners():
@@ -108,3 +131,116 @@ def test_resume_keeps_version_and_bound_and_discards_rows_sampled_before(ray_ses
     result = resumed.train()
     assert result[WEIGHTS_VERSION] == 3 and result[STALENESS_MAX] == 0
     resumed.stop()
+
+
+# ---------------------------------------------------------------------- composes (#30 item 6)
+def _runner_weight_sums(algo) -> list[dict[str, float]]:
+    """Each remote env runner's version and engine weights (parameter sums), read after the
+    calls queued before this one (an env runner runs one call at a time)."""
+    return algo.env_runner_group.foreach_env_runner(
+        lambda r: {"version": r.weights_version, **{k: v.double().sum().item() for k, v in r.engine.model.state_dict().items()}},
+        local_env_runner=False,
+    )
+
+
+def test_async_dph_pef_rows_join_every_update_and_are_never_stale(ray_session, tmp_path):
+    """DPH-JS one round ahead: each update holds the D_pef rows its ratio asks for, none of them
+    is dropped or counted in the staleness of the exploration rows, and the D_pef term stays finite.
+    (The SQL env, not test_dph's toy env: a remote env runner cannot import a test module.)"""
+    from rllib_dph.algorithms.dph import DPHConfig
+
+    config = (
+        DPHConfig()
+        .environment("rllib_dph/SQL-v0", env_config={"data": "sql_synth/test[:8]"})
+        .llm(model_name="tiny-sql-math", temperature=1.0, max_response_length=32)
+        .env_runners(num_env_runners=1, num_cpus_per_env_runner=0.5)
+        .training(group_size=4, prompts_per_step=2, lr=1e-3, minibatch_size=None, max_staleness=1)
+        .dph(divergence="js", pef_coeff=0.2, pef_ratio=4,
+             presample={"out_dir": str(tmp_path / "presample"), "k": 4, "min_correct": 2, "pef_samples": "all"})
+        .debugging(seed=0)
+    )
+    num_exp = config.train_rows_per_step  # 2 prompts x 4 samples
+    algo = config.build_algo()
+    try:
+        results = [algo.train() for _ in range(3)]
+    finally:
+        algo.stop()
+    for i, result in enumerate(results):
+        logged = result["learners"][DEFAULT_MODULE_ID]
+        # One mini-batch: all of the update's D_pef rows, num_exp / pef_ratio of them.
+        assert logged["pef_rows_min"] == logged["pef_rows_max"] == num_exp // 4, i
+        assert logged["num_pef_tokens"] > 0 and np.isfinite(logged["pef_loss"]), i
+        assert result[NUM_STALE_ROWS_DROPPED] == 0, i
+        assert result["env_runners"]["num_env_steps_sampled"] == num_exp, i  # D_pef rows are not sampled
+    # Exploration rows are exactly one version old from step 2 on; D_pef rows would have no version.
+    assert [r[STALENESS_MEAN] for r in results] == [0.0, 1.0, 1.0]
+    assert [r[STALENESS_MAX] for r in results] == [0, 1, 1]
+    # The policy moved away from the stored π_ref: the D_pef term sees it.
+    assert results[-1]["learners"][DEFAULT_MODULE_ID]["pef_u_mean"] != pytest.approx(1.0, abs=1e-6)
+
+
+def test_async_sampling_with_fsdp2_learners(ray_session, tiny_grpo_config):
+    """Two FSDP2 learners (gloo) and one env runner one round ahead: the runner samples each
+    round with the gathered full weights of the version it was requested with."""
+    config = (
+        tiny_grpo_config.copy(copy_frozen=False)
+        .learners(sharding="fsdp2", num_learners=2, num_cpus_per_learner=0.5)
+        .env_runners(num_env_runners=1, num_cpus_per_env_runner=0.5)
+        # tiny-random scores 0 on every SQL task (no advantage): the entropy bonus moves the weights.
+        .training(max_staleness=1, entropy_coeff=0.01)
+    )
+    algo = config.build_algo()
+    try:
+        initial = _runner_weight_sums(algo)[0]
+        first = algo.train()
+        second = algo.train()
+        runner = _runner_weight_sums(algo)[0]  # after the round requested ahead with version 1
+        ahead = algo._rounds._pending[0].weights
+        published = ray_session.get(ahead.state)["rl_module"][DEFAULT_MODULE_ID]
+    finally:
+        algo.stop()
+    assert [first[WEIGHTS_VERSION], second[WEIGHTS_VERSION]] == [1, 2]
+    assert second[STALENESS_MEAN] == 1.0 and second[NUM_STALE_ROWS_DROPPED] == 0
+    assert initial["version"] == 0 and runner["version"] == ahead.version == 1
+    # The runner holds the learners' full (gathered) version-1 weights, not the initial ones.
+    assert set(published) <= set(runner) and published
+    for name, value in published.items():
+        assert runner[name] == pytest.approx(float(np.asarray(value, dtype=np.float64).sum()), rel=1e-5, abs=1e-5), name
+    assert any(runner[name] != initial[name] for name in published)
+
+
+@pytest.mark.parametrize(
+    "example, overrides",
+    [
+        ("grpo/sql_tiny_grpo_async.py", {}),
+        # Pre-samples 8 training prompts into the test's folder instead of the example's cache.
+        ("dph/sql_tiny_dph_js_async.py", {"env_config": {"data": "sql_synth/train[:8]"},
+                                          "presample": {"k": 4, "min_correct": 2}}),
+    ],
+    ids=["grpo", "dph_js"],
+)
+def test_rllib_train_runs_the_async_tuned_examples(tmp_path, example, overrides):
+    """`rllib train file` on the asynchronous tuned examples, through Tune, on a smaller budget:
+    the second iteration trains rows at most one version old and drops none."""
+    overrides = {"max_response_length": 32, "group_size": 4, "prompts_per_step": 2, **overrides}
+    if "presample" in overrides:
+        overrides["presample"]["out_dir"] = str(tmp_path / "presample")
+    cmd = [
+        sys.executable, "-m", "rllib_dph.cli", "train", "file", str(REPO / "tuned_examples" / example),
+        "--stop", json.dumps({"training_iteration": 2}), "--config", json.dumps(overrides),
+        "--storage-path", str(tmp_path), "--name", "async", "-v", "0",
+    ]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-4000:]
+    trial_dir = next(p for p in (tmp_path / "async").iterdir() if p.is_dir())
+    results = [json.loads(line) for line in (trial_dir / "result.json").read_text().splitlines()]
+    assert [r["training_iteration"] for r in results] == [1, 2]
+    assert results[-1]["config"]["max_staleness"] == 1
+    assert [r[WEIGHTS_VERSION] for r in results] == [1, 2]
+    assert all(r[NUM_STALE_ROWS_DROPPED] == 0 for r in results)
+    if not results[-1]["config"]["dynamic_sampling"]:
+        assert [r[STALENESS_MAX] for r in results] == [0, 1] and results[-1][STALENESS_MEAN] == 1.0
+    else:  # the step's later rounds sample with the current weights: its rows are 0 or 1 versions old
+        assert results[-1][STALENESS_MAX] <= 1 and results[-1]["dynamic_sampling_rounds"] >= 1
+    if "presample" in overrides:  # DPH: D_pef rows in both updates
+        assert all(r["learners"][DEFAULT_MODULE_ID]["pef_rows_max"] > 0 for r in results)

@@ -400,6 +400,34 @@ def test_rllib_train_file_with_vllm_engine(tmp_path):
     assert results[-1]["env_runners"]["weight_sync_time_s"] > 0  # vLLM received new weights
 
 
+def test_rllib_train_async_example_with_vllm_engine(tmp_path):
+    """`rllib train file` on the asynchronous GRPO example with engine="vllm": vLLM in the remote
+    env runner samples one round ahead, loading each request's weights (#30 item 6)."""
+    overrides = {
+        "engine": "vllm",
+        "engine_kwargs": {"max_model_len": 1024, "kv_cache_memory_bytes": 256 << 20},
+        "max_response_length": 32,
+        "group_size": 4,
+        "prompts_per_step": 2,
+    }
+    cmd = [
+        sys.executable, "-m", "rllib_dph.cli", "train", "file",
+        str(REPO / "tuned_examples/grpo/sql_tiny_grpo_async.py"),
+        "--stop", json.dumps({"training_iteration": 3}),
+        "--config", json.dumps(overrides),
+        "--storage-path", str(tmp_path), "--name", "vllm_async", "-v", "0",
+    ]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-4000:]
+    trial_dir = next(p for p in (tmp_path / "vllm_async").iterdir() if p.is_dir())
+    results = [json.loads(line) for line in (trial_dir / "result.json").read_text().splitlines()]
+    assert [r["training_iteration"] for r in results] == [1, 2, 3]
+    assert results[-1]["config"]["engine"] == "vllm" and results[-1]["config"]["max_staleness"] == 1
+    assert [r["staleness_max"] for r in results] == [0, 1, 1] and results[-1]["staleness_mean"] == 1.0
+    assert all(r["num_stale_rows_dropped"] == 0 for r in results)
+    assert results[-1]["env_runners"]["weight_sync_time_s"] > 0  # vLLM loaded a request's new weights
+
+
 LORA = {"r": 4, "alpha": 8, "target_modules": "all-linear", "dropout": 0.0}
 
 

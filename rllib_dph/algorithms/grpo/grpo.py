@@ -733,16 +733,18 @@ class GRPO(Algorithm):
     # ------------------------------------------------------------------ sampling
     def _sample_round(self, num_prompts: int) -> dict[str, np.ndarray]:
         """One sampling round of ``num_prompts`` prompts over the env runners (requested now, or
-        ahead with ``max_staleness > 0``), without rows older than ``max_staleness`` versions."""
+        ahead with ``max_staleness > 0``), without rows older than ``max_staleness`` versions;
+        rows keep their ``WEIGHT_VERSION`` until :meth:`sample_groups` chose the step's rows."""
         batches, runner_metrics = self._rounds.next_round(num_prompts)
         self.metrics.aggregate(runner_metrics, key=ENV_RUNNER_RESULTS)
         return concat_batches(batches)
 
     def sample_groups(self) -> dict[str, np.ndarray]:
-        """Samples ``prompts_per_step`` groups; with dynamic sampling only groups with signal."""
+        """Samples ``prompts_per_step`` groups; with dynamic sampling only groups with signal.
+        Logs the staleness of exactly the returned rows, from however many rounds."""
         cfg = self.config
         if not cfg.dynamic_sampling:
-            return self._sample_round(cfg.prompts_per_step)
+            return self._rounds.strip_versions(self._sample_round(cfg.prompts_per_step))
         kept, num_groups, rounds = [], 0, 0
         while num_groups < cfg.prompts_per_step and rounds < cfg.max_dynamic_sampling_rounds:
             batch = self._sample_round(cfg.prompts_per_step)
@@ -757,7 +759,7 @@ class GRPO(Algorithm):
         batch = select_rows(batch, np.isin(batch[C.GROUP_IDS], first_groups))
         self.metrics.log_value("dynamic_sampling_rounds", rounds, window=1)
         self.metrics.log_value("dynamic_sampling_groups_kept", num_groups, window=1)
-        return batch
+        return self._rounds.strip_versions(batch)
 
     # ------------------------------------------------------------------ advantages
     def compute_advantages(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -188,10 +188,6 @@ def build_warm_start(
         sft_seconds = round(time.perf_counter() - sft_start, 1)
     finally:
         torch.set_num_threads(threads)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
     record = {
         "name": name,
         "warm_start_version": WARM_START_VERSION,
@@ -201,9 +197,18 @@ def build_warm_start(
         "num_parameters": sum(p.numel() for p in model.parameters()),
         "sft": _sft_summary(examples, losses, sft_seconds),
         "device": torch.device(device).type,
-        "fingerprint": folder_fingerprint(out_dir),
-        "build_seconds": round(time.perf_counter() - start, 1),
     }
+    return _save(record, model, tokenizer, Path(out_dir), checkpoint_dir, start)
+
+
+def _save(record: dict, model, tokenizer, out_dir: Path, checkpoint_dir: str | os.PathLike | None, start: float) -> dict:
+    """Saves the model and tokenizer into ``out_dir``, adds the folder's fingerprint and the build
+    time to ``record``, writes it there and removes the resumable SFT state of a complete build."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    record["fingerprint"] = folder_fingerprint(out_dir)
+    record["build_seconds"] = round(time.perf_counter() - start, 1)
     (out_dir / BUILD_RECORD).write_text(json.dumps(record, indent=2) + "\n")
     if checkpoint_dir is not None:
         shutil.rmtree(checkpoint_dir, ignore_errors=True)

@@ -86,8 +86,8 @@ class WarmStartSpec:
 WARM_STARTS: dict[str, WarmStartSpec] = {
     "smollm2-135m-sft": WarmStartSpec(base="smollm2-135m-instruct"),
     "tiny-sql-math-mt": WarmStartSpec(
-        base="tiny-sql-math", splits=("sql_synth/train",), sft_steps=300, batch_size=16, lr=1e-3,
-        warmup_steps=20, checkpoint_every=100, multi_turn_share=0.5,
+        base="tiny-sql-math", splits=("sql_synth/train",), sft_steps=800, batch_size=16, lr=2e-3,
+        warmup_steps=20, checkpoint_every=200, multi_turn_share=0.5,
     ),
 }
 

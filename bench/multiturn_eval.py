@@ -21,7 +21,8 @@ The budget, fixed before the first run:
 Reported per row: pass@1 and pass@8 with 95 % bootstrap intervals over prompts
 (``EvalResult.intervals``), the paired difference of pass@1 against the same policy's
 ``SQL-v0`` row on the same prompts (``intervals.paired_difference_interval``), turns per
-episode, the share of episodes with an exploratory query, and generation tokens/s: the tokens
+episode, the share of episodes with an exploratory query, the share of correct episodes among
+those with a query and among those without, and generation tokens/s: the tokens
 the policy generated (every turn; observations are not generated) over the seconds spent in
 ``engine.generate`` (later turns re-encode the whole episode so far: that prefill is the cost
 of a turn). A table is printed; ``--out`` writes every row's summary, intervals and timing as
@@ -88,6 +89,7 @@ def row_summary(result, tokens: int, seconds: float, baseline) -> dict:
         "pass@1": s["pass@1"], "pass@1_95": list(iv["pass@1"]),
         f"pass@{k}": s[f"pass@{k}"], f"pass@{k}_95": list(iv[f"pass@{k}"]),
         "turns_per_episode": s["turns_per_episode"], "tool_use_share": s["tool_use_share"],
+        **accuracy_by_query(result),
         "generated_tokens": tokens, "generate_seconds": round(seconds, 2),
         "tokens_per_s": tokens / seconds if seconds else float("nan"),
         "duration_s": round(result.duration_s, 2),
@@ -98,6 +100,17 @@ def row_summary(result, tokens: int, seconds: float, baseline) -> dict:
     return row
 
 
+def accuracy_by_query(result) -> dict:
+    """Share of correct episodes among those with an exploratory query and among those without
+    (None where there are none), over all prompts' episodes."""
+    pairs = [(c, q > 0) for r in result.records for c, q in zip(r.correct, r.tool_calls)]
+    out = {}
+    for key, with_query in (("accuracy_with_query", True), ("accuracy_without_query", False)):
+        chosen = [c for c, q in pairs if q == with_query]
+        out[key] = sum(chosen) / len(chosen) if chosen else None
+    return out
+
+
 def format_row(policy: str, split: str, label: str, r: dict, k: int) -> str:
     def ci(name):
         lo, hi = r[f"{name}_95"]
@@ -105,8 +118,10 @@ def format_row(policy: str, split: str, label: str, r: dict, k: int) -> str:
 
     delta = "" if "delta_pass@1_95" not in r else (
         f"{r['delta_pass@1_vs_sql_v0']:+.2f} [{r['delta_pass@1_95'][0]:+.2f}, {r['delta_pass@1_95'][1]:+.2f}]")
+    split_by = " / ".join("–" if r[key] is None else f"{r[key]:.2f}"
+                          for key in ("accuracy_with_query", "accuracy_without_query"))
     return (f"| {policy} | {split} | {label} | {ci('pass@1')} | {ci(f'pass@{k}')} | {delta} | "
-            f"{r['turns_per_episode']:.2f} | {r['tool_use_share']:.2f} | {r['tokens_per_s']:.0f} |")
+            f"{r['turns_per_episode']:.2f} | {r['tool_use_share']:.2f} | {split_by} | {r['tokens_per_s']:.0f} |")
 
 
 def main() -> None:
@@ -122,8 +137,8 @@ def main() -> None:
     settings = EvalSettings(sampling=SamplingParams(n=args.n, max_new_tokens=args.max_new_tokens, seed=0),
                             limit=args.limit, greedy=False)
     print(f"| policy | split | env | pass@1 [95 %] | pass@{args.n} [95 %] | Δ pass@1 vs SQL-v0 [95 %] | "
-          "turns/episode | episodes with a query | gen tokens/s |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "turns/episode | episodes with a query | accuracy with / without a query | gen tokens/s |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     rows = []
     for policy in args.policies.split(","):
         engine = make_engine("hf", policy)

@@ -206,7 +206,9 @@ def sft_traces(
         i = index_of[ex["task_id"]]
         explore, drawn = rng.random() < explore_share, PROBES[rng.integers(len(PROBES))]
         probe = drawn if explore and env.max_turns > 1 else None
-        turns = [ex["completion"]] if probe is None else [f"<query>{probe_query(env.tasks[i], probe)}</query>", ex["completion"]]
+        turns = [ex["completion"]]
+        if probe is not None:
+            turns.insert(0, f"<query>{probe_query(env.tasks[i], probe)}</query>")
         out.append({
             "messages": [dict(m) for m in env.tasks[i].messages],
             "completion": sft_trace(env, i, turns),

@@ -38,11 +38,10 @@ from pathlib import Path
 
 import torch
 
-from rllib_dph.engines import make_engine
 from rllib_dph.engines.base import SamplingParams
 from rllib_dph.envs import make_env
 from rllib_dph.evaluation.intervals import paired_difference_interval
-from rllib_dph.evaluation.runner import EvalSettings, evaluate_engine
+from rllib_dph.evaluation.runner import EvalSettings, evaluate_engine, load_engine
 from rllib_dph.files import write_json_atomic
 
 POLICIES = ("tiny-sql-math", "tiny-sql-math-mt")
@@ -126,7 +125,7 @@ def format_row(policy: str, split: str, label: str, r: dict, k: int) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--policies", default=",".join(POLICIES), help="Comma-separated model names or folders.")
+    parser.add_argument("--policies", default=",".join(POLICIES), help="Comma-separated model names, folders or RLlib checkpoints.")
     parser.add_argument("--limit", type=int, default=100, help="First prompts of each split.")
     parser.add_argument("--n", type=int, default=8, help="Episodes per prompt.")
     parser.add_argument("--max-new-tokens", type=int, default=96, help="New tokens per turn.")
@@ -141,7 +140,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|---|")
     rows = []
     for policy in args.policies.split(","):
-        engine = make_engine("hf", policy)
+        engine = load_engine(policy)
         for split in SPLITS:
             baseline = None
             for label, env_id, env_config in ENVS:

@@ -126,8 +126,10 @@ def test_encode_example_and_collate_mask_the_prompt(tokenizer):
     messages = [{"role": "user", "content": "Count singers."}]
     short = encode_example(tokenizer, messages, "```sql\nSELECT 1\n```")
     long = encode_example(tokenizer, messages, "```sql\nSELECT COUNT(*) FROM singer\n```")
-    ids, num_prompt = long
+    ids, mask = long
+    num_prompt = len(encode_prompt(tokenizer, messages))
     assert ids[:num_prompt] == encode_prompt(tokenizer, messages)
+    assert mask == [0] * num_prompt + [1] * (len(ids) - num_prompt)
     assert ids[-1] == tokenizer.eos_token_id
     assert tokenizer.decode(ids[num_prompt:]) == "```sql\nSELECT COUNT(*) FROM singer\n```<|im_end|>"
 
@@ -136,9 +138,26 @@ def test_encode_example_and_collate_mask_the_prompt(tokenizer):
     assert (B, T) == (2, len(long[0]))
     assert batch["attention_mask"].sum(1).tolist() == [len(short[0]), len(long[0])]
     # Labels are the token ids on completion tokens (EOS included), -100 on prompt and padding.
-    assert (batch["labels"] != -100).sum(1).tolist() == [len(short[0]) - short[1], len(ids) - num_prompt]
+    assert (batch["labels"] != -100).sum(1).tolist() == [sum(short[1]), len(ids) - num_prompt]
     assert batch["labels"][1, num_prompt:].tolist() == ids[num_prompt:]
     assert (batch["labels"][0, len(short[0]) :] == -100).all()
+
+
+def test_a_conversation_masks_its_observations(tokenizer):
+    """Turns and observations alternate; the loss covers each turn and its EOS, not the
+    observation (rendered as the chat template renders a user message between two turns)."""
+    messages = [{"role": "user", "content": "Count singers."}]
+    ids, mask = encode_example(tokenizer, messages, ["<query>SELECT 1</query>", "1\n(1 rows)", "```sql\nSELECT 1\n```"])
+    prompt = len(encode_prompt(tokenizer, messages))
+    policy = [t for t, m in zip(ids, mask) if m]
+    assert tokenizer.decode(policy) == "<query>SELECT 1</query><|im_end|>```sql\nSELECT 1\n```<|im_end|>"
+    assert mask[:prompt] == [0] * prompt and mask[-1] == 1
+    whole = tokenizer.apply_chat_template(
+        messages + [{"role": "assistant", "content": "<query>SELECT 1</query>"}, {"role": "user", "content": "1\n(1 rows)"},
+                    {"role": "assistant", "content": "```sql\nSELECT 1\n```"}], tokenize=False)
+    assert tokenizer.decode(ids) == whole.rstrip("\n")
+    with pytest.raises(ValueError, match="odd number of parts"):
+        encode_example(tokenizer, messages, ["<query>SELECT 1</query>", "1"])
 
 
 def test_bucketed_batches_cover_every_example_once():

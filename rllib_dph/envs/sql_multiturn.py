@@ -9,13 +9,19 @@ prompt adds the protocol (:data:`PROTOCOL`):
   ``max_observation_rows`` rows (cut to ``max_observation_chars``) or its error message;
 - any other turn is the final answer, scored like a ``SQL-v0`` completion (its last ```sql block
   is executed and compared with the gold query; no block: reward 0, ``error`` "no ```sql block").
+
+SFT traces of the protocol (:func:`sft_traces`, the corpus of the ``tiny-sql-math-mt`` warm start)
+are episodes played through this env's own ``step``: query → the env's reply → answer.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from typing import Any, Mapping, Sequence
+
+import numpy as np
 
 from rllib_dph.envs.base import Task
 from rllib_dph.envs.multiturn import MultiTurnEnv, tag_content
@@ -127,3 +133,87 @@ def with_protocol(task: Task, protocol: str) -> Task:
     messages = [dict(m) for m in task.messages]
     messages[-1]["content"] = messages[-1]["content"] + "\n" + protocol
     return dataclasses.replace(task, messages=tuple(messages))
+
+
+#: The exploratory queries of an SFT trace (:func:`sft_traces`): the plain-style solution itself
+#: (run it, read its rows, answer), or the first rows of the table it reads.
+PROBES = ("solution", "table")
+_FIRST_TABLE = re.compile(r"\bFROM\s+([A-Za-z_]\w*)", re.IGNORECASE)
+
+
+def probe_query(task: Task, probe: str) -> str:
+    """The exploratory query ``probe`` (one of :data:`PROBES`) of a suite task (``meta["styles"]``)."""
+    plain = task.meta["styles"]["plain"]
+    if probe == "solution":
+        return plain
+    if probe == "table":
+        return f"SELECT * FROM {_FIRST_TABLE.search(plain).group(1)} LIMIT 3"
+    raise ValueError(f"probe_query: probe={probe!r}; use one of {PROBES}.")
+
+
+def sft_trace(env: SQLMultiTurnEnv, index: int, turns: Sequence[str]) -> list[str]:
+    """Plays ``turns`` (policy turns, the last one the answer) through ``env``'s ``step`` on task
+    ``index``: ``[turn, observation, turn, ..., answer]``, each observation the env's own reply.
+
+    Raises:
+        ValueError: A turn before the last ends the episode, or the last one does not end it
+            with a correct answer (a trace must be one the verifier accepts).
+    """
+    env.reset(options={"index": index})
+    parts: list[str] = []
+    for i, turn in enumerate(turns):
+        observation, _, terminated, truncated, info = env.step(turn)
+        last = i == len(turns) - 1
+        if (terminated or truncated) != last or (last and not info.get("correct")):
+            raise ValueError(
+                f"sft_trace: turn {i + 1} of {len(turns)} on task {env.tasks[index].id} "
+                f"(max_turns={env.max_turns}) gave terminated={terminated}, truncated={truncated}, "
+                f"correct={info.get('correct')}, error={info.get('error')!r}; a trace's turns before the "
+                "last must be exploratory queries and its last a correct answer."
+            )
+        parts += [turn] if last else [turn, observation]
+    return parts
+
+
+def sft_traces(
+    split: str,
+    examples: Sequence[Mapping[str, Any]],
+    *,
+    seed: int,
+    turn_budgets: Sequence[int] = (1, 2, 3, 4),
+    explore_share: float = 0.75,
+) -> list[dict]:
+    """SFT examples of the protocol: the suite's ``examples`` of ``split`` replayed in this env.
+
+    Each example (a ``rllib_dph.envs.suites.sft_examples`` row) gets a turn budget drawn from
+    ``turn_budgets`` (the prompt says it) and, when the budget allows a query, with probability
+    ``explore_share`` an exploratory query (a :data:`PROBES` entry drawn uniformly) before its
+    answer; the rest answer at once. Observations are the env's replies (:func:`sft_trace`).
+
+    Returns:
+        Dicts ``{"messages", "completion", "style", "task_id", "probe"}``: ``messages`` the
+        env's prompt (with the protocol), ``completion`` the trace's parts (policy turns and
+        observations alternating, for ``rllib_dph.models.sft.encode_example``), ``probe`` None
+        for a direct answer.
+    """
+    envs = {b: SQLMultiTurnEnv(split, max_turns=b) for b in turn_budgets}
+    first = envs[turn_budgets[0]]
+    index_of = {t.id: i for i, t in enumerate(first.tasks)}
+    rng = np.random.default_rng(seed)
+    out = []
+    for ex in examples:
+        env = envs[turn_budgets[rng.integers(len(turn_budgets))]]
+        i = index_of[ex["task_id"]]
+        explore, drawn = rng.random() < explore_share, PROBES[rng.integers(len(PROBES))]
+        probe = drawn if explore and env.max_turns > 1 else None
+        turns = [ex["completion"]]
+        if probe is not None:
+            turns.insert(0, f"<query>{probe_query(env.tasks[i], probe)}</query>")
+        out.append({
+            "messages": [dict(m) for m in env.tasks[i].messages],
+            "completion": sft_trace(env, i, turns),
+            "style": ex["style"],
+            "task_id": ex["task_id"],
+            "probe": probe,
+        })
+    return out

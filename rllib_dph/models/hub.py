@@ -11,6 +11,8 @@ Anywhere rllib_dph takes a model, it accepts three kinds of names and treats the
   ``rllib_dph.models.smollm2``); from then on an ordinary ``save_pretrained`` folder;
 - a warm start (``"smollm2-135m-sft"``): that model after a short SFT on the suites' multi-style
   solutions (``rllib_dph.models.warm_start``), built into the cache on first use (resumable);
+  ``"tiny-sql-math-mt"``: ``tiny-sql-math`` after a short SFT that adds ``SQLMultiTurn-v0``
+  episodes (query → result → answer) to its examples;
 - a local directory written by ``save_pretrained``: used as is;
 - anything else: a Hugging Face id, handed to ``transformers`` unchanged (it loads from the local
   HF cache, or downloads when the environment allows it).

@@ -1,4 +1,4 @@
-"""Supervised fine-tuning on chat completions: encoding, length-bucketed batches, the loss and
+"""Supervised fine-tuning on chat completions and multi-turn traces: encoding, length-bucketed batches, the loss and
 a resumable training loop. Used by the tiny models' build (``tiny``) and by the warm starts of
 pretrained chat models (``warm_start``)."""
 
@@ -14,27 +14,48 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from rllib_dph.chat import encode_prompt
+from rllib_dph.chat import encode_observation, encode_prompt
 from rllib_dph.files import atomic_path
 
 #: File of the resumable SFT state inside a checkpoint folder.
 SFT_STATE = "sft_state.pt"
 
 
-def encode_example(tokenizer, messages, completion: str) -> tuple[list[int], int]:
-    """Token ids of ``chat(prompt) + completion + <|im_end|>`` and the prompt length.
+def encode_example(tokenizer, messages, completion: str | Sequence[str]) -> tuple[list[int], list[int]]:
+    """Token ids of a chat prompt and its completion, and the SFT loss mask.
+
+    A completion is one policy turn (a string) or a conversation: policy turns and env
+    observations alternating, starting and ending with a policy turn (``[turn, observation,
+    turn, ...]``, a ``rllib_dph.envs.sql_multiturn`` trace). Every policy turn is its text's
+    tokens and the EOS token (``<|im_end|>``, the turn's stop); every observation is
+    :func:`rllib_dph.chat.encode_observation`'s tokens after a closed turn, exactly what the
+    rollout (``rllib_dph.rollout.take_turn``) appends between two generated turns.
 
     Args:
         tokenizer: Tokenizer with a chat template.
         messages: The prompt as chat messages.
-        completion: The assistant's answer text.
+        completion: The assistant's answer text, or the alternating turns and observations.
 
     Returns:
-        ``(ids, num_prompt_tokens)``; the SFT loss covers ``ids[num_prompt_tokens:]``.
+        ``(ids, loss_mask)``: ``loss_mask[t]`` is 1 on policy-turn tokens (the tokens the SFT
+        loss covers, the rollout's ``RESPONSE_MASK``) and 0 on the prompt and observations.
     """
-    prompt = encode_prompt(tokenizer, messages)
-    response = tokenizer(completion, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-    return prompt + response, len(prompt)
+    parts = [completion] if isinstance(completion, str) else list(completion)
+    if len(parts) % 2 == 0:
+        raise ValueError(
+            f"encode_example: a completion of {len(parts)} parts; give policy turns and observations "
+            "alternating, starting and ending with a policy turn (an odd number of parts)."
+        )
+    ids = encode_prompt(tokenizer, messages)
+    mask = [0] * len(ids)
+    for i, text in enumerate(parts):
+        if i % 2:  # an observation after a turn closed by EOS
+            part = encode_observation(tokenizer, text, turn_closed=True)
+        else:
+            part = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        ids += part
+        mask += [1 - i % 2] * len(part)
+    return ids, mask
 
 
 def bucketed_batches(lengths: Sequence[int], batch_size: int, rng: np.random.Generator) -> list[np.ndarray]:
@@ -57,25 +78,26 @@ def bucketed_batches(lengths: Sequence[int], batch_size: int, rng: np.random.Gen
     return [batches[i] for i in rng.permutation(len(batches))]
 
 
-def collate(encoded: Sequence[tuple[list[int], int]], pad_id: int) -> dict[str, torch.Tensor]:
+def collate(encoded: Sequence[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
     """Right-pads encoded examples into a training batch.
 
     Args:
-        encoded: ``(ids, num_prompt_tokens)`` pairs from :func:`encode_example`.
+        encoded: ``(ids, loss_mask)`` pairs from :func:`encode_example`.
         pad_id: Padding token id.
 
     Returns:
-        ``input_ids`` and ``attention_mask`` (B, T) and ``labels`` (B, T) holding the token id on
-        completion tokens and -100 on prompt and padding.
+        ``input_ids`` and ``attention_mask`` (B, T) and ``labels`` (B, T) holding the token id
+        where the loss mask is 1 (policy turns) and -100 on prompt, observations and padding.
     """
     T = max(len(ids) for ids, _ in encoded)
     input_ids = torch.full((len(encoded), T), pad_id, dtype=torch.long)  # (B, T)
     attention_mask = torch.zeros((len(encoded), T), dtype=torch.long)  # (B, T)
     labels = torch.full((len(encoded), T), -100, dtype=torch.long)  # (B, T)
-    for i, (ids, num_prompt) in enumerate(encoded):
-        input_ids[i, : len(ids)] = torch.tensor(ids)
+    for i, (ids, mask) in enumerate(encoded):
+        row = torch.tensor(ids)  # (T_i,)
+        input_ids[i, : len(ids)] = row
         attention_mask[i, : len(ids)] = 1
-        labels[i, num_prompt : len(ids)] = torch.tensor(ids[num_prompt:])
+        labels[i, : len(ids)] = torch.where(torch.tensor(mask, dtype=torch.bool), row, -100)
     return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
 
 
@@ -91,8 +113,8 @@ def lr_at(step: int, spec) -> float:
 def completion_loss(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """Mean next-token cross-entropy over the completion tokens of a batch (token-mean).
 
-    The output head runs only on the positions that predict a completion token, which saves
-    most of its cost (prompts are the larger part of each sequence).
+    The output head runs only on the positions that predict a completion token (a policy-turn
+    token), which saves most of its cost (prompts are the larger part of each sequence).
     """
     out = model.get_decoder()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
     hidden = out.last_hidden_state  # (B, T, H)
@@ -104,7 +126,7 @@ def completion_loss(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
 
 def sft(
     model,
-    encoded: Sequence[tuple[list[int], int]],
+    encoded: Sequence[tuple[list[int], list[int]]],
     spec,
     *,
     pad_id: int,
@@ -121,7 +143,7 @@ def sft(
 
     Args:
         model: A HF causal LM, trained in place on the device its parameters are on.
-        encoded: ``(ids, num_prompt_tokens)`` training examples.
+        encoded: ``(ids, loss_mask)`` training examples (:func:`encode_example`).
         spec: The schedule: ``sft_steps``, ``batch_size``, ``lr``, ``warmup_steps``,
             ``min_lr_ratio``, ``weight_decay``, ``grad_clip`` and ``seed`` (of the batch order),
             e.g. a ``tiny.TinyModelSpec`` or a ``warm_start.WarmStartSpec``.

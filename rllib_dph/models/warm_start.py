@@ -9,6 +9,11 @@ train splits' solutions (every SQL style in equal numbers: plain, alias, subquer
 the math suite's worked answers), through the model's own chat template, with the loss on the
 completion and its end-of-turn token.
 
+``tiny-sql-math-mt`` is the bundled ``tiny-sql-math`` taught the multi-turn protocol of
+``rllib_dph/SQLMultiTurn-v0`` the same way: half of its SQL examples are replayed as the env's
+episodes (``rllib_dph.envs.sql_multiturn.sft_traces``: an exploratory query, the env's reply, the
+answer; or the answer at once), the loss on the policy turns only (issue #26, item 6).
+
 ``model_name="smollm2-135m-sft"`` builds it on first use into the model cache (or ahead of time:
 ``rllib build-model smollm2-135m-sft``), with a progress bar; an interrupted build resumes from
 its last checkpoint (every ``checkpoint_every`` steps). The folder's build record holds the spec,
@@ -24,6 +29,7 @@ import json
 import os
 import shutil
 import time
+from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -57,6 +63,9 @@ class WarmStartSpec:
         grad_clip: Maximum global gradient norm.
         seed: Seed of the example draw and the batch order.
         checkpoint_every: Steps between resumable checkpoints.
+        multi_turn_share: Share of the drawn ``sql_synth`` examples replayed as
+            ``SQLMultiTurn-v0`` episodes (``sql_multiturn.sft_traces``, seeded with ``seed``)
+            instead of single-turn ``SQL-v0`` answers; 0.0: single-turn examples only.
     """
 
     base: str
@@ -70,11 +79,16 @@ class WarmStartSpec:
     grad_clip: float = 1.0
     seed: int = 0
     checkpoint_every: int = 20
+    multi_turn_share: float = 0.0
 
 
 #: The warm starts by model name.
 WARM_STARTS: dict[str, WarmStartSpec] = {
     "smollm2-135m-sft": WarmStartSpec(base="smollm2-135m-instruct"),
+    "tiny-sql-math-mt": WarmStartSpec(
+        base="tiny-sql-math", splits=("sql_synth/train",), sft_steps=800, batch_size=16, lr=2e-3,
+        warmup_steps=20, checkpoint_every=200, multi_turn_share=0.5,
+    ),
 }
 
 
@@ -100,7 +114,26 @@ def training_examples(spec: WarmStartSpec) -> list[dict]:
             f"{len(pool)}; lower sft_steps or batch_size."
         )
     order = np.random.default_rng(spec.seed).permutation(len(pool))[:wanted]
-    return [pool[i] for i in order]
+    chosen = [pool[i] for i in order]
+    return _with_traces(chosen, spec) if spec.multi_turn_share > 0 else chosen
+
+
+def _with_traces(examples: list[dict], spec: WarmStartSpec) -> list[dict]:
+    """``examples`` with a seeded ``spec.multi_turn_share`` of the ``sql_synth`` ones replaced by
+    their ``SQLMultiTurn-v0`` traces (``sql_multiturn.sft_traces``), in place of the same rows."""
+    from rllib_dph.envs.sql_multiturn import sft_traces
+    from rllib_dph.envs.suites import SQL_SUITE
+
+    rng = np.random.default_rng(spec.seed + 1)
+    by_split: dict[str, list[int]] = defaultdict(list)
+    for i, ex in enumerate(examples):
+        if ex["task_id"].startswith(f"{SQL_SUITE}/") and rng.random() < spec.multi_turn_share:
+            by_split[ex["task_id"].rsplit("/", 1)[0]].append(i)
+    out = list(examples)
+    for split, rows in by_split.items():
+        for i, trace in zip(rows, sft_traces(split, [examples[i] for i in rows], seed=spec.seed)):
+            out[i] = trace
+    return out
 
 
 @functools.cache
@@ -190,12 +223,12 @@ def _sft_summary(examples: list[dict], losses: list[float], seconds: float) -> d
         losses: The loss of every SFT step.
         seconds: SFT time of this run (a resumed build counts only its own part).
     """
-    styles: dict[str, int] = {}
-    for ex in examples:
-        styles[ex["style"]] = styles.get(ex["style"], 0) + 1
+    styles = Counter(ex["style"] for ex in examples)
+    traces = Counter(ex["probe"] or "direct" for ex in examples if "probe" in ex)
     return {
         "examples": len(examples),
         "styles": dict(sorted(styles.items())),
+        "multi_turn": dict(sorted(traces.items())),
         "first_loss": losses[0],
         "final_loss": float(np.mean(losses[-10:])),
         "seconds": seconds,
@@ -211,7 +244,9 @@ def is_current_warm_start(path: str | os.PathLike, name: str, base_dir: str | os
         return False
     record = json.loads(record_path.read_text())
     spec = WARM_STARTS[name]
-    if record.get("warm_start_version") != WARM_START_VERSION or record.get("spec") != json.loads(json.dumps(asdict(spec))):
+    # A field the record lacks was added to the spec later; its default is what that build did.
+    recorded = json.loads(json.dumps({**asdict(WarmStartSpec(base=spec.base)), **record.get("spec", {})}))
+    if record.get("warm_start_version") != WARM_START_VERSION or recorded != json.loads(json.dumps(asdict(spec))):
         return False
     if record.get("corpus_sha256") != _current_corpus(spec):
         return False

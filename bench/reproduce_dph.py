@@ -269,30 +269,37 @@ def tables(base: dict, runs: dict, args) -> tuple[str, dict]:
     return "\n".join(lines), numbers
 
 
-def references(base: dict, runs: dict) -> list[tuple[str, list]]:
-    """What each method is compared with: the base model, GRPO and DAPO (whose clip-higher and
-    dynamic-sampling settings the DPH tuned examples share), those that ran."""
-    return [("base", [base])] + [(name, runs[name]) for name in ("GRPO", "DAPO") if name in runs]
+def references(base: dict, runs: dict) -> list[tuple[str, str, list]]:
+    """What each method is compared with, as ``(label, run name, per-seed results)``: the base
+    model, GRPO and DAPO (whose clip-higher and dynamic-sampling settings the DPH tuned examples
+    share), those that ran; in a budget of LoRA runs, their LoRA runs under the same labels."""
+    refs = [("base", "base", [base])]
+    for family in ("GRPO", "DAPO"):
+        name = next((n for n in (family, f"{family} (LoRA)") if n in runs), None)
+        if name is not None:
+            refs.append((family, name, runs[name]))
+    return refs
 
 
 def differences(base: dict, runs: dict, k_max: int, numbers: dict) -> str:
     """A Markdown table of each method's paired difference to the base model, GRPO and DAPO."""
     from rllib_dph.evaluation.intervals import format_interval, paired_difference_interval
 
-    metrics = [("in-domain", "greedy_accuracy", "greedy"), ("in-domain", f"pass@{k_max}", f"pass@{k_max}"),
+    metrics = [("in-domain", "greedy_accuracy", "greedy"), ("in-domain", "pass@1", "pass@1"),
+               ("in-domain", f"pass@{k_max}", f"pass@{k_max}"),
                ("cross-domain", f"pass@{k_max}", f"cross pass@{k_max}"), ("math (OOD)", f"pass@{k_max}", f"math pass@{k_max}"),
                ("ties", f"pass@{k_max}", f"ties pass@{k_max}")]
     metrics = [m for m in metrics if m[0] in base]
     refs = references(base, runs)
-    head = " | ".join(f"{label} − {ref}" for ref, _ in refs for _, _, label in metrics)
+    head = " | ".join(f"{label} − {ref}" for ref, _, _ in refs for _, _, label in metrics)
     lines = ["Paired differences in points, with 95 % intervals (the same prompts redrawn for both sides):",
              "", f"| method | {head} |", "|" + " --- |" * (1 + len(refs) * len(metrics))]
     numbers["differences"] = {}
     for method, per_seed in runs.items():
         texts = []
-        for ref, ref_seeds in refs:
+        for ref, ref_name, ref_seeds in refs:
             for split, metric, label in metrics:
-                if ref == method:
+                if ref_name == method:
                     texts.append("—")
                     continue
                 a, b = stack([r[split] for r in per_seed], metric), stack([r[split] for r in ref_seeds], metric)
@@ -309,8 +316,8 @@ def entropy_differences(base: dict, runs: dict, numbers: dict) -> None:
     from rllib_dph.evaluation.intervals import paired_entropy_difference_interval
 
     for method, per_seed in runs.items():
-        for ref, ref_seeds in references(base, runs):
-            if ref == method:
+        for ref, ref_name, ref_seeds in references(base, runs):
+            if ref_name == method:
                 continue
             results = [r["in-domain"] for r in per_seed] + [r["in-domain"] for r in ref_seeds]
             styles = sorted({s for r in results for s in r.style_counts() if s != "none"})
@@ -361,7 +368,7 @@ def primary_reading(diff: dict) -> str:
     return "DPH-JS worse than GRPO" if high < 0 else "cannot tell"
 
 
-def claims(numbers: dict, k_max: int, methods=("DPH-F", "DPH-JS", "DPH-JS (refine)")) -> str:
+def claims(numbers: dict, k_max: int, methods=("DPH-F", "DPH-JS", "DPH-JS (refine)", "DPH-JS (LoRA)")) -> str:
     """One row per claim of the DPH-RL paper, one column per DPH variant: verdict and numbers.
 
     Each claim is read from a paired difference and its 95 % interval (:func:`verdict`, margins

@@ -210,65 +210,81 @@ def markdown(report: dict) -> str:
     lines += ["Environment: " + ", ".join(f"{k} {v}" for k, v in env.items()), ""]
     lines += ["| step | exit | seconds |", "| --- | --- | --- |"]
     lines += [f"| {name} | {r.get('rc', r.get('skipped'))} | {r.get('seconds', '-')} |" for name, r in s.items()]
-    rollouts = (s.get("rollouts", {}).get("results") or {}).get("generation", [])
-    if rollouts:
-        lines += ["", "## Rollouts (HF engine, bf16, 128 rows, 64 + 256 tokens)", "",
-                  "| model | decoding | params (M) | tokens/s | first call s | s/call | weight sync s | peak MiB | "
-                  "max / mean abs(μ − recompute) | vs fp32 recompute |", "| --- " * 10 + "|"]
-        for r in rollouts:
-            if "error" in r:
-                lines.append(f"| {r['model']} | {r.get('mode')} | error: {r['error'][:200]} |||||||||")
-                continue
-            lines.append(
-                f"| {r['model']} | {r['mode']} | {r['params_m']:.0f} | {r['tokens_per_s']:.0f} | {r['first_call_s']:.1f} | "
-                f"{r['gen_s']:.2f} | {r['weight_sync_s']:.3f} | {r['peak_mib']:.0f} | "
-                f"{r['mu_vs_same_dtype_max']:.3f} / {r['mu_vs_same_dtype_mean']:.4f} | "
-                f"{_fmt(r.get('mu_vs_fp32_max'))} / {_fmt(r.get('mu_vs_fp32_mean'))} |")
+    lines += _rollouts_md((s.get("rollouts", {}).get("results") or {}).get("generation", []))
     for name in ("learners", "learners-1"):
-        rows = s.get(name, {}).get("results") or []
-        if not rows:
-            continue
-        lines += ["", f"## Learner updates ({name}: Qwen2-0.5B random weights, bf16, 64 rows x (128 + 256))", "",
-                  "| case | learners x GPU | s/update | tokens/s | peak GB per learner | predicted GB | error |",
-                  "| --- | --- | --- | --- | --- | --- | --- |"]
-        for r in rows:
-            case = f"{r['sharding']}:{r['algo']}{':ckpt' if r['checkpointing'] else ''}{':lora' if r.get('lora') else ''}"
-            if "update_s" not in r:
-                lines.append(f"| {case} | | {r.get('error', r.get('skipped', ''))[-300:]} |||||".replace("\n", " "))
-                continue
-            lines.append(f"| {case} | {r['num_learners']} x {r['gpus_per_learner']} | {r['update_s']:.3f} | "
-                         f"{r['tokens_per_s']:.0f} | {' / '.join(f'{p:.2f}' for p in r['peak_gb'])} | "
-                         f"{r['predicted_gb']:.2f} | {_fmt(r.get('error_pct'), '+.0f')} % |")
-    e2e = s.get("e2e", {}).get("results") or []
-    if e2e:
-        lines += ["", "## End to end (`rllib train`, tuned_examples/grpo/sql_tiny_grpo.py, bf16, learner and engine on the GPU)",
-                  "", "| iteration | s | sampling s | generation s | learner s | weight sync s | generation tokens/s | reward |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-        for r in e2e:
-            lines.append("| " + " | ".join(_fmt(r[k]) for k in (
-                "iteration", "iteration_s", "sampling_s", "generation_s", "learner_s", "weight_sync_s",
-                "generation_tokens_per_s", "reward")) + " |")
-    profile = s.get("profile", {}).get("results") or []
-    if profile:
-        lines += ["", "## One decoding call under torch.profiler (HF engine, bf16, random weights)", "",
-                  "| model | decoding | ms per step | GPU busy ms per step | kernels per step | syncs per step | "
-                  "top CPU operators (ms per step) |", "| --- " * 7 + "|"]
-        for r in profile:
-            if "error" in r:
-                lines.append(f"| {r['model']} | {r['mode']} | error: {r['error'][:200]} |||||")
-                continue
-            top = ", ".join(f"{o['op']} {o['ms_per_step']:.2f}" for o in r["top_cpu"][:4])
-            lines.append(f"| {r['model']} | {r['mode']} | {r['wall_ms_per_step']:.2f} | "
-                         f"{_fmt(r['gpu_busy_ms_per_step'], '.2f')} | {r['device_ops_per_step']:.0f} | "
-                         f"{r['syncs_per_step']:.1f} | {top} |")
-    smollm2 = (s.get("smollm2", {}).get("results") or {}).get("stages", {})
-    if smollm2:
-        lines += ["", "## SmolLM2 tuned examples (`bench/gpu_smollm2.py`)", "", "| stage | exit | seconds | results |",
-                  "| --- | --- | --- | --- |"]
-        for name, r in smollm2.items():
-            lines.append(f"| {name} | {r.get('rc', r.get('skipped'))} | {r.get('seconds', '-')} | "
-                         f"{json.dumps(r.get('results'))[:400]} |")
+        lines += _learners_md(name, s.get(name, {}).get("results") or [])
+    lines += _e2e_md(s.get("e2e", {}).get("results") or [])
+    lines += _profile_md(s.get("profile", {}).get("results") or [])
+    lines += _smollm2_md((s.get("smollm2", {}).get("results") or {}).get("stages", {}))
     return "\n".join(lines) + "\n"
+
+
+def _table(title: str, header: list[str], rows: list[dict], row, label=None) -> list[str]:
+    """A titled Markdown table; ``row(r)`` formats one result, and a result with an ``error`` is
+    one row: ``label(r)`` (default: its model and mode) and the error's end."""
+    if not rows:
+        return []
+    label = label or (lambda r: f"{r.get('model', '')} | {r.get('mode', '')}")
+    lines = ["", title, "", "| " + " | ".join(header) + " |", "| --- " * len(header) + "|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {label(r)} | error: {str(r['error'])[-300:]} |".replace("\n", " "))
+        else:
+            lines.append(row(r))
+    return lines
+
+
+def _rollouts_md(rows: list[dict]) -> list[str]:
+    return _table(
+        "## Rollouts (HF engine, bf16, 128 rows, 64 + 256 tokens)",
+        ["model", "decoding", "params (M)", "tokens/s", "first call s", "s/call", "weight sync s", "peak MiB",
+         "max / mean abs(μ − recompute)", "vs fp32 recompute"], rows,
+        lambda r: (f"| {r['model']} | {r['mode']} | {r['params_m']:.0f} | {r['tokens_per_s']:.0f} | "
+                   f"{r['first_call_s']:.1f} | {r['gen_s']:.2f} | {r['weight_sync_s']:.3f} | {r['peak_mib']:.0f} | "
+                   f"{r['mu_vs_same_dtype_max']:.3f} / {r['mu_vs_same_dtype_mean']:.4f} | "
+                   f"{_fmt(r.get('mu_vs_fp32_max'))} / {_fmt(r.get('mu_vs_fp32_mean'))} |"))
+
+
+def _learners_md(name: str, rows: list[dict]) -> list[str]:
+    def case(r: dict) -> str:
+        return f"{r['sharding']}:{r['algo']}{':ckpt' if r['checkpointing'] else ''}{':lora' if r.get('lora') else ''}"
+
+    def row(r: dict) -> str:
+        if "update_s" not in r:
+            return f"| {case(r)} | | {r.get('skipped', '')[-300:]} |||||"
+        return (f"| {case(r)} | {r['num_learners']} x {r['gpus_per_learner']} | {r['update_s']:.3f} | "
+                f"{r['tokens_per_s']:.0f} | {' / '.join(f'{p:.2f}' for p in r['peak_gb'])} | "
+                f"{r['predicted_gb']:.2f} | {_fmt(r.get('error_pct'), '+.0f')} % |")
+
+    return _table(f"## Learner updates ({name}: Qwen2-0.5B random weights, bf16, 64 rows x (128 + 256))",
+                  ["case", "learners x GPU", "s/update", "tokens/s", "peak GB per learner", "predicted GB", "error"],
+                  rows, row, label=case)
+
+
+def _e2e_md(rows: list[dict]) -> list[str]:
+    keys = ("iteration", "iteration_s", "sampling_s", "generation_s", "learner_s", "weight_sync_s",
+            "generation_tokens_per_s", "reward")
+    return _table("## End to end (`rllib train`, tuned_examples/grpo/sql_tiny_grpo.py, bf16, learner and engine on the GPU)",
+                  ["iteration", "s", "sampling s", "generation s", "learner s", "weight sync s", "generation tokens/s",
+                   "reward"], rows, lambda r: "| " + " | ".join(_fmt(r[k]) for k in keys) + " |")
+
+
+def _profile_md(rows: list[dict]) -> list[str]:
+    def row(r: dict) -> str:
+        top = ", ".join(f"{o['op']} {o['ms_per_step']:.2f}" for o in r["top_cpu"][:4])
+        return (f"| {r['model']} | {r['mode']} | {r['wall_ms_per_step']:.2f} | {_fmt(r['gpu_busy_ms_per_step'], '.2f')} | "
+                f"{r['device_ops_per_step']:.0f} | {r['syncs_per_step']:.1f} | {top} |")
+
+    return _table("## One decoding call under torch.profiler (HF engine, bf16, random weights)",
+                  ["model", "decoding", "ms per step", "GPU busy ms per step", "kernels per step", "syncs per step",
+                   "top CPU operators (ms per step)"], rows, row)
+
+
+def _smollm2_md(stages: dict) -> list[str]:
+    rows = [{"stage": name, **r} for name, r in stages.items()]
+    return _table("## SmolLM2 tuned examples (`bench/gpu_smollm2.py`)", ["stage", "exit", "seconds", "results"], rows,
+                  lambda r: (f"| {r['stage']} | {r.get('rc', r.get('skipped'))} | {r.get('seconds', '-')} | "
+                             f"{json.dumps(r.get('results'))[:400]} |"))
 
 
 def prepare(folder: pathlib.Path) -> None:

@@ -53,10 +53,11 @@ ENVS = (("SQL-v0", "rllib_dph/SQL-v0", {}),) + tuple(
 
 
 class TimedEngine:
-    """A rollout engine that counts the tokens it generates and the seconds it spends generating."""
+    """A rollout engine that counts the tokens it generates, its ``generate`` calls and their rows,
+    and the seconds it spends generating."""
 
     def __init__(self, engine):
-        self.engine, self.tokens, self.seconds = engine, 0, 0.0
+        self.engine, self.tokens, self.calls, self.rows, self.seconds = engine, 0, 0, 0, 0.0
 
     def __getattr__(self, name):
         return getattr(self.engine, name)
@@ -65,6 +66,8 @@ class TimedEngine:
         start = time.perf_counter()
         groups = self.engine.generate(prompts, params)
         self.seconds += time.perf_counter() - start
+        self.calls += 1
+        self.rows += sum(len(g) for g in groups)
         self.tokens += sum(len(c.token_ids) for group in groups for c in group)
         return groups
 

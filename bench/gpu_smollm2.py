@@ -37,30 +37,13 @@ import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
+from gpu_suite import e2e_results, launch as start, stop  # noqa: E402
 
 EXAMPLES = {
     "grpo": REPO / "tuned_examples/grpo/sql_smollm2_grpo.py",
     "dph_js": REPO / "tuned_examples/dph/sql_smollm2_dph_js.py",
 }
 RUNS = pathlib.Path(tempfile.gettempdir()) / "gpu_smollm2_runs"
-
-
-def start(command: list, log) -> subprocess.Popen:
-    log.write(f"\n===== {' '.join(map(str, command))}\n")
-    log.flush()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_USAGE_STATS_ENABLED": "0", "HF_HUB_OFFLINE": "1",
-           "PYTHONPATH": os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(REPO)) if p)}
-    return subprocess.Popen([str(c) for c in command], stdout=log, stderr=subprocess.STDOUT, text=True, cwd=REPO,
-                            env=env, start_new_session=True)
-
-
-def stop(proc: subprocess.Popen) -> None:
-    """Kills the stage's process group and any Ray process it left (they would hold GPU memory)."""
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    subprocess.run(["pkill", "-9", "-f", "raylet|gcs_server|ray::|default_worker.py|dashboard/agent.py"],
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def run(command: list, log, limit_s: float) -> dict:
@@ -109,8 +92,6 @@ def train(algo: str, args, log, limit_s: float) -> dict:
             rc = f"stopped {args.exit_grace_s:.0f} s after its final checkpoint"
             break
     stop(proc)
-    from gpu_suite import e2e_results
-
     ckpt = ckpt or final_checkpoint(storage, args.iterations)
     rows = e2e_results(storage)
     return {"command": [str(c) for c in command], "rc": rc, "seconds": round(time.perf_counter() - t0, 1),

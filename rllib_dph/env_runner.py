@@ -10,6 +10,7 @@ the env only to show prompts and score completions (both in :func:`rllib_dph.rol
 from __future__ import annotations
 
 import time
+import warnings
 from typing import TYPE_CHECKING, Collection, Optional, Union
 
 import gymnasium as gym
@@ -285,7 +286,11 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             weights = ray.get(weights)
         weights = weights.get(DEFAULT_MODULE_ID, weights)
         t0 = time.perf_counter()
-        self.engine.update_weights(weights)
+        with warnings.catch_warnings():
+            # Arrays mapped from Ray's object store are read-only; the engines copy them into their
+            # own parameters and never write them.
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            self.engine.update_weights(weights)
         self.metrics.log_value("weight_sync_time_s", time.perf_counter() - t0, window=1)
 
     @override(Checkpointable)

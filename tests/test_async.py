@@ -18,6 +18,7 @@ from rllib_dph.async_sampling import (
     PublishedWeights,
     SamplingRounds,
     drop_stale_rows,
+    publish_weights,
     split_prompts,
 )
 
@@ -50,6 +51,26 @@ def test_staleness_is_that_of_the_rows_the_step_keeps():
     assert C.WEIGHT_VERSION not in batch and C.WEIGHT_VERSION in kept
     assert rounds.metrics.peek(STALENESS_MAX) == 1
     assert rounds.metrics.peek(STALENESS_MEAN) == pytest.approx(4 / 6)
+
+
+def test_published_weights_are_numpy_arrays_in_the_object_store(ray_session):
+    """Weights go into Ray's object store as numpy arrays (out-of-band buffers, mapped without a
+    copy on get), not as pickled torch tensors; bfloat16, which numpy lacks, stays a tensor; the
+    values and the version survive, and the publication is a snapshot of the state it was given."""
+    import torch
+
+    weight = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    state = {"rl_module": {DEFAULT_MODULE_ID: {"w": weight, "b": torch.ones(2, dtype=torch.bfloat16),
+                                               "lora_settings": {"r": 4}}}, "weights_seq_no": 7}
+    published = publish_weights(state)
+    weight.add_(100.0)  # the learner updates in place after publishing
+    got = ray_session.get(published.state)
+    assert published.version == got["weights_seq_no"] == 7
+    module = got["rl_module"][DEFAULT_MODULE_ID]
+    assert isinstance(module["w"], np.ndarray) and not module["w"].flags.writeable  # mapped from the store
+    np.testing.assert_array_equal(module["w"], np.arange(6, dtype=np.float32).reshape(2, 3))
+    assert isinstance(module["b"], torch.Tensor) and module["b"].dtype == torch.bfloat16
+    assert module["lora_settings"] == {"r": 4}
 
 
 def test_split_prompts_over_env_runners():
@@ -300,9 +321,7 @@ def test_rllib_train_async_run_killed_with_sigkill_resumes_its_version_and_bound
     out = subprocess.run(args + ["--resume"], capture_output=True, text=True, timeout=600, cwd=REPO)
     assert out.returncode == 0, out.stderr[-4000:]
     results = [json.loads(line) for line in (trial / "result.json").read_text().splitlines() if _is_json(line)]
-    restart = next(i for i in range(1, len(results))
-                   if results[i]["training_iteration"] <= results[i - 1]["training_iteration"])
-    resumed = results[restart:]
+    resumed = results[len(before):]  # Tune appends; a line the kill cut is not JSON and skipped
     first = resumed[0]["training_iteration"]
     assert 1 < first <= len(before) + 1 and resumed[-1]["training_iteration"] == stop
     # The version counter is the checkpoint's: one learner update per iteration, continued.

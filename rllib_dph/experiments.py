@@ -84,8 +84,12 @@ def run_experiment(
     verbose: int = 0,
     callbacks: Optional[list] = None,
     user_modules: tuple = (),
+    force: bool = False,
 ):
     """Runs ``config`` through Ray Tune until ``stop``; returns Tune's ``ResultGrid``.
+
+    Once Ray has started, a trial that asks for more CPUs or GPUs than the cluster has is refused
+    (``preflight.resource_problems``; Tune would keep it pending), unless ``force``.
 
     Args:
         verbose: 0 prints one line per iteration (``rllib_dph.console``); 1-3 are Tune's own
@@ -99,6 +103,7 @@ def run_experiment(
     from rllib_dph.models.hub import absolute_path
 
     _start_ray(verbose, user_modules)
+    _refuse([] if force else _resource_problems(config))
     storage_path = absolute_path(storage_path or "~/ray_results")
     name = name or default_experiment_name(config)
     callbacks = [*(callbacks or []), *([IterationPrinter()] if verbose == 0 else [])]
@@ -111,11 +116,7 @@ def run_experiment(
             param_space=config,
             tune_config=tune.TuneConfig(num_samples=num_samples),
             run_config=tune.RunConfig(
-                name=name,
-                storage_path=storage_path,
-                stop=stop,
-                verbose=verbose,
-                callbacks=callbacks,
+                name=name, storage_path=storage_path, stop=stop, verbose=verbose, callbacks=callbacks,
                 checkpoint_config=tune.CheckpointConfig(
                     checkpoint_frequency=checkpoint_freq, checkpoint_at_end=checkpoint_at_end
                 ),
@@ -127,6 +128,15 @@ def run_experiment(
     if resume:
         _exit_on_unmet_stop(results, stop, experiment_dir)
     return results
+
+
+def _resource_problems(config) -> list:
+    """``preflight.resource_problems`` of ``config`` against the running Ray cluster."""
+    import ray
+
+    from rllib_dph.preflight import resource_problems
+
+    return resource_problems(config, ray.cluster_resources())
 
 
 def _exit_on_unmet_stop(results, stop: dict, experiment_dir: str) -> None:
@@ -222,7 +232,8 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", action="store_true", help="resume the experiment named by --name")
     parser.add_argument(
         "--force", action="store_true",
-        help="start even when the estimated peak memory exceeds this machine's RAM or GPU memory",
+        help="start even when the estimated peak memory exceeds this machine's RAM or GPU memory, or a trial "
+        "asks for more CPUs or GPUs than the Ray cluster has (a cluster that adds nodes for pending trials)",
     )
     parser.add_argument(
         "-v", "--verbose", type=int, nargs="?", const=1, default=0,
@@ -331,6 +342,7 @@ def run_from_args(config, stop: dict, args: argparse.Namespace) -> None:
         verbose=args.verbose,
         callbacks=callbacks,
         user_modules=tuple(user_modules),
+        force=args.force,
     )
     _print_summary(results)
 

@@ -426,3 +426,35 @@ def memory_problems(config, *, force: bool = False, budget=None, out=None) -> li
         else:
             problems.append(Problem("memory", memory.refusal_message(check)))
     return list(dict.fromkeys(problems))
+
+
+def resource_problems(config, available: Mapping[str, float]) -> list[Problem]:
+    """Variants of ``config`` one trial of which asks Ray for more CPUs or GPUs than ``available``
+    (``ray.cluster_resources()``): Tune would keep such a trial pending without an error.
+
+    A trial's request is RLlib's placement group (``Algorithm.default_resource_request``): the
+    algorithm's process with its local learner (``num_gpus_per_learner`` when
+    ``num_learners=0``), then each remote learner and env runner.
+
+    Returns:
+        One problem per variant and resource that does not fit, naming the request, what the
+        cluster has and the fields to lower.
+    """
+    problems = []
+    for variant in search_variants(config):
+        bundles = variant.algo_class.default_resource_request(variant).bundles
+        for resource, fields in (("GPU", "num_gpus_per_learner, num_gpus_per_env_runner"),
+                                 ("CPU", "num_cpus_per_learner, num_cpus_per_env_runner, num_cpus_for_main_process")):
+            need = [bundle.get(resource, 0.0) for bundle in bundles]
+            have = float(available.get(resource, 0.0))
+            if sum(need) > have + 1e-9:
+                problems.append(Problem(
+                    f"{type(variant).__name__} resources",
+                    f"one trial asks Ray for {sum(need):g} {resource}s ({' + '.join(f'{n:g}' for n in need)}: the "
+                    f"algorithm with its local learner, then {variant.num_learners} remote learner(s) and "
+                    f"{variant.num_env_runners} env runner(s)), and the Ray cluster has {have:g}; Tune would keep "
+                    f"the trial pending. Lower {fields} or the number of learners / env runners (fractions "
+                    "share a device: 0.5 GPU for the local learner and 0.5 for one env runner put both on one "
+                    "GPU), or pass --force on a cluster that adds nodes for pending trials.",
+                ))
+    return problems

@@ -1,6 +1,6 @@
 """Preflight of `rllib train`: every bad input refused before Ray starts, each problem once.
 
-Fast: no Ray cluster is started (the last test runs the command and checks it never starts one).
+Fast: no Ray cluster is started, but by the resource check's command test, which needs one.
 """
 
 import json
@@ -25,6 +25,7 @@ from rllib_dph.preflight import (
     model_problem,
     preflight,
     resolve_paths,
+    resource_problems,
     search_variants,
     stop_key_problems,
 )
@@ -231,3 +232,34 @@ def test_rllib_train_refuses_a_run_that_will_not_fit(tmp_path):
     args = argparse.Namespace(force=True, wandb_project=None, mlflow_tracking_uri=None, resume=False, name=None,
                               from_checkpoint=None)
     check_run(GRPOConfig().environment("rllib_dph/SQL-v0"), {}, args, huge)  # no SystemExit
+
+
+def test_a_trial_larger_than_the_cluster_is_refused_naming_request_and_fields():
+    """RLlib's placement group of one trial against the cluster's CPUs and GPUs: the SmolLM2
+    example's learner (1 GPU) beside a remote env runner (0.5 GPU) does not fit one GPU, 0.5 + 0.5
+    does; each problem names the request, the cluster and the fields."""
+    config = grpo().learners(num_learners=0, num_gpus_per_learner=1).env_runners(
+        num_env_runners=1, num_gpus_per_env_runner=0.5, num_cpus_per_env_runner=0.5)
+    (problem,) = resource_problems(config, {"CPU": 16.0, "GPU": 1.0})
+    assert "1.5 GPUs (1 + 0.5" in problem.message and "the Ray cluster has 1;" in problem.message
+    assert "num_gpus_per_learner, num_gpus_per_env_runner" in problem.message and "--force" in problem.message
+    assert resource_problems(config.copy(copy_frozen=False).learners(num_gpus_per_learner=0.5),
+                             {"CPU": 16.0, "GPU": 1.0}) == []
+    many = grpo().env_runners(num_env_runners=3, num_cpus_per_env_runner=1)
+    (problem,) = resource_problems(many, {"CPU": 2.0})
+    assert "4 CPUs (1 + 1 + 1 + 1" in problem.message and "3 env runner(s)" in problem.message
+
+
+def test_rllib_train_refuses_a_trial_the_cluster_cannot_hold(tmp_path):
+    """Once Ray has started, `rllib train` refuses a trial larger than the cluster (Tune would keep
+    it pending forever) with exit code 2 and no experiment folder."""
+    config = {"model_name": "tiny-random", "num_env_runners": 1, "num_cpus_per_env_runner": 4096,
+              "env_config": {"data": "sql_synth/test"}}
+    cmd = [sys.executable, "-m", "rllib_dph.cli", "train", "--algo", "GRPO", "--env", "rllib_dph/SQL-v0",
+           "--config", json.dumps(config), "--stop", json.dumps({"training_iteration": 1}),
+           "--storage-path", str(tmp_path / "runs")]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "GRPOConfig resources: one trial asks Ray for 4097 CPUs" in out.stderr
+    assert not (tmp_path / "runs").exists()

@@ -24,7 +24,7 @@ Results to expect:
     prompts unchanged within its intervals after 3 iterations (pass@8 0.88 -> 0.90). On one H100
     (third lease): 10.9-11.7 s per iteration, weight sync 2.2-2.8 s, pass@1 0.46 -> 0.48. With
     asynchronous sampling (`{"num_env_runners": 1, "num_gpus_per_env_runner": 0.5,
-    "max_staleness": 1}`) the H100 ran 1.92x the iterations/s of the synchronous loop with the same
+    "num_gpus_per_learner": 0.5, "max_staleness": 1}`: both halves of one GPU) the H100 ran 1.92x the iterations/s of the synchronous loop with the same
     env runner (5.4 s per iteration against 10.3; docs/gpu.md). A
     learning run (the full 200 iterations) has not been measured.
     The policy is the warm start `smollm2-135m-sft` (SmolLM2 after a 120-step SFT on the suites'

@@ -315,12 +315,12 @@ def test_rllib_train_async_run_killed_with_sigkill_resumes_its_version_and_bound
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     trial = next((tmp_path / "async_resume").glob("GRPO_*"))
-    before = [line for line in (trial / "result.json").read_text().splitlines() if _is_json(line)]
+    before = _trial_results(trial)
     assert 3 <= len(before) < stop
 
     out = subprocess.run(args + ["--resume"], capture_output=True, text=True, timeout=600, cwd=REPO)
     assert out.returncode == 0, out.stderr[-4000:]
-    results = [json.loads(line) for line in (trial / "result.json").read_text().splitlines() if _is_json(line)]
+    results = _trial_results(trial)
     resumed = results[len(before):]  # Tune appends; a line the kill cut is not JSON and skipped
     first = resumed[0]["training_iteration"]
     assert 1 < first <= len(before) + 1 and resumed[-1]["training_iteration"] == stop
@@ -332,9 +332,12 @@ def test_rllib_train_async_run_killed_with_sigkill_resumes_its_version_and_bound
     assert all(r[NUM_STALE_ROWS_DROPPED] == 0 for r in resumed)
 
 
-def _is_json(line: str) -> bool:
-    try:
-        json.loads(line)
-    except json.JSONDecodeError:
-        return False
-    return True
+def _trial_results(trial: pathlib.Path) -> list[dict]:
+    """The trial's ``result.json`` rows, without a line that SIGKILL cut while it was written."""
+    rows = []
+    for line in (trial / "result.json").read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows

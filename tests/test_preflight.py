@@ -212,6 +212,16 @@ def test_memory_force_bypasses_and_a_fitting_run_prints_one_line(capsys):
     assert "of 100.0 GB available; fits." in out
 
 
+def rllib_train_grpo(config: dict, folder: Path) -> subprocess.CompletedProcess:
+    """`rllib train --algo GRPO` on the SQL env with ``config`` for one iteration, in ``folder``
+    (runs under ``folder/runs``)."""
+    cmd = [sys.executable, "-m", "rllib_dph.cli", "train", "--algo", "GRPO", "--env", "rllib_dph/SQL-v0",
+           "--config", json.dumps(config), "--stop", json.dumps({"training_iteration": 1}),
+           "--storage-path", str(folder / "runs")]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=folder,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
 def test_rllib_train_refuses_a_run_that_will_not_fit(tmp_path):
     """Far more rows than this machine's RAM holds: exit code 2 naming the memory, no Ray
     started; the same run with --force passes the check (``check_run``; Ray is not started here)."""
@@ -221,11 +231,7 @@ def test_rllib_train_refuses_a_run_that_will_not_fit(tmp_path):
 
     huge = {"model_name": "tiny-sql-math", "prompts_per_step": 4096, "group_size": 64,
             "max_response_length": 1024, "env_config": {"data": "sql_synth/test"}}
-    cmd = [sys.executable, "-m", "rllib_dph.cli", "train", "--algo", "GRPO", "--env", "rllib_dph/SQL-v0",
-           "--config", json.dumps(huge), "--stop", json.dumps({"training_iteration": 1}),
-           "--storage-path", str(tmp_path / "runs")]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    out = rllib_train_grpo(huge, tmp_path)
     assert out.returncode == 2, out.stderr[-2000:]
     assert "1. memory: the estimated peak memory exceeds the budget on RAM" in out.stderr
     assert "--force" in out.stderr and not (tmp_path / "runs").exists()
@@ -255,11 +261,7 @@ def test_rllib_train_refuses_a_trial_the_cluster_cannot_hold(tmp_path):
     it pending forever) with exit code 2 and no experiment folder."""
     config = {"model_name": "tiny-random", "num_env_runners": 1, "num_cpus_per_env_runner": 4096,
               "env_config": {"data": "sql_synth/test"}}
-    cmd = [sys.executable, "-m", "rllib_dph.cli", "train", "--algo", "GRPO", "--env", "rllib_dph/SQL-v0",
-           "--config", json.dumps(config), "--stop", json.dumps({"training_iteration": 1}),
-           "--storage-path", str(tmp_path / "runs")]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    out = rllib_train_grpo(config, tmp_path)
     assert out.returncode == 2, out.stderr[-2000:]
     assert "GRPOConfig resources: one trial asks Ray for 4097 CPUs" in out.stderr
     assert not (tmp_path / "runs").exists()

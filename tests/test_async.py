@@ -250,8 +250,10 @@ def test_async_sampling_runs_each_round_on_the_weights_it_was_requested_with(ray
         # Pre-samples 8 training prompts into the test's folder instead of the example's cache.
         ("dph/sql_tiny_dph_js_async.py", {"env_config": {"data": "sql_synth/train[:8]"},
                                           "presample": {"k": 4, "min_correct": 2}}),
+        # Two env runners share each round (the driver and both fit 2 CPUs).
+        ("grpo/sql_tiny_grpo_async.py", {"num_env_runners": 2, "num_cpus_per_env_runner": 0.5}),
     ],
-    ids=["grpo", "dph_js"],
+    ids=["grpo", "dph_js", "grpo_2_runners"],
 )
 def test_rllib_train_runs_the_async_tuned_examples(tmp_path, example, overrides):
     """`rllib train file` on the asynchronous tuned examples, through Tune, on a smaller budget:

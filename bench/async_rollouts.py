@@ -85,12 +85,12 @@ def main() -> None:
                          **json.loads(args.config)}
             m = measure(args.example, overrides, args.iterations)
             sync = m if k == 0 else sync
-            bound = f"{sync['s_per_iter'] / max(sync['sampling_s'], sync['update_s']):6.2f}" if sync else "     -"
-            speedup = f"{m['iter_per_s'] / sync['iter_per_s']:8.2f}" if sync else "       -"
-            print(f"{runners:>7} {k:>2} {m['iter_per_s']:7.3f} {m['tokens_per_s']:7.1f} {m['staleness_mean']:5.2f} "
-                  f"{m['rows_dropped']:>7} {speedup} {bound}", flush=True)
             row = {"runners": runners, "k": k, **m, "speed_up": m["iter_per_s"] / sync["iter_per_s"] if sync else None,
                    "bound": sync["s_per_iter"] / max(sync["sampling_s"], sync["update_s"]) if sync else None}
+            speedup = f"{row['speed_up']:8.2f}" if sync else "       -"
+            bound = f"{row['bound']:6.2f}" if sync else "     -"
+            print(f"{runners:>7} {k:>2} {m['iter_per_s']:7.3f} {m['tokens_per_s']:7.1f} {m['staleness_mean']:5.2f} "
+                  f"{m['rows_dropped']:>7} {speedup} {bound}", flush=True)
             print("  " + json.dumps(row), flush=True)
             rows.append(row)
             if args.json:

@@ -457,4 +457,4 @@ def resource_problems(config, available: Mapping[str, float]) -> list[Problem]:
                     "share a device: 0.5 GPU for the local learner and 0.5 for one env runner put both on one "
                     "GPU), or pass --force on a cluster that adds nodes for pending trials.",
                 ))
-    return problems
+    return list(dict.fromkeys(problems))  # variants that differ elsewhere ask the same

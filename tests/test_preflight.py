@@ -254,6 +254,8 @@ def test_a_trial_larger_than_the_cluster_is_refused_naming_request_and_fields():
     many = grpo().env_runners(num_env_runners=3, num_cpus_per_env_runner=1)
     (problem,) = resource_problems(many, {"CPU": 2.0})
     assert "4 CPUs (1 + 1 + 1 + 1" in problem.message and "3 env runner(s)" in problem.message
+    # A grid over another field asks the same of every variant: one problem, once.
+    assert resource_problems(many.training(lr=tune.grid_search([1e-4, 1e-3])), {"CPU": 2.0}) == [problem]
 
 
 def test_rllib_train_refuses_a_trial_the_cluster_cannot_hold(tmp_path):

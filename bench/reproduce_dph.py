@@ -12,7 +12,7 @@ greedy accuracy, pass@k (n samples), keep / exploration rates against the base m
 - `pass_at_k.png`, `pass_at_k_<split>.png`: pass@k curves with 95 % bands, per split (seed 0);
 - `style_pass_at_k.png`, `style_pass_at_k_<split>.png`: pass@k per solution style (on the ties
   split: per approach) with error bars;
-- `styles.png`: solution-style distributions (in-domain), like the paper's Figure 4;
+- `styles.png` (`styles_ties.png`): solution-style distributions on the in-domain (ties) split, like the paper's Figure 4;
 - `runs/<method>_seed<s>/...`: checkpoints and per-split evaluation JSON;
 - `summary.json`: every number in the tables.
 
@@ -162,6 +162,12 @@ def evaluate_all(policy, name: str, out: pathlib.Path, args) -> None:
                             dtype=args.eval_dtype).to_json(eval_path(out, split))
 
 
+def evaluated(out: pathlib.Path, splits) -> bool:
+    """Whether ``out`` holds an evaluation of every split in ``splits``: then its run is reused as
+    it is, neither trained nor pre-sampled for (its checkpoint need not be there)."""
+    return all(eval_path(out, split).exists() for split in splits)
+
+
 def load_results(out: pathlib.Path, splits) -> dict:
     """The per-split evaluation results that ``evaluate_all`` wrote under ``out``."""
     from rllib_dph.evaluation import EvalResult
@@ -229,26 +235,44 @@ def cell(values: np.ndarray) -> tuple[str, dict]:
     return format_interval(mean, interval, scale=100), {"mean": mean, "ci95": list(interval)}
 
 
+#: The column prefix of each split's metrics (the in-domain split's have none).
+PREFIX = {"in-domain": "", "cross-domain": "cross ", "math (OOD)": "math ", "ties": "ties "}
+#: The splits whose style entropy is reported: in-domain (SQL styles) and ties (where one style is right).
+ENTROPY_SPLITS = ("in-domain", "ties")
+
+
+def _entropy_cell(results: list) -> tuple[str, dict]:
+    """The style entropy (bits) of per-seed results of one split, with its 95 % interval."""
+    from rllib_dph.evaluation import style_entropy
+    from rllib_dph.evaluation.intervals import entropy_interval, format_interval
+
+    entropy = float(np.mean([r.summary().get("style_entropy_bits", 0.0) for r in results]))
+    styles = sorted({s for r in results for s in r.style_counts()})
+    ci = entropy_interval(np.array([r.style_matrix(styles) for r in results]), style_entropy, styles) if styles else None
+    return format_interval(entropy, ci, digits=2), {"mean": entropy, "ci95": list(ci or [])}
+
+
 def _row_cells(per_seed: list[dict], base: dict, k_mid: int, k_max: int, is_base: bool) -> dict:
-    """The cells of one method's row: metric name -> (text, numbers)."""
-    from rllib_dph.evaluation import compare, style_entropy
-    from rllib_dph.evaluation.intervals import entropy_interval, format_interval, keep_exploration_intervals
+    """The cells of one method's row, for the splits it was evaluated on: metric name -> (text, numbers)."""
+    from rllib_dph.evaluation import compare
+    from rllib_dph.evaluation.intervals import format_interval, keep_exploration_intervals
 
     def split(name: str) -> list:
         return [r[name] for r in per_seed]
 
-    cells = {
-        "greedy": cell(stack(split("in-domain"), "greedy_accuracy")),
-        **{f"pass@{k}": cell(stack(split("in-domain"), f"pass@{k}")) for k in (1, k_mid, k_max)},
-    }
-    for name, label in (("cross-domain", "cross"), ("math (OOD)", "math")):
-        if name in per_seed[0]:
-            cells[f"{label} greedy"] = cell(stack(split(name), "greedy_accuracy"))
-            cells[f"{label} pass@{k_max}"] = cell(stack(split(name), f"pass@{k_max}"))
-    if "ties" in per_seed[0]:
+    evaluated = per_seed[0]
+    cells = {}
+    if "in-domain" in evaluated:
+        cells["greedy"] = cell(stack(split("in-domain"), "greedy_accuracy"))
+        cells.update({f"pass@{k}": cell(stack(split("in-domain"), f"pass@{k}")) for k in (1, k_mid, k_max)})
+    for name in ("cross-domain", "math (OOD)"):
+        if name in evaluated:
+            cells[f"{PREFIX[name]}greedy"] = cell(stack(split(name), "greedy_accuracy"))
+            cells[f"{PREFIX[name]}pass@{k_max}"] = cell(stack(split(name), f"pass@{k_max}"))
+    if "ties" in evaluated:
         cells[f"ties pass@{k_max}"] = cell(stack(split("ties"), f"pass@{k_max}"))
         cells[f"ties extremum pass@{k_max}"] = cell(stack(split("ties"), f"pass@{k_max}/extremum"))
-    if not is_base:
+    if not is_base and "in-domain" in evaluated:
         rates = [compare(r, base["in-domain"], k_max) for r in split("in-domain")]
         keep_ci, explore_ci = keep_exploration_intervals(
             base["in-domain"].per_prompt(f"pass@{k_max}"), stack(split("in-domain"), f"pass@{k_max}")
@@ -256,13 +280,9 @@ def _row_cells(per_seed: list[dict], base: dict, k_mid: int, k_max: int, is_base
         for name, key, ci in (("keep", "keep_rate", keep_ci), ("explore", "exploration_rate", explore_ci)):
             mean = float(np.nanmean([x[key] for x in rates]))
             cells[name] = (format_interval(mean, ci, scale=100), {"mean": mean, "ci95": list(ci)})
-    styles = sorted({s for r in split("in-domain") for s in r.style_counts()})
-    entropy = float(np.mean([r.summary().get("style_entropy_bits", 0.0) for r in split("in-domain")]))
-    ci = None
-    if styles:
-        counts = np.array([r.style_matrix(styles) for r in split("in-domain")])  # (S, P, K)
-        ci = entropy_interval(counts, style_entropy, styles)
-    cells["style entropy"] = (format_interval(entropy, ci, digits=2), {"mean": entropy, "ci95": list(ci or [])})
+    for name in ENTROPY_SPLITS:
+        if name in evaluated:
+            cells[f"{PREFIX[name]}style entropy"] = _entropy_cell(split(name))
     return cells
 
 
@@ -271,8 +291,9 @@ def tables(base: dict, runs: dict, args) -> tuple[str, dict]:
     k_mid, k_max = max(1, args.n // 2), args.n
     rows = {name: _row_cells(per_seed, base, k_mid, k_max, name == "Base model")
             for name, per_seed in [("Base model", [base])] + list(runs.items())}
-    columns = list(next(iter(rows.values())))
-    columns = [c for c in columns if c != "style entropy"] + ["keep", "explore", "style entropy"]
+    columns = list(dict.fromkeys(c for cells in rows.values() for c in cells))  # every row's, in order
+    last = [c for c in ("keep", "explore") if c in columns] + [c for c in columns if c.endswith("style entropy")]
+    columns = [c for c in columns if c not in last] + last
     lines = [f"| method | {' | '.join(c.replace('keep', f'keep@{k_max}').replace('explore', f'explore@{k_max}') for c in columns)} |",
              "|" + " --- |" * (1 + len(columns))]
     numbers: dict = {"methods": {}}
@@ -281,8 +302,9 @@ def tables(base: dict, runs: dict, args) -> tuple[str, dict]:
         lines.append(f"| {name} | " + " | ".join(cells[c][0] if c in cells else "—" for c in columns) + " |")
     lines += ["", differences(base, runs, k_max, numbers)]
     entropy_differences(base, runs, numbers)
-    lines += ["", f"The paper's claims, read from the paired differences (margins: {MARGINS['rate']:g} points, "
-              f"{MARGINS['bits']:g} bits):", "", claims(numbers, k_max)]
+    if any(m in numbers["differences"] for m in DPH_VARIANTS):
+        lines += ["", f"The paper's claims, read from the paired differences (margins: {MARGINS['rate']:g} points, "
+                  f"{MARGINS['bits']:g} bits):", "", claims(numbers, k_max)]
     return "\n".join(lines), numbers
 
 
@@ -328,25 +350,28 @@ def differences(base: dict, runs: dict, k_max: int, numbers: dict) -> str:
 
 
 def entropy_differences(base: dict, runs: dict, numbers: dict) -> None:
-    """Adds each method's paired style-entropy difference to the base model, GRPO and DAPO to ``numbers``."""
+    """Adds each method's paired style-entropy difference to the base model, GRPO and DAPO, on
+    each split of :data:`ENTROPY_SPLITS` it was evaluated on, to ``numbers``."""
     from rllib_dph.evaluation import style_entropy
     from rllib_dph.evaluation.intervals import paired_entropy_difference_interval
 
     for method, per_seed in runs.items():
         for ref, ref_name, ref_seeds in references(base, runs):
-            if ref_name == method:
-                continue
-            results = [r["in-domain"] for r in per_seed] + [r["in-domain"] for r in ref_seeds]
-            styles = sorted({s for r in results for s in r.style_counts() if s != "none"})
-            if not styles:
-                continue
-            a = np.array([r["in-domain"].style_matrix(styles) for r in per_seed])  # (S, P, K)
-            b = np.array([r["in-domain"].style_matrix(styles) for r in ref_seeds])
-            diff = style_entropy(dict(zip(styles, a.sum(axis=(0, 1))))) - style_entropy(dict(zip(styles, b.sum(axis=(0, 1)))))
-            ci = paired_entropy_difference_interval(a, b, style_entropy, styles)
-            numbers["differences"].setdefault(method, {})[f"style entropy − {ref}"] = {"mean": diff, "ci95": list(ci)}
+            for split in (s for s in ENTROPY_SPLITS if s in per_seed[0] and ref_name != method):
+                results = [r[split] for r in per_seed] + [r[split] for r in ref_seeds]
+                styles = sorted({s for r in results for s in r.style_counts() if s != "none"})
+                if not styles:
+                    continue
+                a = np.array([r[split].style_matrix(styles) for r in per_seed])  # (S, P, K)
+                b = np.array([r[split].style_matrix(styles) for r in ref_seeds])
+                diff = style_entropy(dict(zip(styles, a.sum(axis=(0, 1))))) - style_entropy(dict(zip(styles, b.sum(axis=(0, 1)))))
+                ci = paired_entropy_difference_interval(a, b, style_entropy, styles)
+                key = f"{PREFIX[split]}style entropy − {ref}"
+                numbers["differences"].setdefault(method, {})[key] = {"mean": diff, "ci95": list(ci)}
 
 
+#: The DPH variants whose paper claims :func:`claims` reads (a budget without any has no claims table).
+DPH_VARIANTS = ("DPH-F", "DPH-JS", "DPH-JS (refine)", "DPH-JS (LoRA)")
 #: Margins of the claims: points for rates, bits for the style entropy.
 MARGINS = {"rate": 3.0, "bits": 0.1}
 
@@ -385,7 +410,7 @@ def primary_reading(diff: dict) -> str:
     return "DPH-JS worse than GRPO" if high < 0 else "cannot tell"
 
 
-def claims(numbers: dict, k_max: int, methods=("DPH-F", "DPH-JS", "DPH-JS (refine)", "DPH-JS (LoRA)")) -> str:
+def claims(numbers: dict, k_max: int, methods=DPH_VARIANTS) -> str:
     """One row per claim of the DPH-RL paper, one column per DPH variant: verdict and numbers.
 
     Each claim is read from a paired difference and its 95 % interval (:func:`verdict`, margins
@@ -408,6 +433,8 @@ def claims(numbers: dict, k_max: int, methods=("DPH-F", "DPH-JS", "DPH-JS (refin
         (f"ties pass@{k_max} above GRPO (the primary endpoint for DPH-JS)", f"ties pass@{k_max} − GRPO", "above", rate, 100),
         ("styles kept (entropy vs base, bits)", "style entropy − base", "kept", bits, 1),
         ("styles above GRPO (entropy, bits)", "style entropy − GRPO", "above", bits, 1),
+        ("ties styles kept (entropy vs base, bits)", "ties style entropy − base", "kept", bits, 1),
+        ("ties styles above GRPO (entropy, bits)", "ties style entropy − GRPO", "above", bits, 1),
         (f"pass@{k_max} above DAPO", f"pass@{k_max} − DAPO", "above", rate, 100),
         (f"ties pass@{k_max} above DAPO", f"ties pass@{k_max} − DAPO", "above", rate, 100),
         ("styles above DAPO (entropy, bits)", "style entropy − DAPO", "above", bits, 1),
@@ -434,7 +461,7 @@ def claims(numbers: dict, k_max: int, methods=("DPH-F", "DPH-JS", "DPH-JS (refin
 def plots(base: dict, runs: dict, out: pathlib.Path) -> None:
     """Seed 0's figures: pass@k curves with bands and per-style pass@k bars for every evaluated split
     (`pass_at_k[_<split>].png`, `style_pass_at_k[_<split>].png`; in-domain unsuffixed), and the
-    in-domain style shares like the paper's Figure 4 (`styles.png`), and every run's training
+    in-domain and ties style shares like the paper's Figure 4 (`styles[_ties].png`), and every run's training
     reward per iteration (`train_reward.png`)."""
     from rllib_dph.evaluation import plot_pass_at_k, plot_style_pass_at_k
 
@@ -444,7 +471,8 @@ def plots(base: dict, runs: dict, out: pathlib.Path) -> None:
         plot_pass_at_k(results, out / f"pass_at_k{suffix}.png")
         if any(s != "none" for r in results for s in r.style_counts()):
             plot_style_pass_at_k(results, out / f"style_pass_at_k{suffix}.png")
-    style_shares(base, runs, out / "styles.png")
+    for split in (s for s in ENTROPY_SPLITS if s in base):
+        style_shares(base, runs, split, out / ("styles.png" if split == "in-domain" else f"styles_{split}.png"))
     train_rewards(out, out / "train_reward.png")
 
 
@@ -473,15 +501,15 @@ def train_rewards(out: pathlib.Path, out_png: pathlib.Path, window: int = 5) -> 
     fig.savefig(out_png, dpi=120)
 
 
-def style_shares(base: dict, runs: dict, out_png: pathlib.Path) -> None:
-    """Bars of how often each SQL style is sampled on the in-domain split (seed 0), per method."""
+def style_shares(base: dict, runs: dict, split: str, out_png: pathlib.Path) -> None:
+    """Bars of how often each SQL style is sampled on ``split`` (seed 0), per method."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     labels = ["Base model"] + list(runs)
-    counts = [base["in-domain"].style_counts()] + [seeds[0]["in-domain"].style_counts() for seeds in runs.values()]
+    counts = [base[split].style_counts()] + [seeds[0][split].style_counts() for seeds in runs.values()]
     styles = sorted({s for c in counts for s in c if s != "none"})
     if not styles:
         return  # no completion had an answer block: nothing to draw
@@ -492,7 +520,7 @@ def style_shares(base: dict, runs: dict, out_png: pathlib.Path) -> None:
         ax.bar(np.arange(len(labels)) + j * width, shares, width, label=style)
     ax.set_xticks(np.arange(len(labels)) + 0.4 - width / 2, labels)
     ax.set_ylabel("share of sampled SQL solutions")
-    ax.set_title("Solution styles on the in-domain test split (seed 0)")
+    ax.set_title(f"Solution styles on the {split} test split (seed 0)")
     ax.legend(ncol=3, fontsize=8)
     fig.tight_layout()
     fig.savefig(out_png, dpi=120)
@@ -514,11 +542,14 @@ def run_job(method: str | None, seed: int, out: str, args) -> str:
     from rllib_dph.models.hub import resolve_model
 
     out = pathlib.Path(out)
+    name = "base model" if method is None else f"{method} seed {seed}"
+    if evaluated(out, args.splits):
+        return name  # every split's evaluation is on disk (e.g. brought from another machine)
     if method is None:
         evaluate_all(resolve_model(args.overrides.get("model_name", "tiny-sql-math")), "Base model", out, args)
-        return "base model"
+        return name
     evaluate_all(train(method, seed, out, args), method, out, args)
-    return f"{method} seed {seed}"
+    return name
 
 
 def main() -> None:
@@ -566,8 +597,10 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     # Pre-sample only for methods with a run still to train (a finished run needs no D_pef).
-    prepare([m for m in args.methods if any(not (out / "runs" / f"{m}_seed{s}" / "checkpoint" / "learner_group").exists()
-                                            for s in args.seeds)], args)
+    def to_train(run_dir: pathlib.Path) -> bool:
+        return not (run_dir / "checkpoint" / "learner_group").exists() and not evaluated(run_dir, args.splits)
+
+    prepare([m for m in args.methods if any(to_train(out / "runs" / f"{m}_seed{s}") for s in args.seeds)], args)
     jobs = [(None, 0, out / "base")] + [
         (method, seed, out / "runs" / f"{method}_seed{seed}") for method in args.methods for seed in args.seeds
     ]
@@ -602,7 +635,7 @@ def main() -> None:
     (out / "summary.json").write_text(json.dumps({"args": vars(args), "numbers": numbers}, indent=1, default=str))
     plots(base, runs, out)
     print("\n" + text)
-    print(f"wrote {out / 'results.md'} and the figures (pass_at_k*.png, style_pass_at_k*.png, styles.png) in {out}")
+    print(f"wrote {out / 'results.md'} and the figures (pass_at_k*.png, style_pass_at_k*.png, styles*.png) in {out}")
 
 
 if __name__ == "__main__":

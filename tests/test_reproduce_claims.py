@@ -90,3 +90,50 @@ def test_the_ties_budget_compares_all_trajectories_with_one(reproduce):
                                         ([-0.01, 0.2], "cannot tell"), ([0.0, 0.0], "cannot tell")])
 def test_primary_endpoint_reading_is_the_pre_registered_one(reproduce, ci, reading):
     assert reproduce.primary_reading({"mean": sum(ci) / 2, "ci95": ci}) == reading
+
+
+def _ties_result(name: str, extremum_share: float, seed: int):
+    """An evaluation of 20 ties prompts x 8 samples: ``extremum`` answers are right, ``order_limit`` ones wrong."""
+    import numpy as np
+
+    from rllib_dph.evaluation.results import EvalResult, PromptRecord
+
+    rng = np.random.default_rng(seed)
+    records = []
+    for i in range(20):
+        styles = ["extremum" if u < extremum_share else "order_limit" for u in rng.random(8)]
+        records.append(PromptRecord(task_id=f"ties-{i}", index=i, correct=[s == "extremum" for s in styles],
+                                    answers=[s for s in styles], styles=styles, num_truncated=0, greedy_correct=False))
+    return EvalResult(records=records, n=8, temperature=1.0, top_p=1.0, max_new_tokens=96, seed=0, ks=[1, 8], name=name)
+
+
+def test_a_table_of_the_ties_split_alone_has_its_columns_and_entropy_claims(reproduce):
+    """A budget evaluated on ties only (no in-domain split) still makes its tables: ties pass@k,
+    the ties style entropy, the paired differences and the ties claims, and nothing of other splits."""
+    from types import SimpleNamespace
+
+    base = {"ties": _ties_result("base", 0.3, 0)}
+    runs = {"GRPO": [{"ties": _ties_result("GRPO", 0.02, 1)}], "DPH-JS": [{"ties": _ties_result("DPH-JS", 0.3, 2)}]}
+    text, numbers = reproduce.tables(base, runs, SimpleNamespace(n=8))
+    header = text.splitlines()[0]
+    assert header == "| method | ties pass@8 | ties extremum pass@8 | ties style entropy |"
+    grpo = numbers["differences"]["GRPO"]
+    assert grpo["ties pass@8 − base"]["ci95"][1] < 0  # GRPO lost the minority approach
+    assert grpo["ties style entropy − base"]["mean"] < 0
+    assert "ties pass@8 − GRPO" in numbers["differences"]["DPH-JS"]
+    assert "| ties styles above GRPO (entropy, bits) | holds" in text
+    assert "greedy" not in text and "keep" not in text
+
+
+def test_a_run_evaluated_on_every_split_is_reused_without_its_checkpoint(reproduce, tmp_path):
+    """Evaluations brought from another machine (no checkpoint) make a run done: it is neither
+    trained nor evaluated again, and pre-sampling skips its method."""
+    from types import SimpleNamespace
+
+    run = tmp_path / "runs" / "GRPO_seed0"
+    run.mkdir(parents=True)
+    _ties_result("GRPO", 0.1, 0).to_json(reproduce.eval_path(run, "ties"))
+    args = SimpleNamespace(splits=["ties"], overrides={})
+    assert reproduce.evaluated(run, ["ties"]) and not reproduce.evaluated(run, ["in-domain", "ties"])
+    assert reproduce.run_job("GRPO", 0, str(run), args) == "GRPO seed 0"  # would fail if it tried to train
+    assert sorted(p.name for p in run.iterdir()) == ["eval_ties.json"]

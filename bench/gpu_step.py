@@ -13,7 +13,8 @@ tokens/s and peak GPU memory. ``--dtypes`` are ``GRPOConfig.llm(dtype=...)`` val
 ``bfloat16`` the learner trains in mixed precision (float32 master weights and Adam state, the
 forward pass under bf16 autocast); the rollout engine of part 2 holds pure bf16 weights.
 
-Part 2, generation: the HF rollout engine (``engines.make_engine``) samples
+Part 2, generation: a rollout engine (``engines.make_engine``; ``--modes``: the HF engine eager
+or compiled, or the vLLM engine in-process) samples
 ``--gen-rows`` rows (prompts × ``--n``) of ``--max-new-tokens`` tokens; it reports generated
 tokens/s (median of ``--gen-iters`` calls after a warm-up) and the gap between the engine's μ
 and a teacher-forced recompute of the same tokens by the learner's code path
@@ -279,17 +280,35 @@ def gaps(mu: list[np.ndarray], ref: list[np.ndarray]) -> tuple[float, float]:
     return float(diff.max()), float(diff.mean())
 
 
+def generation_engine(model: str, dtype: str, device: torch.device, mode: str, args):
+    """The rollout engine of ``mode`` and an HF model holding the same weights on ``device`` (the
+    recompute's model and the weight sync's source): for ``eager`` and ``compiled`` the HF
+    engine's own model; for ``vllm`` (in-process, ``--vllm-kwargs`` passed to ``vllm.LLM``, at
+    most ``--gen-rows`` running rows) a separate load of the model folder."""
+    from rllib_dph.engines import make_engine
+
+    if mode != "vllm":
+        engine = make_engine("hf", model, dtype=dtype, device=device, max_batch_size=args.gen_rows,
+                             compile_decode=mode == "compiled")
+        return engine, engine.model
+    from transformers import AutoModelForCausalLM
+
+    from rllib_dph.models.hub import resolve_model
+
+    engine = make_engine("vllm", model, dtype=dtype, device=device.type, max_num_seqs=args.gen_rows,
+                         **json.loads(args.vllm_kwargs))
+    hf = AutoModelForCausalLM.from_pretrained(resolve_model(model), dtype=getattr(torch, dtype)).to(device)
+    return engine, hf
+
+
 def generation_case(model: str, dtype: str, device: torch.device, args, mode: str = "eager") -> dict:
     """One engine on one model: the first full call's seconds (for ``compiled``: compilation and
     CUDA-graph capture), generated tokens/s (median of ``--gen-iters`` further calls), seconds of
     one weight sync (``update_weights`` with the model's full state dict as CPU tensors, median
     of 3) and μ's gap to a teacher-forced recompute."""
     from rllib_dph.engines.base import SamplingParams
-    from rllib_dph.engines import make_engine
 
-    engine = make_engine("hf", model, dtype=dtype, device=device, max_batch_size=args.gen_rows,
-                         compile_decode=mode == "compiled")
-    hf = engine.model
+    engine, hf = generation_engine(model, dtype, device, mode, args)
     vocab = hf.config.vocab_size
     num_prompts = max(1, args.gen_rows // args.n)
     gen = torch.Generator().manual_seed(0)
@@ -361,7 +380,12 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--gen-iters", type=int, default=3)
-    parser.add_argument("--modes", default="eager", help="HF engine decoding: eager, compiled (compile_decode) or both")
+    parser.add_argument("--modes", default="eager",
+                        help="comma-separated engines: eager and compiled (the HF engine without and with "
+                             "compile_decode), vllm (the vLLM engine, in-process)")
+    parser.add_argument("--vllm-kwargs", default="{}",
+                        help='vllm.LLM arguments of the vllm mode, as JSON (on a GPU with the trimmed kit of '
+                             'bench/vllm_kit.py: {"attention_config": {"backend": "TRITON_ATTN"}})')
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--ray-init", action="store_true", help="start a local Ray instance first")
     parser.add_argument("--json", default=None, help="also write all results to this file")
@@ -457,7 +481,7 @@ def print_learner(rows: list[dict], name: str, args) -> None:
 
 
 def print_generation(rows: list[dict], name: str, args) -> None:
-    print(f"\n== HF engine generation ({name}); {args.gen_rows} rows = prompts x n={args.n}, prompt {args.prompt_len}, "
+    print(f"\n== generation ({name}); {args.gen_rows} rows = prompts x n={args.n}, prompt {args.prompt_len}, "
           f"max {args.max_new_tokens} new tokens, T={args.temperature}; median of {args.gen_iters} calls after a first")
     print(f"{'model':<14}{'mode':<9}{'dtype':<9}{'params':>7}{'rows':>5}{'tokens':>7}{'1st s':>7}{'s/call':>8}{'tok/s':>9}"
           f"{'sync s':>8}{'peak MiB':>9}{'|μ−recompute| max/mean':>26}{'|μ−fp32 recompute| max/mean':>30}")

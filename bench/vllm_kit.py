@@ -1,0 +1,198 @@
+"""vLLM for the GPU machine, in parts that fit its calls (issue #28).
+
+The GPU image (Python 3.12, torch 2.11.0+cu130, no internet) has no vLLM, and one call to it
+carries at most 64 MiB. ``vllm==0.26.0`` is the newest release that pins ``torch==2.11.0``, and
+its CUDA build links ``libcudart.so.13`` as the image's torch does (checked with ``readelf``).
+Its wheel is 290 MiB; ``prepare`` keeps what offline generation of a dense model with the Triton
+attention backend loads (:data:`DROP`: the FlashAttention 2 and 3 kernels, the MoE kernels,
+FlashMLA, QuTLASS, the Rust front end, bundled third-party sources and the server's static
+files go): 63 MiB. Beside it go the wheels of :data:`IMPORTED`, the packages vLLM imports
+for offline generation and neither torch nor transformers brings: found on 2026-11-26 by
+importing vLLM's LLM entry point, engine core, GPU worker and model runner, Llama model, Triton
+attention backend, sampler, loader and LoRA request in an environment that held only torch and
+transformers, installing what each import missed (versions within vLLM's own requirements): 29
+MiB. ``prepare`` splits the trimmed wheel in two and deals the files into one folder per call,
+``.vllm/call1/``, ``call2/``, ... (:func:`carry_plan`; a call's ``carry`` names its folder; the
+first is the one that also carries the last SmolLM2 part, so it is smaller, docs/gpu.md).
+
+On the GPU machine, ``install`` joins the parts and installs vLLM (without its declared
+dependencies: torch, triton and the CUDA libraries are the image's) and every wheel of the kit
+whose distribution the machine lacks, into ``--target``; it prints what it skipped, with the
+version found. Select the Triton backend when building the engine:
+``engine_kwargs={"attention_config": {"backend": "TRITON_ATTN"}}`` (``bench/gpu_step.py
+--modes vllm`` does).
+
+    python bench/vllm_kit.py prepare                          # here: .vllm/call*/ and .vllm/plan.json
+    python3 bench/vllm_kit.py install --target /tmp/vsite     # there, once every part arrived
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+KIT = REPO / ".vllm"
+VLLM = "vllm==0.26.0"
+#: Paths of the vLLM wheel that offline generation of a dense model with TRITON_ATTN never loads.
+DROP = re.compile(
+    r"^vllm/(vllm_flash_attn/.*\.so$|_moe_C_stable_libtorch\.abi3\.so$|_flashmla_C|_qutlass_C|vllm-rs$"
+    r"|third_party/|entrypoints/serve/instrumentator/static/)"
+)
+#: What vLLM 0.26.0 imports for offline generation beyond torch and transformers (module docstring).
+IMPORTED = [
+    "aiohappyeyeballs==2.7.1", "aiohttp==3.14.5", "aiosignal==1.4.0", "apache-tvm-ffi==0.1.10", "attrs==26.1.0",
+    "cachetools==8.0.2", "cbor2==6.3.0", "charset-normalizer==3.5.3", "cloudpickle==3.1.3", "einops==0.8.2",
+    "fastapi==0.136.3", "frozenlist==1.8.0", "httpcore2==2.16.2", "httpx2==2.16.2", "jiter==0.19.0",
+    "llguidance==1.7.6", "msgspec==0.22.0", "multidict==7.2.1", "openai-harmony==0.0.8", "openai==3.57.0",
+    "partial-json-parser==0.2.1.1.post7", "pillow==13.0.0", "prometheus_client==0.26.0", "propcache==0.5.4",
+    "psutil==7.2.2", "py-cpuinfo==9.0.0", "pybase64==1.5.1", "pyzmq==27.3.0", "requests==2.34.2", "sniffio==1.3.1",
+    "starlette==1.10.0", "truststore==0.10.5", "urllib3==2.8.0", "uvloop==0.23.0", "xgrammar==0.2.7",
+    "yarl==1.25.1",
+]
+PLATFORMS = ["manylinux_2_31_x86_64", "manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64",
+             "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux1_x86_64"]
+MIB = 2**20
+
+
+def download(specs: list[str], folder: pathlib.Path) -> None:
+    """Wheels of ``specs`` for the GPU machine's CPython 3.12 on x86-64 Linux, without dependencies."""
+    platforms = [a for p in PLATFORMS for a in ("--platform", p)]
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                    "--python-version", "3.12", "--implementation", "cp", *platforms, "-d", str(folder), *specs],
+                   check=True)
+
+
+def trim(wheel: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
+    """A copy of ``wheel`` in ``out`` without the paths :data:`DROP` matches."""
+    trimmed = out / wheel.name
+    with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(trimmed, "w", zipfile.ZIP_DEFLATED) as dst:
+        for item in src.infolist():
+            if not DROP.match(item.filename):
+                dst.writestr(item, src.read(item))
+    return trimmed
+
+
+def split(path: pathlib.Path, first_mib: float) -> list[pathlib.Path]:
+    """``path`` cut into ``<name>.part-00`` of ``first_mib`` MiB and ``.part-01`` with the rest
+    (``cat <name>.part-* > <name>`` joins them); ``path`` is removed."""
+    data = path.read_bytes()
+    cut = min(len(data), int(first_mib * MIB))
+    parts = []
+    for i, chunk in enumerate((data[:cut], data[cut:])):
+        part = path.with_name(f"{path.name}.part-{i:02d}")
+        part.write_bytes(chunk)
+        parts.append(part)
+    path.unlink()
+    return parts
+
+
+def carry_plan(files: list[pathlib.Path], budgets_mib: list[float]) -> list[list[pathlib.Path]]:
+    """Deals ``files`` (in order) into calls: call i carries at most ``budgets_mib[i]`` MiB (the
+    last budget repeats); a file larger than a whole budget is an error, not a silent overflow."""
+    calls: list[list[pathlib.Path]] = [[]]
+    used = 0.0
+    for path in files:
+        size = path.stat().st_size / MIB
+        budget = budgets_mib[min(len(calls) - 1, len(budgets_mib) - 1)]
+        if used + size > budget and calls[-1]:
+            calls.append([])
+            used = 0.0
+            budget = budgets_mib[min(len(calls) - 1, len(budgets_mib) - 1)]
+        if size > budget:
+            raise ValueError(f"{path.name} is {size:.1f} MiB, more than call {len(calls)}'s budget of {budget:g} MiB; "
+                             "split it (--first-part-mib) or raise the budget (--call-mib).")
+        calls[-1].append(path)
+        used += size
+    return calls
+
+
+def prepare(first_part_mib: float, budgets_mib: list[float]) -> dict:
+    """Writes the kit under :data:`KIT`, one folder per call (``call1/``, ``call2/``, ...: a call's
+    ``carry`` names its folder): the trimmed vLLM wheel in two parts, then the wheels of
+    :data:`IMPORTED`, largest first; ``plan.json`` lists each folder's files and MiB."""
+    shutil.rmtree(KIT, ignore_errors=True)
+    KIT.mkdir()
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = pathlib.Path(tmp)
+        (tmp / "deps").mkdir()
+        (tmp / "trimmed").mkdir()
+        download([VLLM], tmp)
+        (wheel,) = tmp.glob("vllm-*.whl")
+        parts = split(trim(wheel, tmp / "trimmed"), first_part_mib)
+        download(IMPORTED, tmp / "deps")
+        deps = sorted((tmp / "deps").glob("*.whl"), key=lambda p: -p.stat().st_size)
+        plan = {}
+        for n, call in enumerate(carry_plan(parts + deps, budgets_mib), 1):
+            folder = KIT / f"call{n}"
+            folder.mkdir()
+            plan[str(folder.relative_to(REPO))] = {"mib": round(sum(p.stat().st_size for p in call) / MIB, 1),
+                                                   "files": [p.name for p in call]}
+            for path in call:
+                shutil.move(path, folder / path.name)
+    (KIT / "plan.json").write_text(json.dumps(plan, indent=1))
+    return plan
+
+
+def distribution(wheel: pathlib.Path) -> str:
+    """The distribution name of a wheel file (``pyzmq-27.3.0-cp312-...whl`` -> ``pyzmq``)."""
+    return wheel.name.split("-")[0]
+
+
+def missing(wheels: list[pathlib.Path]) -> tuple[list[pathlib.Path], dict[str, str]]:
+    """The wheels whose distribution this Python lacks, and the installed version of the others."""
+    absent, present = [], {}
+    for wheel in wheels:
+        try:
+            present[distribution(wheel)] = importlib.metadata.version(distribution(wheel))
+        except importlib.metadata.PackageNotFoundError:
+            absent.append(wheel)
+    return absent, present
+
+
+def install(target: pathlib.Path) -> None:
+    """Joins the vLLM parts and installs vLLM and the kit's missing dependencies into ``target``."""
+    parts = sorted(KIT.glob("call*/vllm-*.whl.part-*"), key=lambda p: p.name)
+    if len(parts) < 2:
+        raise SystemExit(f"found {len(parts)} of the 2 vllm-*.whl.part-* under {KIT}/call*/: carry every "
+                         "folder of .vllm/plan.json first.")
+    wheel = pathlib.Path(tempfile.gettempdir()) / parts[0].name.split(".part-")[0]
+    with open(wheel, "wb") as out:
+        for part in parts:
+            out.write(part.read_bytes())
+    absent, present = missing(sorted(KIT.glob("call*/*.whl")))
+    print("already installed, kept:", ", ".join(f"{k} {v}" for k, v in present.items()) or "none")
+    print("installing:", ", ".join(p.name for p in [wheel, *absent]))
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                    "--upgrade", "--target", str(target), str(wheel), *map(str, absent)], check=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("prepare", help="download and trim the kit into .vllm/ (here)")
+    p.add_argument("--first-part-mib", type=float, default=25.0,
+                   help="MiB of the vLLM wheel's first part (what the call with the last SmolLM2 part has room for)")
+    p.add_argument("--call-mib", default="25,54",
+                   help="MiB each call may carry beside the repository (comma-separated; the last repeats)")
+    i = sub.add_parser("install", help="join the parts and install into --target (on the GPU machine)")
+    i.add_argument("--target", default="/tmp/vsite")
+    args = parser.parse_args()
+    if args.command == "prepare":
+        plan = prepare(args.first_part_mib, [float(x) for x in args.call_mib.split(",")])
+        for folder, call in plan.items():
+            print(f"{folder}: {call['mib']} MiB, {len(call['files'])} files")
+    else:
+        install(pathlib.Path(args.target))
+
+
+if __name__ == "__main__":
+    main()

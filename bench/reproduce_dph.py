@@ -287,21 +287,21 @@ def _row_cells(per_seed: list[dict], base: dict, k_mid: int, k_max: int, is_base
     def split(name: str) -> list:
         return [r[name] for r in per_seed]
 
-    evaluated = per_seed[0]
+    ran = per_seed[0]  # the splits this method was evaluated on
     cells = {}
-    if "in-domain" in evaluated:
+    if "in-domain" in ran:
         cells["greedy"] = cell(stack(split("in-domain"), "greedy_accuracy"))
         cells.update({f"pass@{k}": cell(stack(split("in-domain"), f"pass@{k}")) for k in (1, k_mid, k_max)})
     for name in ("cross-domain", "math (OOD)"):
-        if name in evaluated:
+        if name in ran:
             cells[f"{PREFIX[name]}greedy"] = cell(stack(split(name), "greedy_accuracy"))
             cells[f"{PREFIX[name]}pass@{k_max}"] = cell(stack(split(name), f"pass@{k_max}"))
-    if "ties" in evaluated:
+    if "ties" in ran:
         cells[f"ties pass@{k_max}"] = cell(stack(split("ties"), f"pass@{k_max}"))
         cells[f"ties extremum pass@{k_max}"] = cell(stack(split("ties"), f"pass@{k_max}/extremum"))
-    if RANKED in evaluated:
+    if RANKED in ran:
         cells[f"ties ranked pass@{k_max}"] = cell(stack(split(RANKED), f"pass@{k_max}"))
-    if not is_base and "in-domain" in evaluated:
+    if not is_base and "in-domain" in ran:
         rates = [compare(r, base["in-domain"], k_max) for r in split("in-domain")]
         keep_ci, explore_ci = keep_exploration_intervals(
             base["in-domain"].per_prompt(f"pass@{k_max}"), stack(split("in-domain"), f"pass@{k_max}")
@@ -310,7 +310,7 @@ def _row_cells(per_seed: list[dict], base: dict, k_mid: int, k_max: int, is_base
             mean = float(np.nanmean([x[key] for x in rates]))
             cells[name] = (format_interval(mean, ci, scale=100), {"mean": mean, "ci95": list(ci)})
     for name in ENTROPY_SPLITS:
-        if name in evaluated:
+        if name in ran:
             cells[f"{PREFIX[name]}style entropy"] = _entropy_cell(split(name))
     return cells
 

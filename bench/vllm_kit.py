@@ -38,7 +38,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import zipfile
+
+from gpu_suite import download_wheels, split_file, trim_wheel  # bench/gpu_suite.py
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 KIT = REPO / ".vllm"
@@ -68,41 +69,10 @@ IMPORTED = [
     "starlette==1.10.0", "truststore==0.10.5", "urllib3==2.8.0", "uvloop==0.23.0", "xgrammar==0.2.7",
     "yarl==1.25.1",
 ]
+#: gpu_suite's platforms and those of the kit's newer wheels (llguidance is manylinux_2_31).
 PLATFORMS = ["manylinux_2_31_x86_64", "manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64",
              "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux1_x86_64"]
 MIB = 2**20
-
-
-def download(specs: list[str], folder: pathlib.Path) -> None:
-    """Wheels of ``specs`` for the GPU machine's CPython 3.12 on x86-64 Linux, without dependencies."""
-    platforms = [a for p in PLATFORMS for a in ("--platform", p)]
-    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-                    "--python-version", "3.12", "--implementation", "cp", *platforms, "-d", str(folder), *specs],
-                   check=True)
-
-
-def trim(wheel: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
-    """A copy of ``wheel`` in ``out`` without the paths :data:`DROP` matches."""
-    trimmed = out / wheel.name
-    with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(trimmed, "w", zipfile.ZIP_DEFLATED) as dst:
-        for item in src.infolist():
-            if not DROP.match(item.filename):
-                dst.writestr(item, src.read(item))
-    return trimmed
-
-
-def split(path: pathlib.Path, first_mib: float) -> list[pathlib.Path]:
-    """``path`` cut into ``<name>.part-00`` of ``first_mib`` MiB and ``.part-01`` with the rest
-    (``cat <name>.part-* > <name>`` joins them); ``path`` is removed."""
-    data = path.read_bytes()
-    cut = min(len(data), int(first_mib * MIB))
-    parts = []
-    for i, chunk in enumerate((data[:cut], data[cut:])):
-        part = path.with_name(f"{path.name}.part-{i:02d}")
-        part.write_bytes(chunk)
-        parts.append(part)
-    path.unlink()
-    return parts
 
 
 def carry_plan(files: list[pathlib.Path], budgets_mib: list[float]) -> list[list[pathlib.Path]]:
@@ -135,10 +105,10 @@ def prepare(first_part_mib: float, budgets_mib: list[float]) -> dict:
         tmp = pathlib.Path(tmp)
         (tmp / "deps").mkdir()
         (tmp / "trimmed").mkdir()
-        download([VLLM], tmp)
+        download_wheels([VLLM], tmp, PLATFORMS)
         (wheel,) = tmp.glob("vllm-*.whl")
-        parts = split(trim(wheel, tmp / "trimmed"), first_part_mib)
-        download(IMPORTED, tmp / "deps")
+        parts = split_file(trim_wheel(wheel, tmp / "trimmed", DROP.match), [first_part_mib])
+        download_wheels(IMPORTED, tmp / "deps", PLATFORMS)
         deps = sorted((tmp / "deps").glob("*.whl"), key=lambda p: -p.stat().st_size)
         plan = {}
         for n, call in enumerate(carry_plan(parts + deps, budgets_mib), 1):

@@ -1,8 +1,13 @@
 """Shared fixtures: a Ray session and a small GRPO config on the untrained tiny model."""
 
+import importlib.util
 import os
+import pathlib
+import sys
 
 import pytest
+
+BENCH = pathlib.Path(__file__).resolve().parents[1] / "bench"
 
 # Never reach a model hub from tests.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -45,3 +50,25 @@ def tiny_grpo_config():
         .training(group_size=4, prompts_per_step=4, lr=1e-3, minibatch_size=8)
         .debugging(seed=0)
     )
+
+
+@pytest.fixture(scope="session")
+def load_bench():
+    """``load_bench("gpu_suite")``: the script ``bench/gpu_suite.py`` as a module, loaded once per
+    session and registered under its name, with ``bench/`` on ``sys.path`` while it loads (the
+    scripts import each other: ``reproduce_dph`` imports ``workers``, ``vllm_kit`` ``gpu_suite``)."""
+
+    def load(name: str):
+        if name in sys.modules and getattr(sys.modules[name], "__file__", None) == str(BENCH / f"{name}.py"):
+            return sys.modules[name]
+        spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses look their module up there
+        sys.path.insert(0, str(BENCH))
+        try:
+            spec.loader.exec_module(module)
+        finally:
+            sys.path.remove(str(BENCH))
+        return module
+
+    return load

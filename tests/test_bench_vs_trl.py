@@ -2,21 +2,10 @@
 requirements (it failed there without `accelerate`); the benchmark itself is not run here."""
 
 import importlib.metadata
-import importlib.util
-import pathlib
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
-def _load_vs_trl():
-    spec = importlib.util.spec_from_file_location("vs_trl", REPO / "bench" / "vs_trl.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_setup_commands_need_only_rllib_dph_requirements_here(monkeypatch):
-    vs_trl = _load_vs_trl()
+def test_setup_commands_need_only_rllib_dph_requirements_here(monkeypatch, load_bench):
+    vs_trl = load_bench("vs_trl")
     real_version = importlib.metadata.version
     looked_up = []
 

@@ -1,7 +1,6 @@
 """bench/gpu_suite.py's process handling: a step's clean-up kills what the step started, wherever
 it went (Ray's daemons start their own sessions), and nothing else on the machine."""
 
-import importlib.util
 import pathlib
 import subprocess
 import sys
@@ -9,16 +8,9 @@ import time
 
 import pytest
 
-_PATH = pathlib.Path(__file__).resolve().parents[1] / "bench" / "gpu_suite.py"
-
-
 @pytest.fixture(scope="module")
-def suite():
-    spec = importlib.util.spec_from_file_location("gpu_suite", _PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_suite"] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+def suite(load_bench):
+    return load_bench("gpu_suite")
 
 
 def _alive(pid: int) -> bool:

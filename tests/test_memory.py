@@ -4,7 +4,6 @@ against autograd's on the tiny model, and the verdict of whole configs against a
 Fast: nothing trains; the one forward pass is the tiny model's.
 """
 
-import importlib.util
 from dataclasses import replace
 from pathlib import Path
 
@@ -44,12 +43,9 @@ def tiny():
 
 
 @pytest.fixture(scope="module")
-def bench_memory():
+def bench_memory(load_bench):
     """``bench/memory.py`` as a module (its autograd saved-tensor counter)."""
-    spec = importlib.util.spec_from_file_location("bench_memory", REPO / "bench" / "memory.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("memory")
 
 
 def total(shape, batch=MicroBatch(8, 64, 64, 4), **setup):

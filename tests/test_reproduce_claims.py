@@ -1,25 +1,11 @@
 """The reproduction's reading of a paired difference: higher, lower, no difference, cannot tell."""
 
-import importlib.util
-import pathlib
-
 import pytest
-
-_PATH = pathlib.Path(__file__).resolve().parents[1] / "bench" / "reproduce_dph.py"
 
 
 @pytest.fixture(scope="module")
-def reproduce():
-    import sys
-
-    sys.path.insert(0, str(_PATH.parent))  # reproduce_dph imports bench/workers.py
-    try:
-        spec = importlib.util.spec_from_file_location("reproduce_dph", _PATH)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(_PATH.parent))
+def reproduce(load_bench):
+    return load_bench("reproduce_dph")
 
 
 @pytest.mark.parametrize("kind, ci, expected", [

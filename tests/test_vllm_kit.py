@@ -1,20 +1,13 @@
 """bench/vllm_kit.py: what the trimmed vLLM wheel drops, how the kit is cut and dealt into calls,
 and which of its wheels the GPU machine installs."""
 
-import importlib.util
 import pathlib
 
 import pytest
 
-_PATH = pathlib.Path(__file__).resolve().parents[1] / "bench" / "vllm_kit.py"
-
-
 @pytest.fixture(scope="module")
-def kit():
-    spec = importlib.util.spec_from_file_location("vllm_kit", _PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def kit(load_bench):
+    return load_bench("vllm_kit")
 
 
 @pytest.mark.parametrize("path, dropped", [
@@ -39,7 +32,7 @@ def test_split_parts_join_back_to_the_same_bytes(kit, tmp_path):
     wheel = tmp_path / "vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl"
     data = bytes(range(256)) * 5000
     wheel.write_bytes(data)
-    parts = kit.split(wheel, first_mib=0.5)
+    parts = kit.split_file(wheel, [0.5])
     assert [p.name for p in parts] == [wheel.name + ".part-00", wheel.name + ".part-01"] and not wheel.exists()
     assert parts[0].stat().st_size == 2**19
     assert b"".join(p.read_bytes() for p in sorted(parts)) == data

@@ -40,7 +40,6 @@ comparison was looked at; docs/results.md says how it was chosen.
 """
 
 import argparse
-import functools
 import json
 import pathlib
 import time
@@ -170,36 +169,10 @@ def evaluated(out: pathlib.Path, splits) -> bool:
 
 
 def load_results(out: pathlib.Path, splits) -> dict:
-    """The per-split evaluation results that ``evaluate_all`` wrote under ``out``; with ``ties``,
-    also :data:`RANKED`, its questions that need a ranking (:func:`ranked_ties`)."""
+    """The per-split evaluation results that ``evaluate_all`` wrote under ``out``."""
     from rllib_dph.evaluation import EvalResult
 
-    results = {split: EvalResult.from_json(eval_path(out, split)) for split in splits}
-    if "ties" in results:
-        results[RANKED] = ranked_ties(results["ties"])
-    return results
-
-
-#: The ties split restricted to its questions where not every candidate ties: a secondary view,
-#: added on 2026-11-26 after the fourth GPU lease showed SmolLM2's correct ties answers to be
-#: nearly all unranked listings that degenerate questions accept (docs/collapse.md).
-RANKED = "ties-ranked"
-
-
-@functools.lru_cache(maxsize=None)
-def _degenerate_ties_ids() -> frozenset:
-    from rllib_dph.envs.suites import every_candidate_ties, load_split
-
-    return frozenset(t.id for t in load_split(SPLITS["ties"][1]["data"]) if every_candidate_ties(t))
-
-
-def ranked_ties(result):
-    """``result`` (an evaluation of ``test_ties``) without its degenerate questions
-    (``rllib_dph.envs.suites.every_candidate_ties``)."""
-    import dataclasses
-
-    degenerate = _degenerate_ties_ids()
-    return dataclasses.replace(result, records=[r for r in result.records if r.task_id not in degenerate])
+    return {split: EvalResult.from_json(eval_path(out, split)) for split in splits}
 
 
 def run_config(method: str, args):
@@ -263,7 +236,7 @@ def cell(values: np.ndarray) -> tuple[str, dict]:
 
 
 #: The column prefix of each split's metrics (the in-domain split's have none).
-PREFIX = {"in-domain": "", "cross-domain": "cross ", "math (OOD)": "math ", "ties": "ties ", "ties-ranked": "ties ranked "}
+PREFIX = {"in-domain": "", "cross-domain": "cross ", "math (OOD)": "math ", "ties": "ties "}
 #: The splits whose style entropy is reported: in-domain (SQL styles) and ties (where one style is right).
 ENTROPY_SPLITS = ("in-domain", "ties")
 
@@ -299,8 +272,6 @@ def _row_cells(per_seed: list[dict], base: dict, k_mid: int, k_max: int, is_base
     if "ties" in ran:
         cells[f"ties pass@{k_max}"] = cell(stack(split("ties"), f"pass@{k_max}"))
         cells[f"ties extremum pass@{k_max}"] = cell(stack(split("ties"), f"pass@{k_max}/extremum"))
-    if RANKED in ran:
-        cells[f"ties ranked pass@{k_max}"] = cell(stack(split(RANKED), f"pass@{k_max}"))
     if not is_base and "in-domain" in ran:
         rates = [compare(r, base["in-domain"], k_max) for r in split("in-domain")]
         keep_ci, explore_ci = keep_exploration_intervals(
@@ -356,7 +327,7 @@ def differences(base: dict, runs: dict, k_max: int, numbers: dict) -> str:
     metrics = [("in-domain", "greedy_accuracy", "greedy"), ("in-domain", "pass@1", "pass@1"),
                ("in-domain", f"pass@{k_max}", f"pass@{k_max}"),
                ("cross-domain", f"pass@{k_max}", f"cross pass@{k_max}"), ("math (OOD)", f"pass@{k_max}", f"math pass@{k_max}"),
-               ("ties", f"pass@{k_max}", f"ties pass@{k_max}"), (RANKED, f"pass@{k_max}", f"ties ranked pass@{k_max}")]
+               ("ties", f"pass@{k_max}", f"ties pass@{k_max}")]
     metrics = [m for m in metrics if m[0] in base]
     refs = references(base, runs)
     head = " | ".join(f"{label} − {ref}" for ref, _, _ in refs for _, _, label in metrics)

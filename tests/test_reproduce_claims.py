@@ -103,12 +103,6 @@ def test_a_table_of_the_ties_split_alone_has_its_columns_and_entropy_claims(repr
     text, numbers = reproduce.tables(base, runs, SimpleNamespace(n=8))
     header = text.splitlines()[0]
     assert header == "| method | ties pass@8 | ties extremum pass@8 | ties style entropy |"
-    # with the ranked view (load_results adds it): its own column and paired differences
-    for results in [base] + [seeds[0] for seeds in runs.values()]:
-        results[reproduce.RANKED] = results["ties"]
-    ranked_text, ranked = reproduce.tables(base, runs, SimpleNamespace(n=8))
-    assert "| ties ranked pass@8 |" in ranked_text.splitlines()[0]
-    assert ranked["differences"]["GRPO"]["ties ranked pass@8 − base"] == ranked["differences"]["GRPO"]["ties pass@8 − base"]
     grpo = numbers["differences"]["GRPO"]
     assert grpo["ties pass@8 − base"]["ci95"][1] < 0  # GRPO lost the minority approach
     assert grpo["ties style entropy − base"]["mean"] < 0
@@ -129,19 +123,3 @@ def test_a_run_evaluated_on_every_split_is_reused_without_its_checkpoint(reprodu
     assert reproduce.evaluated(run, ["ties"]) and not reproduce.evaluated(run, ["in-domain", "ties"])
     assert reproduce.run_job("GRPO", 0, str(run), args) == "GRPO seed 0"  # would fail if it tried to train
     assert sorted(p.name for p in run.iterdir()) == ["eval_ties.json"]
-
-
-def test_the_ranked_view_of_ties_drops_the_degenerate_questions_only(reproduce):
-    """``load_results`` adds ``ties-ranked``: the ties evaluation without the questions where
-    every candidate ties (which a listing without ranking answers)."""
-    from rllib_dph.envs.suites import every_candidate_ties, load_split
-    from rllib_dph.evaluation.results import EvalResult, PromptRecord
-
-    tasks = load_split("sql_synth/test_ties")[:12]
-    result = EvalResult(records=[PromptRecord(task_id=t.id, index=i, correct=[True], answers=["a"], styles=["other"],
-                                              num_truncated=0) for i, t in enumerate(tasks)],
-                        n=1, temperature=1.0, top_p=1.0, max_new_tokens=96, seed=0, ks=[1])
-    kept = [r.task_id for r in reproduce.ranked_ties(result).records]
-    assert kept == [t.id for t in tasks if not every_candidate_ties(t)]
-    assert 0 < len(kept) < len(tasks)  # the first 12 hold both kinds
-    assert len(result.records) == 12  # the original is left whole

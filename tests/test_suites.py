@@ -36,7 +36,7 @@ def _sql_completion(sql: str) -> str:
 
 @pytest.mark.parametrize("name,size", [
     ("sql_synth/train", 3000), ("sql_synth/test", 300), ("sql_synth/test_cross", 300),
-    ("sql_synth/test_ties", 300), ("sql_synth/train_ties", 2193),
+    ("sql_synth/test_ties", 300), ("sql_synth/train_ties", 1341),
     ("math_synth/train", 3000), ("math_synth/test", 300),
 ])
 def test_split_sizes_and_ids(name, size):
@@ -373,7 +373,7 @@ def test_train_ties_mix(share, ties):
 
 
 @pytest.mark.parametrize("share,message", [
-    ("0.5", "needs 3000 ties questions but train_ties has 2193"),
+    ("0.5", "needs 3000 ties questions but train_ties has 1341"),
     ("1", "must be a number in [0, 1)"),
     ("-0.1", "must be a number in [0, 1)"),
 ])
@@ -393,48 +393,48 @@ def test_sft_corpus_writes_extremum_as_a_minority():
     assert abs(share - suites.EXTREMUM_SFT_SHARE) < 0.02
 
 
-def _ties_task(db_path, gold_sql: str, order_limit_sql: str):
-    from rllib_dph.envs.base import Task
-
-    return Task(id="ties/0", data_source="sql_synth_ties", messages=({"role": "user", "content": "q"},),
-                ground_truth={"db_path": str(db_path), "gold_sql": gold_sql},
-                meta={"ties": True, "approaches": {"order_limit": {"plain": order_limit_sql}}})
-
-
-def test_every_candidate_ties_flags_questions_that_listing_the_candidates_answers(tmp_path):
+def test_a_ties_question_needs_a_ranking():
     """'Which color is shared by the most parks with width < 310?': when every color of those
-    parks ties, SELECT color ... without ranking returns the gold rows (degenerate); one more
-    park of one color breaks the tie and the question needs a ranking."""
+    parks ties, listing the colors without ranking returns the gold rows, so the family (version
+    2) leaves the instance out; one more red park breaks the tie and the question needs a ranking."""
     import sqlite3
 
-    from rllib_dph.envs.suites import every_candidate_ties
+    from rllib_dph.envs.suites.sql_query import Agg, Col, Cond, Query
+    from rllib_dph.envs.suites.sql_suite import _in_ties_family, _needs_ranking, _top_ties
 
-    gold = ("SELECT color FROM park WHERE width < 310 GROUP BY color HAVING COUNT(*) = (SELECT COUNT(*) FROM park "
-            "WHERE width < 310 GROUP BY color ORDER BY COUNT(*) DESC LIMIT 1)")
-    order_limit = "SELECT color FROM park WHERE width < 310 GROUP BY color ORDER BY COUNT(*) DESC LIMIT 1"
-    db = tmp_path / "park.sqlite"
-    conn = sqlite3.connect(db)
-    conn.execute("CREATE TABLE park (color TEXT, width INTEGER)")
-    conn.executemany("INSERT INTO park VALUES (?, ?)", [("red", 100), ("blue", 200), ("green", 900)])
-    conn.commit()
-    assert every_candidate_ties(_ties_task(db, gold, order_limit))  # red and blue: one park each
-    conn.execute("INSERT INTO park VALUES ('red', 150)")
-    conn.commit()
-    conn.close()
-    assert not every_candidate_ties(_ties_task(db, gold, order_limit))  # red leads: only a ranking answers
-
-
-def test_every_candidate_ties_refuses_a_task_outside_the_ties_family():
-    from rllib_dph.envs.suites import every_candidate_ties, load_split
-
-    task = load_split("sql_synth/test")[0]
-    with pytest.raises(ValueError, match=r"is not of the ties family.*sql_synth/test_ties"):
-        every_candidate_ties(task)
+    color, width = Col("park", "color"), Col("park", "width")
+    query = Query((color,), "park", "id", where=(Cond(width, "<", 310),), group_by=color,
+                  order_by=Agg("COUNT"), descending=True, limit=1)
+    conn = sqlite3.connect(":memory:")
+    conn.execute("CREATE TABLE park (id INTEGER PRIMARY KEY, color TEXT, width INTEGER)")
+    conn.executemany("INSERT INTO park (color, width) VALUES (?, ?)",
+                     [("red", 100), ("blue", 200), ("green", 900)])
+    assert _top_ties(conn, query) and not _needs_ranking(conn, query)  # red and blue: one park each
+    assert not _in_ties_family(conn, query)
+    conn.executemany("INSERT INTO park (color, width) VALUES (?, ?)", [("red", 150), ("blue", 160), ("gray", 10)])
+    assert _top_ties(conn, query) and _needs_ranking(conn, query)  # red and blue tie above gray
+    assert _in_ties_family(conn, query)
+    conn.execute("INSERT INTO park (color, width) VALUES ('red', 170)")
+    assert not _top_ties(conn, query)  # red leads alone: an ordinary question
 
 
-def test_some_test_ties_questions_are_degenerate_and_most_need_a_ranking():
-    """The measured share (2026-11-26): 84 of the 300 test_ties questions are degenerate."""
-    from rllib_dph.envs.suites import every_candidate_ties, load_split
+#: ``ORDER BY ... LIMIT 1`` at the end of an ``order_limit`` query: what ranks the candidates.
+_RANKING = re.compile(r"\s+ORDER BY\s+.*\s+LIMIT\s+1\s*$", re.IGNORECASE | re.DOTALL)
 
-    flags = [every_candidate_ties(task) for task in load_split("sql_synth/test_ties")]
-    assert sum(flags) == 84 and len(flags) == 300
+
+@pytest.mark.parametrize("split", ["sql_synth/test_ties", "sql_synth/train_ties"])
+def test_every_ties_question_needs_a_ranking(split):
+    """Checked on the rendered SQL, independently of the construction: for no question does the
+    ``order_limit`` query without its ranking return the gold rows (version 1 of the family had
+    84 such questions of 300 in test_ties)."""
+    import sqlite3
+
+    degenerate = []
+    for task in load_split(split):
+        conn = sqlite3.connect(f"file:{task.ground_truth['db_path']}?mode=ro", uri=True)
+        candidates_sql = _RANKING.sub("", task.meta["approaches"]["order_limit"]["plain"])
+        assert candidates_sql != task.meta["approaches"]["order_limit"]["plain"], task.id
+        if set(conn.execute(candidates_sql)) == set(conn.execute(task.ground_truth["gold_sql"])):
+            degenerate.append(task.id)
+        conn.close()
+    assert degenerate == []

@@ -9,7 +9,7 @@ name                        size   content
 ``sql_synth/test``          300    same databases and phrasings, question instances unseen
 ``sql_synth/test_cross``    300    3 unseen schemas, unseen phrasings of the same SQL skills
 ``sql_synth/test_ties``     300    the ties family: highest / lowest questions whose top ties
-``sql_synth/train_ties``    2193   the ties family's training pool (other instances)
+``sql_synth/train_ties``    1341   the ties family's training pool (other instances)
 ``math_synth/train``        3000   11 word-problem generators
 ``math_synth/test``         300    same generators, question texts unseen in train
 ==========================  =====  ===========================================================
@@ -22,7 +22,9 @@ SQL databases are written under :func:`sql_db_root` on first use.
 lowest value (``sql_suite.EXTREMUM_TEMPLATES``) can be answered by two approaches,
 ``order_limit`` (``ORDER BY ... LIMIT 1``) and ``extremum`` (``= (SELECT MAX(...) ...)``). On
 the ordinary splits nothing ties and both are right; in ``test_ties`` and ``train_ties`` the top
-ties and only ``extremum`` returns every tied row. The wording does not tell the two apart, only
+ties, something ranks below it, and only ``extremum`` returns every tied row (family version 2,
+:data:`sql_suite.TIES_FAMILY_VERSION`: version 1 also kept questions where every candidate ties,
+which listing the candidates without ranking answers). The wording does not tell the two apart, only
 the data do. The SFT corpus answers :data:`EXTREMUM_SFT_SHARE` of the ordinary questions of
 those templates with ``extremum``, so the base model writes it as a minority. The solution
 style of a ties-family completion is its approach (data source :data:`SQL_TIES_SOURCE`).
@@ -56,7 +58,7 @@ from .storage import sql_db_root, suite_root
 
 __all__ = [
     "SPLITS", "STYLES", "STYLE_SUITES", "SQL_SUITE", "MATH_SUITE", "load_split", "sft_examples", "style_of",
-    "task_style", "suite_root", "sql_db_root", "ensure_databases", "every_candidate_ties",
+    "task_style", "suite_root", "sql_db_root", "ensure_databases",
 ]
 
 SQL_SUITE = "sql_synth"
@@ -266,42 +268,3 @@ def task_style(data_source: str, completion: str, suite: str | None = None) -> s
     """
     suite = suite or data_source
     return style_of(suite, completion) if suite in STYLE_SUITES else None
-
-
-#: ``ORDER BY ... LIMIT 1`` at the end of an ``order_limit`` query: what ranks the candidates.
-_RANKING = re.compile(r"\s+ORDER BY\s+.*\s+LIMIT\s+1\s*$", re.IGNORECASE | re.DOTALL)
-
-
-def every_candidate_ties(task: Task) -> bool:
-    """Whether a ties-family question is degenerate: every candidate ties at the extremum.
-
-    The candidates are the rows or groups the question ranks: its ``order_limit`` query without
-    the ranking (``SELECT color FROM park WHERE width < 310 GROUP BY color`` for "which color is
-    shared by the most parks with width less than 310?"). When they all tie, that query returns
-    the gold rows, and so does any query that lists the candidates without ranking them at all
-    (``SELECT color FROM park WHERE width < 310``, under set comparison): such a question cannot
-    tell a policy that keeps every tied row from one that never ranked. Found on 2026-11-26 in
-    SmolLM2-135M's correct answers to ``test_ties``, nearly all of them of that kind; 84 of the
-    300 questions of ``test_ties`` are degenerate.
-
-    Args:
-        task: A task of ``sql_synth/test_ties`` or ``sql_synth/train_ties`` (``meta["approaches"]``
-            and ``ground_truth["db_path"]``).
-
-    Raises:
-        ValueError: The task is not of the ties family.
-    """
-    import sqlite3
-
-    approaches = task.meta.get("approaches") or {}
-    if not task.meta.get("ties") or "order_limit" not in approaches:
-        raise ValueError(f"every_candidate_ties: task {task.id!r} is not of the ties family (meta['ties'] with "
-                         "meta['approaches']['order_limit']); pass a task of sql_synth/test_ties or train_ties.")
-    candidates_sql = _RANKING.sub("", approaches["order_limit"]["plain"])
-    conn = sqlite3.connect(f"file:{task.ground_truth['db_path']}?mode=ro", uri=True)
-    try:
-        candidates = set(conn.execute(candidates_sql).fetchall())
-        gold = set(conn.execute(task.ground_truth["gold_sql"]).fetchall())
-    finally:
-        conn.close()
-    return candidates == gold

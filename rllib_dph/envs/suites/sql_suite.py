@@ -34,6 +34,9 @@ SPLIT_SIZES = {"train": 3000, "test": 300, "test_cross": 300}
 TIE_SPLITS = ("test_ties", "train_ties")
 #: Instances of the ties family held out for ``test_ties`` (one question each).
 TIE_TEST_INSTANCES = 300
+#: Version of the ties family's construction (:func:`_in_ties_family`): 1 kept every instance
+#: whose top ties; 2 (2026-11-26) keeps those where something also ranks below the top.
+TIES_FAMILY_VERSION = 2
 #: Seed of the ties family's split (separate from :data:`SPLIT_SEED`).
 TIE_SPLIT_SEED = 11
 #: Seed of the split sampling (instances, phrasings, order).
@@ -501,6 +504,26 @@ def _top_ties(conn: sqlite3.Connection, query: Query) -> bool:
     return len(keys) > query.limit and keys[query.limit - 1] == keys[query.limit]
 
 
+def _needs_ranking(conn: sqlite3.Connection, query: Query) -> bool:
+    """Whether a ties question needs a ranking: some candidate falls below the tied top.
+
+    The candidates are the rows or groups the question ranks (``query`` without its ``ORDER BY``
+    and ``LIMIT``). When every candidate ties, listing them without ranking returns the gold rows
+    too (under set comparison), so such a question cannot tell a policy that keeps every tied row
+    from one that never ranked. Family version 1 kept them (84 of ``test_ties``' 300 questions);
+    found on 2026-11-26 in SmolLM2-135M's correct answers (docs/collapse.md).
+    """
+    candidates = replace(query, order_by=None, descending=False, limit=None)
+    rows = set(conn.execute(render(candidates, "plain")))
+    return rows != set(conn.execute(render(extremum_form(query), "plain")))
+
+
+def _in_ties_family(conn: sqlite3.Connection, query: Query) -> bool:
+    """Whether an instance of :data:`EXTREMUM_TEMPLATES` belongs to the ties family: its top
+    ties (:func:`_top_ties`) and something ranks below it (:func:`_needs_ranking`)."""
+    return _top_ties(conn, query) and _needs_ranking(conn, query)
+
+
 def _informative(conn: sqlite3.Connection, query: Query) -> bool:
     """Whether the gold result is worth asking for: non-empty, not zero, no ORDER BY tie at LIMIT."""
     rows = conn.execute(render(query, "plain")).fetchall()
@@ -526,7 +549,7 @@ def _domain_instances(domain: Domain, rng: random.Random, ties: bool = False) ->
         domain: The database.
         rng: Shuffles each template's instances before the cap.
         ties: False: the informative instances (:func:`_informative`); True: the instances of
-            :data:`EXTREMUM_TEMPLATES` whose top ties (the ties family).
+            :data:`EXTREMUM_TEMPLATES` in the ties family (:func:`_in_ties_family`).
     """
     conn = sqlite3.connect(":memory:")
     try:
@@ -535,7 +558,7 @@ def _domain_instances(domain: Domain, rng: random.Random, ties: bool = False) ->
         for template in TEMPLATES:
             if ties and template.name not in EXTREMUM_TEMPLATES:
                 continue
-            keep = (lambda q: _top_ties(conn, q)) if ties else (lambda q: _informative(conn, q))
+            keep = (lambda q: _in_ties_family(conn, q)) if ties else (lambda q: _informative(conn, q))
             good = [(slots, q) for slots, q in template.instances(domain, conn) if keep(q)]
             rng.shuffle(good)
             kept += [(template, slots, q) for slots, q in good[:MAX_PER_TEMPLATE]]
@@ -575,8 +598,8 @@ def _split_questions(pool: list, test_size: int, split: str, cross: bool, ties: 
 def questions(split: str) -> tuple[SqlQuestion, ...]:
     """All questions of a split, in their fixed order.
 
-    ``train``, ``test`` and ``test_cross`` hold no question whose top ties; the ties family is
-    split apart, from its own seed, into ``test_ties`` (:data:`TIE_TEST_INSTANCES` instances, one
+    ``train``, ``test`` and ``test_cross`` hold no question whose top ties; the ties family
+    (:func:`_in_ties_family`) is split apart, from its own seed, into ``test_ties`` (:data:`TIE_TEST_INSTANCES` instances, one
     wording each) and ``train_ties`` (every other tie instance of the training databases under
     every train phrasing), so adding it left the other splits as they were.
 

@@ -164,15 +164,32 @@ def evaluate_all(policy, name: str, out: pathlib.Path, args) -> None:
 
 def evaluated(out: pathlib.Path, splits) -> bool:
     """Whether ``out`` holds an evaluation of every split in ``splits``: then its run is reused as
-    it is, neither trained nor pre-sampled for (its checkpoint need not be there)."""
-    return all(eval_path(out, split).exists() for split in splits)
+    it is, neither trained nor pre-sampled for (its checkpoint need not be there). Each is checked
+    against the split's data now (:func:`load_evaluation`)."""
+    return all(eval_path(out, split).exists() and load_evaluation(out, split) for split in splits)
+
+
+def load_evaluation(out: pathlib.Path, split: str):
+    """The evaluation of ``split`` stored under ``out``, checked against the split's tasks now
+    (``rllib_dph.evaluation.results.check_current``): a file of data that has changed since (the
+    ties family's version 1, say) is refused with the fix, one written before task fingerprints
+    were recorded is read with a warning."""
+    from rllib_dph.envs.suites import load_split
+    from rllib_dph.evaluation import EvalResult
+    from rllib_dph.evaluation.results import check_current
+
+    path = eval_path(out, split)
+    result = EvalResult.from_json(path)
+    unchecked = check_current(result, load_split(SPLITS[split][1]["data"]), str(path))
+    if unchecked:
+        print(f"warning: {path} was written before task fingerprints were recorded; {unchecked} of its "
+              f"{len(result.records)} prompts cannot be checked against the data now.")
+    return result
 
 
 def load_results(out: pathlib.Path, splits) -> dict:
-    """The per-split evaluation results that ``evaluate_all`` wrote under ``out``."""
-    from rllib_dph.evaluation import EvalResult
-
-    return {split: EvalResult.from_json(eval_path(out, split)) for split in splits}
+    """The per-split evaluation results that ``evaluate_all`` wrote under ``out`` (checked)."""
+    return {split: load_evaluation(out, split) for split in splits}
 
 
 def run_config(method: str, args):

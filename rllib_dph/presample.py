@@ -263,15 +263,11 @@ def run_identity(config: PresampleConfig, fingerprint: str, tasks) -> dict[str, 
     Args:
         config: The run.
         fingerprint: The policy model's fingerprint (``hub.model_fingerprint``).
-        tasks: The env's tasks (``rllib_dph.envs.base.Task``); their ids, messages and ground truths are
-            hashed (a SQL task's ``db_path`` left out: it is where this machine keeps the file).
+        tasks: The env's tasks (``rllib_dph.envs.base.Task``); their ``content_json`` is hashed.
     """
     digest = hashlib.sha256()
     for task in tasks:
-        truth = task.ground_truth
-        if isinstance(truth, dict):
-            truth = {k: v for k, v in truth.items() if k != "db_path"}
-        digest.update(json.dumps([task.id, list(task.messages), truth], sort_keys=True, default=str).encode())
+        digest.update(task.content_json().encode())
     settings = {name: getattr(config, name) for name in ("k", "min_correct", "pef_samples", "full_data")}
     settings["seed"], settings["prompts_per_chunk"] = config.sampling.seed, config.prompts_per_chunk
     sampling = {key: getattr(config.sampling, name) for key, name in SAMPLING_SETTINGS.items()}

@@ -249,6 +249,41 @@ def test_compare_matches_prompts_by_task_id():
         compare(result_of([record("t9", [1, 1, 1, 1])]), baseline, k=4)
 
 
+def test_a_task_fingerprint_names_the_question_not_where_its_data_lie():
+    import dataclasses
+
+    task = load_split("sql_synth/test_ties")[0]
+    moved = dataclasses.replace(task, ground_truth={**task.ground_truth, "db_path": "/elsewhere/db.sqlite"})
+    other_gold = dataclasses.replace(task, ground_truth={**task.ground_truth, "gold_sql": "SELECT 1"})
+    assert moved.fingerprint == task.fingerprint != other_gold.fingerprint
+    assert len(task.fingerprint) == 16 and task.fingerprint != load_split("sql_synth/test_ties")[1].fingerprint
+
+
+def test_evaluations_of_other_questions_under_the_same_ids_are_not_paired(tmp_path):
+    """A task id names a position; when the data changed between two evaluations (the ties
+    family's version 1 and 2, say), compare() and a stored file's check refuse, naming the task."""
+    import dataclasses
+
+    from rllib_dph.evaluation.results import check_current
+
+    tasks = load_split("sql_synth/test_ties")[:3]
+    base = result_of([dataclasses.replace(record(t.id, [1, 0, 0, 0]), index=i, task_fingerprint=t.fingerprint)
+                      for i, t in enumerate(tasks)])
+    new = result_of([dataclasses.replace(r, correct=[True] * 4) for r in base.records])
+    assert compare(new, base, k=1)["pass_diff"] == pytest.approx(0.75)
+    assert check_current(base, tasks, "base.json") == 0
+    stale = result_of([dataclasses.replace(r, task_fingerprint="0" * 16) if r.index == 1 else r for r in base.records])
+    with pytest.raises(ValueError, match=rf"1 of 3 prompts are other questions.*{tasks[1].id}"):
+        compare(new, stale, k=4)
+    with pytest.raises(ValueError, match=rf"stale.json: '{tasks[1].id}' was another question.*delete the file"):
+        check_current(stale, tasks, "stale.json")
+    legacy = result_of([dataclasses.replace(r, task_fingerprint="") for r in base.records])
+    assert check_current(legacy, tasks, "old.json") == 3  # written before fingerprints: counted, not refused
+    assert compare(new, legacy, k=1)["pass_diff"] == pytest.approx(0.75)
+    with pytest.raises(ValueError, match="record 0 .* has no task at that index now"):
+        check_current(base, load_split("sql_synth/test")[:3], "other.json")
+
+
 def test_summary_flat_metrics_and_files(tmp_path):
     result = result_of([
         record(
@@ -438,6 +473,7 @@ def test_evaluate_engine_scores_votes_and_styles(sql_env):
     assert summary["distinct_correct@4"] == pytest.approx((2 + 1 + 1) / 3)
     # A correct cte sample only on prompt 0 (of 4 samples): pass@1/cte = (1/4) / 3.
     assert summary["pass@1/cte"] == pytest.approx(1 / 12) and summary["pass@4/cte"] == pytest.approx(1 / 3)
+    assert [r.task_fingerprint for r in result.records] == [t.fingerprint for t in sql_env.tasks]
 
 
 def test_sql_solution_key_ignores_whitespace_case_comments_and_semicolons(sql_env):

@@ -82,14 +82,16 @@ def _ties_result(name: str, extremum_share: float, seed: int):
     """An evaluation of 20 ties prompts x 8 samples: ``extremum`` answers are right, ``order_limit`` ones wrong."""
     import numpy as np
 
+    from rllib_dph.envs.suites import load_split
     from rllib_dph.evaluation.results import EvalResult, PromptRecord
 
     rng = np.random.default_rng(seed)
     records = []
-    for i in range(20):
+    for i, task in enumerate(load_split("sql_synth/test_ties")[:20]):
         styles = ["extremum" if u < extremum_share else "order_limit" for u in rng.random(8)]
-        records.append(PromptRecord(task_id=f"ties-{i}", index=i, correct=[s == "extremum" for s in styles],
-                                    answers=[s for s in styles], styles=styles, num_truncated=0, greedy_correct=False))
+        records.append(PromptRecord(task_id=task.id, index=i, correct=[s == "extremum" for s in styles],
+                                    answers=[s for s in styles], styles=styles, num_truncated=0, greedy_correct=False,
+                                    task_fingerprint=task.fingerprint))
     return EvalResult(records=records, n=8, temperature=1.0, top_p=1.0, max_new_tokens=96, seed=0, ks=[1, 8], name=name)
 
 
@@ -123,3 +125,20 @@ def test_a_run_evaluated_on_every_split_is_reused_without_its_checkpoint(reprodu
     assert reproduce.evaluated(run, ["ties"]) and not reproduce.evaluated(run, ["in-domain", "ties"])
     assert reproduce.run_job("GRPO", 0, str(run), args) == "GRPO seed 0"  # would fail if it tried to train
     assert sorted(p.name for p in run.iterdir()) == ["eval_ties.json"]
+
+
+def test_a_stored_evaluation_of_changed_data_is_refused(reproduce, tmp_path, capsys):
+    """An evaluation of the ties family's version 1 (other questions under the same ids) is not
+    reused as if it were of the data now; one written before fingerprints is read with a warning."""
+    import dataclasses
+
+    run = tmp_path / "GRPO_seed0"
+    result = _ties_result("GRPO", 0.1, 0)
+    stale = dataclasses.replace(result, records=[dataclasses.replace(r, task_fingerprint="f" * 16) for r in result.records])
+    stale.to_json(reproduce.eval_path(run, "ties"))
+    with pytest.raises(ValueError, match=r"eval_ties.json: 'sql_synth/test_ties/00000' was another question"):
+        reproduce.evaluated(run, ["ties"])
+    legacy = dataclasses.replace(result, records=[dataclasses.replace(r, task_fingerprint="") for r in result.records])
+    legacy.to_json(reproduce.eval_path(run, "ties"))
+    assert reproduce.load_results(run, ["ties"])["ties"].records == legacy.records
+    assert "written before task fingerprints were recorded; 20 of its 20 prompts" in capsys.readouterr().out

@@ -28,6 +28,8 @@ that ``reset`` assigns, never in objects it mutates in place.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import numbers
 import string
 from dataclasses import dataclass, field
@@ -67,6 +69,20 @@ class Task:
     def prompt_text(self) -> str:
         """The observation text: message contents joined by blank lines."""
         return "\n\n".join(m["content"] for m in self.messages)
+
+    def content_json(self) -> str:
+        """What the task is, as JSON: its id, messages and ground truth (a SQL task's ``db_path``
+        left out: it is where this machine keeps the file, not what the task asks)."""
+        truth = self.ground_truth
+        if isinstance(truth, Mapping):
+            truth = {k: v for k, v in truth.items() if k != "db_path"}
+        return json.dumps([self.id, list(self.messages), truth], sort_keys=True, default=str)
+
+    @property
+    def fingerprint(self) -> str:
+        """16 hex characters of sha256 over :meth:`content_json`: equal for the same question, so
+        results stored under a task id can be checked against the data as it is now."""
+        return hashlib.sha256(self.content_json().encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,8 @@ class PromptRecord:
             before keys were recorded.
         turns: Policy turns of each of the n episodes (empty when not recorded).
         tool_calls: Tool calls (e.g. exploratory queries) of each episode (empty when not recorded).
+        task_fingerprint: The task's ``rllib_dph.envs.base.Task.fingerprint`` (what the question
+            was, not only its id); empty in results written before fingerprints were recorded.
     """
 
     task_id: str
@@ -72,6 +74,7 @@ class PromptRecord:
     solutions: list[Optional[str]] = field(default_factory=list)
     turns: list[int] = field(default_factory=list)
     tool_calls: list[int] = field(default_factory=list)
+    task_fingerprint: str = ""
 
     @property
     def n(self) -> int:
@@ -332,6 +335,7 @@ def compare(result: EvalResult, baseline: EvalResult, k: int) -> dict[str, float
             f"(e.g. {missing[0]!r}); evaluate both on the same env split (and --limit)."
         )
     matched = replace(baseline, records=[base_by_id[r.task_id] for r in result.records])
+    check_same_tasks(result, matched)
     base_pass = matched.pass_at(k)
     new_pass = result.pass_at(k)
     keep, exploration = keep_and_exploration_rates(base_pass, new_pass)
@@ -347,6 +351,55 @@ def compare(result: EvalResult, baseline: EvalResult, k: int) -> dict[str, float
         "base_failed": len(base_pass) - sum(base_pass),
         **diversity_differences(result, matched, k),
     }
+
+
+def check_same_tasks(result: EvalResult, baseline: EvalResult) -> None:
+    """Refuses to pair two evaluations whose records of the same position hold different
+    questions: a task id names a position in a data set, and the data may have changed between
+    the evaluations (``PromptRecord.task_fingerprint``; records without one are not checked).
+
+    Raises:
+        ValueError: Some pair's fingerprints differ; the message names the first task.
+    """
+    differ = [(r.task_id, r.task_fingerprint, b.task_fingerprint) for r, b in zip(result.records, baseline.records)
+              if r.task_fingerprint and b.task_fingerprint and r.task_fingerprint != b.task_fingerprint]
+    if differ:
+        task_id, new, old = differ[0]
+        raise ValueError(
+            f"{len(differ)} of {len(result.records)} prompts are other questions in the two evaluations "
+            f"(e.g. {task_id!r}: task fingerprint {new} in {result.label!r}, {old} in {baseline.label!r}): the "
+            "data changed between them; evaluate both on the data as it is now."
+        )
+
+
+def check_current(result: EvalResult, tasks: Sequence[Any], where: str) -> int:
+    """Checks that an evaluation's records are of ``tasks`` as they are now.
+
+    Args:
+        result: A stored evaluation.
+        tasks: The data set's tasks now (``rllib_dph.envs.base.Task``), indexed by the records' ``index``.
+        where: The stored file, for the message.
+
+    Returns:
+        The number of records written before fingerprints were recorded (not checkable).
+
+    Raises:
+        ValueError: A record's task id or fingerprint differs from the task at its index now.
+    """
+    unchecked = 0
+    for r in result.records:
+        task = tasks[r.index] if 0 <= r.index < len(tasks) else None
+        if task is None or task.id != r.task_id:
+            raise ValueError(f"{where}: record {r.index} ({r.task_id!r}) has no task at that index now; "
+                             "the data set changed since it was evaluated: delete the file to evaluate again.")
+        if not r.task_fingerprint:
+            unchecked += 1
+        elif r.task_fingerprint != task.fingerprint:
+            raise ValueError(
+                f"{where}: {r.task_id!r} was another question when it was evaluated (task fingerprint "
+                f"{r.task_fingerprint}, now {task.fingerprint}): the data changed since; delete the file to "
+                "evaluate again, or read it at the commit that wrote it.")
+    return unchecked
 
 
 def diversity_differences(result: EvalResult, baseline: EvalResult, k: int) -> dict[str, Any]:
@@ -369,6 +422,7 @@ def diversity_differences(result: EvalResult, baseline: EvalResult, k: int) -> d
             "diversity_differences: the baseline's prompts are not the result's in the same order; "
             "use compare(), which matches them by task id."
         )
+    check_same_tasks(result, baseline)
     styles = list(dict.fromkeys(result.solution_styles() + baseline.solution_styles()))
     pairs = [(f"pass@{k}/{style}", f"pass_diff/{style}", f"pass_diff_ci/{style}") for style in styles]
     if result.has_solutions and baseline.has_solutions:

@@ -144,6 +144,7 @@ def _record(env, sampled: ScoredGroup, greedy: Optional[ScoredGroup], settings: 
         solutions=[_short_hash(env.solution_key(index, text)) for text in texts],
         turns=sampled.turns.tolist(),
         tool_calls=sampled.tool_calls.tolist(),
+        task_fingerprint=env.tasks[index].fingerprint,
     )
 
 

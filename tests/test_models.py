@@ -205,8 +205,8 @@ def test_quality_check_samples_through_the_rollout_path(monkeypatch):
     assert set(metrics) == {
         "sql_test/greedy_acc", "sql_test/greedy_styles", "sql_test/pass@1", "sql_test/pass@4",
         "sql_test/sample_styles", "sql_test/correct_sample_styles", "sql_test_cross/greedy_acc",
-        "math_test/greedy_acc", "sql_ties/greedy_acc", "sql_ties/greedy_approaches", "sql_ties/pass@1",
-        "sql_ties/pass@4", "sql_ties/sample_approaches", "sql_ties/correct_sample_approaches",
+        "math_test/greedy_acc", "sql_ties/family_version", "sql_ties/greedy_acc", "sql_ties/greedy_approaches",
+        "sql_ties/pass@1", "sql_ties/pass@4", "sql_ties/sample_approaches", "sql_ties/correct_sample_approaches",
     }
     assert sum(metrics["sql_ties/sample_approaches"].values()) == 16
     assert list(metrics["sql_ties/sample_approaches"])[:2] == ["order_limit", "extremum"]

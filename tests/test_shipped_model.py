@@ -24,6 +24,12 @@ def test_shipped_build_is_current_small_and_complete():
         "the suites' training data changed since the shipped build: bump tiny.BUILD_VERSION and re-ship a "
         "fresh `rllib build-model tiny-sql-math --force` build"
     )
+    from rllib_dph.envs.suites.sql_suite import TIES_FAMILY_VERSION
+
+    assert record["metrics"]["sql_ties/family_version"] == TIES_FAMILY_VERSION, (
+        "the ties family changed since the shipped record's sql_ties metrics were measured: re-measure them "
+        "(a `rllib build-model tiny-sql-math --force` build; the weights do not depend on the family)"
+    )
 
 
 def test_resolve_model_uses_the_shipped_build_without_building(tmp_path, monkeypatch):

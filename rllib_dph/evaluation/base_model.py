@@ -18,6 +18,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from rllib_dph.envs import suites
 from rllib_dph.envs.math import MathEnv
 from rllib_dph.envs.sql import SQLEnv
+from rllib_dph.envs.suites.sql_suite import TIES_FAMILY_VERSION
 from rllib_dph.engines.base import SamplingParams
 from rllib_dph.engines.hf import HFEngine
 from rllib_dph.evaluation.metrics import mean_pass_at_k
@@ -76,11 +77,12 @@ def evaluate_base_policy(
 def _ties_metrics(run: Callable, samples: int) -> dict:
     """The ties family (``sql_synth/test_ties``): greedy accuracy, pass@1 / pass@``samples`` and
     how many samples take each approach, among all and among the correct ones (issue #24 asks
-    the base model to write the ``extremum`` approach in about 10-25 % of its samples)."""
+    the base model to write the ``extremum`` approach in about 10-25 % of its samples), and the
+    family's version they were measured on (``sql_suite.TIES_FAMILY_VERSION``)."""
     env = SQLEnv(suites.load_split("sql_synth/test_ties"))
     source = suites.SQL_TIES_SOURCE
     greedy = run(env, 1, 0.0)
-    metrics = {"sql_ties/greedy_acc": _accuracy(greedy),
+    metrics = {"sql_ties/family_version": TIES_FAMILY_VERSION, "sql_ties/greedy_acc": _accuracy(greedy),
                "sql_ties/greedy_approaches": _style_counts(source, [g.texts[0] for g in greedy])}
     if samples > 0:
         sampled = run(env, samples, 1.0)

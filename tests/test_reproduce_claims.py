@@ -142,3 +142,20 @@ def test_a_stored_evaluation_of_changed_data_is_refused(reproduce, tmp_path, cap
     legacy.to_json(reproduce.eval_path(run, "ties"))
     assert reproduce.load_results(run, ["ties"])["ties"].records == legacy.records
     assert "written before task fingerprints were recorded; 20 of its 20 prompts" in capsys.readouterr().out
+
+
+def test_the_fourth_leases_ties_evaluations_are_of_the_old_family_and_refused(reproduce, tmp_path, capsys):
+    """The archived SmolLM2 evaluations (docs/gpu_runs, family version 1 for test_ties) cannot be
+    paired with runs on the family as it is now; their test-split evaluation, of unchanged data, can."""
+    import pathlib
+    import tarfile
+
+    archive = pathlib.Path(__file__).resolve().parents[1] / "docs/gpu_runs/2026-11-26-h100-lease4-r24.tar.gz"
+    with tarfile.open(archive) as tar:
+        tar.extractall(tmp_path, filter="data")
+    with pytest.raises(ValueError, match="was another question when it was evaluated"):
+        reproduce.load_evaluation(tmp_path / "base", "ties")
+    with pytest.raises(ValueError, match="was another question when it was evaluated"):
+        reproduce.evaluated(tmp_path / "runs" / "GRPO_seed0", ["ties"])
+    assert len(reproduce.load_evaluation(tmp_path / "base", "in-domain").records) == 100
+    assert "warning" not in capsys.readouterr().out

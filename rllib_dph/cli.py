@@ -147,6 +147,9 @@ def _evaluate(args) -> None:
     import_user_modules(args.imports)
     env_config = json_flag(args.env_config, "--env-config")
     baseline = EvalResult.from_json(args.baseline) if args.baseline else None  # fail before evaluating
+    if baseline is not None and not all(r.task_fingerprint for r in baseline.records):
+        print(f"note: {args.baseline} was written before task fingerprints were recorded; its prompts are "
+              "paired by task id without checking that they are the same questions.")
     result = evaluate_policy(
         absolute_if_path(args.policy),
         args.env,

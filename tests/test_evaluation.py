@@ -534,6 +534,13 @@ def test_rllib_evaluate_writes_results_plot_and_comparison(tmp_path, capsys):
         "distinct_correct_diff", "distinct_correct_diff_ci",  # the random model writes no solution style
     }
     assert set(data["intervals_95"]) >= {"greedy_accuracy", "pass@1", "pass@4", "distinct_correct@4"}
+    assert "written before task fingerprints" not in printed
+    # a baseline whose prompt 0 was another question under the same id (the data changed since)
+    stale = json.loads((base_dir / "results.json").read_text())
+    stale["records"][0]["task_fingerprint"] = "0" * 16
+    (tmp_path / "stale.json").write_text(json.dumps(stale))
+    with pytest.raises(SystemExit, match=r"--baseline: 1 of 3 prompts are other questions .*sql_synth/test/00000"):
+        main(["evaluate", "tiny-random", *common, "--out", str(tmp_path / "again"), "--baseline", str(tmp_path / "stale.json")])
 
 
 def test_rllib_evaluate_at_n_64_reports_pass_at_64_styles_and_distinct_solutions(tmp_path, capsys):

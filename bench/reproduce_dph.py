@@ -181,10 +181,15 @@ def load_evaluation(out: pathlib.Path, split: str):
     path = eval_path(out, split)
     result = EvalResult.from_json(path)
     unchecked = check_current(result, load_split(SPLITS[split][1]["data"]), str(path))
-    if unchecked:
+    if unchecked and str(path) not in _WARNED:
+        _WARNED.add(str(path))
         print(f"warning: {path} was written before task fingerprints were recorded; {unchecked} of its "
               f"{len(result.records)} prompts cannot be checked against the data now.")
     return result
+
+
+#: The stored evaluations warned about (once each per process).
+_WARNED: set[str] = set()
 
 
 def load_results(out: pathlib.Path, splits) -> dict:

@@ -577,7 +577,7 @@ def test_trial_folders_and_partial_checkpoints_are_refused(tmp_path):
     assert find_module_checkpoint(tmp_path / "trial") is None
 
 
-def test_checkpoint_evaluates_like_the_weights_it_was_saved_with(ray_session, tiny_grpo_config, tmp_path):
+def test_checkpoint_evaluates_like_the_weights_it_was_saved_with(ray_session, tiny_grpo_config, tmp_path, monkeypatch):
     from ray.rllib.core import DEFAULT_MODULE_ID
 
     algo = tiny_grpo_config.build_algo()
@@ -604,3 +604,6 @@ def test_checkpoint_evaluates_like_the_weights_it_was_saved_with(ray_session, ti
     assert [r.completions for r in from_checkpoint.records] == [r.completions for r in expected.records]
     assert greedy != [r.greedy_completion for r in base.records]
     assert from_checkpoint.policy == str(tmp_path / "ckpt")
+    monkeypatch.chdir(tmp_path)  # a relative checkpoint path (RLlib's pyarrow reader refuses one as given)
+    relative = evaluate_policy("ckpt", SQL_ENV, SQL_TEST, settings)
+    assert [r.completions for r in relative.records] == [r.completions for r in expected.records]

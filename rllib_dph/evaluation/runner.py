@@ -157,6 +157,9 @@ def _short_hash(key: Optional[str]) -> Optional[str]:
 def find_module_checkpoint(path: str | os.PathLike) -> Optional[Path]:
     """The learner's RL-module folder of an RLlib Algorithm checkpoint, or None for other folders.
 
+    The folder is returned absolute: RLlib reads checkpoints through pyarrow, which refuses a
+    relative path ("URI has empty scheme").
+
     Args:
         path: A folder written by ``algo.save_to_path`` (or a Tune ``checkpoint_00000N``).
 
@@ -164,7 +167,7 @@ def find_module_checkpoint(path: str | os.PathLike) -> Optional[Path]:
         ValueError: ``path`` is an RLlib checkpoint without a learner RL module, or a Tune trial
             folder (``checkpoint_*`` sub-folders and no model ``config.json``).
     """
-    path = Path(path).expanduser()
+    path = Path(path).expanduser().resolve()
     if (path / "rllib_checkpoint.json").is_file():
         from ray.rllib.core import DEFAULT_MODULE_ID
 

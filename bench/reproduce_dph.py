@@ -197,28 +197,34 @@ def load_results(out: pathlib.Path, splits) -> dict:
     return {split: load_evaluation(out, split) for split in splits}
 
 
-def run_config(method: str, args):
-    """``method``'s tuned example with the budget's and ``--config``'s overrides.
+def run_config(method: str, args, seed: int | None = None):
+    """``method``'s tuned example with the budget's and ``--config``'s overrides, and ``seed``.
 
     A DPH run for another model than its tuned example's pre-samples into its own folder (the
     example's ``presample.out_dir`` + ``_<model>``), and so does a variant with other pre-sampling
-    rules (+ ``_<pef_samples>``), so that runs that share a folder never take turns setting each
-    other's files aside as stale.
+    rules (+ ``_<pef_samples>``) and each seed (+ ``_seed<seed>``: the seed is part of what a
+    pre-sampling folder holds), so that runs never take turns setting each other's files aside
+    as stale (found on 2026-11-26: the 3 seeds of a method shared one folder, each re-sampled
+    it, and a run whose files another seed had replaced between its check and its learner's
+    read could train on that seed's D_pef).
     """
     from rllib_dph.algorithms.dph import DPHConfig
     from rllib_dph.experiments import load_tuned_example
 
     config, _ = load_tuned_example(str(REPO / METHODS[method]))
+    seeded = {} if seed is None else {"seed": seed}
     if not isinstance(config, DPHConfig):
-        return config.update_from_dict({**METHOD_OVERRIDES.get(method, {}), **args.overrides})
+        return config.update_from_dict({**METHOD_OVERRIDES.get(method, {}), **args.overrides, **seeded})
     tuned_model, tuned_pef = config.model_name, config.presample.pef_samples
-    config.update_from_dict(METHOD_OVERRIDES.get(method, {})).update_from_dict(args.overrides)
+    config.update_from_dict(METHOD_OVERRIDES.get(method, {})).update_from_dict({**args.overrides, **seeded})
     out_dir = config.presample.out_dir
     if out_dir:
         if config.model_name != tuned_model:
             out_dir = f"{out_dir}_{pathlib.Path(config.model_name).name}"
         if config.presample.pef_samples != tuned_pef:
             out_dir = f"{out_dir}_{config.presample.pef_samples}"
+        if seed is not None:
+            out_dir = f"{out_dir}_seed{seed}"
         config.dph(presample={"out_dir": out_dir})
     return config
 
@@ -228,9 +234,7 @@ def train(method: str, seed: int, out: pathlib.Path, args) -> pathlib.Path:
     ckpt = out / "checkpoint"
     if (ckpt / "learner_group").exists():
         return ckpt
-    config = run_config(method, args)
-    config.update_from_dict({"seed": seed})
-    algo = config.build_algo()
+    algo = run_config(method, args, seed).build_algo()
     curve = []
     for _ in range(args.iterations):
         curve.append(float(algo.train()["env_runners"]["reward_mean"]))
@@ -548,13 +552,13 @@ def style_shares(base: dict, runs: dict, split: str, out_png: pathlib.Path) -> N
     fig.savefig(out_png, dpi=120)
 
 
-def prepare(methods: list[str], args) -> None:
-    """Runs the DPH pre-sampling stage once, before parallel jobs would race to write it."""
+def prepare(runs: list[tuple[str, int]], args) -> None:
+    """Runs the DPH pre-sampling stage of each (method, seed) once, before parallel jobs start."""
     from rllib_dph.algorithms.dph import DPHConfig
     from rllib_dph.presample import prepare_pef
 
-    for method in methods:
-        config = run_config(method, args)
+    for method, seed in runs:
+        config = run_config(method, args, seed)
         if isinstance(config, DPHConfig) and config.presample.out_dir:
             prepare_pef(config)  # (re)made for this model, data and settings
 
@@ -622,7 +626,7 @@ def main() -> None:
     def to_train(run_dir: pathlib.Path) -> bool:
         return not (run_dir / "checkpoint" / "learner_group").exists() and not evaluated(run_dir, args.splits)
 
-    prepare([m for m in args.methods if any(to_train(out / "runs" / f"{m}_seed{s}") for s in args.seeds)], args)
+    prepare([(m, s) for m in args.methods for s in args.seeds if to_train(out / "runs" / f"{m}_seed{s}")], args)
     jobs = [(None, 0, out / "base")] + [
         (method, seed, out / "runs" / f"{method}_seed{seed}") for method in args.methods for seed in args.seeds
     ]

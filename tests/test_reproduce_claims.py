@@ -68,6 +68,12 @@ def test_the_ties_budget_compares_all_trajectories_with_one(reproduce):
     assert (all_.presample.pef_samples, all_.presample.min_correct) == ("all", 8)
     assert (refine.presample.pef_samples, refine.presample.min_correct) == ("refine", 8)
     assert refine.presample.out_dir == all_.presample.out_dir + "_refine"
+    # each seed pre-samples into its own folder (the seed is part of what the folder holds)
+    seeded = [reproduce.run_config("DPH-JS", args, seed) for seed in (0, 1)]
+    assert [c.presample.out_dir for c in seeded] == [all_.presample.out_dir + f"_seed{s}" for s in (0, 1)]
+    assert [c.seed for c in seeded] == [0, 1]
+    assert [c.presample_config().sampling.seed for c in seeded] == [0, 1]
+    assert reproduce.run_config("GRPO", args, 2).seed == 2
     assert all_.max_response_length == refine.max_response_length == 96
     assert set(budget["methods"]) <= set(reproduce.METHODS) and budget["n"] >= 64
 

@@ -372,9 +372,48 @@ def preflight(
     config.update_from_dict(dict(config_overrides or {}))
     problems += stop_key_problems(stop)
     resolve_paths(config, launch_dir)
-    for variant in search_variants(config):
+    variants = search_variants(config)
+    for variant in variants:
         problems += variant_problems(variant)
+    problems += shared_presample_problems(variants)
     return list(dict.fromkeys(problems))
+
+
+def shared_presample_problems(variants: list) -> list[Problem]:
+    """Search variants that would share one pre-sampling folder while they need different files.
+
+    A folder holds the D_pef of one model, data set, seed and set of sampling and selection
+    settings (``presample.run_identity``); two trials that share it while they differ in one of
+    those take turns setting each other's files aside, and one whose files were replaced after
+    its check may train on the other's (docs/algorithms.md). Variants that differ elsewhere (η,
+    the learning rate, ...) share a folder safely.
+
+    Returns:
+        One problem per folder shared that way, naming the fields that differ and the fix.
+    """
+    def identity(variant) -> dict:
+        stage = variant.presample_config()
+        return {"model_name": stage.model_name, "env": stage.env, "env_config": stage.env_config, "k": stage.k,
+                "min_correct": stage.min_correct, "pef_samples": stage.pef_samples, "full_data": stage.full_data,
+                "seed": stage.sampling.seed, "temperature": stage.sampling.temperature, "top_p": stage.sampling.top_p,
+                "max_response_length": stage.sampling.max_new_tokens, "prompts_per_chunk": stage.prompts_per_chunk}
+
+    by_folder: dict[str, list[dict]] = {}
+    for variant in variants:
+        if getattr(getattr(variant, "presample", None), "out_dir", None) and hasattr(variant, "presample_config"):
+            by_folder.setdefault(variant.presample.out_dir, []).append(identity(variant))
+    problems = []
+    for folder, identities in by_folder.items():
+        differ = sorted({key for ident in identities for key in ident if ident[key] != identities[0][key]})
+        if differ:
+            problems.append(Problem(
+                "presample.out_dir",
+                f"the sweep's trials share {folder} but differ in {', '.join(differ)}, which decide what the folder "
+                "holds: running trials would set each other's pre-sampled files aside. Run those values apart, each "
+                "with its own folder (e.g. rllib train ... --config '{\"seed\": 1, \"presample\": {\"out_dir\": "
+                f"\"{folder}_seed1\"}}}}'), or sweep only fields that pre-sampling does not read (pef_coeff, lr, ...).",
+            ))
+    return problems
 
 
 def _reference(config) -> Optional[str]:

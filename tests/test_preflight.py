@@ -267,3 +267,21 @@ def test_rllib_train_refuses_a_trial_the_cluster_cannot_hold(tmp_path):
     assert out.returncode == 2, out.stderr[-2000:]
     assert "GRPOConfig resources: one trial asks Ray for 4097 CPUs" in out.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_sweep_whose_trials_would_share_a_presample_folder_with_other_seeds_is_refused(tmp_path):
+    """Trials of different seeds need different D_pef files; sharing one folder makes them set
+    each other's aside (found in bench/reproduce_dph.py's seeds). Sweeping eta shares it safely."""
+    from rllib_dph.preflight import shared_presample_problems
+
+    def dph():
+        return (DPHConfig().environment("rllib_dph/SQL-v0", env_config={"data": "sql_synth/train"})
+                .llm(model_name="tiny-sql-math").dph(presample={"out_dir": str(tmp_path / "pef")}))
+
+    seeds = dph().debugging(seed=tune.grid_search([0, 1]))
+    [problem] = shared_presample_problems(search_variants(seeds))
+    assert problem.where == "presample.out_dir"
+    assert f"share {tmp_path / 'pef'} but differ in seed" in problem.message and "_seed1" in problem.message
+    assert problem in preflight(seeds, {"training_iteration": 1})
+    assert shared_presample_problems(search_variants(dph().dph(pef_coeff=tune.grid_search([0.05, 0.2])))) == []
+    assert shared_presample_problems(search_variants(grpo().training(lr=tune.grid_search([1e-4, 1e-3])))) == []

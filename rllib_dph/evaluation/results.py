@@ -335,7 +335,6 @@ def compare(result: EvalResult, baseline: EvalResult, k: int) -> dict[str, float
             f"(e.g. {missing[0]!r}); evaluate both on the same env split (and --limit)."
         )
     matched = replace(baseline, records=[base_by_id[r.task_id] for r in result.records])
-    check_same_tasks(result, matched)
     base_pass = matched.pass_at(k)
     new_pass = result.pass_at(k)
     keep, exploration = keep_and_exploration_rates(base_pass, new_pass)

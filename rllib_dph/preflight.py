@@ -391,12 +391,12 @@ def shared_presample_problems(variants: list) -> list[Problem]:
     Returns:
         One problem per folder shared that way, naming the fields that differ and the fix.
     """
+    from rllib_dph.presample import identity_settings
+
     def identity(variant) -> dict:
         stage = variant.presample_config()
-        return {"model_name": stage.model_name, "env": stage.env, "env_config": stage.env_config, "k": stage.k,
-                "min_correct": stage.min_correct, "pef_samples": stage.pef_samples, "full_data": stage.full_data,
-                "seed": stage.sampling.seed, "temperature": stage.sampling.temperature, "top_p": stage.sampling.top_p,
-                "max_response_length": stage.sampling.max_new_tokens, "prompts_per_chunk": stage.prompts_per_chunk}
+        return {"model_name": stage.model_name, "env": stage.env, "env_config": stage.env_config,
+                **identity_settings(stage)}
 
     by_folder: dict[str, list[dict]] = {}
     for variant in variants:

@@ -268,10 +268,16 @@ def run_identity(config: PresampleConfig, fingerprint: str, tasks) -> dict[str, 
     digest = hashlib.sha256()
     for task in tasks:
         digest.update(task.content_json().encode())
+    return {"model_fingerprint": fingerprint, "data_sha256": digest.hexdigest()[:16], **identity_settings(config)}
+
+
+def identity_settings(config: PresampleConfig) -> dict[str, Any]:
+    """The selection and sampling settings that decide what a pre-sampling directory holds, beside
+    the model and the data (:func:`run_identity`; ``preflight`` reads the same to refuse sweeps
+    whose trials would share a directory while differing in one of them)."""
     settings = {name: getattr(config, name) for name in ("k", "min_correct", "pef_samples", "full_data")}
     settings["seed"], settings["prompts_per_chunk"] = config.sampling.seed, config.prompts_per_chunk
-    sampling = {key: getattr(config.sampling, name) for key, name in SAMPLING_SETTINGS.items()}
-    return {"model_fingerprint": fingerprint, "data_sha256": digest.hexdigest()[:16], **settings, **sampling}
+    return {**settings, **{key: getattr(config.sampling, name) for key, name in SAMPLING_SETTINGS.items()}}
 
 
 def read_identity(out_dir: str | os.PathLike) -> Optional[dict[str, Any]]:

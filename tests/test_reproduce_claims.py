@@ -165,3 +165,20 @@ def test_the_fourth_leases_ties_evaluations_are_of_the_old_family_and_refused(re
         reproduce.evaluated(tmp_path / "runs" / "GRPO_seed0", ["ties"])
     assert len(reproduce.load_evaluation(tmp_path / "base", "in-domain").records) == 100
     assert "warning" not in capsys.readouterr().out
+
+
+def test_the_fifth_leases_evaluations_are_reused_as_they_are(reproduce, tmp_path, capsys):
+    """The archived SmolLM2 base and GRPO evaluations on test_ties (family version 2, 100 prompts,
+    n = 64) are of the split as it is now: a run under the same budget reuses them unretrained,
+    which is how the next lease runs DPH-JS alone beside them (docs/gpu.md)."""
+    import pathlib
+    import tarfile
+
+    archive = pathlib.Path(__file__).resolve().parents[1] / "docs/gpu_runs/2026-11-26-h100-lease5-r24.tar.gz"
+    with tarfile.open(archive) as tar:
+        tar.extractall(tmp_path, filter="data")
+    assert reproduce.evaluated(tmp_path / "base", ["ties"])
+    assert reproduce.evaluated(tmp_path / "runs" / "GRPO_seed0", ["ties"])
+    grpo = reproduce.load_evaluation(tmp_path / "runs" / "GRPO_seed0", "ties")
+    assert (len(grpo.records), grpo.n, grpo.max_new_tokens) == (100, 64, 96)
+    assert "warning" not in capsys.readouterr().out

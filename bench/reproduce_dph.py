@@ -40,6 +40,7 @@ comparison was looked at; docs/results.md says how it was chosen.
 """
 
 import argparse
+import functools
 import json
 import pathlib
 import time
@@ -174,22 +175,25 @@ def load_evaluation(out: pathlib.Path, split: str):
     (``rllib_dph.evaluation.results.check_current``): a file of data that has changed since (the
     ties family's version 1, say) is refused with the fix, one written before task fingerprints
     were recorded is read with a warning."""
+    path = eval_path(out, split)
+    stat = path.stat()
+    return _read_checked(str(path), split, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=None)
+def _read_checked(path: str, split: str, mtime_ns: int, size: int):
+    """One read and check of a stored evaluation per version of its file (a run's reuse check,
+    the pre-sampling plan and the tables all ask for it); warns once about a legacy file."""
     from rllib_dph.envs.suites import load_split
     from rllib_dph.evaluation import EvalResult
     from rllib_dph.evaluation.results import check_current
 
-    path = eval_path(out, split)
     result = EvalResult.from_json(path)
-    unchecked = check_current(result, load_split(SPLITS[split][1]["data"]), str(path))
-    if unchecked and str(path) not in _WARNED:
-        _WARNED.add(str(path))
+    unchecked = check_current(result, load_split(SPLITS[split][1]["data"]), path)
+    if unchecked:
         print(f"warning: {path} was written before task fingerprints were recorded; {unchecked} of its "
               f"{len(result.records)} prompts cannot be checked against the data now.")
     return result
-
-
-#: The stored evaluations warned about (once each per process).
-_WARNED: set[str] = set()
 
 
 def load_results(out: pathlib.Path, splits) -> dict:

@@ -24,6 +24,7 @@ greedy accuracy, pass@k (n samples), keep / exploration rates against the base m
     python bench/reproduce_dph.py --budget smollm2-ties-cpu   # the real 135M model on the ties family, 2 CPU cores
     python bench/reproduce_dph.py --budget smollm2-lora-cpu   # GRPO and DPH-JS with LoRA on the real model, 2 CPU cores
     python bench/reproduce_dph.py --budget smollm2-ties-gpu --out /tmp/r   # the same on one GPU: bf16, the GPU examples' batch
+    python bench/reproduce_dph.py --budget smollm2-600-ties-gpu --out /tmp/r   # the same on the 5x longer warm start
 
 The `ties` budgets (issue #24, docs/collapse.md) add `sql_synth/test_ties`, where only the base
 model's minority approach is right, and two DPH-JS variants: "DPH-JS" (8 of 8, all trajectories,
@@ -143,6 +144,15 @@ BUDGETS = {
     "ties-quick": dict(seeds=[0], iterations=100, eval_limit=50, n=64, methods=["GRPO", "DPH-JS", "DPH-JS (refine)"],
                        config=TIES_CONFIG, max_new_tokens=96, splits=["in-domain", "ties"]),
 }
+# The smollm2-ties-gpu budget, unchanged, on the 5x longer warm start, which writes the ties
+# family's robust approach as a minority (3 % of its test_ties samples; the 120-step one 0.2 %,
+# whose right ties answers are lucky thresholds: docs/collapse.md). Fixed on 2026-11-26 before
+# any run of it; read first GRPO - base (is there a collapse to prevent?), then the endpoint:
+# ties pass@64, DPH-JS - GRPO, paired over prompts.
+BUDGETS["smollm2-600-ties-gpu"] = dict(
+    BUDGETS["smollm2-ties-gpu"],
+    config={**BUDGETS["smollm2-ties-gpu"]["config"], "model_name": "smollm2-135m-sft-600"},
+)
 
 
 def eval_path(out: pathlib.Path, split: str) -> pathlib.Path:
@@ -589,7 +599,7 @@ def main() -> None:
                         "comparison on the ties family and its quick mode), smollm2-cpu (the real "
                         "model on 2 CPU cores, ~70 min), smollm2-ties-cpu (the real model on the ties family) or "
                         "smollm2-lora-cpu (GRPO and DPH-JS with LoRA on the real model), smollm2-ties-gpu (the real model "
-                        "on the ties family on one GPU); "
+                        "on the ties family on one GPU), smollm2-600-ties-gpu (the same on the 5x longer warm start); "
                         "the flags below override any budget's values")
     parser.add_argument("--quick", action="store_true", help="the same as --budget quick")
     parser.add_argument("--seeds", type=int, nargs="+")

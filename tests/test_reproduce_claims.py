@@ -183,3 +183,18 @@ def test_the_fifth_leases_evaluations_are_reused_as_they_are(reproduce, tmp_path
     grpo = reproduce.load_evaluation(tmp_path / "runs" / "GRPO_seed0", "ties")
     assert (len(grpo.records), grpo.n, grpo.max_new_tokens) == (100, 64, 96)
     assert "warning" not in capsys.readouterr().out
+
+
+def test_the_longer_warm_starts_gpu_budget_changes_the_model_only(reproduce):
+    """smollm2-600-ties-gpu is smollm2-ties-gpu on smollm2-135m-sft-600, nothing else; its DPH-JS
+    runs pre-sample into a folder of their own (the two warm starts never share D_pef)."""
+    from types import SimpleNamespace
+
+    short, long = reproduce.BUDGETS["smollm2-ties-gpu"], reproduce.BUDGETS["smollm2-600-ties-gpu"]
+    assert {k: v for k, v in long.items() if k != "config"} == {k: v for k, v in short.items() if k != "config"}
+    assert long["config"] == {**short["config"], "model_name": "smollm2-135m-sft-600"}
+    configs = {name: reproduce.run_config("DPH-JS", SimpleNamespace(overrides=b["config"]), 0)
+               for name, b in (("short", short), ("long", long))}
+    assert configs["long"].model_name == "smollm2-135m-sft-600"
+    assert configs["long"].presample.out_dir.endswith("_smollm2-135m-sft-600_seed0")
+    assert configs["long"].presample.out_dir != configs["short"].presample.out_dir

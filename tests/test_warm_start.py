@@ -1,5 +1,6 @@
 """Warm starts: a resumable short SFT of a base model, cached under its own fingerprint."""
 
+import dataclasses
 import json
 
 import pytest
@@ -31,6 +32,25 @@ def _weights(folder):
 def test_smollm2_warm_start_is_a_model_name():
     assert "smollm2-135m-sft" in BUNDLED_MODELS
     assert warm_start.WARM_STARTS["smollm2-135m-sft"].base == "smollm2-135m-instruct"
+
+
+def test_the_longer_smollm2_warm_start_sees_the_ties_approach_five_times_as_often():
+    """``smollm2-135m-sft-600`` is the 120-step recipe run 5x longer, nothing else: its corpus
+    holds the same share of `= (SELECT MAX(...))` answers among the highest/lowest ones (~15 %),
+    and 4x as many of them (47 against 12), which is what taught SmolLM2 the approach."""
+    from rllib_dph.envs.suites.sql_query import sql_approach
+
+    short, long = warm_start.WARM_STARTS["smollm2-135m-sft"], warm_start.WARM_STARTS["smollm2-135m-sft-600"]
+    assert "smollm2-135m-sft-600" in BUNDLED_MODELS
+    assert dataclasses.replace(long, sft_steps=short.sft_steps) == short and long.sft_steps == 600
+    counts = {}
+    for spec in (short, long):
+        approaches = [sql_approach(ex["completion"]) for ex in warm_start.training_examples(spec)
+                      if ex["task_id"].startswith("sql_synth/")]
+        counts[spec.sft_steps] = (approaches.count("extremum"), approaches.count("order_limit"))
+    assert counts == {120: (12, 66), 600: (47, 270)}
+    for extremum, order_limit in counts.values():
+        assert 0.1 < extremum / (extremum + order_limit) < 0.2
 
 
 def test_warm_start_trains_records_and_resumes(tmp_path, monkeypatch, tiny_warm_start, base_dir):

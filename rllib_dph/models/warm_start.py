@@ -14,9 +14,9 @@ completion and its end-of-turn token.
 episodes (``rllib_dph.envs.sql_multiturn.sft_traces``: an exploratory query, the env's reply, the
 answer; or the answer at once), the loss on the policy turns only (issue #26, item 6).
 
-``model_name="smollm2-135m-sft"`` builds it on first use into the model cache (or ahead of time:
-``rllib build-model smollm2-135m-sft``), with a progress bar; an interrupted build resumes from
-its last checkpoint (every ``checkpoint_every`` steps). The folder's build record holds the spec,
+``model_name="smollm2-135m-sft"`` (or the 5x longer ``"smollm2-135m-sft-600"``) builds it on
+first use into the model cache (or ahead of time: ``rllib build-model smollm2-135m-sft``), with a
+progress bar; an interrupted build resumes from its last checkpoint (every ``checkpoint_every`` steps). The folder's build record holds the spec,
 the base model's fingerprint, the loss curve's ends and the folder's own fingerprint; a changed
 spec, base model or SFT corpus (the suites' solutions change when the suites do) makes it
 rebuild.
@@ -85,6 +85,10 @@ class WarmStartSpec:
 #: The warm starts by model name.
 WARM_STARTS: dict[str, WarmStartSpec] = {
     "smollm2-135m-sft": WarmStartSpec(base="smollm2-135m-instruct"),
+    # The same recipe 5x longer (4,800 examples): SmolLM2 learns the ties family's minority
+    # approach (`= (SELECT MAX(...))`, 15 % of the corpus's highest/lowest answers, as in the
+    # 120-step one) only from the longer run; measured shares in docs/models.md.
+    "smollm2-135m-sft-600": WarmStartSpec(base="smollm2-135m-instruct", sft_steps=600),
     "tiny-sql-math-mt": WarmStartSpec(
         base="tiny-sql-math", splits=("sql_synth/train",), sft_steps=800, batch_size=16, lr=2e-3,
         warmup_steps=20, checkpoint_every=200, multi_turn_share=0.5,

@@ -4,7 +4,8 @@
 # SQL examples) writes it in 3 of 1,600 samples on test_ties. This builds the same recipe with
 # 600 steps (4,800 examples: 47 `extremum` against 270 `LIMIT 1`, the same 15 % share) on CPU and
 # samples it as the other scripts here do (first 100 test_ties prompts, n = 16, fp32), and the
-# first 50 `test` prompts for its in-domain quality. Not a registered model: a measurement.
+# first 50 `test` prompts for its in-domain quality. Registered afterwards, with this spec, as
+# `smollm2-135m-sft-600` (docs/models.md).
 # Run from the repository root at the commit that added it (~1 h on 2 cores).
 import collections, dataclasses, json, pathlib, sys, time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench"))

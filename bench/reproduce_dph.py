@@ -25,6 +25,7 @@ greedy accuracy, pass@k (n samples), keep / exploration rates against the base m
     python bench/reproduce_dph.py --budget smollm2-lora-cpu   # GRPO and DPH-JS with LoRA on the real model, 2 CPU cores
     python bench/reproduce_dph.py --budget smollm2-ties-gpu --out /tmp/r   # the same on one GPU: bf16, the GPU examples' batch
     python bench/reproduce_dph.py --budget smollm2-600-ties-gpu --out /tmp/r   # the same on the 5x longer warm start
+    python bench/reproduce_dph.py --budget smollm2-600-ties-cpu --out /tmp/r   # and its 2-core budget
 
 The `ties` budgets (issue #24, docs/collapse.md) add `sql_synth/test_ties`, where only the base
 model's minority approach is right, and two DPH-JS variants: "DPH-JS" (8 of 8, all trajectories,
@@ -149,10 +150,10 @@ BUDGETS = {
 # whose right ties answers are lucky thresholds: docs/collapse.md). Fixed on 2026-11-26 before
 # any run of it; read first GRPO - base (is there a collapse to prevent?), then the endpoint:
 # ties pass@64, DPH-JS - GRPO, paired over prompts.
-BUDGETS["smollm2-600-ties-gpu"] = dict(
-    BUDGETS["smollm2-ties-gpu"],
-    config={**BUDGETS["smollm2-ties-gpu"]["config"], "model_name": "smollm2-135m-sft-600"},
-)
+# The same for smollm2-ties-cpu (fixed on 2026-11-26 before any run, read the same way with k = 16).
+for _name in ("smollm2-ties-gpu", "smollm2-ties-cpu"):
+    BUDGETS[_name.replace("smollm2-", "smollm2-600-")] = dict(
+        BUDGETS[_name], config={**BUDGETS[_name]["config"], "model_name": "smollm2-135m-sft-600"})
 
 
 def eval_path(out: pathlib.Path, split: str) -> pathlib.Path:
@@ -599,7 +600,7 @@ def main() -> None:
                         "comparison on the ties family and its quick mode), smollm2-cpu (the real "
                         "model on 2 CPU cores, ~70 min), smollm2-ties-cpu (the real model on the ties family) or "
                         "smollm2-lora-cpu (GRPO and DPH-JS with LoRA on the real model), smollm2-ties-gpu (the real model "
-                        "on the ties family on one GPU), smollm2-600-ties-gpu (the same on the 5x longer warm start); "
+                        "on the ties family on one GPU), smollm2-600-ties-gpu / -cpu (the same on the 5x longer warm start); "
                         "the flags below override any budget's values")
     parser.add_argument("--quick", action="store_true", help="the same as --budget quick")
     parser.add_argument("--seeds", type=int, nargs="+")

@@ -16,10 +16,10 @@ answer; or the answer at once), the loss on the policy turns only (issue #26, it
 
 ``model_name="smollm2-135m-sft"`` (or the 5x longer ``"smollm2-135m-sft-600"``) builds it on
 first use into the model cache (or ahead of time: ``rllib build-model smollm2-135m-sft``), with a
-progress bar; an interrupted build resumes from its last checkpoint (every ``checkpoint_every`` steps). The folder's build record holds the spec,
-the base model's fingerprint, the loss curve's ends and the folder's own fingerprint; a changed
-spec, base model or SFT corpus (the suites' solutions change when the suites do) makes it
-rebuild.
+progress bar; an interrupted build resumes from its last checkpoint (every ``checkpoint_every``
+steps). The folder's build record holds the spec, the base model's fingerprint, the loss curve's
+ends and the folder's own fingerprint; a changed spec, base model or SFT corpus (the suites'
+solutions change when the suites do) makes it rebuild.
 """
 
 from __future__ import annotations

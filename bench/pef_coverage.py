@@ -1,0 +1,195 @@
+"""What DPH-RL's D_pef holds of the ties family's two approaches, and what each method keeps of
+them where both are right (issue #24; the reading is in docs/collapse.md, "Where the D_pef term acts").
+
+Two measurements, either or both:
+
+1. ``--presample DIR``: what a pre-sampling folder's D_pef holds of each approach (``order_limit``,
+   ``extremum``) under Table 4's thresholds (8, 7, 6 and 5 of 8 correct, and "full data": 1 of 8),
+   read from its ``parts/`` (every prompt's correct samples, kept whatever the threshold).
+2. ``--runs DIR [DIR ...]``: on the two-approach questions of ``sql_synth/test`` (the ordinary
+   highest/lowest questions: nothing ties, so both approaches are right), the share of samples
+   written ``extremum`` and pass@k per approach, for the base model and every run
+   (``runs/<method>_seed<s>/checkpoint``) of ``bench/reproduce_dph.py`` output folders, with
+   each method's paired difference to GRPO over prompts and seeds. Evaluations are cached as
+   ``<out>/<folder>/<run>.json`` and reused.
+
+Example::
+
+    python bench/pef_coverage.py --presample ~/.cache/rllib_dph/presample/sql_tiny_k8_all_seed0 \\
+        --runs bench/out/reproduce_dph_ties_v2 --out bench/out/pef_coverage
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import pathlib
+import sys
+
+import numpy as np
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+#: Table 4's D_pef thresholds (correct samples of k = 8); 1 is "full data".
+THRESHOLDS = (8, 7, 6, 5, 1)
+APPROACHES = ("extremum", "order_limit", "other", "none")
+SPLIT = "sql_synth/test"
+
+
+def two_approach_tasks(split: str) -> list:
+    """The tasks of ``split`` that both approaches answer: the ordinary questions of
+    ``sql_suite.EXTREMUM_TEMPLATES`` (their ``meta["approaches"]``), none whose top ties."""
+    from rllib_dph.envs.suites import load_split
+
+    return [t for t in load_split(split) if t.meta.get("approaches") and not t.meta.get("ties")]
+
+
+def pef_composition(folder: pathlib.Path, tokenizer, thresholds=THRESHOLDS) -> list[dict]:
+    """Per threshold m: D_pef's prompts and trajectories (every correct sample of prompts with
+    >= m of k correct, ``pef_samples="all"``), and how many of the two-approach prompts'
+    trajectories are written with each approach."""
+    import pandas as pd
+
+    from rllib_dph.envs.suites import load_split, style_of
+
+    summary = json.loads((folder / "summary.json").read_text())
+    tasks = load_split(summary["config"]["env_config"]["data"])
+    parts = sorted(glob.glob(str(folder / "parts" / "sample-*.parquet")))
+    if not parts:
+        raise FileNotFoundError(f"{folder}: no parts/sample-*.parquet; pass a finished pre-sampling folder.")
+    rows = []
+    for part in parts:
+        for r in pd.read_parquet(part).itertuples():
+            two = bool(tasks[r.index].meta.get("approaches"))
+            texts = [tokenizer.decode(list(ids), skip_special_tokens=True) for ids in r.responses] if two else []
+            approaches = [style_of("sql_synth_ties", text) for text in texts]
+            rows.append({"pass_count": r.pass_count, "trajectories": len(r.responses), "two": two,
+                         **{a: approaches.count(a) for a in APPROACHES[:2]}})
+    df = pd.DataFrame(rows)
+    out = []
+    for m in thresholds:
+        pef = df[df.pass_count >= m]
+        two = pef[pef.two]
+        out.append({"min_correct": m, "prompts": len(pef), "trajectories": int(pef.trajectories.sum()),
+                    "two_approach_prompts": len(two), "two_approach_trajectories": int(two.trajectories.sum()),
+                    "extremum": int(two.extremum.sum()), "order_limit": int(two.order_limit.sum())})
+    return out
+
+
+def composition_table(rows: list[dict], folder: pathlib.Path) -> str:
+    lines = [f"D_pef of {folder} (`pef_samples=\"all\"`) under each threshold:", "",
+             "| min_correct of 8 | D_pef prompts | trajectories | two-approach prompts | their trajectories | "
+             "`extremum` | `order_limit` | `extremum` share of all trajectories |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        share = r["extremum"] / max(1, r["trajectories"])
+        lines.append(f"| {r['min_correct']} | {r['prompts']} | {r['trajectories']} | {r['two_approach_prompts']} | "
+                     f"{r['two_approach_trajectories']} | {r['extremum']} | {r['order_limit']} | {100 * share:.2f} % |")
+    return "\n".join(lines)
+
+
+def evaluate(policy: str, tasks: list, path: pathlib.Path, args):
+    """``policy``'s evaluation on ``tasks`` with approach names as styles (cached at ``path``)."""
+    from rllib_dph.engines.base import SamplingParams
+    from rllib_dph.envs.registry import make_env
+    from rllib_dph.evaluation import EvalResult, EvalSettings, evaluate_engine
+    from rllib_dph.evaluation.runner import load_engine
+
+    if path.exists():
+        return EvalResult.from_json(path)
+    settings = EvalSettings(sampling=SamplingParams(n=args.n, temperature=1.0, max_new_tokens=args.max_new_tokens,
+                                                    seed=0), style_suite="sql_synth_ties", greedy=False)
+    env = make_env("rllib_dph/SQL-v0", {"data": tasks})
+    try:
+        result = evaluate_engine(load_engine(policy), env, settings)
+    finally:
+        env.close()
+    result.policy, result.env_id = policy, "rllib_dph/SQL-v0"
+    result.env_config = {"data": f"{SPLIT}, its {len(tasks)} two-approach questions"}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    result.to_json(path)
+    return result
+
+
+def extremum_share(results: list) -> np.ndarray:
+    """(S, P) share of each prompt's samples written ``extremum``, per seed."""
+    return np.array([r.style_matrix(["extremum"])[:, 0] / r.n for r in results])
+
+
+def accuracy(results: list, approach: str) -> str:
+    """``"12 of 230 (5.2 %)"``: how many of the samples written with ``approach`` are right, pooled
+    over prompts and seeds."""
+    written = right = 0
+    for result in results:
+        for record in result.records:
+            hits = [c for s, c in zip(record.styles, record.correct) if s == approach]
+            written, right = written + len(hits), right + sum(hits)
+    return f"{right} of {written} ({100 * right / max(1, written):.1f} %)"
+
+
+def method_runs(folders: list[pathlib.Path]) -> dict[str, list[pathlib.Path]]:
+    """Method label -> its seeds' checkpoints; labels of folders after the first carry the folder's name."""
+    runs: dict[str, list[pathlib.Path]] = {}
+    for i, folder in enumerate(folders):
+        for ckpt in sorted((folder / "runs").glob("*_seed*/checkpoint")):
+            method = ckpt.parent.name.rsplit("_seed", 1)[0]
+            runs.setdefault(method if i == 0 else f"{method} ({folder.name})", []).append(ckpt)
+    return runs
+
+
+def approach_table(base, results: dict[str, list], k: int) -> str:
+    """Per method: the ``extremum`` share of samples, its paired difference to GRPO, and pass@k
+    overall and per approach, each with a 95 % interval over prompts and seeds."""
+    from rllib_dph.evaluation.intervals import format_interval, mean_interval, paired_difference_interval
+
+    def cell(values: np.ndarray) -> str:
+        return format_interval(float(values.mean()), mean_interval(values), scale=100)
+
+    grpo = extremum_share(results["GRPO"]) if "GRPO" in results else None
+    lines = [f"| policy | seeds | `extremum` share of samples | − GRPO | `extremum` samples right | "
+             f"`order_limit` samples right | pass@{k} | pass@{k} `extremum` | pass@{k} `order_limit` |",
+             "|" + " --- |" * 9]
+    for name, seeds in {"base": [base], **results}.items():
+        share = extremum_share(seeds)
+        diff = "—" if grpo is None or name in ("base", "GRPO") else format_interval(
+            float(share.mean() - grpo.mean()), paired_difference_interval(share, grpo), scale=100)
+        per = {m: np.array([r.per_prompt(m) for r in seeds]) for m in
+               (f"pass@{k}", f"pass@{k}/extremum", f"pass@{k}/order_limit")}
+        right = " | ".join(accuracy(seeds, a) for a in ("extremum", "order_limit"))
+        lines.append(f"| {name} | {len(seeds)} | {cell(share)} | {diff} | {right} | "
+                     + " | ".join(cell(v) for v in per.values()) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--presample", type=pathlib.Path, help="a finished pre-sampling folder (its parts/)")
+    parser.add_argument("--runs", type=pathlib.Path, nargs="*", default=[], help="bench/reproduce_dph.py output folders")
+    parser.add_argument("--base", default="tiny-sql-math", help="the base model the runs started from")
+    parser.add_argument("--n", type=int, default=64)
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--out", type=pathlib.Path, default=REPO / "bench/out/pef_coverage")
+    args = parser.parse_args()
+    from rllib_dph.models.hub import load_tokenizer
+
+    text = []
+    if args.presample:
+        tokenizer = load_tokenizer(json.loads((args.presample / "summary.json").read_text())["config"]["model_name"])
+        text.append(composition_table(pef_composition(args.presample, tokenizer), args.presample))
+    if args.runs:
+        tasks = two_approach_tasks(SPLIT)
+        base = evaluate(args.base, tasks, args.out / "base.json", args)
+        results = {method: [evaluate(str(c), tasks, args.out / c.parents[2].name / f"{c.parent.name}.json", args)
+                            for c in ckpts] for method, ckpts in method_runs(args.runs).items()}
+        text.append(f"The {len(tasks)} two-approach questions of {SPLIT} (nothing ties; both approaches right), "
+                    f"n = {args.n} at temperature 1, {args.max_new_tokens} tokens; in %, 95 % intervals over "
+                    f"prompts and seeds:\n\n" + approach_table(base, results, args.n))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.md").write_text("\n\n".join(text) + "\n")
+    print("\n\n".join(text))
+
+
+if __name__ == "__main__":
+    main()

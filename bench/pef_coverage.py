@@ -52,10 +52,11 @@ def pef_composition(folder: pathlib.Path, tokenizer, thresholds=THRESHOLDS) -> l
     trajectories are written with each approach."""
     import pandas as pd
 
-    from rllib_dph.envs.suites import load_split, style_of
+    from rllib_dph.envs.data.loaders import load_tasks
+    from rllib_dph.envs.suites import style_of
 
     summary = json.loads((folder / "summary.json").read_text())
-    tasks = load_split(summary["config"]["env_config"]["data"])
+    tasks = load_tasks(summary["config"]["env_config"]["data"], task="sql")
     parts = sorted(glob.glob(str(folder / "parts" / "sample-*.parquet")))
     if not parts:
         raise FileNotFoundError(f"{folder}: no parts/sample-*.parquet; pass a finished pre-sampling folder.")

@@ -1,0 +1,61 @@
+"""bench/pef_coverage.py: what D_pef holds of the ties family's two approaches under each threshold."""
+
+import pyarrow.parquet as pq
+import pytest
+
+from rllib_dph.envs.suites import style_of
+from rllib_dph.evaluation.results import EvalResult, PromptRecord
+from rllib_dph.models.hub import load_tokenizer
+from rllib_dph.presample import PresampleConfig, presample
+
+
+@pytest.fixture(scope="module")
+def coverage(load_bench):
+    return load_bench("pef_coverage")
+
+
+@pytest.fixture(scope="module")
+def presampled(tmp_path_factory):
+    """The shipped tiny model's pre-sampling of 40 training prompts (4 of them two-approach ones)."""
+    out = tmp_path_factory.mktemp("pef_coverage")
+    config = PresampleConfig(model_name="tiny-sql-math", env="rllib_dph/SQL-v0",
+                             env_config={"data": "sql_synth/train[:40]"}, out_dir=str(out), k=4, min_correct=3,
+                             pef_samples="all", sampling={"max_new_tokens": 96}, prompts_per_chunk=20)
+    presample(config, progress=False)
+    return out
+
+
+def test_the_folders_own_threshold_gives_its_d_pef_exactly(coverage, presampled):
+    tokenizer = load_tokenizer("tiny-sql-math")
+    rows = coverage.pef_composition(presampled, tokenizer, thresholds=(4, 3, 2, 1))
+    pef = pq.read_table(presampled / "d_pef.parquet").to_pylist()
+    two = {t.id for t in coverage.two_approach_tasks("sql_synth/train")}
+    at_3 = next(r for r in rows if r["min_correct"] == 3)
+    assert at_3["prompts"] == len({r["id"] for r in pef}) and at_3["trajectories"] == len(pef)
+    approaches = [style_of("sql_synth_ties", r["response"]) for r in pef if r["id"] in two]
+    assert at_3["two_approach_trajectories"] == len(approaches)
+    assert (at_3["extremum"], at_3["order_limit"]) == (approaches.count("extremum"), approaches.count("order_limit"))
+    # A lower threshold keeps every prompt a higher one keeps, and more.
+    for higher, lower in zip(rows, rows[1:]):
+        assert all(lower[key] >= higher[key] for key in ("prompts", "trajectories", "two_approach_trajectories"))
+    assert rows[-1]["two_approach_prompts"] > 0
+
+
+def test_shares_and_accuracies_count_each_approachs_samples(coverage):
+    records = [
+        PromptRecord(task_id="a", index=0, correct=[True, False, True, False],
+                     answers=[None] * 4, styles=["extremum", "extremum", "order_limit", "other"], num_truncated=0),
+        PromptRecord(task_id="b", index=1, correct=[False, False, True, True],
+                     answers=[None] * 4, styles=["order_limit", "order_limit", "order_limit", "extremum"],
+                     num_truncated=0),
+    ]
+    result = EvalResult(records=records, n=4, temperature=1.0, top_p=1.0, max_new_tokens=8, seed=0, ks=[1, 2, 4])
+    assert coverage.extremum_share([result]).tolist() == [[0.5, 0.25]]
+    assert coverage.accuracy([result], "extremum") == "2 of 3 (66.7 %)"
+    assert coverage.accuracy([result], "order_limit") == "2 of 4 (50.0 %)"
+
+
+def test_a_folder_without_parts_is_refused_with_its_name(coverage, tmp_path):
+    (tmp_path / "summary.json").write_text('{"config": {"env_config": {"data": "sql_synth/train[:4]"}}}')
+    with pytest.raises(FileNotFoundError, match="no parts/sample"):
+        coverage.pef_composition(tmp_path, load_tokenizer("tiny-sql-math"))

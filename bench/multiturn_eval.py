@@ -32,7 +32,6 @@ JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 

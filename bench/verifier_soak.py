@@ -26,7 +26,6 @@ import pathlib
 import random
 import re
 import shutil
-import sqlite3
 import sys
 import tempfile
 import threading

@@ -13,6 +13,11 @@ Two measurements, either or both:
    each method's paired difference to GRPO over prompts and seeds. Evaluations are cached as
    ``<out>/<folder>/<run>.json`` and reused.
 
+3. ``--styles DIR``: from a ``bench/reproduce_dph.py`` folder's in-domain evaluations
+   (``eval_in-domain.json`` of ``base/`` and of each run), each SQL style's share of the samples
+   per method, next to the style shares of D_pef's trajectories (``--presample``), with each
+   method's paired difference to GRPO and to DAPO per style (intervals over prompts and seeds).
+
 Example::
 
     python bench/pef_coverage.py --presample ~/.cache/rllib_dph/presample/sql_tiny_k8_all_seed0 \\
@@ -130,6 +135,57 @@ def accuracy(results: list, approach: str) -> str:
     return f"{right} of {written} ({100 * right / max(1, written):.1f} %)"
 
 
+def style_shares(results: list, styles) -> np.ndarray:
+    """(K, S, P) share of each prompt's samples written in each of ``styles``, per seed."""
+    return np.array([[r.style_matrix([style])[:, 0] / r.n for r in results] for style in styles])
+
+
+def d_pef_style_shares(folder: pathlib.Path, styles) -> dict[str, float]:
+    """Each SQL style's share of the trajectories of ``folder``'s ``d_pef.parquet``."""
+    import pyarrow.parquet as pq
+
+    from rllib_dph.envs.suites import style_of
+
+    named = [style_of("sql_synth", text) for text in pq.read_table(folder / "d_pef.parquet").column("response").to_pylist()]
+    return {style: named.count(style) / len(named) for style in styles}
+
+
+def in_domain_results(folder: pathlib.Path) -> dict[str, list]:
+    """Policy label ("base", then each method) -> its seeds' in-domain evaluations."""
+    from rllib_dph.evaluation import EvalResult
+
+    results = {"base": [EvalResult.from_json(folder / "base" / "eval_in-domain.json")]}
+    for path in sorted((folder / "runs").glob("*_seed*/eval_in-domain.json")):
+        results.setdefault(path.parent.name.rsplit("_seed", 1)[0], []).append(EvalResult.from_json(path))
+    return results
+
+
+def style_tables(results: dict[str, list], d_pef: dict[str, float] | None) -> str:
+    """Each style's share of the samples per policy (and of D_pef's trajectories), then each
+    method's paired difference per style to GRPO and to DAPO, in %, with 95 % intervals."""
+    from rllib_dph.envs.suites import STYLES
+    from rllib_dph.evaluation.intervals import format_interval, mean_interval, paired_difference_interval
+
+    styles = STYLES["sql_synth"]
+    shares = {name: style_shares(seeds, styles) for name, seeds in results.items()}
+    head = " | ".join(f"`{s}`" for s in styles)
+    out = [f"| policy | seeds | {head} |", "|" + " --- |" * (2 + len(styles))]
+    if d_pef is not None:
+        out.append("| D_pef's trajectories | — | " + " | ".join(f"{100 * d_pef[s]:.1f}" for s in styles) + " |")
+    for name, share in shares.items():
+        cells = (format_interval(float(v.mean()), mean_interval(v), scale=100) for v in share)
+        out.append(f"| {name} | {len(results[name])} | " + " | ".join(cells) + " |")
+    for ref in (r for r in ("GRPO", "DAPO") if r in shares):
+        out += ["", f"Paired differences to {ref}, points of share:", "", f"| policy | {head} |", "|" + " --- |" * (1 + len(styles))]
+        for name, share in shares.items():
+            if name in ("base", ref):
+                continue
+            cells = (format_interval(float(a.mean() - b.mean()), paired_difference_interval(a, b), scale=100)
+                     for a, b in zip(share, shares[ref]))
+            out.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 def method_runs(folders: list[pathlib.Path]) -> dict[str, list[pathlib.Path]]:
     """Method label -> its seeds' checkpoints; labels of folders after the first carry the folder's name."""
     runs: dict[str, list[pathlib.Path]] = {}
@@ -168,11 +224,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--presample", type=pathlib.Path, help="a finished pre-sampling folder (its parts/)")
     parser.add_argument("--runs", type=pathlib.Path, nargs="*", default=[], help="bench/reproduce_dph.py output folders")
+    parser.add_argument("--styles", type=pathlib.Path, help="a bench/reproduce_dph.py folder with in-domain evaluations")
     parser.add_argument("--base", default="tiny-sql-math", help="the base model the runs started from")
     parser.add_argument("--n", type=int, default=64)
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--out", type=pathlib.Path, default=REPO / "bench/out/pef_coverage")
     args = parser.parse_args()
+    from rllib_dph.envs.suites import STYLES
     from rllib_dph.models.hub import load_tokenizer
 
     text = []
@@ -187,6 +245,10 @@ def main() -> None:
         text.append(f"The {len(tasks)} two-approach questions of {SPLIT} (nothing ties; both approaches right), "
                     f"n = {args.n} at temperature 1, {args.max_new_tokens} tokens; in %, 95 % intervals over "
                     f"prompts and seeds:\n\n" + approach_table(base, results, args.n))
+    if args.styles:
+        d_pef = d_pef_style_shares(args.presample, STYLES["sql_synth"]) if args.presample else None
+        text.append(f"SQL styles on {SPLIT} (in-domain evaluations of {args.styles}), share of samples in %, 95 % "
+                    "intervals over prompts and seeds:\n\n" + style_tables(in_domain_results(args.styles), d_pef))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.md").write_text("\n\n".join(text) + "\n")
     print("\n\n".join(text))

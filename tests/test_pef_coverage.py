@@ -59,3 +59,24 @@ def test_a_folder_without_parts_is_refused_with_its_name(coverage, tmp_path):
     (tmp_path / "summary.json").write_text('{"config": {"env_config": {"data": "sql_synth/train[:4]"}}}')
     with pytest.raises(FileNotFoundError, match="no parts/sample"):
         coverage.pef_composition(tmp_path, load_tokenizer("tiny-sql-math"))
+
+
+def _result(styles_per_prompt):
+    records = [PromptRecord(task_id=str(i), index=i, correct=[True] * len(s), answers=[None] * len(s), styles=s,
+                            num_truncated=0) for i, s in enumerate(styles_per_prompt)]
+    return EvalResult(records=records, n=4, temperature=1.0, top_p=1.0, max_new_tokens=8, seed=0, ks=[1, 2, 4])
+
+
+def test_style_tables_give_each_styles_share_and_its_paired_difference(coverage):
+    plain = _result([["plain"] * 4, ["plain", "plain", "cte", "cte"]])  # plain 75 %, cte 25 %
+    mixed = _result([["plain", "alias", "cte", "negated"], ["subquery"] * 4])
+    shares = coverage.style_shares([plain, mixed], ("plain", "cte"))  # (K, S, P)
+    assert shares.tolist() == [[[1.0, 0.5], [0.25, 0.0]], [[0.0, 0.5], [0.25, 0.0]]]
+    d_pef = {"plain": 0.4, "alias": 0.1, "subquery": 0.2, "cte": 0.2, "negated": 0.1}
+    lines = coverage.style_tables({"base": [mixed], "GRPO": [plain, plain], "DAPO": [mixed], "DPH-JS": [plain]},
+                                  d_pef).splitlines()
+    assert "| D_pef's trajectories | — | 40.0 | 10.0 | 20.0 | 20.0 | 10.0 |" in lines
+    assert lines[lines.index("Paired differences to GRPO, points of share:") + 5].startswith(
+        "| DPH-JS | 0.0 [0.0, 0.0] | 0.0 [0.0, 0.0] |")
+    dph_vs_dapo = lines[lines.index("Paired differences to DAPO, points of share:") + 5]
+    assert dph_vs_dapo.startswith("| DPH-JS | 62.5 [")  # plain: 75 % against 12.5 %

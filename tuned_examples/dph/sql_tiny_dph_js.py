@@ -24,7 +24,9 @@ Results to expect:
     accuracy 73.8 % (base 67.3, GRPO 73.1), pass@1 63.0 % (base 49.1, GRPO 60.4) and pass@64 84.3 %
     (base 84.0, GRPO 83.1); on the held-out ties family (version 1) its pass@64 falls from the base
     model's 49.3 % to 8.0 % (GRPO 11.4 %): every method loses the minority approach there
-    (docs/collapse.md, which also says why the D_pef term does not keep it).
+    (docs/collapse.md, which also says why the D_pef term does not keep it). At this η the term
+    keeps none of the SQL styles that GRPO drops either; at η = 10 (50x, the η-sweep example's
+    largest) it keeps them near the base model's mix with pass@1 level with GRPO's (same page).
     The training reward (on D_exp, which leaves out the near-perfect prompts, so lower than
     GRPO's) was measured with an earlier build and pef_loss_normalization="token_mean": it rises
     from about 0.37 to 0.45 (20-iteration means) over 60 iterations while `pef_u_mean`

@@ -161,27 +161,39 @@ def in_domain_results(folder: pathlib.Path) -> dict[str, list]:
 
 
 def style_tables(results: dict[str, list], d_pef: dict[str, float] | None) -> str:
-    """Each style's share of the samples per policy (and of D_pef's trajectories), then each
-    method's paired difference per style to GRPO and to DAPO, in %, with 95 % intervals."""
+    """Each style's share of the samples per policy (and of D_pef's trajectories) and the style
+    entropy over the five styles (bits, of the counts pooled over prompts and seeds), then each
+    method's paired difference of both to GRPO and to DAPO, with 95 % intervals."""
     from rllib_dph.envs.suites import STYLES
-    from rllib_dph.evaluation.intervals import format_interval, mean_interval, paired_difference_interval
+    from rllib_dph.evaluation import style_entropy
+    from rllib_dph.evaluation.intervals import (entropy_interval, format_interval, mean_interval,
+                                                paired_difference_interval, paired_entropy_difference_interval)
 
     styles = STYLES["sql_synth"]
     shares = {name: style_shares(seeds, styles) for name, seeds in results.items()}
-    head = " | ".join(f"`{s}`" for s in styles)
-    out = [f"| policy | seeds | {head} |", "|" + " --- |" * (2 + len(styles))]
+    counts = {name: np.array([r.style_matrix(styles) for r in seeds]) for name, seeds in results.items()}  # (S, P, K)
+
+    def entropy(c: np.ndarray) -> float:
+        return style_entropy(dict(zip(styles, c.sum(axis=(0, 1)))))
+
+    head = " | ".join(f"`{s}`" for s in styles) + " | style entropy (bits)"
+    out = [f"| policy | seeds | {head} |", "|" + " --- |" * (3 + len(styles))]
     if d_pef is not None:
-        out.append("| D_pef's trajectories | — | " + " | ".join(f"{100 * d_pef[s]:.1f}" for s in styles) + " |")
+        out.append("| D_pef's trajectories | — | " + " | ".join(f"{100 * d_pef[s]:.1f}" for s in styles) + " | |")
     for name, share in shares.items():
-        cells = (format_interval(float(v.mean()), mean_interval(v), scale=100) for v in share)
+        cells = [format_interval(float(v.mean()), mean_interval(v), scale=100) for v in share]
+        cells.append(format_interval(entropy(counts[name]), entropy_interval(counts[name], style_entropy, styles), digits=2))
         out.append(f"| {name} | {len(results[name])} | " + " | ".join(cells) + " |")
     for ref in (r for r in ("GRPO", "DAPO") if r in shares):
-        out += ["", f"Paired differences to {ref}, points of share:", "", f"| policy | {head} |", "|" + " --- |" * (1 + len(styles))]
+        out += ["", f"Paired differences to {ref}, points of share and bits:", "", f"| policy | {head} |",
+                "|" + " --- |" * (2 + len(styles))]
         for name, share in shares.items():
             if name in ("base", ref):
                 continue
-            cells = (format_interval(float(a.mean() - b.mean()), paired_difference_interval(a, b), scale=100)
-                     for a, b in zip(share, shares[ref]))
+            cells = [format_interval(float(a.mean() - b.mean()), paired_difference_interval(a, b), scale=100)
+                     for a, b in zip(share, shares[ref])]
+            ci = paired_entropy_difference_interval(counts[name], counts[ref], style_entropy, styles)
+            cells.append(format_interval(entropy(counts[name]) - entropy(counts[ref]), ci, digits=2))
             out.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(out)
 

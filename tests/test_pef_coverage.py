@@ -75,8 +75,11 @@ def test_style_tables_give_each_styles_share_and_its_paired_difference(coverage)
     d_pef = {"plain": 0.4, "alias": 0.1, "subquery": 0.2, "cte": 0.2, "negated": 0.1}
     lines = coverage.style_tables({"base": [mixed], "GRPO": [plain, plain], "DAPO": [mixed], "DPH-JS": [plain]},
                                   d_pef).splitlines()
-    assert "| D_pef's trajectories | — | 40.0 | 10.0 | 20.0 | 20.0 | 10.0 |" in lines
-    assert lines[lines.index("Paired differences to GRPO, points of share:") + 5].startswith(
-        "| DPH-JS | 0.0 [0.0, 0.0] | 0.0 [0.0, 0.0] |")
-    dph_vs_dapo = lines[lines.index("Paired differences to DAPO, points of share:") + 5]
+    assert "| D_pef's trajectories | — | 40.0 | 10.0 | 20.0 | 20.0 | 10.0 | |" in lines
+    dph_vs_grpo = lines[lines.index("Paired differences to GRPO, points of share and bits:") + 5]
+    assert dph_vs_grpo.startswith("| DPH-JS | 0.0 [0.0, 0.0] | 0.0 [0.0, 0.0] |")
+    assert dph_vs_grpo.endswith("| 0.00 [0.00, 0.00] |")  # the same samples: the same entropy
+    dph_vs_dapo = lines[lines.index("Paired differences to DAPO, points of share and bits:") + 5]
     assert dph_vs_dapo.startswith("| DPH-JS | 62.5 [")  # plain: 75 % against 12.5 %
+    # DPH-JS pools plain 6 and cte 2 (0.81 bits); DAPO every style, subquery 4 of 8 (2.0 bits).
+    assert "| -1.19 [" in dph_vs_dapo

@@ -347,18 +347,25 @@ def run_from_args(config, stop: dict, args: argparse.Namespace) -> None:
     _print_summary(results)
 
 
+#: The validation style entropy (bits) in a trial's results, shown next to the selection metric.
+STYLE_ENTROPY = "evaluation/style_entropy_bits"
+
+
 def _print_summary(results) -> None:
     """One line per trial and, with several trials, the best one and any tie.
 
     The best trial is chosen by validation pass@k at the largest k of the trials' last held-out
     evaluation (``GRPOConfig.held_out``) when they ran one, else by the training reward; trials
-    whose value equals the best are reported as tied.
+    whose value equals the best are reported as tied. Each trial's line also shows its validation
+    style entropy when the held-out env names solution styles (what a sweep over η trades for).
     """
     metric = _selection_metric(results)
     for result in results:
+        entropy = _metric_value(result.metrics, STYLE_ENTROPY)
         print(
             f"trial {result.path}: training_iteration={result.metrics.get('training_iteration')} "
             f"{metric}={_metric_value(result.metrics, metric)}"
+            + ("" if entropy is None else f" {STYLE_ENTROPY}={entropy:.2f}")
         )
     if len(results) < 2:
         return

@@ -94,6 +94,11 @@ def test_a_sweep_picks_its_best_trial_by_validation_pass_at_the_largest_k_and_re
     out = capsys.readouterr().out
     assert "best trial by evaluation/pass@8: t1" in out and '{"pef_coeff": 0.05}' in out
     assert "tie: t2" in out and "evaluation/pass@8=0.76" in out
+    assert "style_entropy" not in out  # no styles were evaluated: nothing shown
+    styled = metrics(0.5, 0.76)
+    styled["evaluation"]["style_entropy_bits"] = 2.1384
+    _print_summary([_Trial("s0", 10.0, styled)])
+    assert "trial s0: training_iteration=20 evaluation/pass@8=0.76 evaluation/style_entropy_bits=2.14" in capsys.readouterr().out
     _print_summary([_Trial("a", 0.01, {"env_runners": {"episode_return_mean": 0.2}}),
                     _Trial("b", 0.2, {"env_runners": {"episode_return_mean": 0.4}})])
     out = capsys.readouterr().out

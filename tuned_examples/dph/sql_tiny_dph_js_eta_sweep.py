@@ -4,11 +4,12 @@ How to run:
     rllib train file tuned_examples/dph/sql_tiny_dph_js_eta_sweep.py
     python tuned_examples/dph/sql_tiny_dph_js_eta_sweep.py --stop '{"training_iteration": 3}'
 
-Three trials (η = 0.2, the paper's value, and 10 and 50 times it) run one after another on 2 CPU cores (each trial takes the
-whole machine); all share one pre-sampling directory. Every 5 iterations each trial measures
-pass@k on the first 50 prompts of the held-out split (n = 8); at the end the best trial by
-validation pass@8 (the largest k) of its last evaluation is printed, and trials that tie with it;
-each trial's line also shows its validation style entropy, what a larger η keeps.
+Three trials (η = 0.2, the paper's value, and 10 and 50 times it) run one after another on 2 CPU
+cores (each trial takes the whole machine); all share one pre-sampling directory. Every 5
+iterations each trial measures pass@k on the first 50 prompts of the held-out split (n = 8); at
+the end the best trial by validation pass@8 (the largest k) of its last evaluation is printed,
+and trials that tie with it; each trial's line also shows its validation style entropy, what a
+larger η keeps.
 
 The swept eta values mean what it meant in the original code: with
 pef_loss_normalization="original" (the default) the D_pef term weighs eta x (D_pef rows /

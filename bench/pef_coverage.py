@@ -1,18 +1,18 @@
 """What DPH-RL's D_pef holds of the ties family's two approaches, and what each method keeps of
 them where both are right (issue #24; the reading is in docs/collapse.md, "Where the D_pef term acts").
 
-Two measurements, either or both:
+Three measurements, any of them:
 
 1. ``--presample DIR``: what a pre-sampling folder's D_pef holds of each approach (``order_limit``,
    ``extremum``) under Table 4's thresholds (8, 7, 6 and 5 of 8 correct, and "full data": 1 of 8),
    read from its ``parts/`` (every prompt's correct samples, kept whatever the threshold).
-2. ``--runs DIR [DIR ...]``: on the two-approach questions of ``sql_synth/test`` (the ordinary
+2. ``--runs [DIR ...]``: on the two-approach questions of ``sql_synth/test`` (the ordinary
    highest/lowest questions: nothing ties, so both approaches are right), the share of samples
    written ``extremum`` and pass@k per approach, for the base model and every run
    (``runs/<method>_seed<s>/checkpoint``) of ``bench/reproduce_dph.py`` output folders, with
-   each method's paired difference to GRPO over prompts and seeds. Evaluations are cached as
+   each method's paired difference to GRPO over prompts and seeds (``--runs`` alone: the base
+   model only). Evaluations are cached as
    ``<out>/<folder>/<run>.json`` and reused.
-
 3. ``--styles DIR``: from a ``bench/reproduce_dph.py`` folder's in-domain evaluations
    (``eval_in-domain.json`` of ``base/`` and of each run), each SQL style's share of the samples
    per method, next to the style shares of D_pef's trajectories (``--presample``), with each
@@ -37,9 +37,10 @@ import numpy as np
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from reproduce_dph import cell  # noqa: E402  bench/reproduce_dph.py: "mean [interval]" in %
+
 #: Table 4's D_pef thresholds (correct samples of k = 8); 1 is "full data".
 THRESHOLDS = (8, 7, 6, 5, 1)
-APPROACHES = ("extremum", "order_limit", "other", "none")
 SPLIT = "sql_synth/test"
 
 
@@ -51,20 +52,24 @@ def two_approach_tasks(split: str) -> list:
     return [t for t in load_split(split) if t.meta.get("approaches") and not t.meta.get("ties")]
 
 
-def pef_composition(folder: pathlib.Path, tokenizer, thresholds=THRESHOLDS) -> list[dict]:
+def pef_composition(folder: pathlib.Path, thresholds=THRESHOLDS) -> list[dict]:
     """Per threshold m: D_pef's prompts and trajectories (every correct sample of prompts with
     >= m of k correct, ``pef_samples="all"``), and how many of the two-approach prompts'
-    trajectories are written with each approach."""
+    trajectories are written with each approach (decoded with the tokenizer of the model that
+    ``folder``'s ``summary.json`` names)."""
     import pandas as pd
 
     from rllib_dph.envs.data.loaders import load_tasks
     from rllib_dph.envs.suites import style_of
+    from rllib_dph.envs.suites.sql_query import EXTREMUM_APPROACHES
+    from rllib_dph.models.hub import load_tokenizer
 
-    summary = json.loads((folder / "summary.json").read_text())
-    tasks = load_tasks(summary["config"]["env_config"]["data"], task="sql")
     parts = sorted(glob.glob(str(folder / "parts" / "sample-*.parquet")))
     if not parts:
         raise FileNotFoundError(f"{folder}: no parts/sample-*.parquet; pass a finished pre-sampling folder.")
+    config = json.loads((folder / "summary.json").read_text())["config"]
+    tasks = load_tasks(config["env_config"]["data"], task="sql")
+    tokenizer = load_tokenizer(config["model_name"])
     rows = []
     for part in parts:
         for r in pd.read_parquet(part).itertuples():
@@ -72,7 +77,7 @@ def pef_composition(folder: pathlib.Path, tokenizer, thresholds=THRESHOLDS) -> l
             texts = [tokenizer.decode(list(ids), skip_special_tokens=True) for ids in r.responses] if two else []
             approaches = [style_of("sql_synth_ties", text) for text in texts]
             rows.append({"pass_count": r.pass_count, "trajectories": len(r.responses), "two": two,
-                         **{a: approaches.count(a) for a in APPROACHES[:2]}})
+                         **{a: approaches.count(a) for a in EXTREMUM_APPROACHES}})
     df = pd.DataFrame(rows)
     out = []
     for m in thresholds:
@@ -119,11 +124,6 @@ def evaluate(policy: str, tasks: list, path: pathlib.Path, args):
     return result
 
 
-def extremum_share(results: list) -> np.ndarray:
-    """(S, P) share of each prompt's samples written ``extremum``, per seed."""
-    return np.array([r.style_matrix(["extremum"])[:, 0] / r.n for r in results])
-
-
 def accuracy(results: list, approach: str) -> str:
     """``"12 of 230 (5.2 %)"``: how many of the samples written with ``approach`` are right, pooled
     over prompts and seeds."""
@@ -166,8 +166,8 @@ def style_tables(results: dict[str, list], d_pef: dict[str, float] | None) -> st
     method's paired difference of both to GRPO and to DAPO, with 95 % intervals."""
     from rllib_dph.envs.suites import STYLES
     from rllib_dph.evaluation import style_entropy
-    from rllib_dph.evaluation.intervals import (entropy_interval, format_interval, mean_interval,
-                                                paired_difference_interval, paired_entropy_difference_interval)
+    from rllib_dph.evaluation.intervals import (entropy_interval, format_interval, paired_difference_interval,
+                                                paired_entropy_difference_interval)
 
     styles = STYLES["sql_synth"]
     shares = {name: style_shares(seeds, styles) for name, seeds in results.items()}
@@ -181,7 +181,7 @@ def style_tables(results: dict[str, list], d_pef: dict[str, float] | None) -> st
     if d_pef is not None:
         out.append("| D_pef's trajectories | — | " + " | ".join(f"{100 * d_pef[s]:.1f}" for s in styles) + " | |")
     for name, share in shares.items():
-        cells = [format_interval(float(v.mean()), mean_interval(v), scale=100) for v in share]
+        cells = [cell(v)[0] for v in share]
         cells.append(format_interval(entropy(counts[name]), entropy_interval(counts[name], style_entropy, styles), digits=2))
         out.append(f"| {name} | {len(results[name])} | " + " | ".join(cells) + " |")
     for ref in (r for r in ("GRPO", "DAPO") if r in shares):
@@ -211,31 +211,29 @@ def method_runs(folders: list[pathlib.Path]) -> dict[str, list[pathlib.Path]]:
 def approach_table(base, results: dict[str, list], k: int) -> str:
     """Per method: the ``extremum`` share of samples, its paired difference to GRPO, and pass@k
     overall and per approach, each with a 95 % interval over prompts and seeds."""
-    from rllib_dph.evaluation.intervals import format_interval, mean_interval, paired_difference_interval
+    from rllib_dph.evaluation.intervals import format_interval, paired_difference_interval
 
-    def cell(values: np.ndarray) -> str:
-        return format_interval(float(values.mean()), mean_interval(values), scale=100)
-
-    grpo = extremum_share(results["GRPO"]) if "GRPO" in results else None
+    grpo = style_shares(results["GRPO"], ["extremum"])[0] if "GRPO" in results else None
     lines = [f"| policy | seeds | `extremum` share of samples | − GRPO | `extremum` samples right | "
              f"`order_limit` samples right | pass@{k} | pass@{k} `extremum` | pass@{k} `order_limit` |",
              "|" + " --- |" * 9]
     for name, seeds in {"base": [base], **results}.items():
-        share = extremum_share(seeds)
+        share = style_shares(seeds, ["extremum"])[0]
         diff = "—" if grpo is None or name in ("base", "GRPO") else format_interval(
             float(share.mean() - grpo.mean()), paired_difference_interval(share, grpo), scale=100)
         per = {m: np.array([r.per_prompt(m) for r in seeds]) for m in
                (f"pass@{k}", f"pass@{k}/extremum", f"pass@{k}/order_limit")}
         right = " | ".join(accuracy(seeds, a) for a in ("extremum", "order_limit"))
-        lines.append(f"| {name} | {len(seeds)} | {cell(share)} | {diff} | {right} | "
-                     + " | ".join(cell(v) for v in per.values()) + " |")
+        lines.append(f"| {name} | {len(seeds)} | {cell(share)[0]} | {diff} | {right} | "
+                     + " | ".join(cell(v)[0] for v in per.values()) + " |")
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--presample", type=pathlib.Path, help="a finished pre-sampling folder (its parts/)")
-    parser.add_argument("--runs", type=pathlib.Path, nargs="*", default=[], help="bench/reproduce_dph.py output folders")
+    parser.add_argument("--runs", type=pathlib.Path, nargs="*",
+                        help="bench/reproduce_dph.py output folders (given with none: the base model alone)")
     parser.add_argument("--styles", type=pathlib.Path, help="a bench/reproduce_dph.py folder with in-domain evaluations")
     parser.add_argument("--base", default="tiny-sql-math", help="the base model the runs started from")
     parser.add_argument("--n", type=int, default=64)
@@ -243,13 +241,11 @@ def main() -> None:
     parser.add_argument("--out", type=pathlib.Path, default=REPO / "bench/out/pef_coverage")
     args = parser.parse_args()
     from rllib_dph.envs.suites import STYLES
-    from rllib_dph.models.hub import load_tokenizer
 
     text = []
     if args.presample:
-        tokenizer = load_tokenizer(json.loads((args.presample / "summary.json").read_text())["config"]["model_name"])
-        text.append(composition_table(pef_composition(args.presample, tokenizer), args.presample))
-    if args.runs:
+        text.append(composition_table(pef_composition(args.presample), args.presample))
+    if args.runs is not None:
         tasks = two_approach_tasks(SPLIT)
         base = evaluate(args.base, tasks, args.out / "base.json", args)
         results = {method: [evaluate(str(c), tasks, args.out / c.parents[2].name / f"{c.parent.name}.json", args)

@@ -5,7 +5,6 @@ import pytest
 
 from rllib_dph.envs.suites import style_of
 from rllib_dph.evaluation.results import EvalResult, PromptRecord
-from rllib_dph.models.hub import load_tokenizer
 from rllib_dph.presample import PresampleConfig, presample
 
 
@@ -26,8 +25,7 @@ def presampled(tmp_path_factory):
 
 
 def test_the_folders_own_threshold_gives_its_d_pef_exactly(coverage, presampled):
-    tokenizer = load_tokenizer("tiny-sql-math")
-    rows = coverage.pef_composition(presampled, tokenizer, thresholds=(4, 3, 2, 1))
+    rows = coverage.pef_composition(presampled, thresholds=(4, 3, 2, 1))
     pef = pq.read_table(presampled / "d_pef.parquet").to_pylist()
     two = {t.id for t in coverage.two_approach_tasks("sql_synth/train")}
     at_3 = next(r for r in rows if r["min_correct"] == 3)
@@ -50,7 +48,7 @@ def test_shares_and_accuracies_count_each_approachs_samples(coverage):
                      num_truncated=0),
     ]
     result = EvalResult(records=records, n=4, temperature=1.0, top_p=1.0, max_new_tokens=8, seed=0, ks=[1, 2, 4])
-    assert coverage.extremum_share([result]).tolist() == [[0.5, 0.25]]
+    assert coverage.style_shares([result], ["extremum"]).tolist() == [[[0.5, 0.25]]]
     assert coverage.accuracy([result], "extremum") == "2 of 3 (66.7 %)"
     assert coverage.accuracy([result], "order_limit") == "2 of 4 (50.0 %)"
 
@@ -58,7 +56,7 @@ def test_shares_and_accuracies_count_each_approachs_samples(coverage):
 def test_a_folder_without_parts_is_refused_with_its_name(coverage, tmp_path):
     (tmp_path / "summary.json").write_text('{"config": {"env_config": {"data": "sql_synth/train[:4]"}}}')
     with pytest.raises(FileNotFoundError, match="no parts/sample"):
-        coverage.pef_composition(tmp_path, load_tokenizer("tiny-sql-math"))
+        coverage.pef_composition(tmp_path)
 
 
 def _result(styles_per_prompt):

@@ -1,10 +1,10 @@
-"""What DPH-RL's D_pef holds of the ties family's two approaches, and what each method keeps of
+"""What DPH-RL's D_pef holds of the two-approach families' approaches (ties, NULL), and what each method keeps of
 them where both are right (issue #24; the reading is in docs/collapse.md, "Where the D_pef term acts").
 
 Three measurements, any of them:
 
 1. ``--presample DIR``: what a pre-sampling folder's D_pef holds of each approach (``order_limit``,
-   ``extremum``) under Table 4's thresholds (8, 7, 6 and 5 of 8 correct, and "full data": 1 of 8),
+   ``extremum``; ``count_star``, ``count_col`` where it pre-sampled the NULL family) under Table 4's thresholds (8, 7, 6 and 5 of 8 correct, and "full data": 1 of 8),
    read from its ``parts/`` (every prompt's correct samples, kept whatever the threshold).
 2. ``--runs [DIR ...]``: on the two-approach questions of ``sql_synth/test`` (the ordinary
    highest/lowest questions: nothing ties, so both approaches are right), the share of samples
@@ -52,16 +52,20 @@ def two_approach_tasks(split: str) -> list:
     return [t for t in load_split(split) if t.meta.get("approaches") and not t.meta.get("ties")]
 
 
+#: The data source whose style names are each two-approach family's approaches, by its fragile approach.
+APPROACH_SOURCE = {"order_limit": "sql_synth_ties", "count_star": "sql_synth_nulls"}
+
+
 def pef_composition(folder: pathlib.Path, thresholds=THRESHOLDS) -> list[dict]:
     """Per threshold m: D_pef's prompts and trajectories (every correct sample of prompts with
     >= m of k correct, ``pef_samples="all"``), and how many of the two-approach prompts'
-    trajectories are written with each approach (decoded with the tokenizer of the model that
-    ``folder``'s ``summary.json`` names)."""
+    trajectories are written with each approach of their family (ties: ``order_limit``,
+    ``extremum``; NULL: ``count_star``, ``count_col``), decoded with the tokenizer of the model
+    that ``folder``'s ``summary.json`` names."""
     import pandas as pd
 
     from rllib_dph.envs.data.loaders import load_tasks
     from rllib_dph.envs.suites import style_of
-    from rllib_dph.envs.suites.sql_query import EXTREMUM_APPROACHES
     from rllib_dph.models.hub import load_tokenizer
 
     parts = sorted(glob.glob(str(folder / "parts" / "sample-*.parquet")))
@@ -73,31 +77,36 @@ def pef_composition(folder: pathlib.Path, thresholds=THRESHOLDS) -> list[dict]:
     rows = []
     for part in parts:
         for r in pd.read_parquet(part).itertuples():
-            two = bool(tasks[r.index].meta.get("approaches"))
-            texts = [tokenizer.decode(list(ids), skip_special_tokens=True) for ids in r.responses] if two else []
-            approaches = [style_of("sql_synth_ties", text) for text in texts]
-            rows.append({"pass_count": r.pass_count, "trajectories": len(r.responses), "two": two,
-                         **{a: approaches.count(a) for a in EXTREMUM_APPROACHES}})
-    df = pd.DataFrame(rows)
+            approaches = list(tasks[r.index].meta.get("approaches") or ())
+            texts = [tokenizer.decode(list(ids), skip_special_tokens=True) for ids in r.responses] if approaches else []
+            written = [style_of(APPROACH_SOURCE[approaches[0]], text) for text in texts] if approaches else []
+            rows.append({"pass_count": r.pass_count, "trajectories": len(r.responses), "two": bool(approaches),
+                         **{a: written.count(a) for a in approaches}})
+    df = pd.DataFrame(rows).fillna(0)
+    names = [a for a in (*APPROACH_SOURCE, "extremum", "count_col") if a in df]
     out = []
     for m in thresholds:
         pef = df[df.pass_count >= m]
         two = pef[pef.two]
         out.append({"min_correct": m, "prompts": len(pef), "trajectories": int(pef.trajectories.sum()),
                     "two_approach_prompts": len(two), "two_approach_trajectories": int(two.trajectories.sum()),
-                    "extremum": int(two.extremum.sum()), "order_limit": int(two.order_limit.sum())})
+                    **{a: int(two[a].sum()) for a in names}})
     return out
 
 
 def composition_table(rows: list[dict], folder: pathlib.Path) -> str:
+    approaches = [a for a in ("order_limit", "extremum", "count_star", "count_col") if a in rows[0]]
+    robust = [a for a in ("extremum", "count_col") if a in rows[0]]
     lines = [f"D_pef of {folder} (`pef_samples=\"all\"`) under each threshold:", "",
              "| min_correct of 8 | D_pef prompts | trajectories | two-approach prompts | their trajectories | "
-             "`extremum` | `order_limit` | `extremum` share of all trajectories |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             + " | ".join(f"`{a}`" for a in approaches) + " | "
+             + " | ".join(f"`{a}` share of all trajectories" for a in robust) + " |",
+             "|" + " --- |" * (5 + len(approaches) + len(robust))]
     for r in rows:
-        share = r["extremum"] / max(1, r["trajectories"])
+        shares = [f"{100 * r[a] / max(1, r['trajectories']):.2f} %" for a in robust]
         lines.append(f"| {r['min_correct']} | {r['prompts']} | {r['trajectories']} | {r['two_approach_prompts']} | "
-                     f"{r['two_approach_trajectories']} | {r['extremum']} | {r['order_limit']} | {100 * share:.2f} % |")
+                     f"{r['two_approach_trajectories']} | " + " | ".join(str(r[a]) for a in approaches) + " | "
+                     + " | ".join(shares) + " |")
     return "\n".join(lines)
 
 

@@ -63,6 +63,7 @@ METHODS = {
     "DPH-JS (refine)": "tuned_examples/dph/sql_tiny_dph_js.py",
     "GRPO (LoRA)": "tuned_examples/grpo/sql_tiny_grpo.py",
     "DPH-JS (LoRA)": "tuned_examples/dph/sql_tiny_dph_js.py",
+    "DPH-JS (η=10)": "tuned_examples/dph/sql_tiny_dph_js.py",
 }
 #: Overrides that make a method of :data:`METHODS` differ from its tuned example.
 #: LoRA as in tuned_examples/grpo/sql_smollm2_grpo_lora.py (r 16 on every linear layer, alpha 32).
@@ -71,13 +72,18 @@ METHOD_OVERRIDES = {
     "DPH-JS (refine)": {"presample": {"pef_samples": "refine"}},
     "GRPO (LoRA)": {"lora": LORA},
     "DPH-JS (LoRA)": {"lora": LORA},
+    # 50x the tuned eta: where the D_pef term kept the SQL styles D_pef holds (docs/collapse.md).
+    "DPH-JS (η=10)": {"pef_coeff": 10.0},
 }
 SPLITS = {
     "in-domain": ("rllib_dph/SQL-v0", {"data": "sql_synth/test"}),
     "cross-domain": ("rllib_dph/SQL-v0", {"data": "sql_synth/test_cross"}),
     "math (OOD)": ("rllib_dph/Math-v0", {"data": "math_synth/test"}),
     "ties": ("rllib_dph/SQL-v0", {"data": "sql_synth/test_ties"}),
+    "nulls": ("rllib_dph/SQL-v0", {"data": "sql_synth/test_nulls"}),
 }
+#: The two-approach families' test splits and the approach that alone answers them.
+FAMILIES = {"ties": "extremum", "nulls": "count_col"}
 #: The methods of the budgets before the ties family (DPH-JS with its tuned example's settings).
 PAPER_METHODS = ["GRPO", "DAPO", "RKL", "DPH-F", "DPH-JS", "alpha=0.5"]
 #: The pre-registered comparison on the ties family (docs/collapse.md): its methods and the
@@ -144,6 +150,16 @@ BUDGETS = {
     ),
     "ties-quick": dict(seeds=[0], iterations=100, eval_limit=50, n=64, methods=["GRPO", "DPH-JS", "DPH-JS (refine)"],
                        config=TIES_CONFIG, max_new_tokens=96, splits=["in-domain", "ties"]),
+    # The pre-registered comparison on the NULL family (docs/collapse.md, "The NULL family"; fixed
+    # on 2026-11-27 before any run): the ties budget (100 iterations of the tuned examples' batch,
+    # 96 tokens, 3 seeds, all prompts, n = 64) on tiny-sql-math-nulls, trained on sql_synth/train
+    # with 10 % of the family's ordinary questions mixed in; GRPO, DAPO, DPH-JS (8 of 8, all
+    # trajectories) at the tuned eta and at eta = 10. Primary endpoint: nulls pass@64,
+    # DPH-JS (eta = 10) - GRPO.
+    "nulls": dict(seeds=[0, 1, 2], iterations=100, eval_limit=None, n=64, max_new_tokens=96,
+                  methods=["GRPO", "DAPO", "DPH-JS", "DPH-JS (η=10)"], splits=["in-domain", "nulls"],
+                  config={**TIES_CONFIG, "model_name": "tiny-sql-math-nulls",
+                          "env_config": {"data": "sql_synth/train@nulls=0.1"}}),
 }
 # The smollm2-ties-gpu budget, unchanged, on the 5x longer warm start, which writes the ties
 # family's robust approach as a minority (3 % of its test_ties samples; the 120-step one 0.2 %,
@@ -277,9 +293,9 @@ def cell(values: np.ndarray) -> tuple[str, dict]:
 
 
 #: The column prefix of each split's metrics (the in-domain split's have none).
-PREFIX = {"in-domain": "", "cross-domain": "cross ", "math (OOD)": "math ", "ties": "ties "}
-#: The splits whose style entropy is reported: in-domain (SQL styles) and ties (where one style is right).
-ENTROPY_SPLITS = ("in-domain", "ties")
+PREFIX = {"in-domain": "", "cross-domain": "cross ", "math (OOD)": "math ", "ties": "ties ", "nulls": "nulls "}
+#: The splits whose style entropy is reported: in-domain (SQL styles) and the families (where one style is right).
+ENTROPY_SPLITS = ("in-domain", *FAMILIES)
 
 
 def _entropy_cell(results: list) -> tuple[str, dict]:
@@ -310,9 +326,10 @@ def _row_cells(per_seed: list[dict], base: dict, k_mid: int, k_max: int, is_base
         if name in ran:
             cells[f"{PREFIX[name]}greedy"] = cell(stack(split(name), "greedy_accuracy"))
             cells[f"{PREFIX[name]}pass@{k_max}"] = cell(stack(split(name), f"pass@{k_max}"))
-    if "ties" in ran:
-        cells[f"ties pass@{k_max}"] = cell(stack(split("ties"), f"pass@{k_max}"))
-        cells[f"ties extremum pass@{k_max}"] = cell(stack(split("ties"), f"pass@{k_max}/extremum"))
+    for family, robust in FAMILIES.items():
+        if family in ran:
+            cells[f"{family} pass@{k_max}"] = cell(stack(split(family), f"pass@{k_max}"))
+            cells[f"{family} {robust} pass@{k_max}"] = cell(stack(split(family), f"pass@{k_max}/{robust}"))
     if not is_base and "in-domain" in ran:
         rates = [compare(r, base["in-domain"], k_max) for r in split("in-domain")]
         keep_ci, explore_ci = keep_exploration_intervals(
@@ -368,7 +385,7 @@ def differences(base: dict, runs: dict, k_max: int, numbers: dict) -> str:
     metrics = [("in-domain", "greedy_accuracy", "greedy"), ("in-domain", "pass@1", "pass@1"),
                ("in-domain", f"pass@{k_max}", f"pass@{k_max}"),
                ("cross-domain", f"pass@{k_max}", f"cross pass@{k_max}"), ("math (OOD)", f"pass@{k_max}", f"math pass@{k_max}"),
-               ("ties", f"pass@{k_max}", f"ties pass@{k_max}")]
+               *((family, f"pass@{k_max}", f"{family} pass@{k_max}") for family in FAMILIES)]
     metrics = [m for m in metrics if m[0] in base]
     refs = references(base, runs)
     head = " | ".join(f"{label} − {ref}" for ref, _, _ in refs for _, _, label in metrics)
@@ -412,7 +429,7 @@ def entropy_differences(base: dict, runs: dict, numbers: dict) -> None:
 
 
 #: The DPH variants whose paper claims :func:`claims` reads (a budget without any has no claims table).
-DPH_VARIANTS = ("DPH-F", "DPH-JS", "DPH-JS (refine)", "DPH-JS (LoRA)")
+DPH_VARIANTS = ("DPH-F", "DPH-JS", "DPH-JS (refine)", "DPH-JS (LoRA)", "DPH-JS (η=10)")
 #: Margins of the claims: points for rates, bits for the style entropy.
 MARGINS = {"rate": 3.0, "bits": 0.1}
 
@@ -440,6 +457,10 @@ def verdict(diff: dict, margin: float, scale: float, kind: str) -> str:
     if low >= -margin and high <= margin:
         return f"does not hold (no difference beyond ±{margin:g})"
     return "cannot tell"
+
+
+#: The pre-registered primary endpoints (docs/collapse.md): (method, family), each read against GRPO.
+PRIMARY_ENDPOINTS = (("DPH-JS", "ties"), ("DPH-JS (η=10)", "nulls"))
 
 
 def primary_reading(diff: dict) -> str:
@@ -472,10 +493,14 @@ def claims(numbers: dict, k_max: int, methods=DPH_VARIANTS) -> str:
         (f"math (OOD) pass@{k_max} above GRPO", f"math pass@{k_max} − GRPO", "above", rate, 100),
         (f"ties pass@{k_max} kept (vs base)", f"ties pass@{k_max} − base", "kept", rate, 100),
         (f"ties pass@{k_max} above GRPO (the primary endpoint for DPH-JS)", f"ties pass@{k_max} − GRPO", "above", rate, 100),
+        (f"nulls pass@{k_max} kept (vs base)", f"nulls pass@{k_max} − base", "kept", rate, 100),
+        (f"nulls pass@{k_max} above GRPO (the primary endpoint for DPH-JS (η=10))", f"nulls pass@{k_max} − GRPO", "above", rate, 100),
         ("styles kept (entropy vs base, bits)", "style entropy − base", "kept", bits, 1),
         ("styles above GRPO (entropy, bits)", "style entropy − GRPO", "above", bits, 1),
         ("ties styles kept (entropy vs base, bits)", "ties style entropy − base", "kept", bits, 1),
         ("ties styles above GRPO (entropy, bits)", "ties style entropy − GRPO", "above", bits, 1),
+        ("nulls approaches kept (entropy vs base, bits)", "nulls style entropy − base", "kept", bits, 1),
+        ("nulls approaches above GRPO (entropy, bits)", "nulls style entropy − GRPO", "above", bits, 1),
         (f"pass@{k_max} above DAPO", f"pass@{k_max} − DAPO", "above", rate, 100),
         (f"ties pass@{k_max} above DAPO", f"ties pass@{k_max} − DAPO", "above", rate, 100),
         ("styles above DAPO (entropy, bits)", "style entropy − DAPO", "above", bits, 1),
@@ -625,7 +650,7 @@ def main() -> None:
     budget = dict(BUDGETS[args.budget])
     args.overrides = {**budget.pop("config", {}), **json.loads(args.config)}
     budget.setdefault("methods", PAPER_METHODS)
-    budget.setdefault("splits", list(SPLITS) if args.budget.startswith("ties") else list(SPLITS)[:3])
+    budget.setdefault("splits", list(SPLITS)[:4] if args.budget.startswith("ties") else list(SPLITS)[:3])
     budget.setdefault("max_new_tokens", 64)
     budget.setdefault("workers", 2)
     budget.setdefault("eval_device", "cpu")
@@ -655,12 +680,13 @@ def main() -> None:
     runs = {method: [load_results(run_dir, args.splits) for m, _, run_dir in jobs if m == method]
             for method in args.methods}
     table, numbers = tables(base, runs, args)
-    primary = numbers["differences"].get("DPH-JS", {}).get(f"ties pass@{args.n} − GRPO")
-    if primary is not None:
-        low, high = (100 * x for x in primary["ci95"])
-        table = (f"**Primary endpoint** (pre-registered, docs/collapse.md): pass@{args.n} on sql_synth/test_ties, "
-                 f"DPH-JS − GRPO = {100 * primary['mean']:+.1f} [{low:+.1f}, {high:+.1f}] points: "
-                 f"{primary_reading(primary)}.\n\n{table}")
+    for method, family in PRIMARY_ENDPOINTS:
+        primary = numbers["differences"].get(method, {}).get(f"{family} pass@{args.n} − GRPO")
+        if primary is not None:
+            low, high = (100 * x for x in primary["ci95"])
+            table = (f"**Primary endpoint** (pre-registered, docs/collapse.md): pass@{args.n} on "
+                     f"{SPLITS[family][1]['data']}, {method} − GRPO = {100 * primary['mean']:+.1f} "
+                     f"[{low:+.1f}, {high:+.1f}] points: {primary_reading(primary)}.\n\n{table}")
     shape = run_config(args.methods[0], args)
     budget = (
         f"Budget ({args.budget}): {shape.model_name}, {args.iterations} iterations x {shape.prompts_per_step} "

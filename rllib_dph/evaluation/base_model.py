@@ -38,7 +38,8 @@ def evaluate_base_policy(
 
     Greedy accuracy on ``sql_synth/test``, ``sql_synth/test_cross`` and ``math_synth/test``;
     pass@1 and pass@``samples`` (unbiased) and the count of each solution style among
-    ``samples`` completions per ``sql_synth/test`` prompt at temperature 1.0.
+    ``samples`` completions per ``sql_synth/test`` prompt at temperature 1.0; the same, per
+    approach, on the two-approach families' test splits (``sql_ties/...``, ``sql_nulls/...``).
 
     Args:
         model: The policy (eval mode).
@@ -71,26 +72,38 @@ def evaluate_base_policy(
     metrics["sql_test_cross/greedy_acc"] = _accuracy(run(SQLEnv(suites.load_split("sql_synth/test_cross")), 1, 0.0))
     metrics["math_test/greedy_acc"] = _accuracy(run(MathEnv(suites.load_split("math_synth/test")), 1, 0.0))
     metrics.update(_ties_metrics(run, samples))
+    metrics.update(_nulls_metrics(run, samples))
     return metrics
 
 
 def _ties_metrics(run: Callable, samples: int) -> dict:
-    """The ties family (``sql_synth/test_ties``): greedy accuracy, pass@1 / pass@``samples`` and
-    how many samples take each approach, among all and among the correct ones (issue #24 asks
-    the base model to write the ``extremum`` approach in about 10-25 % of its samples), and the
-    family's version they were measured on (``sql_suite.TIES_FAMILY_VERSION``)."""
-    env = SQLEnv(suites.load_split("sql_synth/test_ties"))
-    source = suites.SQL_TIES_SOURCE
+    """The ties family (``sql_synth/test_ties``, issue #24 asks the base model to write its
+    ``extremum`` approach in about 10-25 % of its samples), with the family's version
+    (``sql_suite.TIES_FAMILY_VERSION``): see :func:`_family_metrics`."""
+    metrics = _family_metrics(run, samples, "sql_synth/test_ties", "sql_ties")
+    return {"sql_ties/family_version": TIES_FAMILY_VERSION, **metrics}
+
+
+def _nulls_metrics(run: Callable, samples: int) -> dict:
+    """The NULL family (``sql_synth/test_nulls``): see :func:`_family_metrics`."""
+    return _family_metrics(run, samples, "sql_synth/test_nulls", "sql_nulls")
+
+
+def _family_metrics(run: Callable, samples: int, split: str, prefix: str) -> dict:
+    """A two-approach family's test split: greedy accuracy, pass@1 / pass@``samples`` and how
+    many samples take each approach, among all and among the correct ones."""
+    tasks = suites.load_split(split)
+    env, source = SQLEnv(tasks), tasks[0].data_source
     greedy = run(env, 1, 0.0)
-    metrics = {"sql_ties/family_version": TIES_FAMILY_VERSION, "sql_ties/greedy_acc": _accuracy(greedy),
-               "sql_ties/greedy_approaches": _style_counts(source, [g.texts[0] for g in greedy])}
+    metrics = {f"{prefix}/greedy_acc": _accuracy(greedy),
+               f"{prefix}/greedy_approaches": _style_counts(source, [g.texts[0] for g in greedy])}
     if samples > 0:
         sampled = run(env, samples, 1.0)
         num_correct = [int(g.correct.sum()) for g in sampled]
         for k in (1, samples):
-            metrics[f"sql_ties/pass@{k}"] = mean_pass_at_k([samples] * len(sampled), num_correct, k)
-        metrics["sql_ties/sample_approaches"] = _style_counts(source, [t for g in sampled for t in g.texts])
-        metrics["sql_ties/correct_sample_approaches"] = _style_counts(
+            metrics[f"{prefix}/pass@{k}"] = mean_pass_at_k([samples] * len(sampled), num_correct, k)
+        metrics[f"{prefix}/sample_approaches"] = _style_counts(source, [t for g in sampled for t in g.texts])
+        metrics[f"{prefix}/correct_sample_approaches"] = _style_counts(
             source, [t for g in sampled for t, ok in zip(g.texts, g.correct) if ok])
     return metrics
 

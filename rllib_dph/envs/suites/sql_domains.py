@@ -99,6 +99,11 @@ class Domain:
         return f"{self.name}/{self.name}.sqlite"
 
     @property
+    def nulls_db_id(self) -> str:
+        """Path of the NULL family's copy of the database (``build_database(..., null_share)``)."""
+        return f"{self.name}/{self.name}_nulls.sqlite"
+
+    @property
     def fk(self) -> str:
         """Name of the child's foreign-key column (the parent's key)."""
         return self.parent.key
@@ -361,11 +366,15 @@ def _table_rows(rng: random.Random, table: Table, parent_ids: list[int] | None) 
     return rows
 
 
-def build_database(domain: Domain) -> sqlite3.Connection:
+def build_database(domain: Domain, null_share: float = 0.0) -> sqlite3.Connection:
     """Create the domain's database in memory, filled with deterministic rows.
 
     Args:
         domain: The domain to build.
+        null_share: Share of the integer columns' values set to NULL, each drawn independently
+            from a generator of its own (the NULL family's databases, ``sql_suite.NULL_SHARE``);
+            with 0 the integer columns are ``NOT NULL`` and the file is the domain's own. The
+            other values are the same either way.
 
     Returns:
         An open in-memory connection; ``conn.serialize()`` gives the database file's bytes.
@@ -373,20 +382,33 @@ def build_database(domain: Domain) -> sqlite3.Connection:
     rng = random.Random(domain.seed)
     conn = sqlite3.connect(":memory:")
     parent, child = domain.parent, domain.child
+    number = "INTEGER" if null_share else "INTEGER NOT NULL"
     parent_cols = [f"{parent.key} INTEGER PRIMARY KEY", f"{parent.name_col} TEXT NOT NULL",
                    f"{parent.category.name} TEXT NOT NULL"]
-    parent_cols += [f"{c.name} INTEGER NOT NULL" for c in parent.numbers]
+    parent_cols += [f"{c.name} {number}" for c in parent.numbers]
     child_cols = [f"{child.key} INTEGER PRIMARY KEY", f"{child.name_col} TEXT NOT NULL",
                   f"{child.category.name} TEXT NOT NULL"]
-    child_cols += [f"{c.name} INTEGER NOT NULL" for c in child.numbers]
+    child_cols += [f"{c.name} {number}" for c in child.numbers]
     child_cols += [f"{domain.fk} INTEGER NOT NULL",
                    f"FOREIGN KEY ({domain.fk}) REFERENCES {parent.name}({parent.key})"]
     conn.execute(f"CREATE TABLE {parent.name} ({', '.join(parent_cols)})")
     conn.execute(f"CREATE TABLE {child.name} ({', '.join(child_cols)})")
     parent_rows = _table_rows(rng, parent, None)
     child_rows = _table_rows(rng, child, [r[0] for r in parent_rows])
+    nulls = random.Random(f"{domain.seed}/nulls")
     for table, rows in ((parent, parent_rows), (child, child_rows)):
+        if null_share:
+            rows = [_with_nulls(nulls, row, len(table.numbers), null_share) for row in rows]
         marks = ", ".join("?" * len(rows[0]))
         conn.executemany(f"INSERT INTO {table.name} VALUES ({marks})", rows)
     conn.commit()
     return conn
+
+
+def _with_nulls(rng: random.Random, row: tuple, numbers: int, share: float) -> tuple:
+    """``row`` with each of its integer columns (positions 3 .. 3 + numbers) NULL with probability ``share``."""
+    values = list(row)
+    for i in range(3, 3 + numbers):
+        if rng.random() < share:
+            values[i] = None
+    return tuple(values)

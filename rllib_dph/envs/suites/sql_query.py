@@ -23,6 +23,12 @@ value takes one of two *approaches* (:data:`EXTREMUM_APPROACHES`, named by :func
 row even when several tie for the top; ``extremum`` compares with the extreme value
 (``WHERE sales = (SELECT MAX(sales) FROM singer)``) and returns every tied row. Where nothing
 ties they return the same rows; where something does, only ``extremum`` answers the question.
+
+A query that counts the rows with a known value of a column (the NULL family) takes one of two
+approaches too (:data:`NULL_APPROACHES`, named by :func:`count_approach`): ``count_star`` counts
+rows (``COUNT(*)``, or the key in the alias style) and ``count_col`` counts the column's values
+(``COUNT(age)``), which skips NULLs. Where the column has no NULL they return the same count;
+where it has, only ``count_col`` answers the question.
 """
 
 from __future__ import annotations
@@ -48,6 +54,11 @@ _STARTS_WITH_SELECT = re.compile(r"^SELECT\b", re.IGNORECASE)
 EXTREMUM_APPROACHES: tuple[str, ...] = ("order_limit", "extremum")
 _COMPARES_WITH_SUBQUERY = re.compile(r"(?:[=<>]|\bIN)\s*\(\s*SELECT\b", re.IGNORECASE)
 _LIMIT_ONE = re.compile(r"\bLIMIT\s+1\b", re.IGNORECASE)
+#: Ways to count the rows with a known value of a column (see the module docstring).
+NULL_APPROACHES: tuple[str, ...] = ("count_star", "count_col")
+_COUNT_ARGUMENT = re.compile(r"\bCOUNT\s*\(\s*([^()]*?)\s*\)", re.IGNORECASE)
+_KEY_COLUMN = re.compile(r"^(?:\w+\.)?\w+_id$", re.IGNORECASE)
+_IS_NOT_NULL = re.compile(r"\bIS\s+NOT\s+NULL\b", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -339,3 +350,22 @@ def sql_approach(sql: str) -> str:
     if _LIMIT_ONE.search(text):
         return "order_limit"
     return "other"
+
+
+def count_approach(sql: str) -> str:
+    """Name how a query counts the rows with a known value of a column (see the module docstring).
+
+    Args:
+        sql: The query text.
+
+    Returns:
+        ``"count_col"`` when it counts a column that is not a key (``COUNT(age)``, ``COUNT(T1.age)``)
+        or filters with ``IS NOT NULL``; ``"count_star"`` when it counts rows (``COUNT(*)``, a
+        ``..._id`` key); ``"other"`` when it counts nothing. The name says how the query is
+        written, not whether its column is the one asked about.
+    """
+    text = " ".join(sql.split())
+    arguments = [a.upper().removeprefix("DISTINCT ").strip() for a in _COUNT_ARGUMENT.findall(text)]
+    if _IS_NOT_NULL.search(text) or any(a != "*" and not _KEY_COLUMN.match(a) for a in arguments):
+        return "count_col"
+    return "count_star" if arguments else "other"

@@ -39,6 +39,16 @@ TIE_TEST_INSTANCES = 300
 TIES_FAMILY_VERSION = 2
 #: Seed of the ties family's split (separate from :data:`SPLIT_SEED`).
 TIE_SPLIT_SEED = 11
+#: Splits of the NULL family (see :func:`null_questions`): held-out test prompts on the databases'
+#: NULL copies, and the pool of ordinary family questions that training mixes in at a chosen
+#: share (``load_split("sql_synth/train@nulls=0.1")``).
+NULL_SPLITS = ("test_nulls", "train_nulls")
+#: Instances of the NULL family held out for ``test_nulls`` (one question each).
+NULL_TEST_INSTANCES = 300
+#: Share of the integer values set to NULL in the NULL family's copies of the training databases.
+NULL_SHARE = 0.25
+#: Seed of the NULL family's split.
+NULL_SPLIT_SEED = 13
 #: Seed of the split sampling (instances, phrasings, order).
 SPLIT_SEED = 7
 INSTRUCTION = "Answer with one SQLite query in a ```sql block."
@@ -68,6 +78,8 @@ class SqlQuestion:
             ``order_limit`` one for ordinary questions, ``extremum`` for the ties family (where
             ``order_limit`` returns one of the tied rows and is wrong). Empty for other templates.
         ties: Whether several rows or groups tie for the highest / lowest value (the ties family).
+        nulls: Whether the question is asked of the database's NULL copy (``test_nulls``), where
+            only the ``count_col`` approach is right.
     """
 
     domain: Domain
@@ -77,6 +89,12 @@ class SqlQuestion:
     styles: dict[str, str]
     approaches: dict[str, dict[str, str]]
     ties: bool = False
+    nulls: bool = False
+
+    @property
+    def db_id(self) -> str:
+        """Path of the question's database file under the SQL database root."""
+        return self.domain.nulls_db_id if self.nulls else self.domain.db_id
 
     @property
     def prompt(self) -> str:
@@ -466,6 +484,45 @@ TEMPLATES: tuple[Template, ...] = (
              ("Find the {p} linked to the {most} {cs}.",), _join_argmax),
 )
 
+def _count_known(domain: Domain, conn: sqlite3.Connection) -> Iterator[Instance]:
+    for table in _both(domain):
+        for num in table.numbers:
+            q = Query((Agg("COUNT", _col(table, num)),), table.name, table.key)
+            yield {**_table_slots(table), "n": num.nl}, q
+
+
+def _count_known_filter(domain: Domain, conn: sqlite3.Connection) -> Iterator[Instance]:
+    for table in _both(domain):
+        cat = table.category
+        for num in table.numbers:
+            for v in cat.values:
+                q = Query((Agg("COUNT", _col(table, num)),), table.name, table.key,
+                          where=(Cond(_col(table, cat), "=", v),))
+                yield {**_table_slots(table), "n": num.nl, "k": cat.nl, "v": v}, q
+
+
+#: The NULL family's templates: count the rows whose integer column holds a value. Their
+#: instances are written with ``COUNT(col)`` (the ``count_col`` approach); ``count_star_form``
+#: gives the ``count_star`` one. Not part of :data:`TEMPLATES`, so the other splits are as they were.
+NULL_TEMPLATES: tuple[Template, ...] = (
+    Template("count_known",
+             ("How many {ts} have a recorded {n}?", "Count the {ts} whose {n} is recorded.",
+              "Report the number of {ts} with a known {n}."),
+             ("What is the number of {ts} that have a value for {n}?",), _count_known),
+    Template("count_known_filter",
+             ("How many {ts} with {k} {v} have a recorded {n}?",
+              "Count the {ts} with {k} {v} whose {n} is recorded.",
+              "Report the number of {ts} with {k} {v} and a known {n}."),
+             ("What is the number of {ts} with {k} equal to {v} that have a value for {n}?",),
+             _count_known_filter),
+)
+
+
+def count_star_form(query: Query) -> Query:
+    """The ``count_star`` approach of a NULL-family query: ``COUNT(col)`` becomes ``COUNT(*)``."""
+    return replace(query, select=(_COUNT,))
+
+
 #: Most instances of one template kept per domain, so that no skill dominates a split.
 MAX_PER_TEMPLATE = 45
 #: Templates that ask for the row or group with the highest / lowest value: their questions
@@ -533,9 +590,9 @@ def _informative(conn: sqlite3.Connection, query: Query) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def database_bytes(domain: Domain) -> bytes:
-    """The file content of the domain's database."""
-    conn = build_database(domain)
+def database_bytes(domain: Domain, null_share: float = 0.0) -> bytes:
+    """The file content of the domain's database (its NULL copy with ``null_share`` > 0)."""
+    conn = build_database(domain, null_share)
     try:
         return conn.serialize()
     finally:
@@ -571,16 +628,32 @@ def _renderings(query: Query) -> dict[str, str]:
     return {style: render(query, style) for style in SQL_STYLES}
 
 
+def _approaches(template: Template, query: Query) -> dict[str, dict[str, str]]:
+    """The renderings of each approach of a two-approach template's instance, the fragile one
+    first (``order_limit`` / ``extremum``, ``count_star`` / ``count_col``); {} for other templates."""
+    if template.name in EXTREMUM_TEMPLATES:
+        return {"order_limit": _renderings(query), "extremum": _renderings(extremum_form(query))}
+    if template in NULL_TEMPLATES:
+        return {"count_star": _renderings(count_star_form(query)), "count_col": _renderings(query)}
+    return {}
+
+
 def _phrase(domain: Domain, template: Template, slots: dict, query: Query, index: int,
-            cross: bool, ties: bool = False) -> SqlQuestion:
-    """Word an instance with phrasing ``index`` (taken modulo the number of phrasings)."""
+            cross: bool, ties: bool = False, nulls: bool = False) -> SqlQuestion:
+    """Word an instance with phrasing ``index`` (taken modulo the number of phrasings).
+
+    A two-approach instance's gold styles are its robust approach's in its family's own splits
+    (``ties``, ``nulls``: only that one is right there) and its fragile approach's elsewhere."""
     phrasings = template.cross_phrasings if cross else template.train_phrasings
     index = index % len(phrasings)
-    approaches = {}
-    if template.name in EXTREMUM_TEMPLATES:
-        approaches = {"order_limit": _renderings(query), "extremum": _renderings(extremum_form(query))}
-    styles = approaches["extremum" if ties else "order_limit"] if approaches else _renderings(query)
-    return SqlQuestion(domain, template.name, index, phrasings[index].format(**slots), styles, approaches, ties)
+    approaches = _approaches(template, query)
+    if approaches:
+        fragile, robust = approaches
+        styles = approaches[robust if ties or nulls else fragile]
+    else:
+        styles = _renderings(query)
+    return SqlQuestion(domain, template.name, index, phrasings[index].format(**slots), styles, approaches,
+                       ties, nulls)
 
 
 def _split_questions(pool: list, test_size: int, split: str, cross: bool, ties: bool,
@@ -609,8 +682,10 @@ def questions(split: str) -> tuple[SqlQuestion, ...]:
     Returns:
         The questions; the same objects on every call within a process.
     """
-    if split not in (*SPLIT_SIZES, *TIE_SPLITS):
-        raise ValueError(f"Unknown SQL split {split!r}; use one of {(*SPLIT_SIZES, *TIE_SPLITS)}.")
+    if split not in (*SPLIT_SIZES, *TIE_SPLITS, *NULL_SPLITS):
+        raise ValueError(f"Unknown SQL split {split!r}; use one of {(*SPLIT_SIZES, *TIE_SPLITS, *NULL_SPLITS)}.")
+    if split in NULL_SPLITS:
+        return null_questions(split)
     ties = split in TIE_SPLITS
     rng = random.Random(TIE_SPLIT_SEED if ties else SPLIT_SEED)
     cross = split == "test_cross"
@@ -622,6 +697,56 @@ def questions(split: str) -> tuple[SqlQuestion, ...]:
     return _split_questions(pool, test_size, split, cross, ties, rng)
 
 
+def _null_instances(domain: Domain) -> list[tuple[Template, dict, Query, bool]]:
+    """The NULL family's instances on a training domain whose count is not 0, each with whether
+    its two approaches count differently on the domain's NULL copy (it may then be a test question)."""
+    conn, nulls = sqlite3.connect(":memory:"), sqlite3.connect(":memory:")
+    try:
+        conn.deserialize(database_bytes(domain))
+        nulls.deserialize(database_bytes(domain, NULL_SHARE))
+        kept = []
+        for template in NULL_TEMPLATES:
+            for slots, query in template.instances(domain, conn):
+                if not _informative(conn, query):
+                    continue
+                (known,), = nulls.execute(render(query, "plain"))
+                (rows,), = nulls.execute(render(count_star_form(query), "plain"))
+                kept.append((template, slots, query, 0 < known != rows))
+        return kept
+    finally:
+        conn.close()
+        nulls.close()
+
+
+@functools.lru_cache(maxsize=None)
+def null_questions(split: str) -> tuple[SqlQuestion, ...]:
+    """The NULL family's questions (``test_nulls`` or ``train_nulls``), in their fixed order.
+
+    Every instance of :data:`NULL_TEMPLATES` on the training databases lands in one split, from
+    :data:`NULL_SPLIT_SEED`: ``test_nulls`` takes the first :data:`NULL_TEST_INSTANCES` (one wording
+    each) whose column is NULL in some of the counted rows of the NULL copy, and asks them of that
+    copy, where only ``count_col`` is right; ``train_nulls`` asks every other instance under
+    every train phrasing of the domain's own database, where nothing is NULL and both approaches
+    are right (the ordinary family questions that training mixes in). The wording never tells
+    the two apart.
+    """
+    rng = random.Random(NULL_SPLIT_SEED)
+    pool = [(domain, *item) for domain in TRAIN_DOMAINS for item in _null_instances(domain)]
+    rng.shuffle(pool)
+    test, rest = [], []
+    for domain, template, slots, query, differs in pool:
+        held_out = differs and len(test) < NULL_TEST_INSTANCES
+        (test if held_out else rest).append((domain, template, slots, query))
+    if split == "test_nulls":
+        return tuple(_phrase(d, t, s, q, i, cross=False, nulls=True) for i, (d, t, s, q) in enumerate(test))
+    phrased = [(d, t, s, q, i) for d, t, s, q in rest for i in range(len(t.train_phrasings))]
+    rng.shuffle(phrased)
+    return tuple(_phrase(d, t, s, q, i, cross=False) for d, t, s, q, i in phrased)
+
+
 def database_files() -> dict[str, bytes]:
-    """File bytes of every suite database, keyed by ``db_id``."""
-    return {domain.db_id: database_bytes(domain) for domain in ALL_DOMAINS}
+    """File bytes of every suite database, keyed by ``db_id``: each domain's database and the
+    NULL copy of each training database (``Domain.nulls_db_id``)."""
+    files = {domain.db_id: database_bytes(domain) for domain in ALL_DOMAINS}
+    files.update({domain.nulls_db_id: database_bytes(domain, NULL_SHARE) for domain in TRAIN_DOMAINS})
+    return files

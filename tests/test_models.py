@@ -207,7 +207,10 @@ def test_quality_check_samples_through_the_rollout_path(monkeypatch):
         "sql_test/sample_styles", "sql_test/correct_sample_styles", "sql_test_cross/greedy_acc",
         "math_test/greedy_acc", "sql_ties/family_version", "sql_ties/greedy_acc", "sql_ties/greedy_approaches",
         "sql_ties/pass@1", "sql_ties/pass@4", "sql_ties/sample_approaches", "sql_ties/correct_sample_approaches",
+        "sql_nulls/greedy_acc", "sql_nulls/greedy_approaches", "sql_nulls/pass@1", "sql_nulls/pass@4",
+        "sql_nulls/sample_approaches", "sql_nulls/correct_sample_approaches",
     }
+    assert set(metrics["sql_nulls/sample_approaches"]) <= {"count_star", "count_col", "other", "none"}
     assert sum(metrics["sql_ties/sample_approaches"].values()) == 16
     assert list(metrics["sql_ties/sample_approaches"])[:2] == ["order_limit", "extremum"]
     assert 0 <= metrics["sql_test/pass@1"] <= metrics["sql_test/pass@4"] <= 1

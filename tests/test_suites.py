@@ -37,6 +37,7 @@ def _sql_completion(sql: str) -> str:
 @pytest.mark.parametrize("name,size", [
     ("sql_synth/train", 3000), ("sql_synth/test", 300), ("sql_synth/test_cross", 300),
     ("sql_synth/test_ties", 300), ("sql_synth/train_ties", 1341),
+    ("sql_synth/test_nulls", 300), ("sql_synth/train_nulls", 972),
     ("math_synth/train", 3000), ("math_synth/test", 300),
 ])
 def test_split_sizes_and_ids(name, size):
@@ -46,6 +47,7 @@ def test_split_sizes_and_ids(name, size):
     assert all(t.id.startswith(name + "/") for t in tasks)
     assert sorted(SPLITS) == sorted(["sql_synth/train", "sql_synth/test", "sql_synth/test_cross",
                                      "sql_synth/test_ties", "sql_synth/train_ties",
+                                     "sql_synth/test_nulls", "sql_synth/train_nulls",
                                      "math_synth/train", "math_synth/test"])
 
 
@@ -282,8 +284,9 @@ def test_generation_is_deterministic_across_processes(tmp_path):
         files.append({p.relative_to(root): p.read_bytes() for p in sorted(root.rglob("*.sqlite"))})
     assert digests[0] == digests[1]
     assert files[0] == files[1]
-    assert len(files[0]) == len(ALL_DOMAINS)
-    assert {str(k) for k in files[0]} == {f"sql/{d.db_id}" for d in ALL_DOMAINS}
+    assert len(files[0]) == len(ALL_DOMAINS) + len(TRAIN_DOMAINS)
+    assert {str(k) for k in files[0]} == ({f"sql/{d.db_id}" for d in ALL_DOMAINS}
+                                          | {f"sql/{d.nulls_db_id}" for d in TRAIN_DOMAINS})
 
 
 def test_suite_root_default_and_override(monkeypatch, tmp_path):
@@ -438,3 +441,100 @@ def test_every_ties_question_needs_a_ranking(split):
             degenerate.append(task.id)
         conn.close()
     assert degenerate == []
+
+
+# ---------------------------------------------------------------------------------------------
+# The NULL family (issue #24): "how many X have a recorded Y", where only ``count_col`` is right
+# on the databases' NULL copies
+
+
+@pytest.mark.parametrize("sql,expected", [
+    ("SELECT COUNT(*) FROM singer", "count_star"),
+    ("SELECT COUNT(T1.singer_id) FROM singer AS T1", "count_star"),
+    ("SELECT COUNT(*) FROM (SELECT singer_id FROM singer WHERE country = 'Spain')", "count_star"),
+    ("SELECT COUNT(age) FROM singer", "count_col"),
+    ("SELECT COUNT(T1.age) FROM singer AS T1 WHERE T1.country = 'Spain'", "count_col"),
+    ("WITH t AS (SELECT age FROM singer) SELECT count( age ) FROM t", "count_col"),
+    ("SELECT COUNT(*) FROM singer WHERE age IS NOT NULL", "count_col"),
+    ("SELECT singer_name FROM singer", "other"),
+])
+def test_count_approach(sql, expected):
+    from rllib_dph.envs.suites.sql_query import count_approach
+
+    assert count_approach(sql) == expected
+    assert style_of(suites.SQL_NULLS_SOURCE, _sql_completion(sql)) == expected
+
+
+def _count(question: sql_suite.SqlQuestion, sql: str):
+    conn = sqlite3.connect(":memory:")
+    conn.deserialize(sql_suite.database_bytes(question.domain, sql_suite.NULL_SHARE if question.nulls else 0.0))
+    try:
+        return conn.execute(sql).fetchall()
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("split", ["test_nulls", "train_nulls"])
+def test_null_approaches_are_right_exactly_where_they_should_be(split):
+    """``train_nulls`` (no NULL): both approaches give the gold count in every style. ``test_nulls``
+    (the NULL copies): every ``count_col`` rendering does, no ``count_star`` rendering does."""
+    from rllib_dph.envs.suites.sql_query import count_approach, sql_style
+
+    for q in sql_suite.questions(split):
+        assert q.nulls == (split == "test_nulls") and not q.ties
+        assert list(q.approaches) == ["count_star", "count_col"]
+        assert q.styles == q.approaches["count_col" if q.nulls else "count_star"]
+        gold = _count(q, q.styles["plain"])
+        assert gold != [(0,)]
+        for approach, renderings in q.approaches.items():
+            for style, sql in renderings.items():
+                assert sql_style(sql) == style and count_approach(sql) == approach, sql
+                assert (_count(q, sql) == gold) == (approach == "count_col" or not q.nulls), (split, sql)
+
+
+def test_null_family_tasks_and_databases():
+    """Test tasks point at the NULL copies, training tasks at the domains' own databases; the two
+    splits share no instance; a NULL copy holds the same rows with some integers NULL."""
+    test, train = load_split("sql_synth/test_nulls"), load_split("sql_synth/train_nulls")
+    assert all(t.data_source == suites.SQL_NULLS_SOURCE for t in test + train)
+    assert all(t.ground_truth["db_path"].endswith("_nulls.sqlite") and t.meta["nulls"] for t in test)
+    assert not any(t.ground_truth["db_path"].endswith("_nulls.sqlite") or t.meta["nulls"] for t in train)
+    assert all(t.ground_truth["gold_sql"] == t.meta["approaches"]["count_col"]["plain"] for t in test)
+    instances = lambda tasks: {(t.ground_truth["db_id"].split("/")[0], t.meta["approaches"]["count_col"]["plain"])
+                               for t in tasks}
+    assert not instances(test) & instances(train)
+    domain = TRAIN_DOMAINS[0]
+    plain, nulls = sqlite3.connect(":memory:"), sqlite3.connect(":memory:")
+    plain.deserialize(sql_suite.database_bytes(domain))
+    nulls.deserialize(sql_suite.database_bytes(domain, sql_suite.NULL_SHARE))
+    table = domain.child
+    query = f"SELECT * FROM {table.name} ORDER BY {table.key}"
+    rows_plain, rows_nulls = plain.execute(query).fetchall(), nulls.execute(query).fetchall()
+    assert len(rows_plain) == len(rows_nulls)
+    cells = [(a, b) for r, s in zip(rows_plain, rows_nulls) for a, b in zip(r, s)]
+    assert all(a == b or b is None for a, b in cells)
+    assert 0.1 < sum(b is None for _, b in cells) / sum(1 for r in rows_plain for v in r[3:3 + len(table.numbers)]) < 0.4
+
+
+def test_train_nulls_mix():
+    tasks = load_split("sql_synth/train@nulls=0.1")
+    assert len(tasks) == 3333
+    assert sum(t.data_source == suites.SQL_NULLS_SOURCE for t in tasks) == 333
+    with pytest.raises(ValueError, match=re.escape("needs 3000 nulls questions but train_nulls has 972")):
+        load_split("sql_synth/train@nulls=0.5")
+
+
+def test_sft_of_the_null_family_writes_count_col_as_a_minority():
+    rows = sft_examples("sql_synth/train_nulls")
+    approaches = [style_of(suites.SQL_NULLS_SOURCE, r["completion"]) for r in rows]
+    assert set(approaches) == {"count_star", "count_col"}
+    assert abs(approaches.count("count_col") / len(approaches) - suites.NULL_SFT_SHARE) < 0.02
+
+
+def test_the_null_variant_adds_the_family_to_the_sft_corpus_only():
+    from rllib_dph.models.tiny import TINY_MODELS, corpus_fingerprint, sft_corpus
+
+    base, variant = sft_corpus(), sft_corpus(TINY_MODELS["tiny-sql-math-nulls"].extra_sft_splits)
+    assert variant[:len(base)] == base and len(variant) == len(base) + 5 * 972
+    assert TINY_MODELS["tiny-sql-math"].extra_sft_splits == ()
+    assert corpus_fingerprint(base) != corpus_fingerprint(variant)

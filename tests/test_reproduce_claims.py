@@ -199,3 +199,49 @@ def test_the_longer_warm_starts_budgets_change_the_model_only(reproduce, device)
     assert configs["long"].model_name == "smollm2-135m-sft-600"
     assert configs["long"].presample.out_dir.endswith("_smollm2-135m-sft-600_seed0")
     assert configs["long"].presample.out_dir != configs["short"].presample.out_dir
+
+
+def test_the_nulls_budget_trains_the_variant_on_the_mix_and_shares_pre_sampling_across_eta(reproduce):
+    """The NULL family's comparison: tiny-sql-math-nulls on train@nulls=0.1; DPH-JS at η = 10
+    differs from the tuned DPH-JS only in the term's weight, so a seed's pre-sampling is shared."""
+    from types import SimpleNamespace
+
+    budget = reproduce.BUDGETS["nulls"]
+    args = SimpleNamespace(overrides=budget["config"])
+    tuned, heavy = reproduce.run_config("DPH-JS", args, 1), reproduce.run_config("DPH-JS (η=10)", args, 1)
+    assert heavy.pef_coeff == 10.0 and tuned.pef_coeff != 10.0
+    assert heavy.presample.out_dir == tuned.presample.out_dir
+    assert heavy.presample_config() == tuned.presample_config()
+    for method in budget["methods"]:
+        config = reproduce.run_config(method, args, 0)
+        assert config.model_name == "tiny-sql-math-nulls"
+        assert config.env_config["data"] == "sql_synth/train@nulls=0.1"
+    assert budget["splits"] == ["in-domain", "nulls"] and budget["n"] == 64
+    assert ("DPH-JS (η=10)", "nulls") in reproduce.PRIMARY_ENDPOINTS
+
+
+def test_a_table_of_the_nulls_split_names_its_robust_approach(reproduce):
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from rllib_dph.envs.suites import load_split
+    from rllib_dph.evaluation.results import EvalResult, PromptRecord
+
+    def result(name, share, seed):
+        rng = np.random.default_rng(seed)
+        records = []
+        for i, task in enumerate(load_split("sql_synth/test_nulls")[:20]):
+            styles = ["count_col" if u < share else "count_star" for u in rng.random(8)]
+            records.append(PromptRecord(task_id=task.id, index=i, correct=[s == "count_col" for s in styles],
+                                        answers=styles, styles=styles, num_truncated=0, greedy_correct=False,
+                                        task_fingerprint=task.fingerprint))
+        return EvalResult(records=records, n=8, temperature=1.0, top_p=1.0, max_new_tokens=96, seed=0, ks=[1, 8],
+                          name=name)
+
+    base = {"nulls": result("base", 0.3, 0)}
+    runs = {"GRPO": [{"nulls": result("GRPO", 0.02, 1)}], "DPH-JS (η=10)": [{"nulls": result("DPH-JS", 0.3, 2)}]}
+    text, numbers = reproduce.tables(base, runs, SimpleNamespace(n=8))
+    assert text.splitlines()[0] == "| method | nulls pass@8 | nulls count_col pass@8 | nulls style entropy |"
+    assert numbers["differences"]["DPH-JS (η=10)"]["nulls pass@8 − GRPO"]["ci95"][0] > 0
+    assert "| nulls pass@8 above GRPO (the primary endpoint for DPH-JS (η=10)) | holds" in text

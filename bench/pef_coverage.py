@@ -14,7 +14,8 @@ Three measurements, any of them:
    model only). Evaluations are cached as
    ``<out>/<folder>/<run>.json`` and reused.
 3. ``--styles DIR``: from a ``bench/reproduce_dph.py`` folder's in-domain evaluations
-   (``eval_in-domain.json`` of ``base/`` and of each run), each SQL style's share of the samples
+   (``eval_in-domain.json`` of ``base/`` and of each run; ``--split nulls`` / ``ties``: that family's
+   evaluations and its approaches), each SQL style's share of the samples
    per method, next to the style shares of D_pef's trajectories (``--presample``), with each
    method's paired difference to GRPO and to DAPO per style (intervals over prompts and seeds).
 
@@ -159,26 +160,32 @@ def d_pef_style_shares(folder: pathlib.Path, styles) -> dict[str, float]:
     return {style: named.count(style) / len(named) for style in styles}
 
 
-def in_domain_results(folder: pathlib.Path) -> dict[str, list]:
-    """Policy label ("base", then each method) -> its seeds' in-domain evaluations."""
+#: The style names of each split ``--styles`` reads: the SQL styles in-domain, each family's approaches on its split.
+SPLIT_STYLES = {"in-domain": "sql_synth", "ties": "sql_synth_ties", "nulls": "sql_synth_nulls"}
+
+
+def split_results(folder: pathlib.Path, split: str = "in-domain") -> dict[str, list]:
+    """Policy label ("base", then each method) -> its seeds' evaluations of ``split`` (a key of
+    :data:`SPLIT_STYLES`, as ``bench/reproduce_dph.py`` names its files)."""
     from rllib_dph.evaluation import EvalResult
 
-    results = {"base": [EvalResult.from_json(folder / "base" / "eval_in-domain.json")]}
-    for path in sorted((folder / "runs").glob("*_seed*/eval_in-domain.json")):
+    results = {"base": [EvalResult.from_json(folder / "base" / f"eval_{split}.json")]}
+    for path in sorted((folder / "runs").glob(f"*_seed*/eval_{split}.json")):
         results.setdefault(path.parent.name.rsplit("_seed", 1)[0], []).append(EvalResult.from_json(path))
     return results
 
 
-def style_tables(results: dict[str, list], d_pef: dict[str, float] | None) -> str:
+def style_tables(results: dict[str, list], d_pef: dict[str, float] | None, suite: str = "sql_synth") -> str:
     """Each style's share of the samples per policy (and of D_pef's trajectories) and the style
-    entropy over the five styles (bits, of the counts pooled over prompts and seeds), then each
-    method's paired difference of both to GRPO and to DAPO, with 95 % intervals."""
+    entropy over the styles of ``suite`` (``STYLES[suite]``: the five SQL styles, or a family's
+    two approaches; bits, of the counts pooled over prompts and seeds), then each method's paired
+    difference of both to GRPO and to DAPO, with 95 % intervals."""
     from rllib_dph.envs.suites import STYLES
     from rllib_dph.evaluation import style_entropy
     from rllib_dph.evaluation.intervals import (entropy_interval, format_interval, paired_difference_interval,
                                                 paired_entropy_difference_interval)
 
-    styles = STYLES["sql_synth"]
+    styles = STYLES[suite]
     shares = {name: style_shares(seeds, styles) for name, seeds in results.items()}
     counts = {name: np.array([r.style_matrix(styles) for r in seeds]) for name, seeds in results.items()}  # (S, P, K)
 
@@ -243,7 +250,9 @@ def main() -> None:
     parser.add_argument("--presample", type=pathlib.Path, help="a finished pre-sampling folder (its parts/)")
     parser.add_argument("--runs", type=pathlib.Path, nargs="*",
                         help="bench/reproduce_dph.py output folders (given with none: the base model alone)")
-    parser.add_argument("--styles", type=pathlib.Path, help="a bench/reproduce_dph.py folder with in-domain evaluations")
+    parser.add_argument("--styles", type=pathlib.Path, help="a bench/reproduce_dph.py folder with evaluations of --split")
+    parser.add_argument("--split", choices=list(SPLIT_STYLES), default="in-domain",
+                        help="the split --styles reads: in-domain (the SQL styles) or a family's (its approaches)")
     parser.add_argument("--base", default="tiny-sql-math", help="the base model the runs started from")
     parser.add_argument("--n", type=int, default=64)
     parser.add_argument("--max-new-tokens", type=int, default=96)
@@ -263,9 +272,11 @@ def main() -> None:
                     f"n = {args.n} at temperature 1, {args.max_new_tokens} tokens; in %, 95 % intervals over "
                     f"prompts and seeds:\n\n" + approach_table(base, results, args.n))
     if args.styles:
-        d_pef = d_pef_style_shares(args.presample, STYLES["sql_synth"]) if args.presample else None
-        text.append(f"SQL styles on {SPLIT} (in-domain evaluations of {args.styles}), share of samples in %, 95 % "
-                    "intervals over prompts and seeds:\n\n" + style_tables(in_domain_results(args.styles), d_pef))
+        suite = SPLIT_STYLES[args.split]
+        d_pef = d_pef_style_shares(args.presample, STYLES[suite]) if args.presample and args.split == "in-domain" else None
+        text.append(f"Styles on the {args.split} split ({args.split} evaluations of {args.styles}), share of samples "
+                    "in %, 95 % intervals over prompts and seeds:\n\n"
+                    + style_tables(split_results(args.styles, args.split), d_pef, suite))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.md").write_text("\n\n".join(text) + "\n")
     print("\n\n".join(text))

@@ -81,3 +81,44 @@ def test_style_tables_give_each_styles_share_and_its_paired_difference(coverage)
     assert dph_vs_dapo.startswith("| DPH-JS | 62.5 [")  # plain: 75 % against 12.5 %
     # DPH-JS pools plain 6 and cte 2 (0.81 bits); DAPO every style, subquery 4 of 8 (2.0 bits).
     assert "| -1.19 [" in dph_vs_dapo
+
+
+def test_the_null_familys_approaches_are_counted_in_d_pef(coverage, tmp_path):
+    """Parts of a NULL-family pre-sampling (written here: the shipped model was not trained on the
+    family): its trajectories are named ``count_star`` / ``count_col`` per threshold."""
+    import json
+
+    import pandas as pd
+
+    from rllib_dph.envs.suites import load_split
+    from rllib_dph.models.hub import load_tokenizer
+
+    tokenizer = load_tokenizer("tiny-sql-math")
+    tasks = load_split("sql_synth/train_nulls")[:3]
+
+    def ids(task, approach):
+        return tokenizer(f"```sql\n{task.meta['approaches'][approach]['plain']}\n```")["input_ids"]
+
+    written = [["count_star"] * 4, ["count_star", "count_col"], ["count_col"]]  # pass counts 4, 2, 1 of 4
+    rows = [{"index": i, "pass_count": len(w), "sample_indices": list(range(len(w))),
+             "responses": [ids(tasks[i], a) for a in w], "ref_logps": [[0.0] * len(ids(tasks[i], a)) for a in w]}
+            for i, w in enumerate(written)]
+    (tmp_path / "parts").mkdir()
+    pd.DataFrame(rows).to_parquet(tmp_path / "parts" / "sample-00000.parquet")
+    (tmp_path / "summary.json").write_text(json.dumps(
+        {"config": {"model_name": "tiny-sql-math", "env_config": {"data": "sql_synth/train_nulls[:3]"}}}))
+    by_threshold = {r["min_correct"]: r for r in coverage.pef_composition(tmp_path, thresholds=(4, 2, 1))}
+    assert (by_threshold[4]["count_star"], by_threshold[4]["count_col"]) == (4, 0)
+    assert (by_threshold[2]["count_star"], by_threshold[2]["count_col"]) == (5, 1)
+    assert (by_threshold[1]["count_star"], by_threshold[1]["count_col"]) == (5, 2)
+    assert by_threshold[1]["trajectories"] == by_threshold[1]["two_approach_trajectories"] == 7
+    table = coverage.composition_table(list(by_threshold.values()), tmp_path)
+    assert "`count_col` share of all trajectories" in table and "| 1 | 3 | 7 | 3 | 7 | 5 | 2 | 28.57 % |" in table
+
+
+def test_style_tables_of_a_family_split_use_its_approaches(coverage):
+    star = _result([["count_star"] * 4, ["count_star", "count_star", "count_col", "count_col"]])
+    col = _result([["count_col"] * 4, ["count_col"] * 4])
+    lines = coverage.style_tables({"base": [col], "GRPO": [star]}, None, "sql_synth_nulls").splitlines()
+    assert lines[0] == "| policy | seeds | `count_star` | `count_col` | style entropy (bits) |"
+    assert lines[3].startswith("| GRPO | 1 | 75.0 [")

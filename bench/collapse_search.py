@@ -17,12 +17,15 @@ questions in training. Every setting that was run stays in the table; none is dr
     python bench/collapse_search.py --dry-run                # print the commands only
     python bench/collapse_search.py --table                  # the table of what has been run
     python bench/collapse_search.py --curve                  # pass@64 along training: GRPO and DPH-JS
+    python bench/collapse_search.py --curve --family nulls   # the same on the NULL family (+ DPH-JS at eta 10)
 
 Writes `bench/out/collapse/<setting>/curve.json` (`grpo_budget.py`'s output) and
 `bench/out/collapse/summary.md`. `--curve` (issue #24 item 6) trains the `grpo` and `dph-js`
 settings for the comparison's budget (100 iterations), evaluates every 20 iterations into
 `bench/out/collapse/curves/<setting>/`, and plots pass@64 against iterations for both into
-`docs/collapse_curve.png`.
+`docs/collapse_curve.png`. `--family nulls` does it on the NULL family instead (docs/collapse.md,
+"The NULL family"): its budget's model and training mix, `sql_synth/test_nulls`, the settings
+`grpo`, `dph-js` and `dph-js-eta10`, into `bench/out/collapse/nulls/` and `docs/collapse_nulls_curve.png`.
 """
 
 import argparse
@@ -34,13 +37,21 @@ import sys
 REPO = pathlib.Path(__file__).resolve().parents[1]
 OUT = REPO / "bench/out/collapse"
 SPLIT = "sql_synth/test_ties"
+#: Each family's test split, config overrides of every setting (as `bench/reproduce_dph.py`'s
+#: budget of it), output folder and curve figure.
+FAMILIES = {
+    "ties": dict(split=SPLIT, config={}, out=OUT, png=REPO / "docs/collapse_curve.png", curve="grpo,dph-js"),
+    "nulls": dict(split="sql_synth/test_nulls", out=OUT / "nulls", png=REPO / "docs/collapse_nulls_curve.png",
+                  config={"model_name": "tiny-sql-math-nulls", "env_config": {"data": "sql_synth/train@nulls=0.1"}},
+                  curve="grpo,dph-js,dph-js-eta10"),
+}
 
 #: Overrides of every setting: `extremum` answers run to 74 tokens (`order_limit` to 49), so the
 #: tuned example's 64-token limit would cut the robust approach short; 96 cuts neither.
 COMMON = {"max_response_length": 96}
 GRPO_EXAMPLE = "tuned_examples/grpo/sql_tiny_grpo.py"
 #: Settings that train another tuned example than GRPO's.
-EXAMPLES = {"dph-js": "tuned_examples/dph/sql_tiny_dph_js.py"}
+EXAMPLES = {"dph-js": "tuned_examples/dph/sql_tiny_dph_js.py", "dph-js-eta10": "tuned_examples/dph/sql_tiny_dph_js.py"}
 #: name -> (what it tests, config overrides of its tuned example (GRPO's unless in EXAMPLES), on
 #: top of COMMON).
 SETTINGS: dict[str, tuple[str, dict]] = {
@@ -55,26 +66,29 @@ SETTINGS: dict[str, tuple[str, dict]] = {
     "ties5": ("5 % ties questions in training", {"env_config": {"data": "sql_synth/train@ties=0.05"}}),
     "ties20": ("20 % ties questions in training", {"env_config": {"data": "sql_synth/train@ties=0.2"}}),
     "dph-js": ("not a GRPO setting: the DPH-JS tuned example (8 of 8, all trajectories), for the curve", {}),
+    "dph-js-eta10": ("not a GRPO setting: DPH-JS at 50x the tuned eta, for the NULL family's curve", {"pef_coeff": 10.0}),
 }
 
 
 def out_dir(name: str, args: argparse.Namespace) -> pathlib.Path:
-    """Where a setting's run writes: `curves/<name>` for `--curve`, else `<name>`."""
-    return OUT / "curves" / name if args.curve else OUT / name
+    """Where a setting's run writes: `curves/<name>` for `--curve`, else `<name>` (under the family's folder)."""
+    root = FAMILIES[args.family]["out"]
+    return root / "curves" / name if args.curve else root / name
 
 
 def command(name: str, args: argparse.Namespace) -> list[str]:
     """The `grpo_budget.py` command of one setting."""
     _, overrides = SETTINGS[name]
-    overrides = {**COMMON, **overrides, **json.loads(args.config)}
+    family = FAMILIES[args.family]
+    overrides = {**COMMON, **family["config"], **overrides, **json.loads(args.config)}
     return [sys.executable, str(REPO / "bench/grpo_budget.py"), "--example", str(REPO / EXAMPLES.get(name, GRPO_EXAMPLE)),
-            "--split", SPLIT, "--n", str(args.n),
+            "--split", family["split"], "--n", str(args.n),
             "--limit", str(args.limit), "--iterations", str(args.iterations), "--every", str(args.every),
             "--seed", str(args.seed), "--config", json.dumps(overrides),
-            "--base-cache", str(OUT / "base"), "--out", str(out_dir(name, args))]
+            "--base-cache", str(family["out"] / "base"), "--out", str(out_dir(name, args))]
 
 
-def plot_curves(names: list[str], out_png: pathlib.Path) -> None:
+def plot_curves(names: list[str], family: str) -> None:
     """pass@k at the largest k (and pass@1) against iterations, with 95 % bands, one line per setting."""
     import matplotlib
 
@@ -84,7 +98,7 @@ def plot_curves(names: list[str], out_png: pathlib.Path) -> None:
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for name in names:
-        rows = json.loads((OUT / "curves" / name / "curve.json").read_text())["rows"]
+        rows = json.loads((FAMILIES[family]["out"] / "curves" / name / "curve.json").read_text())["rows"]
         k = max_k(rows[-1]["summary"])
         its = [r["iteration"] for r in rows]
         for metric, style in ((f"pass@{k}", "-"), ("pass@1", ":")):
@@ -93,12 +107,12 @@ def plot_curves(names: list[str], out_png: pathlib.Path) -> None:
             ax.fill_between(its, 100 * np.array(low), 100 * np.array(high), color=drawn.get_color(), alpha=0.12)
     ax.set_ylim(0, 100)
     ax.set_xlabel("training iteration")
-    ax.set_ylabel(f"{SPLIT} (%), 95 % band")
-    ax.set_title("The ties family along training (first 100 prompts, n = 64)", fontsize=9)
+    ax.set_ylabel(f"{FAMILIES[family]['split']} (%), 95 % band")
+    ax.set_title(f"The {family} family along training (first 100 prompts, n = 64)", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out_png, dpi=120)
+    fig.savefig(FAMILIES[family]["png"], dpi=120)
     plt.close(fig)
 
 
@@ -107,14 +121,14 @@ def max_k(summary: dict) -> int:
     return max(int(m.split("@")[1]) for m in summary if m.startswith("pass@") and "/" not in m)
 
 
-def table() -> str:
-    """The markdown table of every setting that has a curve: each evaluation against the base."""
+def table(root: pathlib.Path = OUT) -> str:
+    """The markdown table of every setting under ``root`` that has a curve: each evaluation against the base."""
     from rllib_dph.evaluation.intervals import format_interval
 
     lines = ["| setting | what it tests | iterations | train reward (first 10 → last 10 it.) | pass@1 | pass@k | pass@k − base | collapse |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name, (what, _) in SETTINGS.items():
-        path = OUT / name / "curve.json"
+        path = root / name / "curve.json"
         if not path.is_file():
             continue
         curve = json.loads(path.read_text())
@@ -142,10 +156,11 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--config", default="{}", help="JSON overrides added to every setting")
+    parser.add_argument("--family", choices=list(FAMILIES), default="ties", help="the family to evaluate on (default ties)")
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     parser.add_argument("--table", action="store_true", help="print the table of the runs made, run nothing")
     args = parser.parse_args()
-    args.settings = args.settings or ("grpo,dph-js" if args.curve else ",".join(SETTINGS))
+    args.settings = args.settings or (FAMILIES[args.family]["curve"] if args.curve else ",".join(SETTINGS))
     args.iterations = args.iterations or (100 if args.curve else 200)
     args.every = args.every or (20 if args.curve else 100)
     names = [n for n in args.settings.split(",") if n]
@@ -161,12 +176,13 @@ def main() -> None:
     if args.dry_run:
         return
     if args.curve:
-        plot_curves(names, REPO / "docs/collapse_curve.png")
-        print(f"wrote {REPO / 'docs/collapse_curve.png'}")
+        plot_curves(names, args.family)
+        print(f"wrote {FAMILIES[args.family]['png']}")
         return
-    summary = table()
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "summary.md").write_text(summary + "\n")
+    root = FAMILIES[args.family]["out"]
+    summary = table(root)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "summary.md").write_text(summary + "\n")
     print(summary)
 
 

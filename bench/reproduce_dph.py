@@ -503,6 +503,7 @@ def claims(numbers: dict, k_max: int, methods=DPH_VARIANTS) -> str:
         ("nulls approaches above GRPO (entropy, bits)", "nulls style entropy − GRPO", "above", bits, 1),
         (f"pass@{k_max} above DAPO", f"pass@{k_max} − DAPO", "above", rate, 100),
         (f"ties pass@{k_max} above DAPO", f"ties pass@{k_max} − DAPO", "above", rate, 100),
+        (f"nulls pass@{k_max} above DAPO", f"nulls pass@{k_max} − DAPO", "above", rate, 100),
         ("styles above DAPO (entropy, bits)", "style entropy − DAPO", "above", bits, 1),
     ]
     present = [m for m in methods if m in numbers["differences"]]

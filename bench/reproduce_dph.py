@@ -29,6 +29,7 @@ greedy accuracy, pass@k (n samples), keep / exploration rates against the base m
     python bench/reproduce_dph.py --budget smollm2-600-ties-cpu --out /tmp/r   # and its 2-core budget
     python bench/reproduce_dph.py --budget smollm2-nulls-cpu   # the real model on the NULL family, 2 CPU cores
     python bench/reproduce_dph.py --budget smollm2-nulls-gpu --out /tmp/r   # and on one GPU
+    python bench/reproduce_dph.py --budget smollm2-600-nulls-cpu   # the same on the 5x longer warm start
 
 The `ties` budgets (issue #24, docs/collapse.md) add `sql_synth/test_ties`, where only the base
 model's minority approach is right, and two DPH-JS variants: "DPH-JS" (8 of 8, all trajectories,
@@ -167,15 +168,6 @@ BUDGETS = {
                   config={**TIES_CONFIG, "model_name": "tiny-sql-math-nulls",
                           "env_config": {"data": "sql_synth/train@nulls=0.1"}}),
 }
-# The smollm2-ties-gpu budget, unchanged, on the 5x longer warm start, which writes the ties
-# family's robust approach as a minority (3 % of its test_ties samples; the 120-step one 0.2 %,
-# whose right ties answers are lucky thresholds: docs/collapse.md). Fixed on 2026-11-26 before
-# any run of it; read first GRPO - base (is there a collapse to prevent?), then the endpoint:
-# ties pass@64, DPH-JS - GRPO, paired over prompts.
-# The same for smollm2-ties-cpu (fixed on 2026-11-26 before any run, read the same way with k = 16).
-for _name in ("smollm2-ties-gpu", "smollm2-ties-cpu"):
-    BUDGETS[_name.replace("smollm2-", "smollm2-600-")] = dict(
-        BUDGETS[_name], config={**BUDGETS[_name]["config"], "model_name": "smollm2-135m-sft-600"})
 # The real model on the NULL family (issue #24 item 7; docs/collapse.md, "The NULL family on the
 # real model"; fixed on 2026-11-27 before any run of it): each smollm2-ties-<device> budget on
 # smollm2-135m-sft-nulls (the 120-step warm start with the family in its SFT pool), trained on the
@@ -188,6 +180,19 @@ for _name in ("smollm2-ties-gpu", "smollm2-ties-cpu"):
         BUDGETS[_name], methods=["GRPO", "DPH-JS (η=10)"], splits=["in-domain", "nulls"],
         config={**_config, "model_name": "smollm2-135m-sft-nulls", "env_config": {
             "data": _config["env_config"]["data"].replace("sql_synth/train", "sql_synth/train@nulls=0.1")}})
+
+# The smollm2-ties-gpu budget, unchanged, on the 5x longer warm start, which writes the ties
+# family's robust approach as a minority (3 % of its test_ties samples; the 120-step one 0.2 %,
+# whose right ties answers are lucky thresholds: docs/collapse.md). Fixed on 2026-11-26 before
+# any run of it; read first GRPO - base (is there a collapse to prevent?), then the endpoint:
+# ties pass@64, DPH-JS - GRPO, paired over prompts.
+# The same for smollm2-ties-cpu (fixed on 2026-11-26 before any run, read the same way with k = 16),
+# and for the smollm2-nulls-<device> budgets on smollm2-135m-sft-600-nulls (fixed on 2026-11-27
+# before any run of them: on the 120-step warm start D_pef held 3 prompts of 128, docs/collapse.md).
+for _name in ("smollm2-ties-gpu", "smollm2-ties-cpu", "smollm2-nulls-gpu", "smollm2-nulls-cpu"):
+    _model = BUDGETS[_name]["config"]["model_name"].replace("smollm2-135m-sft", "smollm2-135m-sft-600")
+    BUDGETS[_name.replace("smollm2-", "smollm2-600-")] = dict(
+        BUDGETS[_name], config={**BUDGETS[_name]["config"], "model_name": _model})
 
 
 def eval_path(out: pathlib.Path, split: str) -> pathlib.Path:
@@ -646,7 +651,7 @@ def main() -> None:
                         "smollm2-lora-cpu (GRPO and DPH-JS with LoRA on the real model), smollm2-ties-gpu (the real model "
                         "on the ties family on one GPU), smollm2-600-ties-gpu / -cpu (the same on the 5x longer warm start), "
                         "nulls (the pre-registered comparison on the NULL family, ~45 min), smollm2-nulls-cpu / -gpu "
-                        "(the real model on the NULL family); "
+                        "(the real model on the NULL family), smollm2-600-nulls-cpu / -gpu (on the 5x longer warm start); "
                         "the flags below override any budget's values")
     parser.add_argument("--quick", action="store_true", help="the same as --budget quick")
     parser.add_argument("--seeds", type=int, nargs="+")

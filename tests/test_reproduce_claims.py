@@ -187,13 +187,16 @@ def test_the_fifth_leases_evaluations_are_reused_as_they_are(reproduce, tmp_path
 
 @pytest.mark.parametrize("device", ["gpu", "cpu"])
 def test_the_longer_warm_starts_budgets_change_the_model_only(reproduce, device):
-    """smollm2-600-ties-<device> is smollm2-ties-<device> on smollm2-135m-sft-600, nothing else;
-    its DPH-JS runs pre-sample into a folder of their own (the two warm starts never share D_pef)."""
+    """smollm2-600-ties-<device> is smollm2-ties-<device> on smollm2-135m-sft-600, nothing else
+    (and smollm2-600-nulls-<device> the nulls budget on smollm2-135m-sft-600-nulls); its DPH-JS
+    runs pre-sample into a folder of their own (the two warm starts never share D_pef)."""
     from types import SimpleNamespace
 
     short, long = reproduce.BUDGETS[f"smollm2-ties-{device}"], reproduce.BUDGETS[f"smollm2-600-ties-{device}"]
     assert {k: v for k, v in long.items() if k != "config"} == {k: v for k, v in short.items() if k != "config"}
     assert long["config"] == {**short["config"], "model_name": "smollm2-135m-sft-600"}
+    nulls, long_nulls = reproduce.BUDGETS[f"smollm2-nulls-{device}"], reproduce.BUDGETS[f"smollm2-600-nulls-{device}"]
+    assert long_nulls == {**nulls, "config": {**nulls["config"], "model_name": "smollm2-135m-sft-600-nulls"}}
     configs = {name: reproduce.run_config("DPH-JS", SimpleNamespace(overrides=b["config"]), 0)
                for name, b in (("short", short), ("long", long))}
     assert configs["long"].model_name == "smollm2-135m-sft-600"

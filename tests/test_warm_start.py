@@ -53,18 +53,24 @@ def test_the_longer_smollm2_warm_start_sees_the_ties_approach_five_times_as_ofte
         assert 0.1 < extremum / (extremum + order_limit) < 0.2
 
 
-def test_the_nulls_warm_start_adds_the_null_family_to_the_pool_and_nothing_else():
-    """``smollm2-135m-sft-nulls`` is the 120-step recipe with ``sql_synth/train_nulls`` in its pool;
-    its seeded draw answers about a fifth of the family's questions with `COUNT(col)`."""
+def test_the_nulls_warm_starts_add_the_null_family_to_the_pool_and_nothing_else():
+    """``smollm2-135m-sft-nulls`` is the 120-step recipe with ``sql_synth/train_nulls`` in its pool,
+    ``smollm2-135m-sft-600-nulls`` the same 5x longer; each seeded draw answers about a fifth of
+    the family's questions with `COUNT(col)`."""
     from rllib_dph.envs.suites.sql_query import count_approach
 
     short, nulls = warm_start.WARM_STARTS["smollm2-135m-sft"], warm_start.WARM_STARTS["smollm2-135m-sft-nulls"]
-    assert "smollm2-135m-sft-nulls" in BUNDLED_MODELS
+    long = warm_start.WARM_STARTS["smollm2-135m-sft-600-nulls"]
+    assert {"smollm2-135m-sft-nulls", "smollm2-135m-sft-600-nulls"} <= set(BUNDLED_MODELS)
     assert dataclasses.replace(nulls, splits=short.splits) == short
     assert nulls.splits == (*short.splits, "sql_synth/train_nulls")
-    family = [count_approach(ex["completion"]) for ex in warm_start.training_examples(nulls)
-              if ex["task_id"].startswith("sql_synth/train_nulls/")]
-    assert (len(family), family.count("count_col")) == (183, 33)
+    assert dataclasses.replace(long, sft_steps=short.sft_steps) == nulls and long.sft_steps == 600
+    counts = {}
+    for spec in (nulls, long):
+        family = [count_approach(ex["completion"]) for ex in warm_start.training_examples(spec)
+                  if ex["task_id"].startswith("sql_synth/train_nulls/")]
+        counts[spec.sft_steps] = (len(family), family.count("count_col"))
+    assert counts == {120: (183, 33), 600: (853, 173)}
 
 
 def test_warm_start_trains_records_and_resumes(tmp_path, monkeypatch, tiny_warm_start, base_dir):

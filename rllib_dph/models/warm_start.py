@@ -14,7 +14,8 @@ completion and its end-of-turn token.
 episodes (``rllib_dph.envs.sql_multiturn.sft_traces``: an exploratory query, the env's reply, the
 answer; or the answer at once), the loss on the policy turns only (issue #26, item 6).
 
-``model_name="smollm2-135m-sft"`` (or the 5x longer ``"smollm2-135m-sft-600"``) builds it on
+``model_name="smollm2-135m-sft"`` (or the 5x longer ``"smollm2-135m-sft-600"``, or either with the
+NULL family in its pool: ``"smollm2-135m-sft-nulls"``, ``"smollm2-135m-sft-600-nulls"``) builds it on
 first use into the model cache (or ahead of time: ``rllib build-model smollm2-135m-sft``), with a
 progress bar; an interrupted build resumes from its last checkpoint (every ``checkpoint_every``
 steps). The folder's build record holds the spec, the base model's fingerprint, the loss curve's
@@ -94,6 +95,12 @@ WARM_STARTS: dict[str, WarmStartSpec] = {
     # (suites.NULL_SFT_SHARE), the robust approach of sql_synth/test_nulls (docs/collapse.md).
     "smollm2-135m-sft-nulls": WarmStartSpec(
         base="smollm2-135m-instruct", splits=("sql_synth/train", "math_synth/train", "sql_synth/train_nulls"),
+    ),
+    # And 5x longer, as smollm2-135m-sft-600 is the 120-step recipe: a base model that solves most
+    # training prompts 8 of 8, so that D_pef holds more than a few of them.
+    "smollm2-135m-sft-600-nulls": WarmStartSpec(
+        base="smollm2-135m-instruct", splits=("sql_synth/train", "math_synth/train", "sql_synth/train_nulls"),
+        sft_steps=600,
     ),
     "tiny-sql-math-mt": WarmStartSpec(
         base="tiny-sql-math", splits=("sql_synth/train",), sft_steps=800, batch_size=16, lr=2e-3,

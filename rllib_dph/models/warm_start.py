@@ -83,6 +83,9 @@ class WarmStartSpec:
     multi_turn_share: float = 0.0
 
 
+#: The default SFT splits with the NULL family's ordinary questions added (its ``*-nulls`` warm starts).
+NULL_FAMILY_POOL = (*WarmStartSpec.splits, "sql_synth/train_nulls")
+
 #: The warm starts by model name.
 WARM_STARTS: dict[str, WarmStartSpec] = {
     "smollm2-135m-sft": WarmStartSpec(base="smollm2-135m-instruct"),
@@ -93,15 +96,10 @@ WARM_STARTS: dict[str, WarmStartSpec] = {
     # The 120-step recipe with the NULL family's ordinary questions added to the pool (as
     # tiny-sql-math-nulls adds them to the tiny recipe): 20 % of their answers `COUNT(col)`
     # (suites.NULL_SFT_SHARE), the robust approach of sql_synth/test_nulls (docs/collapse.md).
-    "smollm2-135m-sft-nulls": WarmStartSpec(
-        base="smollm2-135m-instruct", splits=("sql_synth/train", "math_synth/train", "sql_synth/train_nulls"),
-    ),
+    "smollm2-135m-sft-nulls": WarmStartSpec(base="smollm2-135m-instruct", splits=NULL_FAMILY_POOL),
     # And 5x longer, as smollm2-135m-sft-600 is the 120-step recipe: a base model that solves most
     # training prompts 8 of 8, so that D_pef holds more than a few of them.
-    "smollm2-135m-sft-600-nulls": WarmStartSpec(
-        base="smollm2-135m-instruct", splits=("sql_synth/train", "math_synth/train", "sql_synth/train_nulls"),
-        sft_steps=600,
-    ),
+    "smollm2-135m-sft-600-nulls": WarmStartSpec(base="smollm2-135m-instruct", splits=NULL_FAMILY_POOL, sft_steps=600),
     "tiny-sql-math-mt": WarmStartSpec(
         base="tiny-sql-math", splits=("sql_synth/train",), sft_steps=800, batch_size=16, lr=2e-3,
         warmup_steps=20, checkpoint_every=200, multi_turn_share=0.5,

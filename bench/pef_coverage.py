@@ -101,8 +101,9 @@ def pef_composition(folder: pathlib.Path, thresholds=THRESHOLDS) -> list[dict]:
 
 
 def composition_table(rows: list[dict], folder: pathlib.Path) -> str:
-    approaches = [a for family in family_sources() for a in family if a in rows[0]]
-    robust = [robust for _, robust in family_sources() if robust in rows[0]]
+    families = family_sources()
+    approaches = [a for family in families for a in family if a in rows[0]]
+    robust = [robust for _, robust in families if robust in rows[0]]
     lines = [f"D_pef of {folder} (`pef_samples=\"all\"`) under each threshold:", "",
              "| min_correct of 8 | D_pef prompts | trajectories | two-approach prompts | their trajectories | "
              + " | ".join(f"`{a}`" for a in approaches) + " | "

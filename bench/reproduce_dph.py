@@ -97,6 +97,8 @@ PAPER_METHODS = ["GRPO", "DAPO", "RKL", "DPH-F", "DPH-JS", "alpha=0.5"]
 #: overrides of every run (`extremum` answers run to 74 tokens, so 96 cuts none).
 TIES_METHODS = ["GRPO", "DAPO", "RKL", "DPH-F", "DPH-JS", "DPH-JS (refine)"]
 TIES_CONFIG = {"max_response_length": 96}
+#: The NULL family's training data: sql_synth/train with 10 % of the family's ordinary questions.
+NULLS_MIX = "sql_synth/train@nulls=0.1"
 BUDGETS = {
     "full": dict(seeds=[0, 1, 2], iterations=100, eval_limit=None, n=32),
     "quick": dict(seeds=[0], iterations=36, eval_limit=100, n=16),
@@ -166,7 +168,7 @@ BUDGETS = {
     "nulls": dict(seeds=[0, 1, 2], iterations=100, eval_limit=None, n=64, max_new_tokens=96,
                   methods=["GRPO", "DAPO", "DPH-JS", "DPH-JS (η=10)"], splits=["in-domain", "nulls"],
                   config={**TIES_CONFIG, "model_name": "tiny-sql-math-nulls",
-                          "env_config": {"data": "sql_synth/train@nulls=0.1"}}),
+                          "env_config": {"data": NULLS_MIX}}),
 }
 # The real model on the NULL family (issue #24 item 7; docs/collapse.md, "The NULL family on the
 # real model"; fixed on 2026-11-27 before any run of it): each smollm2-ties-<device> budget on
@@ -179,7 +181,7 @@ for _name in ("smollm2-ties-gpu", "smollm2-ties-cpu"):
     BUDGETS[_name.replace("ties", "nulls")] = dict(
         BUDGETS[_name], methods=["GRPO", "DPH-JS (η=10)"], splits=["in-domain", "nulls"],
         config={**_config, "model_name": "smollm2-135m-sft-nulls", "env_config": {
-            "data": _config["env_config"]["data"].replace("sql_synth/train", "sql_synth/train@nulls=0.1")}})
+            "data": _config["env_config"]["data"].replace("sql_synth/train", NULLS_MIX)}})
 
 # The smollm2-ties-gpu budget, unchanged, on the 5x longer warm start, which writes the ties
 # family's robust approach as a minority (3 % of its test_ties samples; the 120-step one 0.2 %,

@@ -361,7 +361,8 @@ def _row_cells(per_seed: list[dict], base: dict, k_mid: int, k_max: int, is_base
             base["in-domain"].per_prompt(f"pass@{k_max}"), stack(split("in-domain"), f"pass@{k_max}")
         )
         for name, key, ci in (("keep", "keep_rate", keep_ci), ("explore", "exploration_rate", explore_ci)):
-            mean = float(np.nanmean([x[key] for x in rates]))
+            values = np.array([x[key] for x in rates], dtype=float)  # NaN where no prompt qualifies
+            mean = float(values[np.isfinite(values)].mean()) if np.isfinite(values).any() else float("nan")
             cells[name] = (format_interval(mean, ci, scale=100), {"mean": mean, "ci95": list(ci)})
     for name in ENTROPY_SPLITS:
         if name in ran:
@@ -551,7 +552,7 @@ def claims(numbers: dict, k_max: int, methods=DPH_VARIANTS) -> str:
 
 
 def plots(base: dict, runs: dict, out: pathlib.Path) -> None:
-    """Seed 0's figures: pass@k curves with bands and per-style pass@k bars for every evaluated split
+    """The first seed's figures (of ``--seeds``): pass@k curves with bands and per-style pass@k bars for every evaluated split
     (`pass_at_k[_<split>].png`, `style_pass_at_k[_<split>].png`; in-domain unsuffixed), and the
     in-domain and ties style shares like the paper's Figure 4 (`styles[_ties].png`), and every run's training
     reward per iteration (`train_reward.png`)."""

@@ -17,8 +17,13 @@ import torch
 
 
 @functools.lru_cache(maxsize=None)
-def _takes_cache(forward_owner: type) -> bool:
+def _forward_takes_cache(forward_owner: type) -> bool:
     return "cache" in inspect.signature(forward_owner.forward).parameters
+
+
+@torch.compiler.assume_constant_result  # a compiled decode step reads it as a constant, untraced
+def _takes_cache(forward_owner: type) -> bool:
+    return _forward_takes_cache(forward_owner)
 
 
 def cache_kwargs(module: torch.nn.Module, cache: Any) -> dict[str, Any]:

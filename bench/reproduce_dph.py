@@ -552,10 +552,10 @@ def claims(numbers: dict, k_max: int, methods=DPH_VARIANTS) -> str:
 
 
 def plots(base: dict, runs: dict, out: pathlib.Path) -> None:
-    """The first seed's figures (of ``--seeds``): pass@k curves with bands and per-style pass@k bars for every evaluated split
-    (`pass_at_k[_<split>].png`, `style_pass_at_k[_<split>].png`; in-domain unsuffixed), and the
-    in-domain and ties style shares like the paper's Figure 4 (`styles[_ties].png`), and every run's training
-    reward per iteration (`train_reward.png`)."""
+    """The first seed's figures (of ``--seeds``): pass@k curves with bands and per-style pass@k bars
+    for every evaluated split (`pass_at_k[_<split>].png`, `style_pass_at_k[_<split>].png`;
+    in-domain unsuffixed), the style shares of the entropy splits like the paper's Figure 4
+    (`styles[_<split>].png`), and every run's training reward per iteration (`train_reward.png`)."""
     from rllib_dph.evaluation import plot_pass_at_k, plot_style_pass_at_k
 
     for split in base:

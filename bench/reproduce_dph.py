@@ -9,10 +9,12 @@ greedy accuracy, pass@k (n samples), keep / exploration rates against the base m
 - `results.md`: Markdown tables in the layout of the paper's Tables 1 and 2 (mean over seeds and
   prompts with 95 % bootstrap intervals, both redrawn), and each method's paired difference to the
   base model and to GRPO;
-- `pass_at_k.png`, `pass_at_k_<split>.png`: pass@k curves with 95 % bands, per split (seed 0);
+- `pass_at_k.png`, `pass_at_k_<split>.png`: pass@k curves with 95 % bands, per split (every seed
+  of `--seeds` pooled, as in the tables);
 - `style_pass_at_k.png`, `style_pass_at_k_<split>.png`: pass@k per solution style (on the ties
-  split: per approach) with error bars;
-- `styles.png` (`styles_ties.png`): solution-style distributions on the in-domain (ties) split, like the paper's Figure 4;
+  split: per approach) with error bars, seeds pooled;
+- `styles.png` (`styles_ties.png`): solution-style distributions on the in-domain (ties) split,
+  like the paper's Figure 4, the seeds' samples counted together;
 - `runs/<method>_seed<s>/...`: checkpoints and per-split evaluation JSON;
 - `summary.json`: every number in the tables.
 
@@ -300,15 +302,6 @@ def train(method: str, seed: int, out: pathlib.Path, args) -> pathlib.Path:
     return ckpt
 
 
-def stack(results: list, metric: str) -> np.ndarray:
-    """(S, P) per-prompt values of ``metric`` (``EvalResult.per_prompt``) of one split over seeds."""
-    ids = [r.task_id for r in results[0].records]
-    for result in results[1:]:
-        if [r.task_id for r in result.records] != ids:
-            raise ValueError(f"{result.label}: its prompts differ from {results[0].label}'s; evaluate all runs alike.")
-    return np.array([result.per_prompt(metric) for result in results])
-
-
 def cell(values: np.ndarray) -> tuple[str, dict]:
     """``"62.0 [48.0, 74.0]"``: the mean in % over seeds and prompts with its 95 % interval (both redrawn)."""
     from rllib_dph.evaluation.intervals import format_interval, mean_interval
@@ -336,7 +329,7 @@ def _entropy_cell(results: list) -> tuple[str, dict]:
 
 def _row_cells(per_seed: list[dict], base: dict, k_mid: int, k_max: int, is_base: bool) -> dict:
     """The cells of one method's row, for the splits it was evaluated on: metric name -> (text, numbers)."""
-    from rllib_dph.evaluation import compare
+    from rllib_dph.evaluation import compare, seed_matrix
     from rllib_dph.evaluation.intervals import format_interval, keep_exploration_intervals
 
     def split(name: str) -> list:
@@ -345,20 +338,20 @@ def _row_cells(per_seed: list[dict], base: dict, k_mid: int, k_max: int, is_base
     ran = per_seed[0]  # the splits this method was evaluated on
     cells = {}
     if "in-domain" in ran:
-        cells["greedy"] = cell(stack(split("in-domain"), "greedy_accuracy"))
-        cells.update({f"pass@{k}": cell(stack(split("in-domain"), f"pass@{k}")) for k in (1, k_mid, k_max)})
+        cells["greedy"] = cell(seed_matrix(split("in-domain"), "greedy_accuracy"))
+        cells.update({f"pass@{k}": cell(seed_matrix(split("in-domain"), f"pass@{k}")) for k in (1, k_mid, k_max)})
     for name in ("cross-domain", "math (OOD)"):
         if name in ran:
-            cells[f"{PREFIX[name]}greedy"] = cell(stack(split(name), "greedy_accuracy"))
-            cells[f"{PREFIX[name]}pass@{k_max}"] = cell(stack(split(name), f"pass@{k_max}"))
+            cells[f"{PREFIX[name]}greedy"] = cell(seed_matrix(split(name), "greedy_accuracy"))
+            cells[f"{PREFIX[name]}pass@{k_max}"] = cell(seed_matrix(split(name), f"pass@{k_max}"))
     for family, robust in FAMILIES.items():
         if family in ran:
-            cells[f"{family} pass@{k_max}"] = cell(stack(split(family), f"pass@{k_max}"))
-            cells[f"{family} {robust} pass@{k_max}"] = cell(stack(split(family), f"pass@{k_max}/{robust}"))
+            cells[f"{family} pass@{k_max}"] = cell(seed_matrix(split(family), f"pass@{k_max}"))
+            cells[f"{family} {robust} pass@{k_max}"] = cell(seed_matrix(split(family), f"pass@{k_max}/{robust}"))
     if not is_base and "in-domain" in ran:
         rates = [compare(r, base["in-domain"], k_max) for r in split("in-domain")]
         keep_ci, explore_ci = keep_exploration_intervals(
-            base["in-domain"].per_prompt(f"pass@{k_max}"), stack(split("in-domain"), f"pass@{k_max}")
+            base["in-domain"].per_prompt(f"pass@{k_max}"), seed_matrix(split("in-domain"), f"pass@{k_max}")
         )
         for name, key, ci in (("keep", "keep_rate", keep_ci), ("explore", "exploration_rate", explore_ci)):
             values = np.array([x[key] for x in rates], dtype=float)  # NaN where no prompt qualifies
@@ -406,6 +399,7 @@ def references(base: dict, runs: dict) -> list[tuple[str, str, list]]:
 
 def differences(base: dict, runs: dict, k_max: int, numbers: dict) -> str:
     """A Markdown table of each method's paired difference to the base model, GRPO and DAPO."""
+    from rllib_dph.evaluation import seed_matrix
     from rllib_dph.evaluation.intervals import format_interval, paired_difference_interval
 
     metrics = [("in-domain", "greedy_accuracy", "greedy"), ("in-domain", "pass@1", "pass@1"),
@@ -425,7 +419,7 @@ def differences(base: dict, runs: dict, k_max: int, numbers: dict) -> str:
                 if ref_name == method:
                     texts.append("—")
                     continue
-                a, b = stack([r[split] for r in per_seed], metric), stack([r[split] for r in ref_seeds], metric)
+                a, b = seed_matrix([r[split] for r in per_seed], metric), seed_matrix([r[split] for r in ref_seeds], metric)
                 diff, ci = float(a.mean() - b.mean()), paired_difference_interval(a, b)
                 texts.append(format_interval(diff, ci, scale=100))
                 numbers["differences"].setdefault(method, {})[f"{label} − {ref}"] = {"mean": diff, "ci95": list(ci)}
@@ -552,15 +546,16 @@ def claims(numbers: dict, k_max: int, methods=DPH_VARIANTS) -> str:
 
 
 def plots(base: dict, runs: dict, out: pathlib.Path) -> None:
-    """The first seed's figures (of ``--seeds``): pass@k curves with bands and per-style pass@k bars
-    for every evaluated split (`pass_at_k[_<split>].png`, `style_pass_at_k[_<split>].png`;
-    in-domain unsuffixed), the style shares of the entropy splits like the paper's Figure 4
+    """The figures of every seed of ``--seeds`` pooled, as the tables pool them (the mean over
+    seeds and prompts, bands that redraw both): pass@k curves and per-style pass@k bars for every
+    evaluated split (`pass_at_k[_<split>].png`, `style_pass_at_k[_<split>].png`; in-domain
+    unsuffixed), the style shares of the entropy splits like the paper's Figure 4
     (`styles[_<split>].png`), and every run's training reward per iteration (`train_reward.png`)."""
     from rllib_dph.evaluation import plot_pass_at_k, plot_style_pass_at_k
 
     for split in base:
         suffix = "" if split == "in-domain" else f"_{split.split()[0]}"
-        results = [base[split]] + [seeds[0][split] for seeds in runs.values()]
+        results = [base[split]] + [[seed[split] for seed in seeds] for seeds in runs.values()]
         plot_pass_at_k(results, out / f"pass_at_k{suffix}.png")
         if any(s != "none" for r in results for s in r.style_counts()):
             plot_style_pass_at_k(results, out / f"style_pass_at_k{suffix}.png")
@@ -595,14 +590,14 @@ def train_rewards(out: pathlib.Path, out_png: pathlib.Path, window: int = 5) -> 
 
 
 def style_shares(base: dict, runs: dict, split: str, out_png: pathlib.Path) -> None:
-    """Bars of how often each SQL style is sampled on ``split`` (seed 0), per method."""
+    """Bars of how often each SQL style is sampled on ``split``, per method, its seeds' samples counted together."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     labels = ["Base model"] + list(runs)
-    counts = [base[split].style_counts()] + [seeds[0][split].style_counts() for seeds in runs.values()]
+    counts = [base[split].style_counts()] + [_pooled_style_counts([seed[split] for seed in seeds]) for seeds in runs.values()]
     styles = sorted({s for c in counts for s in c if s != "none"})
     if not styles:
         return  # no completion had an answer block: nothing to draw
@@ -613,10 +608,18 @@ def style_shares(base: dict, runs: dict, split: str, out_png: pathlib.Path) -> N
         ax.bar(np.arange(len(labels)) + j * width, shares, width, label=style)
     ax.set_xticks(np.arange(len(labels)) + 0.4 - width / 2, labels)
     ax.set_ylabel("share of sampled SQL solutions")
-    ax.set_title(f"Solution styles on the {split} test split (seed 0)")
+    num_seeds = sorted({len(seeds) for seeds in runs.values()})
+    ax.set_title(f"Solution styles on the {split} test split ({'/'.join(map(str, num_seeds))} seeds per method)")
     ax.legend(ncol=3, fontsize=8)
     fig.tight_layout()
     fig.savefig(out_png, dpi=120)
+
+
+def _pooled_style_counts(results: list) -> dict:
+    """Number of sampled completions per solution style over every result (a method's seeds)."""
+    from collections import Counter
+
+    return dict(sum((Counter(r.style_counts()) for r in results), Counter()))
 
 
 def prepare(runs: list[tuple[str, int]], args) -> None:

@@ -35,6 +35,7 @@ from rllib_dph.evaluation import (
     pass_at_k,
     plot_pass_at_k,
     plot_style_pass_at_k,
+    seed_matrix,
     style_entropy,
     style_pass_at_k,
 )
@@ -371,6 +372,43 @@ def test_style_pass_and_distinct_solutions_in_summary_intervals_compare_table_an
         plot_style_pass_at_k([baseline], tmp_path / "x.png", k=8)
     with pytest.raises(ValueError, match="no result recorded a solution style"):
         plot_style_pass_at_k([result_of([record("t0", [1, 0, 0, 0])])], tmp_path / "x.png")
+
+
+def test_one_runs_seeds_are_pooled_in_the_plots_as_the_tables_pool_them(tmp_path, monkeypatch):
+    from rllib_dph.evaluation import results as results_module
+    from rllib_dph.evaluation.intervals import mean_interval
+
+    def seed(name, outcomes):
+        result = result_of([record(f"t{i}", c, styles=["plain", "cte", "plain", "cte"], index=i)
+                            for i, c in enumerate(outcomes)])
+        result.name = name
+        return result
+
+    base = seed("base", [[1, 0, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]])
+    seeds = [seed("tuned", [[1, 1, 0, 0], [0, 0, 0, 0], [0, 0, 1, 0]]), seed("tuned", [[0, 0, 0, 0], [1, 0, 0, 0], [1, 1, 1, 1]])]
+    matrix = seed_matrix(seeds, "pass@2")  # (S=2, P=3)
+    assert matrix.shape == (2, 3)
+    np.testing.assert_allclose(matrix, [seeds[0].pass_at(2), seeds[1].pass_at(2)])
+
+    figures = []
+    monkeypatch.setattr(results_module, "_save", lambda fig, out: figures.append(fig) or out)
+    plot_pass_at_k([base, seeds], tmp_path / "p.png")
+    ax = figures[-1].axes[0]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["base", "tuned (2 seeds)"]
+    pooled = ax.lines[1].get_ydata()
+    np.testing.assert_allclose(pooled, [100 * seed_matrix(seeds, f"pass@{k}").mean() for k in seeds[0].ks])
+    band = ax.collections[1].get_paths()[0].vertices[:, 1]  # the band's outline: its lows and highs
+    assert 100 * mean_interval(seed_matrix(seeds, "pass@1"))[0] == pytest.approx(band.min())
+
+    plot_style_pass_at_k([base, seeds], tmp_path / "s.png", k=2)
+    bars = [patch.get_height() for patch in figures[-1].axes[0].patches]  # base's styles, then tuned's
+    assert bars[2:] == pytest.approx([100 * seed_matrix(seeds, f"pass@2/{style}").mean() for style in ("plain", "cte")])
+
+    other = seed("tuned", [[1, 1, 1, 1], [0, 0, 0, 0]])  # two prompts, not the first seed's three
+    with pytest.raises(ValueError, match="not the same prompts in the same order"):
+        plot_pass_at_k([base, [seeds[0], other]], tmp_path / "x.png")
+    with pytest.raises(ValueError, match="run 2 is an empty list"):
+        plot_pass_at_k([base, []], tmp_path / "x.png")
 
 
 def test_results_written_before_solution_keys_still_load_and_report_the_rest(tmp_path):

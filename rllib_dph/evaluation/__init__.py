@@ -6,8 +6,8 @@ Three modules, one concern each:
 
 - :mod:`~rllib_dph.evaluation.metrics`: pure functions of per-prompt outcomes (pass@k, ...);
 - :mod:`~rllib_dph.evaluation.results`: :class:`PromptRecord`, :class:`EvalResult` and its
-  files (JSON, CSV), :func:`compare` with a baseline, :func:`plot_pass_at_k`,
-  :func:`plot_style_pass_at_k`, :func:`format_summary`;
+  files (JSON, CSV), :func:`compare` with a baseline, :func:`seed_matrix` (one run's seeds),
+  :func:`plot_pass_at_k`, :func:`plot_style_pass_at_k`, :func:`format_summary`;
 - :mod:`~rllib_dph.evaluation.runner`: :class:`EvalSettings`, :func:`evaluate_engine` (a built
   engine and env, e.g. during training), :func:`evaluate` (names or an RLlib checkpoint).
 
@@ -25,6 +25,7 @@ again::
     compare(tuned, base, k=16)["pass_diff/cte"], compare(tuned, base, k=16)["pass_diff_ci/cte"]
     plot_pass_at_k([base, tuned], "pass_at_k.png")
     plot_style_pass_at_k([base, tuned], "style_pass_at_k.png")  # bars per style at the largest k
+    plot_pass_at_k([base, [tuned_seed0, tuned_seed1]], "seeds.png")  # a list: one run's seeds, pooled
 
 During training, :meth:`EvalResult.flat_metrics` gives the floats to log. The command line is
 ``rllib evaluate`` (see ``rllib_dph.cli``).
@@ -51,6 +52,7 @@ from rllib_dph.evaluation.results import (
     diversity_differences,
     plot_pass_at_k,
     plot_style_pass_at_k,
+    seed_matrix,
 )
 from rllib_dph.evaluation.runner import (
     EvalSettings,
@@ -82,6 +84,7 @@ __all__ = [
     "pass_at_k",
     "plot_pass_at_k",
     "plot_style_pass_at_k",
+    "seed_matrix",
     "style_entropy",
     "style_pass_at_k",
 ]

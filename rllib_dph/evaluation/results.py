@@ -435,16 +435,19 @@ def diversity_differences(result: EvalResult, baseline: EvalResult, k: int) -> d
 
 
 def plot_pass_at_k(
-    results: Sequence[EvalResult | str | os.PathLike],
+    results: Sequence[EvalResult | str | os.PathLike | Sequence[EvalResult | str | os.PathLike]],
     out_png: str | os.PathLike,
     *,
     title: Optional[str] = None,
 ) -> Path:
-    """Plots pass@k against k (log2 axis, 0-100 %) with 95 % bands, one line per evaluation.
+    """Plots pass@k against k (log2 axis, 0-100 %) with 95 % bands, one line per run.
 
     Args:
         results: Evaluations of one data set (the same env and env config), or paths of their
-            JSON files; each is labelled by its ``label`` (``run <i>`` when it has none).
+            JSON files; an entry that is a list is one run's seeds on the same prompts, drawn as
+            their mean over seeds and prompts with the interval that redraws both
+            (:func:`~rllib_dph.evaluation.intervals.mean_interval`). Each line is labelled by its
+            first evaluation's ``label`` (``run <i>`` when it has none), plus the number of seeds.
         out_png: Where to write the figure (parent folders created).
         title: Figure title; by default the env and its data.
 
@@ -452,20 +455,22 @@ def plot_pass_at_k(
         The path of the PNG.
 
     Raises:
-        ValueError: when the results come from different data sets (one title would mislabel them).
+        ValueError: when the results come from different data sets (one title would mislabel
+            them), or one run's seeds were evaluated on different prompts (:func:`seed_matrix`).
     """
     import matplotlib
 
     plt = _pyplot()
-    loaded, data_set = _one_data_set(results, "plot_pass_at_k")
+    runs, data_set = _runs(results, "plot_pass_at_k")
     fig, ax = plt.subplots(figsize=(6, 4))
-    for i, r in enumerate(loaded):
-        per_prompt = [r.pass_at(k) for k in r.ks]
-        line, = ax.plot(r.ks, [100 * np.mean(v) for v in per_prompt], marker="o", label=r.label or f"run {i + 1}")
-        low, high = zip(*(mean_interval(v) for v in per_prompt))
-        ax.fill_between(r.ks, 100 * np.array(low), 100 * np.array(high), color=line.get_color(), alpha=0.15)
+    for i, run in enumerate(runs):
+        ks = [k for k in run[0].ks if all(k in r.ks for r in run)]  # the ks every seed has
+        per_k = [seed_matrix(run, f"pass@{k}") for k in ks]  # each (S, P)
+        line, = ax.plot(ks, [100 * v.mean() for v in per_k], marker="o", label=_run_label(run, i))
+        low, high = zip(*(mean_interval(v) for v in per_k))
+        ax.fill_between(ks, 100 * np.array(low), 100 * np.array(high), color=line.get_color(), alpha=0.15)
     ax.set_xscale("log", base=2)
-    ax.set_xticks(sorted({k for r in loaded for k in r.ks}))
+    ax.set_xticks(sorted({k for run in runs for r in run for k in r.ks}))
     ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
     ax.set_ylim(0, 100)
     ax.set_xlabel("k")
@@ -477,7 +482,7 @@ def plot_pass_at_k(
 
 
 def plot_style_pass_at_k(
-    results: Sequence[EvalResult | str | os.PathLike],
+    results: Sequence[EvalResult | str | os.PathLike | Sequence[EvalResult | str | os.PathLike]],
     out_png: str | os.PathLike,
     *,
     k: Optional[int] = None,
@@ -488,8 +493,9 @@ def plot_style_pass_at_k(
     draws such bars for how often each style is sampled; these score the correct samples).
 
     Args:
-        results: Evaluations of one data set, or paths of their JSON files (as for
-            :func:`plot_pass_at_k`); the styles are those any of them sampled.
+        results: Evaluations of one data set, or paths of their JSON files, an entry that is a
+            list being one run's seeds (as for :func:`plot_pass_at_k`); the styles are those any
+            of them sampled.
         out_png: Where to write the figure (parent folders created).
         k: The k, at most every result's n; None: the smallest of the results' largest k.
         title: Figure title; by default the env, its data and k.
@@ -498,10 +504,12 @@ def plot_style_pass_at_k(
         The path of the PNG.
 
     Raises:
-        ValueError: different data sets, no recorded solution style, or k larger than some n.
+        ValueError: different data sets, one run's seeds on different prompts, no recorded
+            solution style, or k larger than some n.
     """
     plt = _pyplot()
-    loaded, data_set = _one_data_set(results, "plot_style_pass_at_k")
+    runs, data_set = _runs(results, "plot_style_pass_at_k")
+    loaded = [r for run in runs for r in run]
     styles = list(dict.fromkeys(style for r in loaded for style in r.solution_styles()))
     k = min(max(r.ks) for r in loaded) if k is None else k
     if not styles:
@@ -515,14 +523,14 @@ def plot_style_pass_at_k(
             f"plot_style_pass_at_k: k={k} must be in [1, n] for every result (n = {ns}); give a smaller k."
         )
     fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(styles) + 2), 4))
-    width = 0.8 / len(loaded)
-    for i, r in enumerate(loaded):
-        per_prompt = [r.per_prompt(f"pass@{k}/{style}") for style in styles]
-        values = 100 * np.array([np.mean(v) for v in per_prompt])
-        low, high = (100 * np.array(bound) for bound in zip(*(mean_interval(v) for v in per_prompt)))
-        x = np.arange(len(styles)) + (i - (len(loaded) - 1) / 2) * width
+    width = 0.8 / len(runs)
+    for i, run in enumerate(runs):
+        per_style = [seed_matrix(run, f"pass@{k}/{style}") for style in styles]  # each (S, P)
+        values = 100 * np.array([v.mean() for v in per_style])
+        low, high = (100 * np.array(bound) for bound in zip(*(mean_interval(v) for v in per_style)))
+        x = np.arange(len(styles)) + (i - (len(runs) - 1) / 2) * width
         errors = np.clip([values - low, high - values], 0, None)
-        ax.bar(x, values, width, yerr=errors, capsize=3, label=r.label or f"run {i + 1}")
+        ax.bar(x, values, width, yerr=errors, capsize=3, label=_run_label(run, i))
     ax.set_xticks(np.arange(len(styles)), styles)
     ax.set_ylim(0, 100)
     ax.set_xlabel("solution style")
@@ -541,6 +549,48 @@ def _pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def seed_matrix(run: Sequence[EvalResult], metric: str) -> np.ndarray:
+    """(S, P) per-prompt values of ``metric`` (:meth:`EvalResult.per_prompt`) of one run's S seeds.
+
+    Raises:
+        ValueError: a seed's records are not the first seed's prompts in the same order (task ids,
+            and :func:`check_same_tasks`): their values cannot be averaged prompt by prompt.
+    """
+    first = run[0]
+    ids = [r.task_id for r in first.records]
+    for other in run[1:]:
+        if [r.task_id for r in other.records] != ids:
+            raise ValueError(
+                f"{other.label!r} holds {len(other.records)} prompts, {first.label!r} {len(ids)}, not the same "
+                "prompts in the same order: one run's seeds are averaged prompt by prompt; evaluate every seed "
+                "on the same prompts."
+            )
+        check_same_tasks(other, first)
+    return np.array([r.per_prompt(metric) for r in run], dtype=float)
+
+
+def _run_label(run: Sequence[EvalResult], i: int) -> str:
+    """A run's legend entry: its first evaluation's label (``run <i+1>`` without one), and its seeds."""
+    label = run[0].label or f"run {i + 1}"
+    return label if len(run) == 1 else f"{label} ({len(run)} seeds)"
+
+
+def _runs(results: Sequence, caller: str) -> tuple[list[list[EvalResult]], str]:
+    """The results as runs (an entry that is a list or tuple is one run's seeds; any other is a
+    run of one), JSON paths read, and their one data set (:func:`_one_data_set`).
+
+    Raises:
+        ValueError: an empty run, or results from different data sets.
+    """
+    groups = [list(r) if isinstance(r, (list, tuple)) else [r] for r in results]
+    if any(not g for g in groups):
+        raise ValueError(f"{caller}: run {[len(g) for g in groups].index(0) + 1} is an empty list; give each run "
+                         "one evaluation or a list of its seeds' evaluations.")
+    loaded, data_set = _one_data_set([r for g in groups for r in g], caller)
+    flat = iter(loaded)
+    return [[next(flat) for _ in g] for g in groups], data_set
 
 
 def _one_data_set(results: Sequence[EvalResult | str | os.PathLike], caller: str) -> tuple[list[EvalResult], str]:

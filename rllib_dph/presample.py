@@ -86,6 +86,9 @@ STALE_DIR = "stale"
 #: in the training config) and training must match (see :func:`prepare_pef`), each with the
 #: :class:`~rllib_dph.engines.base.SamplingParams` field it is read from.
 SAMPLING_SETTINGS = {"temperature": "temperature", "top_p": "top_p", "max_response_length": "max_new_tokens"}
+#: The ``PresampleConfig`` fields that decide which prompts and trajectories D_pef holds (the
+#: paper's Table 4 rows: k, the "m of k" threshold, the trajectories kept, "full data").
+SELECTION_SETTINGS = ("k", "min_correct", "pef_samples", "full_data")
 #: Version of the D_pef file layout: 3 = one row per trajectory, ``pef_samples`` recorded.
 SCHEMA_VERSION = 3
 #: The named choices of ``PresampleConfig.pef_samples`` (an integer n >= 1 is the third kind).
@@ -275,7 +278,7 @@ def identity_settings(config: PresampleConfig) -> dict[str, Any]:
     """The selection and sampling settings that decide what a pre-sampling directory holds, beside
     the model and the data (:func:`run_identity`; ``preflight`` reads the same to refuse sweeps
     whose trials would share a directory while differing in one of them)."""
-    settings = {name: getattr(config, name) for name in ("k", "min_correct", "pef_samples", "full_data")}
+    settings = {name: getattr(config, name) for name in SELECTION_SETTINGS}
     settings["seed"], settings["prompts_per_chunk"] = config.sampling.seed, config.prompts_per_chunk
     return {**settings, **{key: getattr(config.sampling, name) for key, name in SAMPLING_SETTINGS.items()}}
 
@@ -563,8 +566,9 @@ def prepare_pef(config, *, progress: bool = True) -> tuple[str, Optional[str]]:
 
 def check_pef_file(path: str, config, *, fingerprint: str) -> None:
     """Refuses a D_pef file (:class:`PefFileError`) that is missing or empty, or whose folder's
-    :data:`IDENTITY_FILE` names other sampling settings than ``config``'s or a model fingerprint
-    other than ``fingerprint`` (the policy's); see :func:`prepare_pef`."""
+    :data:`IDENTITY_FILE` is missing, predates ``pef_samples`` (schema 2), or names other
+    selection settings (:data:`SELECTION_SETTINGS`) or sampling settings than ``config``'s or a
+    model fingerprint other than ``fingerprint`` (the policy's); see :func:`prepare_pef`."""
     if not os.path.exists(path):
         raise PefFileError(f"pef_path={path!r} does not exist; run `rllib presample` first or fix the path.")
     if pq.read_metadata(path).num_rows == 0:
@@ -584,6 +588,19 @@ def check_pef_file(path: str, config, *, fingerprint: str) -> None:
     if "pef_samples" not in identity:
         raise PefFileError(f"D_pef file {path!r} was made before pre-sampling recorded pef_samples (one reference "
                            f"trajectory per prompt, schema 2); it is not read as if made by today's rules; {fix}.")
+    differ = {name: identity.get(name) for name in SELECTION_SETTINGS
+              if identity.get(name) != getattr(config.presample, name)}
+    if differ:
+        raise PefFileError(
+            f"D_pef file {path!r} was selected with "
+            + ", ".join(f"{name}={value!r}" for name, value in differ.items())
+            + ", but this config's presample has "
+            + ", ".join(f"{name}={getattr(config.presample, name)!r}" for name in differ)
+            + ": the file holds another D_pef than the config names (the prompts and trajectories of the paper's "
+            f"Table 4 recipe) and is not read as the config's; set .dph(presample={differ!r}) to train on it as "
+            f"it is, or re-run pre-sampling with this config (delete {folder} or run `rllib presample` with the "
+            "training settings)."
+        )
     sampling = config.sampling_params()
     for name, field_name in SAMPLING_SETTINGS.items():
         value = getattr(sampling, field_name)

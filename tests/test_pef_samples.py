@@ -104,3 +104,33 @@ def test_a_directory_made_with_another_rule_is_set_aside_not_reinterpreted(presa
     assert any("pef_samples 'refine' -> 'all'" in str(w.message) for w in caught)
     assert (run / "stale" / "000" / "d_pef.parquet").is_file()
     assert read_metadata(run / "d_pef.parquet")["pef_samples"] == "all"
+
+
+def test_a_file_given_by_pef_path_is_read_only_as_the_recipe_the_config_names(presampled_all, tmp_path):
+    """``pef_path`` bypasses the stage's set-aside, so ``prepare_pef`` refuses a file selected by
+    other rules than the config's ``presample`` (all 4 trajectories read as "refine", say), and
+    one made before ``pef_samples`` was recorded; the file is used once the config names it."""
+    import json
+    import shutil
+
+    from rllib_dph.presample import PefFileError, prepare_pef
+    from test_dph import _dph_config
+
+    out, _ = presampled_all  # k=4, min_correct=3, pef_samples="all"
+    with pytest.raises(PefFileError) as err:
+        prepare_pef(_dph_config(out / "d_pef.parquet"))  # presample pef_samples: the default "refine"
+    assert ("was selected with pef_samples='all', but this config's presample has pef_samples='refine'"
+            in str(err.value))
+    assert "set .dph(presample={'pef_samples': 'all'})" in str(err.value)
+    with pytest.raises(PefFileError, match=r"min_correct=3, pef_samples='all', but .* min_correct=8, pef_samples="):
+        prepare_pef(_dph_config(out / "d_pef.parquet").dph(presample={"min_correct": 8}))
+    named = _dph_config(out / "d_pef.parquet").dph(presample={"pef_samples": "all"})
+    assert prepare_pef(named)[0] == str(out / "d_pef.parquet")
+
+    old = tmp_path / "schema2"  # identity.json as an rllib_dph without pef_samples wrote it
+    shutil.copytree(out, old)
+    identity = json.loads((old / "identity.json").read_text())
+    del identity["pef_samples"]
+    (old / "identity.json").write_text(json.dumps(identity))
+    with pytest.raises(PefFileError, match="was made before pre-sampling recorded pef_samples"):
+        prepare_pef(_dph_config(old / "d_pef.parquet").dph(presample={"pef_samples": "all"}))

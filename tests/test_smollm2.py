@@ -181,7 +181,8 @@ def test_one_dph_js_iteration_after_presampling_four_prompts(ray_session, model_
         .environment(TOY_ENV)
         .llm(model_name=SMOLLM2_NAME, max_response_length=8)
         .training(group_size=2, prompts_per_step=2, lr=1e-4, minibatch_size=None)
-        .dph(pef_path=str(tmp_path / "d_pef.parquet"), divergence="js", pef_coeff=0.2, pef_ratio=2)
+        .dph(pef_path=str(tmp_path / "d_pef.parquet"), presample={"k": 2, "min_correct": 2}, divergence="js",
+             pef_coeff=0.2, pef_ratio=2)
         .debugging(seed=0)
     )
     algo = config.build_algo()

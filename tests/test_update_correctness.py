@@ -44,7 +44,7 @@ def _dph_config(pef_path, **dph):
         .environment(TOY_ENV)
         .llm(model_name="tiny-random", max_response_length=8)
         .training(group_size=GROUP, prompts_per_step=8, lr=1e-3, grad_clip=None)
-        .dph(pef_path=str(pef_path), **dph)
+        .dph(pef_path=str(pef_path), presample={"k": 4, "min_correct": 3}, **dph)  # the file's selection
         .debugging(seed=0)
     )
 

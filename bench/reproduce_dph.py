@@ -379,6 +379,7 @@ def tables(base: dict, runs: dict, args) -> tuple[str, dict]:
         lines.append(f"| {name} | " + " | ".join(cells[c][0] if c in cells else "—" for c in columns) + " |")
     lines += ["", differences(base, runs, k_max, numbers)]
     entropy_differences(base, runs, numbers)
+    style_differences(base, runs, k_max, numbers)
     if any(m in numbers["differences"] for m in DPH_VARIANTS):
         lines += ["", f"The paper's claims, read from the paired differences (margins: {MARGINS['rate']:g} points, "
                   f"{MARGINS['bits']:g} bits):", "", claims(numbers, k_max)]
@@ -448,6 +449,29 @@ def entropy_differences(base: dict, runs: dict, numbers: dict) -> None:
                 numbers["differences"].setdefault(method, {})[key] = {"mean": diff, "ci95": list(ci)}
 
 
+def style_differences(base: dict, runs: dict, k_max: int, numbers: dict) -> None:
+    """Adds each method's paired difference of pass@``k_max`` per solution style (a style's
+    correct samples only: ``EvalResult.per_prompt("pass@k/<style>")``) to the base model, GRPO
+    and DAPO, for every style the base model writes correctly on each split of
+    :data:`ENTROPY_SPLITS` (a style it never gets right has nothing to keep), to
+    ``numbers["differences"]``; the styles of each split go to ``numbers["styles"]``."""
+    from rllib_dph.evaluation import seed_matrix
+    from rllib_dph.evaluation.intervals import paired_difference_interval
+
+    numbers["styles"] = {split: [s for s in base[split].solution_styles() if np.mean(base[split].per_prompt(f"pass@{k_max}/{s}")) > 0]
+                         for split in ENTROPY_SPLITS if split in base}
+    for method, per_seed in runs.items():
+        for ref, ref_name, ref_seeds in references(base, runs):
+            for split in (s for s in numbers["styles"] if s in per_seed[0] and ref_name != method):
+                for style in numbers["styles"][split]:
+                    metric = f"pass@{k_max}/{style}"
+                    a = seed_matrix([r[split] for r in per_seed], metric)
+                    b = seed_matrix([r[split] for r in ref_seeds], metric)
+                    key = f"{PREFIX[split]}{style} pass@{k_max} − {ref}"
+                    numbers["differences"].setdefault(method, {})[key] = {
+                        "mean": float(a.mean() - b.mean()), "ci95": list(paired_difference_interval(a, b))}
+
+
 #: The DPH variants whose paper claims :func:`claims` reads (a budget without any has no claims table).
 DPH_VARIANTS = ("DPH-F", "DPH-JS", "DPH-JS (refine)", "DPH-JS (LoRA)", "DPH-JS (η=10)")
 #: Margins of the claims: points for rates, bits for the style entropy.
@@ -498,8 +522,10 @@ def claims(numbers: dict, k_max: int, methods=DPH_VARIANTS) -> str:
     Each claim is read from a paired difference and its 95 % interval (:func:`verdict`, margins
     :data:`MARGINS`): "kept" claims against the base model (and greedy against GRPO, which the
     paper says DPH matches), "above" claims against GRPO and against DAPO, whose settings the DPH
-    tuned examples share (so the DAPO rows isolate the D_pef term). A row none of ``methods``
-    has a number for (a split not evaluated, a method not run) is left out.
+    tuned examples share (so the DAPO rows isolate the D_pef term); then pass@k per solution style
+    (:func:`style_differences`), kept and above GRPO, for each split's styles in
+    ``numbers["styles"]``. A row none of ``methods`` has a number for (a split not evaluated, a
+    method not run) is left out.
     """
     rate, bits = MARGINS["rate"], MARGINS["bits"]
     rows = [
@@ -526,6 +552,11 @@ def claims(numbers: dict, k_max: int, methods=DPH_VARIANTS) -> str:
         (f"nulls pass@{k_max} above DAPO", f"nulls pass@{k_max} − DAPO", "above", rate, 100),
         ("styles above DAPO (entropy, bits)", "style entropy − DAPO", "above", bits, 1),
     ]
+    for split, styles in numbers.get("styles", {}).items():  # pass@k per style (the paper's Figure 4)
+        for style in styles:
+            key, name = f"{PREFIX[split]}{style} pass@{k_max}", f"{PREFIX[split]}`{style}` pass@{k_max}"
+            rows += [(f"{name} kept (vs base)", f"{key} − base", "kept", rate, 100),
+                     (f"{name} above GRPO", f"{key} − GRPO", "above", rate, 100)]
     present = [m for m in methods if m in numbers["differences"]]
     lines = [f"| claim | {' | '.join(present)} |", "|" + " --- |" * (1 + len(present))]
     for claim, key, kind, margin, scale in rows:
@@ -606,7 +637,7 @@ def style_shares(base: dict, runs: dict, split: str, out_png: pathlib.Path) -> N
     for j, style in enumerate(styles):
         shares = [c.get(style, 0) / max(1, sum(v for s, v in c.items() if s != "none")) for c in counts]
         ax.bar(np.arange(len(labels)) + j * width, shares, width, label=style)
-    ax.set_xticks(np.arange(len(labels)) + 0.4 - width / 2, labels)
+    ax.set_xticks(np.arange(len(labels)) + 0.4 - width / 2, labels, rotation=20, ha="right")
     ax.set_ylabel("share of sampled SQL solutions")
     num_seeds = sorted({len(seeds) for seeds in runs.values()})
     ax.set_title(f"Solution styles on the {split} test split ({'/'.join(map(str, num_seeds))} seeds per method)")

@@ -42,6 +42,20 @@ def test_claims_table_has_a_row_per_claim_and_a_column_per_dph_variant(reproduce
     assert not any("entropy" in line or "ties" in line for line in lines)
 
 
+def test_claims_read_pass_at_k_per_style_for_each_split_s_styles(reproduce):
+    """Per-style rows (the paper's Figure 4) come after the fixed ones, kept vs base and above GRPO."""
+    held, lost = {"mean": 0.0, "ci95": [-0.01, 0.01]}, {"mean": -0.3, "ci95": [-0.4, -0.2]}
+    numbers = {"styles": {"nulls": ["count_star", "count_col"]}, "differences": {"DPH-JS": {
+        "nulls count_col pass@64 − base": held, "nulls count_col pass@64 − GRPO": {"mean": 0.2, "ci95": [0.1, 0.3]},
+        "nulls count_star pass@64 − base": lost}}}
+    lines = reproduce.claims(numbers, 64).splitlines()
+    assert lines[2:] == [
+        "| nulls `count_star` pass@64 kept (vs base) | does not hold: -30.0 [-40.0, -20.0] |",
+        "| nulls `count_col` pass@64 kept (vs base) | holds: +0.0 [-1.0, +1.0] |",
+        "| nulls `count_col` pass@64 above GRPO | holds: +20.0 [+10.0, +30.0] |",
+    ]
+
+
 def test_a_budget_for_another_model_presamples_into_its_own_folder(reproduce):
     """smollm2-cpu's overrides reach every run; DPH runs pre-sample apart from the tiny model's."""
     from types import SimpleNamespace

@@ -15,6 +15,9 @@ greedy accuracy, pass@k (n samples), keep / exploration rates against the base m
   split: per approach) with error bars, seeds pooled;
 - `styles.png` (`styles_ties.png`): solution-style distributions on the in-domain (ties) split,
   like the paper's Figure 4, the seeds' samples counted together;
+- with `--curve` (the ties and NULL budgets): pass@64 against training iterations for GRPO and
+  DPH-JS, drawn by `bench/collapse_search.py --curve` into `docs/collapse_curve.png`
+  (`docs/collapse_nulls_curve.png`) from its own runs (seed 0, the first 100 prompts);
 - `runs/<method>_seed<s>/...`: checkpoints and per-split evaluation JSON;
 - `summary.json`: every number in the tables.
 
@@ -23,6 +26,7 @@ greedy accuracy, pass@k (n samples), keep / exploration rates against the base m
     python bench/reproduce_dph.py --budget smollm2-cpu   # the real 135M model on 2 CPU cores (see BUDGETS)
     python bench/reproduce_dph.py --budget ties          # the pre-registered comparison on the ties family
     python bench/reproduce_dph.py --budget ties-quick    # its quick mode
+    python bench/reproduce_dph.py --budget ties --curve  # and pass@64 along training, GRPO and DPH-JS
     python bench/reproduce_dph.py --budget nulls         # the pre-registered comparison on the NULL family
     python bench/reproduce_dph.py --budget smollm2-ties-cpu   # the real 135M model on the ties family, 2 CPU cores
     python bench/reproduce_dph.py --budget smollm2-lora-cpu   # GRPO and DPH-JS with LoRA on the real model, 2 CPU cores
@@ -54,6 +58,8 @@ import argparse
 import functools
 import json
 import pathlib
+import subprocess
+import sys
 import time
 from concurrent.futures import as_completed
 
@@ -664,6 +670,18 @@ def prepare(runs: list[tuple[str, int]], args) -> None:
             prepare_pef(config)  # (re)made for this model, data and settings
 
 
+#: The family of each budget whose pass@64-along-training curve ``--curve`` draws.
+CURVE_FAMILIES = {"ties": "ties", "ties-quick": "ties", "nulls": "nulls"}
+
+
+def curve_command(budget: str) -> list[str]:
+    """The command that draws pass@64 against training iterations for GRPO and DPH-JS on
+    ``budget``'s family (issue #24 item 6): ``bench/collapse_search.py --curve``, which trains its
+    own runs (seed 0, 100 iterations of the budget's settings) and evaluates the first 100
+    prompts of the family's test split every 20 iterations (~8 min on 2 cores for the ties family)."""
+    return [sys.executable, str(REPO / "bench/collapse_search.py"), "--curve", "--family", CURVE_FAMILIES[budget]]
+
+
 def run_job(method: str | None, seed: int, out: str, args) -> str:
     """Trains (unless ``method`` is None: the base model) and evaluates one run; returns its name."""
     from rllib_dph.models.hub import resolve_model
@@ -707,7 +725,12 @@ def main() -> None:
     parser.add_argument("--eval-dtype", help="dtype of the evaluations (default: the model's; smollm2-ties-gpu: bfloat16)")
     parser.add_argument("--out", help="output folder (default bench/out/reproduce_dph[_<budget>]); "
                         "runs and evaluations already there are reused")
+    parser.add_argument("--curve", action="store_true",
+                        help="then draw pass@64 against training iterations for GRPO and DPH-JS on the budget's family "
+                        f"(bench/collapse_search.py --curve; budgets {', '.join(CURVE_FAMILIES)})")
     args = parser.parse_args()
+    if args.curve and args.budget not in CURVE_FAMILIES:
+        parser.error(f"--curve draws a family's curve; --budget {args.budget} has none (use one of {list(CURVE_FAMILIES)}).")
     if args.quick:
         args.budget = "quick"
     budget = dict(BUDGETS[args.budget])
@@ -766,6 +789,8 @@ def main() -> None:
     plots(base, runs, out)
     print("\n" + text)
     print(f"wrote {out / 'results.md'} and the figures (pass_at_k*.png, style_pass_at_k*.png, styles*.png) in {out}")
+    if args.curve:
+        subprocess.run(curve_command(args.budget), check=True)
 
 
 if __name__ == "__main__":

@@ -281,3 +281,14 @@ def test_a_table_of_the_nulls_split_names_its_robust_approach(reproduce):
     assert text.splitlines()[0] == "| method | nulls pass@8 | nulls count_col pass@8 | nulls style entropy |"
     assert numbers["differences"]["DPH-JS (η=10)"]["nulls pass@8 − GRPO"]["ci95"][0] > 0
     assert "| nulls pass@8 above GRPO (the primary endpoint for DPH-JS (η=10)) | holds" in text
+
+
+def test_curve_runs_the_collapse_searchs_curve_of_the_budgets_family(reproduce):
+    """``--curve`` (issue #24 item 6) is collapse_search's curve for the family; its commands build."""
+    import subprocess
+
+    command = reproduce.curve_command("ties-quick")
+    assert command[-3:] == ["--curve", "--family", "ties"] and command[1].endswith("bench/collapse_search.py")
+    printed = subprocess.run(reproduce.curve_command("nulls") + ["--dry-run"], check=True, capture_output=True,
+                             text=True).stdout.splitlines()
+    assert len(printed) == 3 and all("grpo_budget.py" in line and "test_nulls" in line for line in printed)

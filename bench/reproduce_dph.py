@@ -594,7 +594,7 @@ def plots(base: dict, runs: dict, out: pathlib.Path) -> None:
         suffix = "" if split == "in-domain" else f"_{split.split()[0]}"
         results = [base[split]] + [[seed[split] for seed in seeds] for seeds in runs.values()]
         plot_pass_at_k(results, out / f"pass_at_k{suffix}.png")
-        if any(s != "none" for r in results for s in r.style_counts()):
+        if base[split].solution_styles() or any(seed[split].solution_styles() for seeds in runs.values() for seed in seeds):
             plot_style_pass_at_k(results, out / f"style_pass_at_k{suffix}.png")
     for split in (s for s in ENTROPY_SPLITS if s in base):
         style_shares(base, runs, split, out / ("styles.png" if split == "in-domain" else f"styles_{split}.png"))

@@ -292,3 +292,16 @@ def test_curve_runs_the_collapse_searchs_curve_of_the_budgets_family(reproduce):
     printed = subprocess.run(reproduce.curve_command("nulls") + ["--dry-run"], check=True, capture_output=True,
                              text=True).stdout.splitlines()
     assert len(printed) == 3 and all("grpo_budget.py" in line and "test_nulls" in line for line in printed)
+
+
+def test_plots_pool_each_methods_seeds_and_draw_styles_sampled_by_a_run_only(reproduce, tmp_path):
+    """A base model whose samples name no style beside runs (lists of seeds) that do: the per-style
+    bars are drawn from the runs (the check once read only the first entry's styles, a list after it)."""
+    import dataclasses
+
+    base = _ties_result("base", 0.3, 0)
+    base = dataclasses.replace(base, records=[dataclasses.replace(r, styles=["none"] * 8) for r in base.records])
+    runs = {"GRPO": [{"ties": _ties_result("GRPO", 0.1, s)} for s in (1, 2)]}
+    reproduce.plots({"ties": base}, runs, tmp_path)
+    assert (tmp_path / "pass_at_k_ties.png").is_file() and (tmp_path / "style_pass_at_k_ties.png").is_file()
+    assert (tmp_path / "styles_ties.png").is_file()

@@ -404,10 +404,19 @@ def references(base: dict, runs: dict) -> list[tuple[str, str, list]]:
     return refs
 
 
-def differences(base: dict, runs: dict, k_max: int, numbers: dict) -> str:
-    """A Markdown table of each method's paired difference to the base model, GRPO and DAPO."""
+def paired(per_seed: list[dict], ref_seeds: list[dict], split: str, metric: str) -> dict:
+    """``{"mean", "ci95"}``: a method's mean of ``metric`` on ``split`` minus a reference's, over
+    seeds and prompts, with the paired 95 % interval (the same prompts redrawn for both sides)."""
     from rllib_dph.evaluation import seed_matrix
-    from rllib_dph.evaluation.intervals import format_interval, paired_difference_interval
+    from rllib_dph.evaluation.intervals import paired_difference_interval
+
+    a, b = seed_matrix([r[split] for r in per_seed], metric), seed_matrix([r[split] for r in ref_seeds], metric)
+    return {"mean": float(a.mean() - b.mean()), "ci95": list(paired_difference_interval(a, b))}
+
+
+def differences(base: dict, runs: dict, k_max: int, numbers: dict) -> str:
+    """A Markdown table of each method's paired difference (:func:`paired`) to the base model, GRPO and DAPO."""
+    from rllib_dph.evaluation.intervals import format_interval
 
     metrics = [("in-domain", "greedy_accuracy", "greedy"), ("in-domain", "pass@1", "pass@1"),
                ("in-domain", f"pass@{k_max}", f"pass@{k_max}"),
@@ -426,10 +435,9 @@ def differences(base: dict, runs: dict, k_max: int, numbers: dict) -> str:
                 if ref_name == method:
                     texts.append("—")
                     continue
-                a, b = seed_matrix([r[split] for r in per_seed], metric), seed_matrix([r[split] for r in ref_seeds], metric)
-                diff, ci = float(a.mean() - b.mean()), paired_difference_interval(a, b)
-                texts.append(format_interval(diff, ci, scale=100))
-                numbers["differences"].setdefault(method, {})[f"{label} − {ref}"] = {"mean": diff, "ci95": list(ci)}
+                diff = paired(per_seed, ref_seeds, split, metric)
+                texts.append(format_interval(diff["mean"], tuple(diff["ci95"]), scale=100))
+                numbers["differences"].setdefault(method, {})[f"{label} − {ref}"] = diff
         lines.append(f"| {method} | " + " | ".join(texts) + " |")
     return "\n".join(lines)
 
@@ -461,21 +469,15 @@ def style_differences(base: dict, runs: dict, k_max: int, numbers: dict) -> None
     and DAPO, for every style the base model writes correctly on each split of
     :data:`ENTROPY_SPLITS` (a style it never gets right has nothing to keep), to
     ``numbers["differences"]``; the styles of each split go to ``numbers["styles"]``."""
-    from rllib_dph.evaluation import seed_matrix
-    from rllib_dph.evaluation.intervals import paired_difference_interval
-
     numbers["styles"] = {split: [s for s in base[split].solution_styles() if np.mean(base[split].per_prompt(f"pass@{k_max}/{s}")) > 0]
                          for split in ENTROPY_SPLITS if split in base}
     for method, per_seed in runs.items():
         for ref, ref_name, ref_seeds in references(base, runs):
             for split in (s for s in numbers["styles"] if s in per_seed[0] and ref_name != method):
                 for style in numbers["styles"][split]:
-                    metric = f"pass@{k_max}/{style}"
-                    a = seed_matrix([r[split] for r in per_seed], metric)
-                    b = seed_matrix([r[split] for r in ref_seeds], metric)
                     key = f"{PREFIX[split]}{style} pass@{k_max} − {ref}"
-                    numbers["differences"].setdefault(method, {})[key] = {
-                        "mean": float(a.mean() - b.mean()), "ci95": list(paired_difference_interval(a, b))}
+                    numbers["differences"].setdefault(method, {})[key] = paired(per_seed, ref_seeds, split,
+                                                                                f"pass@{k_max}/{style}")
 
 
 #: The DPH variants whose paper claims :func:`claims` reads (a budget without any has no claims table).

@@ -731,10 +731,10 @@ def main() -> None:
                         help="then draw pass@64 against training iterations for GRPO and DPH-JS on the budget's family "
                         f"(bench/collapse_search.py --curve; budgets {', '.join(CURVE_FAMILIES)})")
     args = parser.parse_args()
-    if args.curve and args.budget not in CURVE_FAMILIES:
-        parser.error(f"--curve draws a family's curve; --budget {args.budget} has none (use one of {list(CURVE_FAMILIES)}).")
     if args.quick:
         args.budget = "quick"
+    if args.curve and args.budget not in CURVE_FAMILIES:
+        parser.error(f"--curve draws a family's curve; --budget {args.budget} has none (use one of {list(CURVE_FAMILIES)}).")
     budget = dict(BUDGETS[args.budget])
     args.overrides = {**budget.pop("config", {}), **json.loads(args.config)}
     budget.setdefault("methods", PAPER_METHODS)

@@ -48,10 +48,13 @@ there, DPH-JS (η=10) − GRPO (`PRIMARY_ENDPOINTS`).
 Budget: `--iterations` training iterations per run with the tuned examples' batch (16 prompts x
 8 completions, one optimizer step each), evaluation on `--eval-limit` prompts of each split (full:
 all 300; quick: the first 100) with `--n` samples per prompt at temperature 1 (full: 32, quick:
-16) plus one greedy sample; pass@k up to k = n. Runs go to `--workers` processes at once (default
-2: one per core, one torch thread each); the DPH pre-sampling stage runs once before them (and
-again only when the model, data or sampling settings changed). The budget was fixed before any
-comparison was looked at; docs/results.md says how it was chosen.
+16) plus one greedy sample; pass@k up to k = n. The work goes to `--workers` processes (default
+2: one per core, one torch thread each) as jobs: the base model's evaluations and every run's
+training (a DPH run's pre-sampling stage first, in its own folder, again only when the model,
+data or sampling settings changed; the DPH variants of one seed draw the k samples once, as
+`rllib_dph.presample` shares them), then each run's evaluations, one job per split, queued as
+its training ends, so that the last jobs to finish are single evaluations. The budget was fixed
+before any comparison was looked at; docs/results.md says how it was chosen.
 """
 
 import argparse
@@ -61,7 +64,7 @@ import pathlib
 import subprocess
 import sys
 import time
-from concurrent.futures import as_completed
+from concurrent.futures import FIRST_COMPLETED, wait
 
 import numpy as np
 
@@ -209,25 +212,35 @@ def eval_path(out: pathlib.Path, split: str) -> pathlib.Path:
     return out / f"eval_{split.split()[0]}.json"
 
 
-def evaluate_all(policy, name: str, out: pathlib.Path, args) -> None:
-    """Evaluates ``policy`` on every split into JSON files under ``out`` (kept when present)."""
+def evaluate(method: str | None, seed: int, out: str, split: str, args) -> str:
+    """Evaluates one run (``method`` None: the base model) on ``split`` into its JSON file under
+    ``out``; returns what it did. A run's policy is its checkpoint (:func:`train` made it)."""
     from rllib_dph.engines.base import SamplingParams
     from rllib_dph.evaluation import EvalSettings, evaluate_policy
+    from rllib_dph.models.hub import resolve_model
 
+    out = pathlib.Path(out)
+    if method is None:
+        policy, name = resolve_model(args.overrides.get("model_name", "tiny-sql-math")), "Base model"
+    else:
+        policy, name = out / "checkpoint", method
     settings = EvalSettings(sampling=SamplingParams(n=args.n, temperature=1.0, max_new_tokens=args.max_new_tokens,
                                                     seed=0), limit=args.eval_limit)
-    for split in args.splits:
-        env_id, env_config = SPLITS[split]
-        if not eval_path(out, split).exists():
-            evaluate_policy(str(policy), env_id, env_config, settings, name=name, device=args.eval_device,
-                            dtype=args.eval_dtype).to_json(eval_path(out, split))
+    env_id, env_config = SPLITS[split]
+    evaluate_policy(str(policy), env_id, env_config, settings, name=name, device=args.eval_device,
+                    dtype=args.eval_dtype).to_json(eval_path(out, split))
+    return f"{job_name(method, seed)} evaluated on {split}"
 
 
-def evaluated(out: pathlib.Path, splits) -> bool:
-    """Whether ``out`` holds an evaluation of every split in ``splits``: then its run is reused as
-    it is, neither trained nor pre-sampled for (its checkpoint need not be there). Each is checked
-    against the split's data now (:func:`load_evaluation`)."""
-    return all(eval_path(out, split).exists() and load_evaluation(out, split) for split in splits)
+def job_name(method: str | None, seed: int) -> str:
+    return "base model" if method is None else f"{method} seed {seed}"
+
+
+def missing_splits(out: pathlib.Path, splits) -> list[str]:
+    """The splits of ``splits`` that ``out`` holds no evaluation of. Each one there is checked
+    against the split's data now (:func:`load_evaluation`); a run evaluated on every split is
+    reused as it is, neither trained nor pre-sampled for (its checkpoint need not be there)."""
+    return [split for split in splits if not (eval_path(out, split).exists() and load_evaluation(out, split))]
 
 
 def load_evaluation(out: pathlib.Path, split: str):
@@ -257,7 +270,7 @@ def _read_checked(path: str, split: str, mtime_ns: int, size: int):
 
 
 def load_results(out: pathlib.Path, splits) -> dict:
-    """The per-split evaluation results that ``evaluate_all`` wrote under ``out`` (checked)."""
+    """The per-split evaluation results that :func:`evaluate` wrote under ``out`` (checked)."""
     return {split: load_evaluation(out, split) for split in splits}
 
 
@@ -293,11 +306,13 @@ def run_config(method: str, args, seed: int | None = None):
     return config
 
 
-def train(method: str, seed: int, out: pathlib.Path, args) -> pathlib.Path:
-    """Trains one method/seed for the budget; returns its checkpoint directory."""
+def train(method: str, seed: int, out: str, args) -> str:
+    """Trains one method/seed for the budget into ``out/checkpoint`` (kept when there; a DPH
+    run pre-samples first, in ``DPH.setup``); returns what it did."""
+    out = pathlib.Path(out)
     ckpt = out / "checkpoint"
     if (ckpt / "learner_group").exists():
-        return ckpt
+        return f"{job_name(method, seed)}: checkpoint kept"
     algo = run_config(method, args, seed).build_algo()
     curve = []
     for _ in range(args.iterations):
@@ -305,7 +320,7 @@ def train(method: str, seed: int, out: pathlib.Path, args) -> pathlib.Path:
     algo.save_to_path(str(ckpt))
     algo.stop()
     (out / "train_reward.json").write_text(json.dumps(curve))
-    return ckpt
+    return f"{job_name(method, seed)} trained"
 
 
 def cell(values: np.ndarray) -> tuple[str, dict]:
@@ -661,17 +676,6 @@ def _pooled_style_counts(results: list) -> dict:
     return dict(sum((Counter(r.style_counts()) for r in results), Counter()))
 
 
-def prepare(runs: list[tuple[str, int]], args) -> None:
-    """Runs the DPH pre-sampling stage of each (method, seed) once, before parallel jobs start."""
-    from rllib_dph.algorithms.dph import DPHConfig
-    from rllib_dph.presample import prepare_pef
-
-    for method, seed in runs:
-        config = run_config(method, args, seed)
-        if isinstance(config, DPHConfig) and config.presample.out_dir:
-            prepare_pef(config)  # (re)made for this model, data and settings
-
-
 #: The family of each budget whose pass@64-along-training curve ``--curve`` draws.
 CURVE_FAMILIES = {"ties": "ties", "ties-quick": "ties", "nulls": "nulls"}
 
@@ -684,19 +688,38 @@ def curve_command(budget: str) -> list[str]:
     return [sys.executable, str(REPO / "bench/collapse_search.py"), "--curve", "--family", CURVE_FAMILIES[budget]]
 
 
-def run_job(method: str | None, seed: int, out: str, args) -> str:
-    """Trains (unless ``method`` is None: the base model) and evaluates one run; returns its name."""
-    from rllib_dph.models.hub import resolve_model
+def run_all(out: pathlib.Path, args, t0: float) -> list[tuple]:
+    """Trains and evaluates every run of the budget on ``args.workers`` processes; returns the
+    runs as (method, seed, folder), the base model's first (method None).
 
-    out = pathlib.Path(out)
-    name = "base model" if method is None else f"{method} seed {seed}"
-    if evaluated(out, args.splits):
-        return name  # every split's evaluation is on disk (e.g. brought from another machine)
-    if method is None:
-        evaluate_all(resolve_model(args.overrides.get("model_name", "tiny-sql-math")), "Base model", out, args)
-        return name
-    evaluate_all(train(method, seed, out, args), method, out, args)
-    return name
+    First the base model's evaluations and every run's training (a run with every split
+    evaluated is skipped: :func:`missing_splits`); each run's evaluations, one job per split,
+    are queued as its training ends, behind the trainings still waiting, so that the last jobs
+    are single evaluations and the workers finish within about one evaluation of each other.
+    """
+    runs = [(None, 0, out / "base")] + [
+        (method, seed, out / "runs" / f"{method}_seed{seed}") for method in args.methods for seed in args.seeds
+    ]
+    with worker_pool(args.workers) as pool:
+        def evaluations(method, seed, run_dir, splits):
+            return {pool.submit(evaluate, method, seed, str(run_dir), split, args) for split in splits}
+
+        pending, then = set(), {}  # then: a training's evaluations, queued when it ends
+        for method, seed, run_dir in runs:
+            splits = missing_splits(run_dir, args.splits)
+            if method is None:
+                pending |= evaluations(method, seed, run_dir, splits)
+            elif splits:
+                future = pool.submit(train, method, seed, str(run_dir), args)
+                then[future] = (method, seed, run_dir, splits)
+                pending.add(future)
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                print(f"[{time.perf_counter() - t0:6.0f}s] {future.result()}", flush=True)
+                if future in then:
+                    pending |= evaluations(*then.pop(future))
+    return runs
 
 
 def main() -> None:
@@ -750,19 +773,7 @@ def main() -> None:
     out = pathlib.Path(args.out or REPO / f"bench/out/reproduce_dph{suffix}")
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    # Pre-sample only for methods with a run still to train (a finished run needs no D_pef).
-    def to_train(run_dir: pathlib.Path) -> bool:
-        return not (run_dir / "checkpoint" / "learner_group").exists() and not evaluated(run_dir, args.splits)
-
-    prepare([(m, s) for m in args.methods for s in args.seeds if to_train(out / "runs" / f"{m}_seed{s}")], args)
-    jobs = [(None, 0, out / "base")] + [
-        (method, seed, out / "runs" / f"{method}_seed{seed}") for method in args.methods for seed in args.seeds
-    ]
-    with worker_pool(args.workers) as pool:
-        futures = [pool.submit(run_job, method, seed, str(run_dir), args) for method, seed, run_dir in jobs]
-        for future in as_completed(futures):
-            print(f"[{time.perf_counter() - t0:6.0f}s] {future.result()} trained and evaluated", flush=True)
-
+    jobs = run_all(out, args, t0)
     # Every run's evaluation is cached on disk now: read them back.
     base = load_results(out / "base", args.splits)
     runs = {method: [load_results(run_dir, args.splits) for m, _, run_dir in jobs if m == method]

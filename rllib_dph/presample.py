@@ -46,6 +46,15 @@ files as an uninterrupted one. ``out_dir/identity.json`` records what the files 
 (model fingerprint, a hash of the prompts, the sampling settings); a run for anything else — a
 rebuilt model, changed data — moves them to ``out_dir/stale/<n>/`` first and samples anew.
 
+The k samples of stage 1 depend on the model, the prompts, k, the sampling settings, the seed,
+the chunking and the engine, not on ``min_correct``, ``pef_samples`` or ``full_data``: each
+sample part is also kept in ``$RLLIB_DPH_HOME/presample/samples/<key>/`` (:func:`sample_key`; a
+hard link where the file system allows, else a copy), and a directory made with the same
+sampling takes its parts from there instead of sampling them again. So Table 4's rows (8/8, 7/8,
+..., "full data") and the ``pef_samples`` variants of one seed sample once. The samples are those
+of the process that drew them first (torch's thread count can change the rounding, and so the
+draws); delete the folder to draw them again.
+
 Training uses the files through :func:`prepare_pef`, the one place that decides whether they can be
 used: it pre-samples or reuses ``DPHConfig.presample.out_dir`` and refuses a D_pef file whose ``identity.json``
 names another model or other sampling settings than training's.
@@ -68,7 +77,7 @@ import pyarrow.parquet as pq
 
 from rllib_dph.engines import DEFAULT_ENGINE, build_engine
 from rllib_dph.engines.base import SamplingParams
-from rllib_dph.files import atomic_path, file_lock, remove_leftovers, write_json_atomic
+from rllib_dph.files import atomic_path, file_lock, home, remove_leftovers, write_json_atomic
 from rllib_dph.models.hub import model_fingerprint, resolve_model
 from rllib_dph.envs import make_env
 from rllib_dph.rollout import encode_task, rollout_chunks
@@ -89,6 +98,10 @@ SAMPLING_SETTINGS = {"temperature": "temperature", "top_p": "top_p", "max_respon
 #: The ``PresampleConfig`` fields that decide which prompts and trajectories D_pef holds (the
 #: paper's Table 4 rows: k, the "m of k" threshold, the trajectories kept, "full data").
 SELECTION_SETTINGS = ("k", "min_correct", "pef_samples", "full_data")
+#: Where stage 1's sample parts are kept for every directory with the same sampling (under ``home()``).
+SHARED_SAMPLES_DIR = pathlib.Path("presample") / "samples"
+#: The settings of :func:`identity_settings` that choose among the samples rather than draw them.
+CHOICE_SETTINGS = ("min_correct", "pef_samples", "full_data")
 #: Version of the D_pef file layout: 3 = one row per trajectory, ``pef_samples`` recorded.
 SCHEMA_VERSION = 3
 #: The named choices of ``PresampleConfig.pef_samples`` (an integer n >= 1 is the third kind).
@@ -283,6 +296,28 @@ def identity_settings(config: PresampleConfig) -> dict[str, Any]:
     return {**settings, **{key: getattr(config.sampling, name) for key, name in SAMPLING_SETTINGS.items()}}
 
 
+def sample_key(config: PresampleConfig, identity: dict[str, Any]) -> str:
+    """16 hex characters naming what stage 1's k samples per prompt are drawn from: ``identity``
+    (:func:`run_identity`) without :data:`CHOICE_SETTINGS`, plus the env, the engine, their
+    settings and the dtype."""
+    drawn = {key: value for key, value in identity.items() if key not in CHOICE_SETTINGS}
+    drawn.update(env=config.env, env_config=config.env_config, engine=config.engine,
+                 engine_kwargs=config.engine_kwargs, dtype=config.dtype)
+    return hashlib.sha256(json.dumps(drawn, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _share(source: pathlib.Path, dest: pathlib.Path) -> None:
+    """Puts ``source`` at ``dest`` (absent): a hard link, or an atomic copy across file systems."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(source, dest)
+    except FileExistsError:
+        pass  # another process shared the same part (the same draws) first
+    except OSError:
+        with atomic_path(dest) as tmp:
+            tmp.write_bytes(source.read_bytes())
+
+
 def read_identity(out_dir: str | os.PathLike) -> Optional[dict[str, Any]]:
     """The identity a directory's files were made for, or None (none recorded)."""
     path = pathlib.Path(out_dir) / IDENTITY_FILE
@@ -319,7 +354,12 @@ def set_aside_stale(out_dir: str | os.PathLike, identity: dict[str, Any]) -> Opt
 
 
 class Presampler:
-    """Runs the pre-sampling stage with one rollout engine and one env."""
+    """Runs the pre-sampling stage with one rollout engine and one env.
+
+    ``engine`` and ``env`` default to the config's; an ``env`` given must be the one the config
+    names (as :func:`presample_once` builds it). With an ``engine`` given, stage 1's samples are
+    neither taken from nor kept in the shared folder (:func:`sample_key` cannot name its draws).
+    """
 
     def __init__(self, config: PresampleConfig, *, engine=None, env=None, fingerprint: Optional[str] = None):
         config.validate()
@@ -331,6 +371,7 @@ class Presampler:
         # The model's fingerprint hashes every weight file; a caller that has it passes it in.
         self.fingerprint = fingerprint or model_fingerprint(resolve_model(config.model_name))
         self.identity = run_identity(config, self.fingerprint, self.env.tasks)
+        self.shared = None if engine is not None else home() / SHARED_SAMPLES_DIR / sample_key(config, self.identity)
 
     def _part(self, stage: str, chunk: int) -> pathlib.Path:
         """The part file of chunk ``chunk`` of ``stage``."""
@@ -340,7 +381,8 @@ class Presampler:
         """Samples ``n`` completions per prompt → (index, pass_count, its correct samples).
 
         Chunk c of ``indices`` is sampled with seed ``seed + c`` and its rows written to
-        ``parts/<stage>-<c>.parquet``; chunks whose part file exists are read back instead.
+        ``parts/<stage>-<c>.parquet``; chunks whose part file exists are read back instead. The
+        ``"sample"`` stage's parts are also taken from and kept in :attr:`shared` (when not None).
 
         Args:
             stage: ``"sample"`` (k samples per prompt) or ``"refine"`` (one per D_pef candidate).
@@ -355,9 +397,13 @@ class Presampler:
         parts = []
         desc = f"pre-sampling k={n}" if stage == "sample" else "refinement"
         params = replace(c.sampling, n=n, seed=seed)
+        total = -(-len(indices) // c.prompts_per_chunk)
+        shared = stage == "sample" and self.shared is not None
+        for chunk in range(total) if shared else ():
+            if not self._part(stage, chunk).exists() and (self.shared / self._part(stage, chunk).name).exists():
+                _share(self.shared / self._part(stage, chunk).name, self._part(stage, chunk))
         chunks = rollout_chunks(self.engine, self.env, indices, params, chunk_size=c.prompts_per_chunk,
                                 skip=lambda chunk: self._part(stage, chunk).exists())
-        total = -(-len(indices) // c.prompts_per_chunk)
         for chunk, _, result in tqdm(chunks, total=total, desc=desc, disable=not progress):
             path = self._part(stage, chunk)
             if result is not None:
@@ -374,6 +420,8 @@ class Presampler:
                         }
                     )
                 _write_parquet(_parts_table(rows), path, {})
+                if shared:
+                    _share(path, self.shared / path.name)
             parts.append(pq.read_table(path))
         return pa.concat_tables(parts) if parts else _parts_table([])
 

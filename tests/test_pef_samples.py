@@ -134,3 +134,43 @@ def test_a_file_given_by_pef_path_is_read_only_as_the_recipe_the_config_names(pr
     (old / "identity.json").write_text(json.dumps(identity))
     with pytest.raises(PefFileError, match="was made before pre-sampling recorded pef_samples"):
         prepare_pef(_dph_config(old / "d_pef.parquet").dph(presample={"pef_samples": "all"}))
+
+
+def test_table_4s_rows_of_one_seed_sample_once_and_choose_among_the_same_samples(tmp_path, monkeypatch):
+    """Stage 1's k samples per prompt are kept in $RLLIB_DPH_HOME/presample/samples/<key>: a
+    directory that differs only in min_correct / pef_samples / full_data draws none of them again
+    and its D_pef holds the same trajectories; another seed draws its own; an engine given by the
+    caller neither takes nor keeps shared samples."""
+    import rllib_dph.presample as presample_module
+    from rllib_dph.engines import build_engine
+
+    monkeypatch.setenv("RLLIB_DPH_HOME", str(tmp_path / "home"))
+    drawn = []
+    real_chunks = presample_module.rollout_chunks
+
+    def counted(*args, **kwargs):
+        for chunk, indices, result in real_chunks(*args, **kwargs):
+            drawn.append((args[3].n, result is not None))
+            yield chunk, indices, result
+
+    monkeypatch.setattr(presample_module, "rollout_chunks", counted)
+    first = presample(_presample_config(tmp_path / "all", pef_samples="all"), progress=False)
+    assert drawn and all(sampled for _, sampled in drawn)
+    drawn.clear()
+    two = dataclasses.replace(_presample_config(tmp_path / "two"), pef_samples=2, min_correct=4, full_data=True)
+    second = presample(two, progress=False)
+    assert not any(sampled for n, sampled in drawn if n == 4)  # stage 1 (k = 4) taken from the shared folder
+    assert second["pass_count_histogram"] == first["pass_count_histogram"]
+    every = {(r["id"], tuple(r["response_ids"])) for r in pq.read_table(tmp_path / "all" / "d_pef.parquet").to_pylist()}
+    chosen = {(r["id"], tuple(r["response_ids"])) for r in pq.read_table(tmp_path / "two" / "d_pef.parquet").to_pylist()}
+    assert chosen and chosen <= every
+    drawn.clear()
+    seed1 = _presample_config(tmp_path / "seed1", pef_samples="all")
+    presample(dataclasses.replace(seed1, sampling=dataclasses.replace(seed1.sampling, seed=1)), progress=False)
+    assert drawn and all(sampled for _, sampled in drawn)
+    assert len(list((tmp_path / "home" / "presample" / "samples").iterdir())) == 2
+    drawn.clear()
+    config = _presample_config(tmp_path / "given", pef_samples="all")  # the first run's sampling, seed 0
+    presample(config, engine=build_engine(config), progress=False)
+    assert drawn and all(sampled for _, sampled in drawn)
+    assert len(list((tmp_path / "home" / "presample" / "samples").iterdir())) == 2

@@ -135,16 +135,45 @@ def test_a_table_of_the_ties_split_alone_has_its_columns_and_entropy_claims(repr
 
 def test_a_run_evaluated_on_every_split_is_reused_without_its_checkpoint(reproduce, tmp_path):
     """Evaluations brought from another machine (no checkpoint) make a run done: it is neither
-    trained nor evaluated again, and pre-sampling skips its method."""
-    from types import SimpleNamespace
-
+    trained (so not pre-sampled for) nor evaluated again."""
     run = tmp_path / "runs" / "GRPO_seed0"
     run.mkdir(parents=True)
     _ties_result("GRPO", 0.1, 0).to_json(reproduce.eval_path(run, "ties"))
-    args = SimpleNamespace(splits=["ties"], overrides={})
-    assert reproduce.evaluated(run, ["ties"]) and not reproduce.evaluated(run, ["in-domain", "ties"])
-    assert reproduce.run_job("GRPO", 0, str(run), args) == "GRPO seed 0"  # would fail if it tried to train
-    assert sorted(p.name for p in run.iterdir()) == ["eval_ties.json"]
+    assert reproduce.missing_splits(run, ["ties"]) == []
+    assert reproduce.missing_splits(run, ["in-domain", "ties"]) == ["in-domain"]
+
+
+def test_run_all_trains_what_lacks_an_evaluation_then_evaluates_each_split_as_its_own_job(reproduce, tmp_path, monkeypatch):
+    """The schedule: the base model's missing evaluations and the trainings first, each run's
+    evaluations (one job per split) only after its training; a run evaluated on every split is
+    skipped, a run evaluated on some splits is trained (its checkpoint kept) and evaluated on the rest."""
+    from concurrent.futures import ThreadPoolExecutor
+    from types import SimpleNamespace
+
+    calls = []
+
+    def train(method, seed, out, args):
+        calls.append(("train", method, seed))
+        return "trained"
+
+    def evaluate(method, seed, out, split, args):
+        calls.append(("evaluate", method, seed, split))
+        return "evaluated"
+
+    monkeypatch.setattr(reproduce, "worker_pool", lambda workers: ThreadPoolExecutor(1))
+    monkeypatch.setattr(reproduce, "train", train)
+    monkeypatch.setattr(reproduce, "evaluate", evaluate)
+    monkeypatch.setattr(reproduce, "load_evaluation", lambda out, split: True)
+    for folder, split in [("runs/GRPO_seed0", "ties"), ("runs/GRPO_seed0", "math"), ("runs/GRPO_seed1", "math"),
+                          ("base", "math")]:
+        (tmp_path / folder).mkdir(parents=True, exist_ok=True)
+        reproduce.eval_path(tmp_path / folder, split).write_text("{}")
+    args = SimpleNamespace(methods=["GRPO"], seeds=[0, 1, 2], splits=["ties", "math"], workers=1)
+    runs = reproduce.run_all(tmp_path, args, 0.0)
+    assert [(m, s) for m, s, _ in runs] == [(None, 0), ("GRPO", 0), ("GRPO", 1), ("GRPO", 2)]
+    assert calls[:3] == [("evaluate", None, 0, "ties"), ("train", "GRPO", 1), ("train", "GRPO", 2)]
+    assert sorted(calls[3:], key=str) == [("evaluate", "GRPO", 1, "ties"), ("evaluate", "GRPO", 2, "math"),
+                                          ("evaluate", "GRPO", 2, "ties")]
 
 
 def test_a_stored_evaluation_of_changed_data_is_refused(reproduce, tmp_path, capsys):
@@ -157,11 +186,11 @@ def test_a_stored_evaluation_of_changed_data_is_refused(reproduce, tmp_path, cap
     stale = dataclasses.replace(result, records=[dataclasses.replace(r, task_fingerprint="f" * 16) for r in result.records])
     stale.to_json(reproduce.eval_path(run, "ties"))
     with pytest.raises(ValueError, match=r"eval_ties.json: 'sql_synth/test_ties/00000' was another question"):
-        reproduce.evaluated(run, ["ties"])
+        reproduce.missing_splits(run, ["ties"])
     legacy = dataclasses.replace(result, records=[dataclasses.replace(r, task_fingerprint="") for r in result.records])
     legacy.to_json(reproduce.eval_path(run, "ties"))
     assert reproduce.load_results(run, ["ties"])["ties"].records == legacy.records
-    assert reproduce.evaluated(run, ["ties"])  # read once, however often it is asked for
+    assert reproduce.missing_splits(run, ["ties"]) == []  # read once, however often it is asked for
     assert capsys.readouterr().out.count("written before task fingerprints were recorded; 20 of its 20 prompts") == 1
 
 
@@ -177,7 +206,7 @@ def test_the_fourth_leases_ties_evaluations_are_of_the_old_family_and_refused(re
     with pytest.raises(ValueError, match="was another question when it was evaluated"):
         reproduce.load_evaluation(tmp_path / "base", "ties")
     with pytest.raises(ValueError, match="was another question when it was evaluated"):
-        reproduce.evaluated(tmp_path / "runs" / "GRPO_seed0", ["ties"])
+        reproduce.missing_splits(tmp_path / "runs" / "GRPO_seed0", ["ties"])
     assert len(reproduce.load_evaluation(tmp_path / "base", "in-domain").records) == 100
     assert "warning" not in capsys.readouterr().out
 
@@ -192,8 +221,8 @@ def test_the_fifth_leases_evaluations_are_reused_as_they_are(reproduce, tmp_path
     archive = pathlib.Path(__file__).resolve().parents[1] / "docs/gpu_runs/2026-11-26-h100-lease5-r24.tar.gz"
     with tarfile.open(archive) as tar:
         tar.extractall(tmp_path, filter="data")
-    assert reproduce.evaluated(tmp_path / "base", ["ties"])
-    assert reproduce.evaluated(tmp_path / "runs" / "GRPO_seed0", ["ties"])
+    assert reproduce.missing_splits(tmp_path / "base", ["ties"]) == []
+    assert reproduce.missing_splits(tmp_path / "runs" / "GRPO_seed0", ["ties"]) == []
     grpo = reproduce.load_evaluation(tmp_path / "runs" / "GRPO_seed0", "ties")
     assert (len(grpo.records), grpo.n, grpo.max_new_tokens) == (100, 64, 96)
     assert "warning" not in capsys.readouterr().out

@@ -266,6 +266,47 @@ def test_gold_cache_follows_a_rewrite_in_place(tmp_path):
     assert sql_reward(fenced("SELECT 3"), gold, str(path)) == 1.0
 
 
+def test_a_query_that_ran_is_answered_from_the_result_cache_unless_it_failed_or_is_random(db, monkeypatch):
+    """The scorer's and ``answer_key``'s run of one query, and a query sampled many times, run
+    once per database file; a failed query and one drawing random numbers run each time."""
+    import rllib_dph.envs.sql as sql
+
+    monkeypatch.setattr(sql, "_results", sql._LRUCache(1 << 20))
+    runs = []
+    real_run = sql._Sandbox.run
+
+    def counted(self, statement, deadline):
+        runs.append(statement)
+        return real_run(self, statement, deadline)
+
+    monkeypatch.setattr(sql._Sandbox, "run", counted)
+    for _ in range(3):
+        assert sql_reward(fenced("SELECT COUNT(*) FROM singer"), "SELECT COUNT(*) FROM singer", db) == 1.0
+        assert execute_sql("SELECT COUNT(*) FROM singer;", db) == [(len(SINGERS),)]  # same statement
+        with pytest.raises(sql.SQLExecutionError):
+            execute_sql("SELECT nope FROM singer", db)
+        execute_sql("SELECT random() FROM singer", db)
+        execute_sql("SELECT date('NOW')", db)
+    assert sorted(set(runs)) == ["SELECT COUNT(*) FROM singer", "SELECT date('NOW')", "SELECT nope FROM singer",
+                                 "SELECT random() FROM singer"]
+    assert runs.count("SELECT COUNT(*) FROM singer") == 1
+    assert all(runs.count(s) == 3 for s in set(runs) - {"SELECT COUNT(*) FROM singer"})
+
+
+def test_the_result_cache_keeps_at_most_its_weight_least_recently_used_first():
+    from rllib_dph.envs.sql import _LRUCache
+
+    cache = _LRUCache(10)
+    cache.put("a", 1, 4)
+    cache.put("b", 2, 4)
+    assert cache.get("a") == 1  # "b" is now the least recently used
+    cache.put("c", 3, 4)
+    assert (cache.get("a"), cache.get("b"), cache.get("c"), cache.weight) == (1, None, 3, 8)
+    cache.put("a", 4, 2)  # replaced: its old weight leaves
+    cache.put("big", 5, 11)  # heavier than the whole cache: not kept, nothing evicted for it
+    assert (cache.get("a"), cache.get("big"), cache.get("c"), cache.weight) == (4, None, 3, 6)
+
+
 def make_wal_db(path):
     """A database in WAL mode (SQLite would create -wal and -shm files next to it to read it)."""
     make_db(path)
@@ -564,6 +605,7 @@ def test_caller_returns_at_the_deadline_when_sqlite_cannot_stop(db, monkeypatch)
         return [(1,)]
 
     monkeypatch.setattr("rllib_dph.envs.sql._Sandbox.run", uninterruptible)
+    monkeypatch.setattr("rllib_dph.envs.sql._results", rllib_dph.envs.sql._LRUCache(1 << 20))  # SELECT 1 ran before
     start = time.monotonic()
     verdict = verify_sql(fenced("SELECT 1"), "SELECT 1", db, timeout_s=0.5)
     assert verdict.error.endswith("timed out: the query ran past its time limit")  # gold runs first

@@ -85,10 +85,13 @@ runs over gold columns). Either result empty gives 0.
 Caches (per process): the read-only connections, shared by all threads (one thread at a time
 each) and bounded for the whole process -- never more than a quarter of its open-file limit
 (:class:`_ConnectionPool`, :data:`MAX_OPEN_CONNECTIONS`), so that scoring against many databases
-from many threads never runs out of file descriptors -- and the gold results per (database file
-identity, gold query); both are LRU caches. The identity is the file's device, inode, size,
-modification and change times: a database replaced or rewritten in place is reopened and its
-gold results recomputed. Connections are dropped in a forked child.
+from many threads never runs out of file descriptors -- and the results of the queries that ran
+without error, per (database file identity, statement), so that a gold query, a query that the
+scorer and ``answer_key`` both run, and the same query sampled many times run once (not a
+query that reads the clock or draws random numbers: :data:`UNREPEATABLE`); both are LRU caches.
+The identity is the file's device, inode, size, modification and change times: a database
+replaced or rewritten in place is reopened and its results recomputed. Connections are dropped
+in a forked child.
 """
 
 from __future__ import annotations
@@ -161,8 +164,11 @@ DEFAULT_TIMEOUT_S = 15.0
 WATCHDOG_MAX_WAIT_S = 60.0
 #: Significant digits floats are rounded to before comparing.
 FLOAT_DIGITS = 12
-#: Gold results kept per process.
-GOLD_CACHE_SIZE = 1_024
+#: Bytes of query results kept per process (:func:`_execute`'s cache): each entry counts its
+#: values' bytes (8 per number, the length of a text) plus RESULT_ENTRY_BYTES, and the least
+#: recently used entries leave first.
+RESULT_CACHE_BYTES = 256 * 2**20
+RESULT_ENTRY_BYTES = 256
 #: Most database connections (sandboxes) open at once per process, all threads together; each
 #: holds one file descriptor. Further capped at one per FILES_PER_CONNECTION of the process's
 #: open-file limit (soft ``RLIMIT_NOFILE``, read at each open), leaving the rest of the
@@ -964,12 +970,25 @@ _QUERY_THREADS = _QueryThreads()
 os.register_at_fork(after_in_child=_QUERY_THREADS.forget)
 
 
+#: Statements whose result may differ between two runs on the same file (SQLite's random
+#: numbers and its 'now' date and time): never served from the result cache.
+UNREPEATABLE = re.compile(r"random|current_(date|time)|['\"]now['\"]", re.IGNORECASE)
+
+
 def _execute(sql: str, db_path: str, deadline: float) -> list[Row]:
     """Runs ``sql`` on a query thread (:class:`_QueryThreads`) and waits for it at most until
-    ``deadline`` plus :data:`DEADLINE_GRACE_S`."""
+    ``deadline`` plus :data:`DEADLINE_GRACE_S`; a statement that ran without error on the same
+    file before is answered from the result cache (unless :data:`UNREPEATABLE`). Errors are
+    never cached: a time-out or an out-of-memory failure may not happen again."""
     statement = _single_statement(_capped(sql))
     identity = _file_identity(db_path)
-    return _QUERY_THREADS.run(lambda: _execute_here(statement, identity, deadline), deadline)
+    key = (identity, statement)
+    rows = _results.get(key)
+    if rows is None:
+        rows = tuple(_QUERY_THREADS.run(lambda: _execute_here(statement, identity, deadline), deadline))
+        if not UNREPEATABLE.search(statement):
+            _results.put(key, rows, RESULT_ENTRY_BYTES + sum(sum(map(_value_bytes, row)) for row in rows))
+    return list(rows)
 
 
 def _execute_here(statement: str, identity: tuple, deadline: float) -> list[Row]:
@@ -1011,39 +1030,35 @@ def execute_sql(sql: str, db_path: str, *, timeout_s: float = DEFAULT_TIMEOUT_S)
 
 
 class _LRUCache:
-    """A small thread-safe least-recently-used mapping."""
+    """A thread-safe least-recently-used mapping holding at most ``max_weight`` (the sum of its
+    entries' weights); an entry heavier than that is not kept."""
 
-    def __init__(self, maxsize: int):
-        self.maxsize = maxsize
-        self._data: OrderedDict = OrderedDict()
+    def __init__(self, max_weight: int):
+        self.max_weight = max_weight
+        self.weight = 0
+        self._data: OrderedDict = OrderedDict()  # key -> (value, weight)
         self._lock = threading.Lock()
 
     def get(self, key):
         with self._lock:
-            value = self._data.get(key)
-            if value is not None:
-                self._data.move_to_end(key)
-            return value
-
-    def put(self, key, value) -> None:
-        with self._lock:
-            self._data[key] = value
+            entry = self._data.get(key)
+            if entry is None:
+                return None
             self._data.move_to_end(key)
-            if len(self._data) > self.maxsize:
-                self._data.popitem(last=False)
+            return entry[0]
+
+    def put(self, key, value, weight: int) -> None:
+        if weight > self.max_weight:
+            return
+        with self._lock:
+            old = self._data.pop(key, None)
+            self.weight += weight - (old[1] if old else 0)
+            self._data[key] = (value, weight)
+            while self.weight > self.max_weight:
+                self.weight -= self._data.popitem(last=False)[1][1]
 
 
-_gold_cache = _LRUCache(GOLD_CACHE_SIZE)
-
-
-def _gold_rows(gold_sql: str, db_path: str, deadline: float) -> tuple[Row, ...]:
-    """The gold query's rows, from the cache when the same file and query were run before."""
-    key = (*_file_identity(db_path), gold_sql)
-    rows = _gold_cache.get(key)
-    if rows is None:
-        rows = tuple(_execute(gold_sql, db_path, deadline))
-        _gold_cache.put(key, rows)
-    return rows
+_results = _LRUCache(RESULT_CACHE_BYTES)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1213,7 +1228,7 @@ def _run_and_compare(sql: str, gold_sql: str, db_path: str, compare, deadline: f
     """
     try:
         try:
-            gold = _gold_rows(gold_sql, db_path, deadline)
+            gold = _execute(gold_sql, db_path, deadline)
         except SQLExecutionError as error:
             return Verdict(0.0, False, f"gold query failed on {db_path}: {error}")
         try:

@@ -287,8 +287,10 @@ def test_a_query_that_ran_is_answered_from_the_result_cache_unless_it_failed_or_
             execute_sql("SELECT nope FROM singer", db)
         execute_sql("SELECT random() FROM singer", db)
         execute_sql("SELECT date('NOW')", db)
-    assert sorted(set(runs)) == ["SELECT COUNT(*) FROM singer", "SELECT date('NOW')", "SELECT nope FROM singer",
-                                 "SELECT random() FROM singer"]
+        execute_sql("SELECT datetime()", db)  # no time value: now
+        execute_sql("SELECT strftime('%Y')", db)
+    assert sorted(set(runs)) == ["SELECT COUNT(*) FROM singer", "SELECT date('NOW')", "SELECT datetime()",
+                                 "SELECT nope FROM singer", "SELECT random() FROM singer", "SELECT strftime('%Y')"]
     assert runs.count("SELECT COUNT(*) FROM singer") == 1
     assert all(runs.count(s) == 3 for s in set(runs) - {"SELECT COUNT(*) FROM singer"})
 

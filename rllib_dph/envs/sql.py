@@ -971,8 +971,13 @@ os.register_at_fork(after_in_child=_QUERY_THREADS.forget)
 
 
 #: Statements whose result may differ between two runs on the same file (SQLite's random
-#: numbers and its 'now' date and time): never served from the result cache.
-UNREPEATABLE = re.compile(r"random|current_(date|time)|['\"]now['\"]", re.IGNORECASE)
+#: numbers and the time now: ``'now'``, ``CURRENT_*``, a date function called without a time
+#: value, e.g. ``date()`` or ``strftime('%Y')``): never served from the result cache.
+UNREPEATABLE = re.compile(
+    r"random|current_(date|time)|['\"]now['\"]|\b(date|time|datetime|julianday|unixepoch)\s*\(\s*\)"
+    r"|\bstrftime\s*\(\s*('[^']*'|\"[^\"]*\")\s*\)",
+    re.IGNORECASE,
+)
 
 
 def _execute(sql: str, db_path: str, deadline: float) -> list[Row]:

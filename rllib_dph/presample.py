@@ -77,7 +77,7 @@ import pyarrow.parquet as pq
 
 from rllib_dph.engines import DEFAULT_ENGINE, build_engine
 from rllib_dph.engines.base import SamplingParams
-from rllib_dph.files import atomic_path, file_lock, home, remove_leftovers, write_json_atomic
+from rllib_dph.files import atomic_path, file_lock, home, remove_leftovers, write_bytes_atomic, write_json_atomic
 from rllib_dph.models.hub import model_fingerprint, resolve_model
 from rllib_dph.envs import make_env
 from rllib_dph.rollout import encode_task, rollout_chunks
@@ -101,7 +101,7 @@ SELECTION_SETTINGS = ("k", "min_correct", "pef_samples", "full_data")
 #: Where stage 1's sample parts are kept for every directory with the same sampling (under ``home()``).
 SHARED_SAMPLES_DIR = pathlib.Path("presample") / "samples"
 #: The settings of :func:`identity_settings` that choose among the samples rather than draw them.
-CHOICE_SETTINGS = ("min_correct", "pef_samples", "full_data")
+CHOICE_SETTINGS = tuple(name for name in SELECTION_SETTINGS if name != "k")
 #: Version of the D_pef file layout: 3 = one row per trajectory, ``pef_samples`` recorded.
 SCHEMA_VERSION = 3
 #: The named choices of ``PresampleConfig.pef_samples`` (an integer n >= 1 is the third kind).
@@ -314,8 +314,7 @@ def _share(source: pathlib.Path, dest: pathlib.Path) -> None:
     except FileExistsError:
         pass  # another process shared the same part (the same draws) first
     except OSError:
-        with atomic_path(dest) as tmp:
-            tmp.write_bytes(source.read_bytes())
+        write_bytes_atomic(dest, source.read_bytes())
 
 
 def read_identity(out_dir: str | os.PathLike) -> Optional[dict[str, Any]]:
@@ -399,9 +398,9 @@ class Presampler:
         params = replace(c.sampling, n=n, seed=seed)
         total = -(-len(indices) // c.prompts_per_chunk)
         shared = stage == "sample" and self.shared is not None
-        for chunk in range(total) if shared else ():
-            if not self._part(stage, chunk).exists() and (self.shared / self._part(stage, chunk).name).exists():
-                _share(self.shared / self._part(stage, chunk).name, self._part(stage, chunk))
+        for local in (self._part(stage, chunk) for chunk in range(total)) if shared else ():
+            if not local.exists() and (self.shared / local.name).exists():
+                _share(self.shared / local.name, local)
         chunks = rollout_chunks(self.engine, self.env, indices, params, chunk_size=c.prompts_per_chunk,
                                 skip=lambda chunk: self._part(stage, chunk).exists())
         for chunk, _, result in tqdm(chunks, total=total, desc=desc, disable=not progress):

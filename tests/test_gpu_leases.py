@@ -1,0 +1,129 @@
+"""bench/gpu_leases.py: the prepared GPU leases fit the device tool's limits and their flags parse,
+so a lease's minutes are not spent on a setup bug; and its checks name what would fail."""
+
+import argparse
+import gzip
+import subprocess
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def leases(load_bench):
+    return load_bench("gpu_leases")
+
+
+def test_every_prepared_call_fits_the_run_tool_and_every_flag_parses(leases):
+    archived = set()
+    for lease in leases.leases():
+        for number, call in enumerate(lease.calls, 1):
+            where = f"{lease.name} call {number}"
+            timeout, command = call.render(leases.LEFT_S)
+            assert "{" not in command.replace("'{", "") and len(command) <= leases.COMMAND_LIMIT, where
+            assert call.timeout_s is None or 0 < call.timeout_s <= leases.CALL_LIMIT_S, where
+            for path in call.carry:
+                assert path.split("/")[0] in (".whl", ".smol", ".vllm"), where
+                assert leases.ignored(path), f"{where} carries {path}, which git does not ignore"
+            assert leases.flag_problems(command) == [], where
+        assert lease.calls[-1].timeout_s is None, f"{lease.name}'s last call takes what the lease has left"
+        for path in lease.needs:
+            assert (leases.REPO / path).is_file() or path in archived, f"{lease.name} unpacks {path}"
+        archived.add(lease.archive_to)
+    names = [lease.name for lease in leases.leases()]
+    assert len(set(names)) == len(names)
+
+
+def _repo(tmp_path):
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / ".gitignore").write_text("/.whl/\n")
+    (tmp_path / "tracked.txt").write_bytes(b"x" * 2**20)
+    (tmp_path / ".whl").mkdir()
+    return tmp_path
+
+
+def test_a_call_over_64_mib_a_travelling_carry_a_long_command_and_a_bad_timeout_are_named(leases, tmp_path):
+    root = _repo(tmp_path)
+    with open(root / ".whl" / "big.whl", "wb") as big:
+        big.truncate(62 * 2**20)
+    (root / ".whl" / "small.whl").write_bytes(b"x" * 2**20)
+    tree = leases.tree_bytes(root)
+    assert tree == 2**20 + len("/.whl/\n")  # the ignored wheels do not travel with the tree
+    assert leases.call_problems(leases.Call((".whl/small.whl",), "ls"), tree, root) == []
+    problems = leases.call_problems(leases.Call((".whl/big.whl", "tracked.txt"), "x" * 2001, 900), tree, root)
+    assert [p.split(",")[0].split(":")[0] for p in problems] == [
+        "carries tracked.txt", "carries 64.0 MiB with the tree (1.0 MiB)", "its command has 2001 characters",
+        "timeout_s 900 is outside 1-600"]
+
+
+def test_a_call_that_leaves_less_room_than_the_archives_need_is_named(leases, tmp_path):
+    root = _repo(tmp_path)
+    with open(root / ".whl" / "big.whl", "wb") as big:
+        big.truncate(61 * 2**20 + 2**19)
+    (problem,) = leases.call_problems(leases.Call((".whl",), "ls"), leases.tree_bytes(root), root)
+    assert problem.startswith("leaves 1.5 MiB of the 64") and "2 MiB" in problem
+
+
+def test_a_last_call_takes_what_is_left_and_keeps_time_to_pack_its_results(leases, capsys):
+    lease = leases.by_name("rn-grpo")
+    timeout, command = lease.calls[-1].render(300)
+    assert timeout == 280 and f"timeout {280 - leases.WRAP_UP_S} python3" in command and command.index(
+        "timeout 240") < command.index("tar cf $OUT/rn.tar")
+    assert lease.calls[2].render(300)[0] == 600  # an earlier call keeps its own
+    leases.show(lease, 300)
+    assert "timeout_s 280 (with 300 s of device time left" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="rn-grpo's last call would get 80 s with 100 s left: too little"):
+        leases.show(lease, 100)
+
+
+def test_check_names_the_carries_not_made_yet_once_with_the_commands_that_make_them(leases, tmp_path, capsys):
+    root = _repo(tmp_path)
+    absent = leases.absent_carries(root)
+    assert ".whl" not in absent and ".vllm/call1" in absent and ".smol/gguf-0.19.0-py3-none-any.whl" in absent
+    assert leases.check(root) >= len(absent)
+    out = capsys.readouterr().out
+    assert out.count("not made yet") == 1 and "python bench/vllm_kit.py prepare" in out
+
+
+def test_python_runs_reads_each_bench_script_up_to_the_next_shell_operator(leases):
+    command = ("export A=1; timeout 560 python3 bench/reproduce_dph.py --budget x --methods 'DPH-JS (η=10)' --out "
+               "/tmp/r > $OUT/log 2>&1; echo rc=$?; python3 bench/gpu_smollm2.py --iterations 25 --config "
+               "'{\"a\": 1}' && python3 -m pip install y; python3 bench/vllm_kit.py check | tail")
+    assert leases.python_runs(command) == [
+        ["bench/reproduce_dph.py", "--budget", "x", "--methods", "DPH-JS (η=10)", "--out", "/tmp/r"],
+        ["bench/gpu_smollm2.py", "--iterations", "25", "--config", '{"a": 1}'],
+        ["bench/vllm_kit.py", "check"]]
+
+
+def test_an_unknown_flag_a_wrong_choice_and_a_wrong_value_are_refused_here(leases):
+    problems = leases.flag_problems("python3 bench/reproduce_dph.py --budget nope; python3 bench/vllm_kit.py install "
+                                    "--targett /tmp/v; python3 bench/gpu_smollm2.py --iterations x; python3 "
+                                    "bench/gpu_suite.py --steps env,vlm; python3 bench/reproduce_dph.py --budget ties")
+    assert len(problems) == 4
+    assert "invalid choice: 'nope'" in problems[0]
+    assert "unrecognized arguments: --targett /tmp/v" in problems[1]
+    assert "invalid int value: 'x'" in problems[2]
+    assert "unknown step vlm" in problems[3]
+
+
+def test_archive_gzips_the_lease_results_into_the_tree_and_names_a_missing_tar(leases, tmp_path):
+    lease = leases.by_name("rn-grpo")
+    files_at, root = tmp_path / "files", tmp_path / "repo"
+    files_at.mkdir()
+    (root / "docs" / "gpu_runs").mkdir(parents=True)
+    with pytest.raises(SystemExit, match=r"rn.tar is absent: the lease's last call writes \$OUT/rn.tar"):
+        leases.archive(lease, files_at, root)
+    (files_at / "rn.tar").write_bytes(b"evaluations")
+    target = leases.archive(lease, files_at, root)
+    assert target == root / lease.archive_to and gzip.decompress(target.read_bytes()) == b"evaluations"
+    with pytest.raises(SystemExit, match="no lease 'nope'; the leases are rn-grpo, rn-dph-js"):
+        leases.by_name("nope")
+
+
+def test_the_suite_refuses_an_unknown_step_and_names_every_step(load_bench, tmp_path):
+    suite = load_bench("gpu_suite")
+    with pytest.raises(argparse.ArgumentTypeError, match="unknown step vlm: the steps are env, learners"):
+        suite.step_names("env,vlm")
+    args = argparse.Namespace(cpu_check=True, rollout_models="", learner_cases="", learners1_cases="", e2e_iterations=1,
+                              **{f"{name}_s": 1 for name in ("learners", "learners1", "e2e", "rollouts", "vllm",
+                                                             "profile", "async", "weight_sync", "smollm2")})
+    assert tuple(step.name for step in suite.steps(tmp_path, args)) == suite.STEP_NAMES

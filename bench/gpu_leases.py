@@ -31,6 +31,8 @@ import shutil
 import subprocess
 import sys
 
+from gpu_suite import parse_problem  # bench/gpu_suite.py
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 CARRY_LIMIT = 64 * 2**20  # bytes a call carries, the tree included
 #: Room a call keeps below the limit: each lease's archive and figures (0.1-0.3 MiB) join the tree.
@@ -227,28 +229,14 @@ def absent_carries(root: pathlib.Path = REPO) -> list[str]:
                    if not (root / path).exists()})
 
 
-#: Runs a script (argv[1]) with the rest as its arguments until its parser has read them all, then exits 0.
-PARSE_ONLY = """import argparse, os, runpy, sys
-parse = argparse.ArgumentParser.parse_args
-def parse_then_stop(self, args=None, namespace=None):
-    parse(self, args, namespace)
-    raise SystemExit(0)
-argparse.ArgumentParser.parse_args = parse_then_stop
-sys.argv = sys.argv[1:]
-sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
-
-
 def flag_problems(command: str, root: pathlib.Path = REPO) -> list[str]:
-    """Each bench script of ``command`` run here until its parser has read every argument: a wrong
-    flag, choice or value fails here, not on the GPU machine."""
+    """Each bench script of ``command`` run here until its parser has read every argument
+    (:func:`gpu_suite.parse_problem`): a wrong flag, choice or value fails here, not on the GPU machine."""
     problems = []
     for args in python_runs(command):
-        done = subprocess.run([sys.executable, "-c", PARSE_ONLY, *args], cwd=root, capture_output=True, text=True)
-        if done.returncode != 0:
-            last = (done.stderr.strip().splitlines() or ["no message"])[-1]
-            problems.append(f"`{shlex.join(args)}` does not parse: {last}")
+        problem = parse_problem(args, root)
+        if problem:
+            problems.append(f"`{shlex.join(args)}` does not parse: {problem}")
     return problems
 
 

@@ -44,7 +44,7 @@ command, exit status, seconds and parsed results), one ``suite.md`` (the tables)
 How to run::
 
     python bench/gpu_suite.py --prepare          # here, once: the wheels the GPU machine lacks, into .whl/
-    python bench/gpu_suite.py --dry-run          # here: every step's command, and a check that each script parses
+    python bench/gpu_suite.py --dry-run          # here: every step's command, and a check that each parses its arguments
     # on the GPU machine (the device tool's run, carrying .whl):
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && \\
         PYTHONPATH=/tmp/site:$PWD python3 bench/gpu_suite.py --out $OUT --budget-s 420
@@ -443,14 +443,38 @@ def prepare_smollm2(folder: pathlib.Path, part_mib: list[int]) -> None:
             print(f"{folder.name}/{part.name}: {part.stat().st_size / 2**20:.1f} MiB")
 
 
+#: Runs a script (argv[1]) or ``-m module`` with the rest as its arguments until its argument
+#: parser has read them all, then exits 0: an unknown flag or a wrong choice or value exits 2.
+PARSE_ONLY = """import argparse, os, runpy, sys
+parse = argparse.ArgumentParser.parse_args
+def parse_then_stop(self, args=None, namespace=None):
+    parse(self, args, namespace)
+    raise SystemExit(0)
+argparse.ArgumentParser.parse_args = parse_then_stop
+if sys.argv[1] == "-m":
+    sys.argv = sys.argv[2:]
+    runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+else:
+    sys.argv = sys.argv[1:]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))
+    runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def parse_problem(command: list[str], cwd: pathlib.Path = REPO) -> str | None:
+    """Runs ``command`` (a script or ``-m module``, then its arguments) here until its argument
+    parser has read every argument; returns the parser's last error line, or None if it parses."""
+    done = subprocess.run([sys.executable, "-c", PARSE_ONLY, *command], cwd=cwd, capture_output=True, text=True)
+    return None if done.returncode == 0 else (done.stderr.strip().splitlines() or ["no message"])[-1]
+
+
 def dry_run(out: pathlib.Path, args) -> None:
-    """Prints every step's command and checks that each script starts (``--help``)."""
+    """Prints every step's command and checks that its script's parser reads every argument."""
     for step in steps(out, args):
         print(f"{step.name} (limit {step.limit_s:.0f} s): {' '.join(step.command)}")
-        if step.name == "env":
-            continue
-        probe = step.command[: step.command.index("file")] if step.name == "e2e" else step.command[:2]
-        subprocess.run(probe + ["--help"], check=True, stdout=subprocess.DEVNULL, cwd=REPO)
+        problem = None if step.name == "env" else parse_problem(step.command[1:])
+        if problem:
+            raise SystemExit(f"step {step.name}'s command does not parse: {problem}")
     print("every step's script parses its arguments")
 
 
@@ -476,7 +500,7 @@ def main() -> None:
     parser.add_argument("--e2e-s", type=float, default=120)
     parser.add_argument("--e2e-iterations", type=int, default=8)
     parser.add_argument("--prepare", action="store_true", help="download and trim the wheels into .whl/, then exit")
-    parser.add_argument("--dry-run", action="store_true", help="print the commands and check the scripts start")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands and check that each parses its arguments")
     parser.add_argument("--cpu-check", action="store_true", help="tiny shapes on a CPU: runs the suite itself end to end")
     args = parser.parse_args()
     out = pathlib.Path(args.out).resolve()

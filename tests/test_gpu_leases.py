@@ -123,6 +123,8 @@ def test_the_suite_refuses_an_unknown_step_and_names_every_step(load_bench, tmp_
     suite = load_bench("gpu_suite")
     with pytest.raises(argparse.ArgumentTypeError, match="unknown step vlm: the steps are env, learners"):
         suite.step_names("env,vlm")
+    assert "unrecognized arguments: --nope" in suite.parse_problem(["-m", "rllib_dph.cli", "train", "file", "x.py",
+                                                                    "--nope"])
     args = argparse.Namespace(cpu_check=True, rollout_models="", learner_cases="", learners1_cases="", e2e_iterations=1,
                               **{f"{name}_s": 1 for name in ("learners", "learners1", "e2e", "rollouts", "vllm",
                                                              "profile", "async", "weight_sync", "smollm2")})

@@ -94,9 +94,11 @@ def reproduce(budget: str, out: str, limit_s: int | str, log: str, extra: str = 
             f"> $OUT/{log} 2>&1; echo rc=$?")
 
 
-def tar_json(out: str, tar: str) -> str:
-    """Every evaluation and reward file of ``out`` (checkpoints left out) into ``$OUT/tar``."""
-    return f"cd {out} && find . -name '*.json' -not -path '*checkpoint*' | tar cf $OUT/{tar} -T -"
+def collect(out: str, tar: str) -> str:
+    """``out``'s tables and figures into ``$OUT``, and every evaluation and reward file of it
+    (checkpoints left out) into ``$OUT/tar``."""
+    return (f"cp {out}/results.md {out}/summary.json {out}/*.png $OUT/ 2>/dev/null; "
+            f"cd {out} && find . -name '*.json' -not -path '*checkpoint*' | tar cf $OUT/{tar} -T -")
 
 
 def comparison(name: str, budget: str, purpose: str, splits: str, out: str) -> list[Lease]:
@@ -114,8 +116,7 @@ def comparison(name: str, budget: str, purpose: str, splits: str, out: str) -> l
         again = reproduce(budget, out, "{limit}", f"{name}_{half}2.log", f"{methods} --splits {splits}")
         calls = (WHEELS, SMOL_PART_1,
                  Call((SMOL + "2", GGUF), f"{ENV}; {INSTALL_SMOLLM2}; {start}{run}; tail -5 $OUT/{name}_{half}1.log"),
-                 Call((), f"{ENV}; {again}; cp {out}/results.md {out}/summary.json {out}/*.png $OUT/ 2>/dev/null; "
-                          f"{tar_json(out, name + '.tar')}; tail -12 $OUT/{name}_{half}2.log", None))
+                 Call((), f"{ENV}; {again}; {collect(out, name + '.tar')}; tail -12 $OUT/{name}_{half}2.log", None))
         leases.append(Lease(f"{name}-{half}", f"{purpose}: {what}", calls, (given,) if given else (), name + ".tar",
                             archive))
     return leases
@@ -131,8 +132,7 @@ def leases() -> list[Lease]:
          Call((SMOL + "2", GGUF, ".vllm/call1"),
               f"{ENV}; {INSTALL_SMOLLM2}; mkdir -p /tmp/r24 && tar xzf {ties} -C /tmp/r24; "
               f"{reproduce('smollm2-ties-gpu', '/tmp/r24', 560, 'r24_dph.log', ' --splits ties')}; "
-              f"cp /tmp/r24/results.md /tmp/r24/summary.json /tmp/r24/*.png $OUT/; {tar_json('/tmp/r24', 'r24.tar')}; "
-              "tail -12 $OUT/r24_dph.log"),
+              f"{collect('/tmp/r24', 'r24.tar')}; tail -12 $OUT/r24_dph.log"),
          Call((".vllm/call2",), "ls .vllm"),
          Call((".vllm/call3",), f"export PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1; {VLLM}", None)),
         (ties,), "r24.tar", "docs/gpu_runs/smollm2-ties-gpu.tar.gz")

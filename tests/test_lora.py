@@ -9,14 +9,16 @@ import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 
-pytest.importorskip("peft")
+from rllib_dph import columns as C
+from rllib_dph import lora
+from rllib_dph.engines.base import SamplingParams
+from rllib_dph.engines.hf import HFEngine
+from rllib_dph.models.hub import load_causal_lm, load_tokenizer, resolve_model
+from rllib_dph.rl_module import LOGP, ResponseLM, sequence_logprobs
 
-from rllib_dph import columns as C  # noqa: E402
-from rllib_dph import lora  # noqa: E402
-from rllib_dph.engines.base import SamplingParams  # noqa: E402
-from rllib_dph.engines.hf import HFEngine  # noqa: E402
-from rllib_dph.models.hub import load_causal_lm, load_tokenizer, resolve_model  # noqa: E402
-from rllib_dph.rl_module import LOGP, ResponseLM, sequence_logprobs  # noqa: E402
+from extras import needs_peft
+
+pytestmark = needs_peft  # every test here builds LoRA adapters
 
 LORA = {"r": 4, "alpha": 8, "target_modules": "all-linear", "dropout": 0.0}
 

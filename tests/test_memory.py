@@ -34,6 +34,8 @@ from rllib_dph.memory import (
 )
 from rllib_dph.models.hub import load_causal_lm
 
+from extras import needs_peft
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -188,6 +190,7 @@ LORA_SETTINGS = (
 )
 
 
+@needs_peft
 @pytest.mark.parametrize("lora", LORA_SETTINGS)
 def test_adapter_count_equals_pefts(tiny, lora):
     """P_a from the config alone equals the trainable parameters peft adds to the real model."""
@@ -212,6 +215,7 @@ def test_lora_trains_adapters_only_and_loads_no_reference(tiny):
     assert sharded["optimizer"] == 4 * p_a and sharded["reference"] == 0
 
 
+@needs_peft
 def test_lora_activation_term_matches_autograd(tiny, bench_memory):
     """The adapters' saved rank-r outputs: raising r from 16 to 64 adds exactly what autograd
     saves more in a real forward pass (fp32, GRPO groups sharing their prompts)."""

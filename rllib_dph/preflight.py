@@ -85,21 +85,29 @@ class Problem:
         return f"{self.where}: {self.message}"
 
 
+def close_match(word: str, choices: Iterable[str]) -> Optional[str]:
+    """The closest of ``choices`` to ``word`` in spelling (``difflib``, ratio >= 0.6), or None."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """`` (did you mean 'x'?)`` for the closest of ``choices`` to ``word``, or ``""``."""
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    close = close_match(word, choices)
+    return f" (did you mean {close!r}?)" if close else ""
 
 
 def config_key_problems(config, overrides: Mapping[str, Any], where: str = "--config") -> list[Problem]:
-    """Keys of ``overrides`` that are not fields of ``config`` (``update_from_dict`` sets them silently).
+    """Keys of ``overrides`` that are not fields of ``config`` (``update_from_dict`` sets them
+    silently), each with the field it most likely means (``algorithms.field_names``).
 
     Args:
         config: An ``AlgorithmConfig``.
         overrides: The JSON object given to ``--config``.
         where: How the user gave ``overrides`` (named in the problem).
     """
-    fields = {k for k in vars(config) if not k.startswith("_")}
+    from rllib_dph.algorithms.field_names import field_suggestion
+
     problems = []
     for key in overrides:
         moved = config.moved_field_error(key, overrides[key]) if hasattr(config, "moved_field_error") else None
@@ -112,7 +120,7 @@ def config_key_problems(config, overrides: Mapping[str, Any], where: str = "--co
         problems.append(
             Problem(
                 f"{where} key {key!r}",
-                f"{type(config).__name__} has no such field{did_you_mean(key, fields)}; "
+                f"{type(config).__name__} has no such field{field_suggestion(config, key)}; "
                 f"the fields are documented in {type(config).__module__}.",
             )
         )

@@ -17,6 +17,7 @@ from typing import Any, Optional, Type, Union
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
 from ray.rllib.utils.annotations import override
 
+from rllib_dph.algorithms.field_names import check_keywords
 from rllib_dph.algorithms.grpo.grpo import GRPO, GRPOConfig
 from rllib_dph.algorithms.rules import ChoiceRule, CrossRule, NumberRule
 from rllib_dph.losses import F_DIVERGENCES, PEF_NORMALIZATIONS, FDivergenceSpec
@@ -35,8 +36,6 @@ MOVED_FIELDS = {
 
 def _moved_error(name: str, value: Any) -> ValueError:
     """The error for a flat field that moved into ``presample`` (``MOVED_FIELDS``)."""
-    if name not in MOVED_FIELDS:
-        return TypeError(f"DPHConfig.dph() got an unexpected keyword argument {name!r}")
     return ValueError(f"{name}={value!r} is no field any more: DPHConfig embeds one PresampleConfig; write "
                       f".dph(presample={{{MOVED_FIELDS[name]!r}: {value!r}}}) (docs/algorithms.md).")
 
@@ -179,10 +178,13 @@ class DPHConfig(GRPOConfig):
                 ``prompts_per_chunk``. Model, env, sampling and engine are training's
                 (``presample_config``). A ``PresampleConfig`` replaces it; a dict sets only its
                 keys (``{"min_correct": 8}``, also in ``--config``). The flat fields it replaced
-                (``presample_dir``, ``presample_k``, ...) are refused with the new spelling.
+                (``presample_dir``, ``presample_k``, ...) are refused with the new spelling, any
+                other keyword with the field meant (``field_names.check_keywords``).
         """
-        if moved:
-            raise _moved_error(next(iter(moved)), next(iter(moved.values())))
+        for name, value in moved.items():
+            if name in MOVED_FIELDS:
+                raise _moved_error(name, value)
+        check_keywords(self, "dph", moved)
         self._set_provided(
             divergence=divergence, pef_coeff=pef_coeff, pef_loss_normalization=pef_loss_normalization,
             alpha=alpha, pef_path=pef_path, exp_path=exp_path, pef_ratio=pef_ratio,

@@ -35,6 +35,7 @@ from ray.rllib.utils.metrics import (
 
 from rllib_dph import columns as C
 from rllib_dph.async_sampling import SamplingRounds
+from rllib_dph.algorithms.field_names import check_keywords
 from rllib_dph.algorithms.rules import ChoiceRule, CrossRule, NumberRule, first_violation
 from rllib_dph.algorithms.grpo.grpo_torch_learner import GRPOTorchLearner
 from rllib_dph.algorithms.grpo.trust_region import MOVED_FIELDS, TrustRegion, TrustRegionRule, moved_field_message
@@ -277,6 +278,7 @@ class GRPOConfig(AlgorithmConfig):
         gradient_checkpointing: Optional[bool] = NotProvided,
         reference_model: Optional[str] = NotProvided,
         lora: Optional[dict] = NotProvided,
+        **unknown,
     ) -> "GRPOConfig":
         """Sets the policy model and how rollouts are generated.
 
@@ -310,7 +312,9 @@ class GRPOConfig(AlgorithmConfig):
             lora: None (default): full fine-tuning; LoRA settings such as ``{"r": 16, "alpha": 32,
                 "target_modules": "all-linear", "dropout": 0.0}`` train adapters on the frozen
                 base instead (HF engine; π_ref is the base, no second model): ``docs/lora.md``.
+            **unknown: Refused with the field meant (``TypeError``, ``field_names.check_keywords``).
         """
+        check_keywords(self, "llm", unknown)
         self._set_provided(
             model_name=model_name,
             dtype=dtype,
@@ -475,6 +479,7 @@ class GRPOConfig(AlgorithmConfig):
         moved = [self.moved_field_error(name, value) for name, value in kwargs.items() if name in MOVED_FIELDS]
         if moved:
             raise ValueError(moved[0])
+        check_keywords(self, "training", kwargs, AlgorithmConfig.training)
         super().training(**kwargs)
         self._set_provided(
             group_size=group_size,
@@ -516,6 +521,7 @@ class GRPOConfig(AlgorithmConfig):
                 the run stops with an error naming the env runner, the weight version and the
                 timeout (RLlib would drop the runner's samples silently).
         """
+        check_keywords(self, "env_runners", kwargs, AlgorithmConfig.env_runners)
         super().env_runners(**kwargs)
         self._set_provided(weight_sync_timeout_s=weight_sync_timeout_s)
         return self
@@ -591,6 +597,7 @@ class GRPOConfig(AlgorithmConfig):
             **kwargs: ``AlgorithmConfig.learners`` arguments (``num_learners``,
                 ``num_gpus_per_learner``, ...).
         """
+        check_keywords(self, "learners", kwargs, AlgorithmConfig.learners)
         super().learners(**kwargs)
         self._set_provided(
             sharding=sharding, learner_update_timeout_s=learner_update_timeout_s, collective_timeout_s=collective_timeout_s
@@ -629,6 +636,7 @@ class GRPOConfig(AlgorithmConfig):
         val_env_config: Optional[dict] = NotProvided,
         val_n: Optional[int] = NotProvided,
         val_limit: Optional[int] = NotProvided,
+        **unknown,
     ) -> "GRPOConfig":
         """Sets the pass@k evaluation on a validation split during training.
 
@@ -652,7 +660,9 @@ class GRPOConfig(AlgorithmConfig):
                 ``{"data": "sql_synth/test"}``; merged over the training ``env_config``.
             val_n: Samples per validation prompt (default 8); pass@k for k = 1, 2, 4, ... ≤ n.
             val_limit: Evaluate only the first N validation prompts (None: all).
+            **unknown: Refused with the field meant (``TypeError``, ``field_names.check_keywords``).
         """
+        check_keywords(self, "held_out", unknown)
         self._set_provided(
             val_interval=val_interval,
             val_env_config=val_env_config,

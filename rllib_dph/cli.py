@@ -122,12 +122,19 @@ def _eval_settings(args):
     """The ``EvalSettings`` of ``rllib evaluate``'s flags (its sampling one ``SamplingParams``)."""
     from rllib_dph.engines.base import SamplingParams
     from rllib_dph.evaluation import EvalSettings
+    from rllib_dph.evaluation.runner import load_style_fn
 
     sampling = SamplingParams(n=args.n, temperature=args.temperature, top_p=args.top_p,
                               max_new_tokens=args.max_new_tokens, seed=args.seed)
+    if args.style_fn and ":" in args.style_fn:  # a module of the launch folder imports too
+        import_user_modules([args.style_fn.partition(":")[0]])
+    try:
+        style_fn = load_style_fn(args.style_fn) if args.style_fn else None
+    except ValueError as e:
+        raise SystemExit(f"rllib evaluate: --style-fn: {e}")
     return EvalSettings(
-        sampling=sampling, ks=args.ks, greedy=not args.no_greedy, style_suite=args.style_suite, limit=args.limit,
-        batch_prompts=args.batch_prompts, keep_completions=args.keep_completions, progress=True,
+        sampling=sampling, ks=args.ks, greedy=not args.no_greedy, style_suite=args.style_suite, style_fn=style_fn,
+        limit=args.limit, batch_prompts=args.batch_prompts, keep_completions=args.keep_completions, progress=True,
     )
 
 
@@ -293,6 +300,8 @@ def _add_evaluate_parser(sub) -> None:
     ev.add_argument("--no-greedy", action="store_true", help="skip the greedy completion")
     ev.add_argument("--seed", type=int, default=0)
     ev.add_argument("--style-suite", help="suite whose style function names the styles (default: the task's)")
+    ev.add_argument("--style-fn", metavar="MODULE:FUNCTION",
+                    help="your style function (completion, task) -> style or None; per-style pass@k with it")
     ev.add_argument("--limit", type=int, help="evaluate only the first N prompts")
     ev.add_argument("--batch-prompts", type=int, default=16, help="prompts per generate call (default 16)")
     ev.add_argument("--keep-completions", action="store_true", help="store completion texts in the JSON")

@@ -10,16 +10,17 @@ during training); :func:`evaluate` builds both from names or an RLlib checkpoint
 from __future__ import annotations
 
 import hashlib
+import importlib
 import os
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from rllib_dph.envs.suites import STYLE_SUITES
 from rllib_dph.engines import DEFAULT_ENGINE, check_engine_name, make_engine
 from rllib_dph.engines.base import RolloutEngine, SamplingParams
-from rllib_dph.evaluation.metrics import default_ks
+from rllib_dph.evaluation.metrics import NO_ANSWER_STYLE, default_ks
 from rllib_dph.evaluation.results import EvalResult, PromptRecord
 from rllib_dph.envs import make_env
 from rllib_dph.rollout import ScoredGroup, rollout, rollout_chunks
@@ -48,6 +49,13 @@ class EvalSettings:
         style_suite: Suite whose style function names the solution styles (one of
             ``rllib_dph.envs.suites.STYLE_SUITES``); None uses each task's ``data_source`` when it is one
             of them and records no styles otherwise.
+        style_fn: Your own style function, ``style_fn(completion, task) -> str | None`` (``task``
+            the env's ``rllib_dph.envs.base.Task``), called on every sampled completion; it
+            replaces the env's styles. None (no style, e.g. no answer) is recorded as ``"none"``,
+            which no style metric counts. The per-style pass@k counts a sample of style s only
+            when it is correct, so a function that names the shape of any answer gives the
+            pass@k of each shape among correct answers. Give it or ``style_suite``, not both;
+            ``rllib evaluate --style-fn module:function`` (:func:`load_style_fn`).
         limit: Evaluate only the first ``limit`` tasks (>= 1); None evaluates all.
         batch_prompts: Prompts per ``generate`` call, >= 1.
         keep_completions: Keep the completion texts in the records.
@@ -58,6 +66,7 @@ class EvalSettings:
     ks: Optional[Sequence[int]] = None
     greedy: bool = True
     style_suite: Optional[str] = None
+    style_fn: Optional[Callable[[str, Any], Optional[str]]] = None
     limit: Optional[int] = None
     batch_prompts: int = DEFAULT_BATCH_PROMPTS
     keep_completions: bool = False
@@ -80,6 +89,14 @@ class EvalSettings:
             (
                 self.style_suite is None or self.style_suite in STYLE_SUITES,
                 f"style_suite={self.style_suite!r} has no style function; use one of {STYLE_SUITES} or None",
+            ),
+            (
+                self.style_fn is None or callable(self.style_fn),
+                f"style_fn={self.style_fn!r} is not a function (completion, task) -> style name or None",
+            ),
+            (
+                self.style_fn is None or self.style_suite is None,
+                f"style_fn and style_suite={self.style_suite!r} both name styles; give one of them",
             ),
         ]
         for ok, message in rules:
@@ -129,7 +146,10 @@ def evaluate_engine(engine: RolloutEngine, env, settings: EvalSettings) -> EvalR
 def _record(env, sampled: ScoredGroup, greedy: Optional[ScoredGroup], settings: EvalSettings) -> PromptRecord:
     """The record of one prompt: its scored samples, their answers, styles and solutions, and its greedy completion."""
     index, texts = sampled.index, sampled.texts
-    styles = [env.solution_style(index, text, settings.style_suite) for text in texts]
+    if settings.style_fn is None:
+        styles = [env.solution_style(index, text, settings.style_suite) for text in texts]
+    else:
+        styles = [_user_style(settings.style_fn, text, env.tasks[index]) for text in texts]
     keep = settings.keep_completions
     return PromptRecord(
         task_id=env.tasks[index].id,
@@ -146,6 +166,52 @@ def _record(env, sampled: ScoredGroup, greedy: Optional[ScoredGroup], settings: 
         tool_calls=sampled.tool_calls.tolist(),
         task_fingerprint=env.tasks[index].fingerprint,
     )
+
+
+def _user_style(style_fn: Callable[[str, Any], Optional[str]], text: str, task) -> str:
+    """``style_fn(text, task)`` as a style name (None: ``"none"``); a wrong return type or an
+    exception is the function's error, raised with the task and the completion's start."""
+    try:
+        style = style_fn(text, task)
+    except Exception as e:
+        raise ValueError(
+            f"evaluate: style_fn {_name(style_fn)} raised {type(e).__name__}: {e} on task {task.id}, "
+            f"completion {text[:80]!r}; a style function must return a style name or None for any text."
+        ) from e
+    if style is None:
+        return NO_ANSWER_STYLE
+    if not isinstance(style, str) or not style:
+        raise ValueError(
+            f"evaluate: style_fn {_name(style_fn)} returned {style!r} on task {task.id}; return a "
+            "non-empty str (the style name) or None (no style)."
+        )
+    return style
+
+
+def _name(fn: Any) -> str:
+    return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def load_style_fn(spec: str) -> Callable[[str, Any], Optional[str]]:
+    """The style function named ``"module:function"`` (``rllib evaluate --style-fn``).
+
+    Raises:
+        ValueError: ``spec`` is not ``module:function``, the module does not import, or it has
+            no such function.
+    """
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(
+            f"style function {spec!r} is not 'module:function'; e.g. "
+            "'rllib_dph.envs.reasoning_gym:countdown_style'."
+        )
+    try:
+        fn = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"style function {spec!r}: {type(e).__name__}: {e}.") from e
+    if not callable(fn):
+        raise ValueError(f"style function {spec!r} is a {type(fn).__name__}, not a function.")
+    return fn
 
 
 def _short_hash(key: Optional[str]) -> Optional[str]:

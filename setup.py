@@ -44,6 +44,8 @@ setup(
         # GRPOConfig.llm(lora=...) (docs/lora.md): peft 0.21 is the release tested with
         # transformers 5.24 (inject_adapter_in_model, LoraLayer.enable_adapters, get_delta_weight).
         "lora": ["peft>=0.21.2,<0.22"],
+        # rllib_dph/ReasoningGym-v0 (rllib_dph/envs/reasoning_gym.py): scorers read as of 0.1.25.
+        "reasoning_gym": ["reasoning-gym>=0.1.25,<0.2"],
     },
     entry_points={"console_scripts": ["rllib=rllib_dph.cli:main"]},
 )

@@ -6,7 +6,9 @@ first ``gym.make``):
 - ``rllib_dph/SQL-v0``: text-to-SQL, reward from executing the last ```sql block (``rllib_dph.envs.sql``);
 - ``rllib_dph/Math-v0``: math word problems, reward from the last ``\\boxed{}`` (``rllib_dph.envs.math``);
 - ``rllib_dph/SQLMultiTurn-v0``: text-to-SQL with exploratory queries before the answer
-  (``rllib_dph.envs.sql_multiturn``).
+  (``rllib_dph.envs.sql_multiturn``);
+- ``rllib_dph/ReasoningGym-v0``: any reasoning-gym data set, scored by its own scorer
+  (``rllib_dph.envs.reasoning_gym``; needs ``pip install -e ".[reasoning_gym]"``).
 
 New tasks: :func:`register_verifier_env`, :func:`register_multiturn_env`. Building an env from
 an id, class or Tune name: :func:`make_env`. Ray Tune names: :func:`register_tune_envs`
@@ -28,6 +30,7 @@ from rllib_dph.envs.registry import (
 register("rllib_dph/SQL-v0", entry_point="rllib_dph.envs.sql:SQLEnv")
 register("rllib_dph/Math-v0", entry_point="rllib_dph.envs.math:MathEnv")
 register("rllib_dph/SQLMultiTurn-v0", entry_point="rllib_dph.envs.sql_multiturn:SQLMultiTurnEnv")
+register("rllib_dph/ReasoningGym-v0", entry_point="rllib_dph.envs.reasoning_gym:ReasoningGymEnv")
 
 __all__ = [
     "FunctionVerifierEnv",

@@ -385,7 +385,7 @@ def main() -> None:
                              "compile_decode), vllm (the vLLM engine, in-process)")
     parser.add_argument("--vllm-kwargs", default="{}",
                         help='vllm.LLM arguments of the vllm mode, as JSON (on a GPU with the trimmed kit of '
-                             'bench/vllm_kit.py: {"attention_config": {"backend": "TRITON_ATTN"}})')
+                             'tools/offline_kit/vllm_kit.py: {"attention_config": {"backend": "TRITON_ATTN"}})')
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--ray-init", action="store_true", help="start a local Ray instance first")
     parser.add_argument("--json", default=None, help="also write all results to this file")

@@ -5,7 +5,7 @@ How to run::
     nice -n 15 python bench/multiturn_speed.py --out docs/multiturn_runs/2026-11-26-tiny-speed.json
 
 On a machine shared with other jobs, tokens/s of one evaluation swings by 2-4x with the load
-(``bench/multiturn_eval.py``'s rows). Here the two kinds of rollout alternate in short rounds, so
+(``research/multiturn_eval.py``'s rows). Here the two kinds of rollout alternate in short rounds, so
 both see the same load, and the ratio per round is reported. The budget, fixed before the run:
 ``tiny-sql-math-mt``, the first 16 prompts of ``sql_synth/test``, n = 8 episodes per prompt,
 temperature 1.0, 96 new tokens per turn, seed 0 + round, HF engine on the CPU, one torch thread;
@@ -30,9 +30,27 @@ from rllib_dph.envs import make_env
 from rllib_dph.files import write_json_atomic
 from rllib_dph.rollout import rollout
 
-from multiturn_eval import TimedEngine  # bench/, beside this script
-
 ENVS = {"single": ("rllib_dph/SQL-v0", {}), "multi": ("rllib_dph/SQLMultiTurn-v0", {"max_turns": 3})}
+
+
+class TimedEngine:
+    """A rollout engine that counts the tokens it generates, its ``generate`` calls and their rows,
+    and the seconds it spends generating."""
+
+    def __init__(self, engine):
+        self.engine, self.tokens, self.calls, self.rows, self.seconds = engine, 0, 0, 0, 0.0
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def generate(self, prompts, params):
+        start = time.perf_counter()
+        groups = self.engine.generate(prompts, params)
+        self.seconds += time.perf_counter() - start
+        self.calls += 1
+        self.rows += sum(len(g) for g in groups)
+        self.tokens += sum(len(c.token_ids) for group in groups for c in group)
+        return groups
 
 
 def one_rollout(engine, env, params: SamplingParams, prompts: int) -> dict:

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-BENCH = pathlib.Path(__file__).resolve().parents[1] / "bench"
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 # Never reach a model hub from tests.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -53,22 +53,26 @@ def tiny_grpo_config():
 
 
 @pytest.fixture(scope="session")
-def load_bench():
-    """``load_bench("gpu_suite")``: the script ``bench/gpu_suite.py`` as a module, loaded once per
-    session and registered under its name, with ``bench/`` on ``sys.path`` while it loads (the
-    scripts import each other: ``reproduce_dph`` imports ``workers``, ``vllm_kit`` ``gpu_suite``)."""
+def load_script():
+    """``load_script("research/reproduce_dph")``: the script ``research/reproduce_dph.py`` (a path
+    from the repository root, without ``.py``: ``bench/``, ``research/``, ``tools/offline_kit/``)
+    as a module, loaded once per session and registered under its file name, with its own folder on
+    ``sys.path`` while it loads (the scripts import their neighbours: ``reproduce_dph`` imports
+    ``workers``, ``vllm_kit`` ``gpu_suite``)."""
 
-    def load(name: str):
-        if name in sys.modules and getattr(sys.modules[name], "__file__", None) == str(BENCH / f"{name}.py"):
+    def load(script: str):
+        path = REPO / f"{script}.py"
+        name = path.stem
+        if name in sys.modules and getattr(sys.modules[name], "__file__", None) == str(path):
             return sys.modules[name]
-        spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+        spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module  # dataclasses look their module up there
-        sys.path.insert(0, str(BENCH))
+        sys.path.insert(0, str(path.parent))
         try:
             spec.loader.exec_module(module)
         finally:
-            sys.path.remove(str(BENCH))
+            sys.path.remove(str(path.parent))
         return module
 
     return load

@@ -4,8 +4,8 @@ requirements (it failed there without `accelerate`); the benchmark itself is not
 import importlib.metadata
 
 
-def test_setup_commands_need_only_rllib_dph_requirements_here(monkeypatch, load_bench):
-    vs_trl = load_bench("vs_trl")
+def test_setup_commands_need_only_rllib_dph_requirements_here(monkeypatch, load_script):
+    vs_trl = load_script("bench/vs_trl")
     real_version = importlib.metadata.version
     looked_up = []
 

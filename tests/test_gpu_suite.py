@@ -1,4 +1,4 @@
-"""bench/gpu_suite.py's process handling: a step's clean-up kills what the step started, wherever
+"""tools/offline_kit/gpu_suite.py's process handling: a step's clean-up kills what the step started, wherever
 it went (Ray's daemons start their own sessions), and nothing else on the machine."""
 
 import pathlib
@@ -9,8 +9,8 @@ import time
 import pytest
 
 @pytest.fixture(scope="module")
-def suite(load_bench):
-    return load_bench("gpu_suite")
+def suite(load_script):
+    return load_script("tools/offline_kit/gpu_suite")
 
 
 def _alive(pid: int) -> bool:

@@ -45,9 +45,9 @@ def tiny():
 
 
 @pytest.fixture(scope="module")
-def bench_memory(load_bench):
+def bench_memory(load_script):
     """``bench/memory.py`` as a module (its autograd saved-tensor counter)."""
-    return load_bench("memory")
+    return load_script("bench/memory")
 
 
 def total(shape, batch=MicroBatch(8, 64, 64, 4), **setup):

@@ -1,4 +1,4 @@
-"""bench/pef_coverage.py: what D_pef holds of the ties family's two approaches under each threshold."""
+"""research/pef_coverage.py: what D_pef holds of the ties family's two approaches under each threshold."""
 
 import pyarrow.parquet as pq
 import pytest
@@ -9,8 +9,8 @@ from rllib_dph.presample import PresampleConfig, presample
 
 
 @pytest.fixture(scope="module")
-def coverage(load_bench):
-    return load_bench("pef_coverage")
+def coverage(load_script):
+    return load_script("research/pef_coverage")
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,8 @@ import pytest
 
 
 @pytest.fixture(scope="module")
-def reproduce(load_bench):
-    return load_bench("reproduce_dph")
+def reproduce(load_script):
+    return load_script("research/reproduce_dph")
 
 
 @pytest.mark.parametrize("kind, ci, expected", [
@@ -317,7 +317,7 @@ def test_curve_runs_the_collapse_searchs_curve_of_the_budgets_family(reproduce):
     import subprocess
 
     command = reproduce.curve_command("ties-quick")
-    assert command[-3:] == ["--curve", "--family", "ties"] and command[1].endswith("bench/collapse_search.py")
+    assert command[-3:] == ["--curve", "--family", "ties"] and command[1].endswith("research/collapse_search.py")
     printed = subprocess.run(reproduce.curve_command("nulls") + ["--dry-run"], check=True, capture_output=True,
                              text=True).stdout.splitlines()
     assert len(printed) == 3 and all("grpo_budget.py" in line and "test_nulls" in line for line in printed)

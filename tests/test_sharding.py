@@ -106,7 +106,7 @@ def test_fsdp2_needs_two_learners_and_global_norm():
 @pytest.mark.parametrize("sharding", ["ddp", "fsdp2"])
 def test_gpu_learners_do_not_share_a_gpu(sharding):
     """Two NCCL ranks on one GPU fail at the first collective ('Duplicate GPU detected', H200
-    run of bench/gpu_suite.py): the config refuses fractional GPUs for several learners."""
+    run of tools/offline_kit/gpu_suite.py): the config refuses fractional GPUs for several learners."""
     with pytest.raises(ValueError, match=r"num_gpus_per_learner=0.5 with num_learners=2 .*whole GPU"):
         _config().learners(sharding=sharding, num_learners=2, num_gpus_per_learner=0.5).validate()
     _config().learners(sharding=sharding, num_learners=2, num_gpus_per_learner=1).validate()

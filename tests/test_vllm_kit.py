@@ -1,4 +1,4 @@
-"""bench/vllm_kit.py: what the trimmed vLLM wheel drops, how the kit is cut and dealt into calls,
+"""tools/offline_kit/vllm_kit.py: what the trimmed vLLM wheel drops, how the kit is cut and dealt into calls,
 and which of its wheels the GPU machine installs."""
 
 import pathlib
@@ -6,8 +6,8 @@ import pathlib
 import pytest
 
 @pytest.fixture(scope="module")
-def kit(load_bench):
-    return load_bench("vllm_kit")
+def kit(load_script):
+    return load_script("tools/offline_kit/vllm_kit")
 
 
 @pytest.mark.parametrize("path, dropped", [

@@ -2,7 +2,7 @@
 
 ``rllib build-model`` runs it after a tiny model's SFT (``models.hub.build_model(...,
 evaluate=evaluate_base_policy)``) and stores the metrics in the build record
-(``rllib_dph_build.json``); ``bench/base_model.py`` runs it on any model folder. It lives here,
+(``rllib_dph_build.json``); ``research/base_model.py`` runs it on any model folder. It lives here,
 not in ``models/``, so that the model layer imports no engine, rollout or evaluation code.
 """
 

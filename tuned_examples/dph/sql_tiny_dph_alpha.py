@@ -19,7 +19,7 @@ normalisation existed (when eta weighed the term 8x more) are marked as such bel
 Results to expect:
     Measured with build 3 of the tiny model, not re-measured with the shipped build 4 (the ties
     comparison, docs/collapse.md, ran DPH-F and DPH-JS): after 100 iterations
-    (bench/reproduce_dph.py, 3 seeds) alpha=0.5 had greedy accuracy 75.1 % (base 69.3, GRPO 74.1)
+    (research/reproduce_dph.py, 3 seeds) alpha=0.5 had greedy accuracy 75.1 % (base 69.3, GRPO 74.1)
     and pass@1 65.8 % (base 54.3, GRPO 63.2) on sql_synth/test; docs/results.md has the rest.
     The training reward (on D_exp, measured with an earlier build and
     pef_loss_normalization="token_mean") rises from about 0.37 to 0.45 (20-iteration means) over

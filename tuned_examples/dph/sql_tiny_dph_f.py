@@ -17,7 +17,7 @@ exploration rows) = eta/8 relative to the policy loss. Numbers measured before t
 normalisation existed (when eta weighed the term 8x more) are marked as such below.
 
 Results to expect:
-    After 100 iterations (`python bench/reproduce_dph.py --budget ties`: this example with 96-token
+    After 100 iterations (`python research/reproduce_dph.py --budget ties`: this example with 96-token
     responses, 3 seeds, build 4, all 300 prompts of sql_synth/test, n = 64) DPH-F has greedy
     accuracy 73.8 % (base 67.3, GRPO 73.1), pass@1 63.2 % (base 49.1, GRPO 60.4) and pass@64 83.1 %
     (base 84.0, GRPO 83.1); on the held-out ties family (version 1) its pass@64 falls from the base

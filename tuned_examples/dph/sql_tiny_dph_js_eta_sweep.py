@@ -24,7 +24,7 @@ level with GRPO's; smaller values than 0.2 weigh the term even less.
 
 Results to expect:
     This sweep's own 20-iteration output has not been measured; the 100-iteration numbers above
-    come from bench/reproduce_dph.py (3 seeds each).
+    come from research/reproduce_dph.py (3 seeds each).
 """
 
 

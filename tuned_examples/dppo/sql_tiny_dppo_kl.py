@@ -10,7 +10,7 @@ How to run:
     python tuned_examples/dppo/sql_tiny_dppo_kl.py --stop '{"training_iteration": 5}'
 
 Results to expect:
-    In bench/trust_region.py (this off-policy regime, 3 seeds x 40 iterations) Binary-KL's
+    In research/trust_region.py (this off-policy regime, 3 seeds x 40 iterations) Binary-KL's
     training reward rose 0.376 -> 0.421 (10-iteration means) against 0.391 -> 0.455 with GRPO's
     ratio clip: no DPPO advantage on the tiny model, whose μ and π_θ agree closely (docs/results.md,
     "Trust regions").

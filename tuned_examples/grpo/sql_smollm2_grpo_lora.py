@@ -17,7 +17,7 @@ How to run (one GPU, bf16 mixed precision, the HF engine and the learner on it):
 
 Results to expect:
     On 2 CPU cores, its CPU shape with 4 prompts x 8, 64 tokens and lr 1e-4 for 30 iterations on
-    sql_synth/train[:128] (`python bench/reproduce_dph.py --budget smollm2-lora-cpu`, docs/lora.md,
+    sql_synth/train[:128] (`python research/reproduce_dph.py --budget smollm2-lora-cpu`, docs/lora.md,
     "It learns"): validation pass@1 on the first 50 sql_synth/test prompts 48.8 -> 66.2 %
     (+17.5 [+12.5, +23.0] points), pass@8 94 -> 90 %. The GPU configuration above has not run.
     The per-step cost against full fine-tuning on CPU (step time, weight-sync time, peak RSS) is

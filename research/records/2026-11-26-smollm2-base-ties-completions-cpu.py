@@ -2,7 +2,7 @@
 # the ties family, with `every_candidate_ties` (removed when version 2 left those questions out).
 # To rerun it: `git worktree add /tmp/v1 4e73353` and run it there.
 import collections, sys, time
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[2] / "bench"))
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))  # research/: reproduce_dph
 from rllib_dph.engines.base import SamplingParams
 from rllib_dph.evaluation import EvalSettings, evaluate_policy
 from rllib_dph.models.hub import resolve_model

@@ -16,15 +16,15 @@ The first evaluation after which pass@k(max) stays below the base model's, with 
 that excludes 0, is where GRPO's sharpening costs coverage (the DPH-RL paper's collapse); the
 reproduction's budget comes from that curve (docs/results.md, "The DPH-RL comparison").
 
-    python bench/grpo_budget.py                         # 200 iterations, every 20, n = 32, 100 prompts
-    python bench/grpo_budget.py --iterations 40 --every 20 --limit 20 --n 8    # a smoke run
-    python bench/grpo_budget.py --split sql_synth/test_ties --n 64 \
+    python research/grpo_budget.py                         # 200 iterations, every 20, n = 32, 100 prompts
+    python research/grpo_budget.py --iterations 40 --every 20 --limit 20 --n 8    # a smoke run
+    python research/grpo_budget.py --split sql_synth/test_ties --n 64 \
         --config '{"lr": 1e-3, "num_epochs": 4}'                   # another split and setting
 
 `--example` trains another tuned example, `--config` overrides its fields (JSON, as
 `rllib train --config`), `--split` evaluates another bundled split. `--base-cache DIR` keeps
 the base model's evaluation in DIR (keyed by the model's fingerprint, split and evaluation settings), so a sweep
-of settings (`bench/collapse_search.py`) evaluates the base model once.
+of settings (`research/collapse_search.py`) evaluates the base model once.
 """
 
 import argparse
@@ -133,7 +133,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--config", default="{}", help="JSON overrides of the example's config fields")
     parser.add_argument("--split", default=SPLIT, help="bundled split to evaluate on")
     parser.add_argument("--base-cache", default=None, help="folder that keeps the base model's evaluation")
-    parser.add_argument("--out", default=str(REPO / "bench/out/grpo_budget"))
+    parser.add_argument("--out", default=str(REPO / "research/out/grpo_budget"))
     return parser.parse_args()
 
 

@@ -4,7 +4,7 @@ Each setting trains GRPO (`tuned_examples/grpo/sql_tiny_grpo.py` with the overri
 evaluates the policy on the first `--limit` prompts of `sql_synth/test_ties`, where only the
 base model's minority approach (`extremum`, `= (SELECT MAX(...))`) is right: `--n` samples per
 prompt at temperature 1 and one greedy completion, before training and every `--every`
-iterations, with one sampling seed for all (common random numbers; `bench/grpo_budget.py` does
+iterations, with one sampling seed for all (common random numbers; `research/grpo_budget.py` does
 the run). A setting *collapses* when pass@k at the largest k falls below the base model's with a
 95 % paired interval that excludes 0.
 
@@ -12,20 +12,20 @@ The settings vary the knobs the literature names: updates per batch (the positiv
 learning rate, group size, sampling temperature, training-set size and the share of ties
 questions in training. Every setting that was run stays in the table; none is dropped.
 
-    python bench/collapse_search.py                          # every setting, n = 64, 100 prompts
-    python bench/collapse_search.py --settings grpo,epochs4  # some of them
-    python bench/collapse_search.py --dry-run                # print the commands only
-    python bench/collapse_search.py --table                  # the table of what has been run
-    python bench/collapse_search.py --curve                  # pass@64 along training: GRPO and DPH-JS
-    python bench/collapse_search.py --curve --family nulls   # the same on the NULL family (+ DPH-JS at eta 10)
+    python research/collapse_search.py                          # every setting, n = 64, 100 prompts
+    python research/collapse_search.py --settings grpo,epochs4  # some of them
+    python research/collapse_search.py --dry-run                # print the commands only
+    python research/collapse_search.py --table                  # the table of what has been run
+    python research/collapse_search.py --curve                  # pass@64 along training: GRPO and DPH-JS
+    python research/collapse_search.py --curve --family nulls   # the same on the NULL family (+ DPH-JS at eta 10)
 
-Writes `bench/out/collapse/<setting>/curve.json` (`grpo_budget.py`'s output) and
-`bench/out/collapse/summary.md`. `--curve` (issue #24 item 6) trains the `grpo` and `dph-js`
+Writes `research/out/collapse/<setting>/curve.json` (`grpo_budget.py`'s output) and
+`research/out/collapse/summary.md`. `--curve` (issue #24 item 6) trains the `grpo` and `dph-js`
 settings for the comparison's budget (100 iterations), evaluates every 20 iterations into
-`bench/out/collapse/curves/<setting>/`, and plots pass@64 against iterations for both into
+`research/out/collapse/curves/<setting>/`, and plots pass@64 against iterations for both into
 `docs/collapse_curve.png`. `--family nulls` does it on the NULL family instead (docs/collapse.md,
 "The NULL family"): its budget's model and training mix, `sql_synth/test_nulls`, the settings
-`grpo`, `dph-js` and `dph-js-eta10`, into `bench/out/collapse/nulls/` and `docs/collapse_nulls_curve.png`.
+`grpo`, `dph-js` and `dph-js-eta10`, into `research/out/collapse/nulls/` and `docs/collapse_nulls_curve.png`.
 """
 
 import argparse
@@ -35,9 +35,9 @@ import subprocess
 import sys
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-OUT = REPO / "bench/out/collapse"
+OUT = REPO / "research/out/collapse"
 SPLIT = "sql_synth/test_ties"
-#: Each family's test split, config overrides of every setting (as `bench/reproduce_dph.py`'s
+#: Each family's test split, config overrides of every setting (as `research/reproduce_dph.py`'s
 #: budget of it), output folder and curve figure.
 FAMILIES = {
     "ties": dict(split=SPLIT, config={}, out=OUT, png=REPO / "docs/collapse_curve.png", curve="grpo,dph-js"),
@@ -81,7 +81,7 @@ def command(name: str, args: argparse.Namespace) -> list[str]:
     _, overrides = SETTINGS[name]
     family = FAMILIES[args.family]
     overrides = {**COMMON, **family["config"], **overrides, **json.loads(args.config)}
-    return [sys.executable, str(REPO / "bench/grpo_budget.py"), "--example", str(REPO / EXAMPLES.get(name, GRPO_EXAMPLE)),
+    return [sys.executable, str(REPO / "research/grpo_budget.py"), "--example", str(REPO / EXAMPLES.get(name, GRPO_EXAMPLE)),
             "--split", family["split"], "--n", str(args.n),
             "--limit", str(args.limit), "--iterations", str(args.iterations), "--every", str(args.every),
             "--seed", str(args.seed), "--config", json.dumps(overrides),

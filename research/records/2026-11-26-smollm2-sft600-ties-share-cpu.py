@@ -8,7 +8,7 @@
 # `smollm2-135m-sft-600` (docs/models.md).
 # Run from the repository root at the commit that added it (~1 h on 2 cores).
 import collections, dataclasses, json, pathlib, sys, time
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench"))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # research/: reproduce_dph
 from rllib_dph.engines.base import SamplingParams
 from rllib_dph.evaluation import EvalSettings, evaluate_policy
 from rllib_dph.models import warm_start

@@ -1,4 +1,4 @@
-"""bench/gpu_leases.py: the prepared GPU leases fit the device tool's limits and their flags parse,
+"""tools/offline_kit/plan.py: the prepared GPU leases fit the device tool's limits and their flags parse,
 so a lease's minutes are not spent on a setup bug; and its checks name what would fail."""
 
 import argparse
@@ -9,8 +9,8 @@ import pytest
 
 
 @pytest.fixture(scope="module")
-def leases(load_bench):
-    return load_bench("gpu_leases")
+def leases(load_script):
+    return load_script("tools/offline_kit/plan")
 
 
 def test_every_prepared_call_fits_the_run_tool_and_every_flag_parses(leases):
@@ -81,23 +81,23 @@ def test_check_names_the_carries_not_made_yet_once_with_the_commands_that_make_t
     assert ".whl" not in absent and ".vllm/call1" in absent and ".smol/gguf-0.19.0-py3-none-any.whl" in absent
     assert leases.check(root) >= len(absent)
     out = capsys.readouterr().out
-    assert out.count("not made yet") == 1 and "python bench/vllm_kit.py prepare" in out
+    assert out.count("not made yet") == 1 and "python tools/offline_kit/vllm_kit.py prepare" in out
 
 
 def test_python_runs_reads_each_bench_script_up_to_the_next_shell_operator(leases):
-    command = ("export A=1; timeout 560 python3 bench/reproduce_dph.py --budget x --methods 'DPH-JS (η=10)' --out "
-               "/tmp/r > $OUT/log 2>&1; echo rc=$?; python3 bench/gpu_smollm2.py --iterations 25 --config "
-               "'{\"a\": 1}' && python3 -m pip install y; python3 bench/vllm_kit.py check | tail")
+    command = ("export A=1; timeout 560 python3 research/reproduce_dph.py --budget x --methods 'DPH-JS (η=10)' --out "
+               "/tmp/r > $OUT/log 2>&1; echo rc=$?; python3 tools/offline_kit/gpu_smollm2.py --iterations 25 --config "
+               "'{\"a\": 1}' && python3 -m pip install y; python3 tools/offline_kit/vllm_kit.py check | tail")
     assert leases.python_runs(command) == [
-        ["bench/reproduce_dph.py", "--budget", "x", "--methods", "DPH-JS (η=10)", "--out", "/tmp/r"],
-        ["bench/gpu_smollm2.py", "--iterations", "25", "--config", '{"a": 1}'],
-        ["bench/vllm_kit.py", "check"]]
+        ["research/reproduce_dph.py", "--budget", "x", "--methods", "DPH-JS (η=10)", "--out", "/tmp/r"],
+        ["tools/offline_kit/gpu_smollm2.py", "--iterations", "25", "--config", '{"a": 1}'],
+        ["tools/offline_kit/vllm_kit.py", "check"]]
 
 
 def test_an_unknown_flag_a_wrong_choice_and_a_wrong_value_are_refused_here(leases):
-    problems = leases.flag_problems("python3 bench/reproduce_dph.py --budget nope; python3 bench/vllm_kit.py install "
-                                    "--targett /tmp/v; python3 bench/gpu_smollm2.py --iterations x; python3 "
-                                    "bench/gpu_suite.py --steps env,vlm; python3 bench/reproduce_dph.py --budget ties")
+    problems = leases.flag_problems("python3 research/reproduce_dph.py --budget nope; python3 tools/offline_kit/vllm_kit.py install "
+                                    "--targett /tmp/v; python3 tools/offline_kit/gpu_smollm2.py --iterations x; python3 "
+                                    "tools/offline_kit/gpu_suite.py --steps env,vlm; python3 research/reproduce_dph.py --budget ties")
     assert len(problems) == 4
     assert "invalid choice: 'nope'" in problems[0]
     assert "unrecognized arguments: --targett /tmp/v" in problems[1]
@@ -119,8 +119,8 @@ def test_archive_gzips_the_lease_results_into_the_tree_and_names_a_missing_tar(l
         leases.by_name("nope")
 
 
-def test_the_suite_refuses_an_unknown_step_and_names_every_step(load_bench, tmp_path):
-    suite = load_bench("gpu_suite")
+def test_the_suite_refuses_an_unknown_step_and_names_every_step(load_script, tmp_path):
+    suite = load_script("tools/offline_kit/gpu_suite")
     with pytest.raises(argparse.ArgumentTypeError, match="unknown step vlm: the steps are env, learners"):
         suite.step_names("env,vlm")
     assert "unrecognized arguments: --nope" in suite.parse_problem(["-m", "rllib_dph.cli", "train", "file", "x.py",

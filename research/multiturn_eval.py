@@ -2,7 +2,7 @@
 
 How to run::
 
-    nice -n 15 python bench/multiturn_eval.py --out docs/multiturn_runs/eval.json
+    nice -n 15 python research/multiturn_eval.py --out docs/multiturn_runs/eval.json
 
 The budget, fixed before the first run:
 
@@ -32,6 +32,7 @@ JSON.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
@@ -43,32 +44,15 @@ from rllib_dph.evaluation.intervals import paired_difference_interval
 from rllib_dph.evaluation.runner import EvalSettings, evaluate_engine, load_engine
 from rllib_dph.files import write_json_atomic
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from multiturn_speed import TimedEngine  # noqa: E402  bench/multiturn_speed.py
+
 POLICIES = ("tiny-sql-math", "tiny-sql-math-mt")
 SPLITS = ("sql_synth/test", "sql_synth/test_cross")
 #: (label, env id, env config) of each row; None max_turns: the single-turn env.
 ENVS = (("SQL-v0", "rllib_dph/SQL-v0", {}),) + tuple(
     (f"MultiTurn max_turns={t}", "rllib_dph/SQLMultiTurn-v0", {"max_turns": t}) for t in (1, 2, 3)
 )
-
-
-class TimedEngine:
-    """A rollout engine that counts the tokens it generates, its ``generate`` calls and their rows,
-    and the seconds it spends generating."""
-
-    def __init__(self, engine):
-        self.engine, self.tokens, self.calls, self.rows, self.seconds = engine, 0, 0, 0, 0.0
-
-    def __getattr__(self, name):
-        return getattr(self.engine, name)
-
-    def generate(self, prompts, params):
-        start = time.perf_counter()
-        groups = self.engine.generate(prompts, params)
-        self.seconds += time.perf_counter() - start
-        self.calls += 1
-        self.rows += sum(len(g) for g in groups)
-        self.tokens += sum(len(c.token_ids) for group in groups for c in group)
-        return groups
 
 
 def evaluate_row(engine, split: str, env_id: str, env_config: dict, settings: EvalSettings):

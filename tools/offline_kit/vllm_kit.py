@@ -22,9 +22,9 @@ version found. Select the Triton backend when building the engine:
 ``engine_kwargs={"attention_config": {"backend": "TRITON_ATTN"}}`` (``bench/gpu_step.py
 --modes vllm`` does).
 
-    python bench/vllm_kit.py prepare                          # here: .vllm/call*/ and .vllm/plan.json
-    python3 bench/vllm_kit.py install --target /tmp/vsite     # there, once every part arrived
-    PYTHONPATH=/tmp/vsite:$PYTHONPATH python3 bench/vllm_kit.py check   # there: every import it needs
+    python tools/offline_kit/vllm_kit.py prepare                          # here: .vllm/call*/ and .vllm/plan.json
+    python3 tools/offline_kit/vllm_kit.py install --target /tmp/vsite     # there, once every part arrived
+    PYTHONPATH=/tmp/vsite:$PYTHONPATH python3 tools/offline_kit/vllm_kit.py check   # there: every import it needs
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ import subprocess
 import sys
 import tempfile
 
-from gpu_suite import download_wheels, split_file, trim_wheel  # bench/gpu_suite.py
+from gpu_suite import download_wheels, split_file, trim_wheel  # tools/offline_kit/gpu_suite.py
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 KIT = REPO / ".vllm"
 VLLM = "vllm==0.26.0"
 #: Paths of the vLLM wheel that offline generation of a dense model with TRITON_ATTN never loads.

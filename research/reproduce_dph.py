@@ -16,26 +16,26 @@ greedy accuracy, pass@k (n samples), keep / exploration rates against the base m
 - `styles.png` (`styles_ties.png`): solution-style distributions on the in-domain (ties) split,
   like the paper's Figure 4, the seeds' samples counted together;
 - with `--curve` (the ties and NULL budgets): pass@64 against training iterations for GRPO and
-  DPH-JS, drawn by `bench/collapse_search.py --curve` into `docs/collapse_curve.png`
+  DPH-JS, drawn by `research/collapse_search.py --curve` into `docs/collapse_curve.png`
   (`docs/collapse_nulls_curve.png`) from its own runs (seed 0, the first 100 prompts);
 - `runs/<method>_seed<s>/...`: checkpoints and per-split evaluation JSON;
 - `summary.json`: every number in the tables.
 
-    python bench/reproduce_dph.py --quick        # 1 seed, 36 iterations, 100 prompts, n=16: 7 min on 2 cores
-    python bench/reproduce_dph.py                # 3 seeds, 100 iterations, all prompts, n=32 (docs/results.md for its time)
-    python bench/reproduce_dph.py --budget smollm2-cpu   # the real 135M model on 2 CPU cores (see BUDGETS)
-    python bench/reproduce_dph.py --budget ties          # the pre-registered comparison on the ties family
-    python bench/reproduce_dph.py --budget ties-quick    # its quick mode
-    python bench/reproduce_dph.py --budget ties --curve  # and pass@64 along training, GRPO and DPH-JS
-    python bench/reproduce_dph.py --budget nulls         # the pre-registered comparison on the NULL family
-    python bench/reproduce_dph.py --budget smollm2-ties-cpu   # the real 135M model on the ties family, 2 CPU cores
-    python bench/reproduce_dph.py --budget smollm2-lora-cpu   # GRPO and DPH-JS with LoRA on the real model, 2 CPU cores
-    python bench/reproduce_dph.py --budget smollm2-ties-gpu --out /tmp/r   # the same on one GPU: bf16, the GPU examples' batch
-    python bench/reproduce_dph.py --budget smollm2-600-ties-gpu --out /tmp/r   # the same on the 5x longer warm start
-    python bench/reproduce_dph.py --budget smollm2-600-ties-cpu --out /tmp/r   # and its 2-core budget
-    python bench/reproduce_dph.py --budget smollm2-nulls-cpu   # the real model on the NULL family, 2 CPU cores
-    python bench/reproduce_dph.py --budget smollm2-nulls-gpu --out /tmp/r   # and on one GPU
-    python bench/reproduce_dph.py --budget smollm2-600-nulls-cpu   # the same on the 5x longer warm start
+    python research/reproduce_dph.py --quick        # 1 seed, 36 iterations, 100 prompts, n=16: 7 min on 2 cores
+    python research/reproduce_dph.py                # 3 seeds, 100 iterations, all prompts, n=32 (docs/results.md for its time)
+    python research/reproduce_dph.py --budget smollm2-cpu   # the real 135M model on 2 CPU cores (see BUDGETS)
+    python research/reproduce_dph.py --budget ties          # the pre-registered comparison on the ties family
+    python research/reproduce_dph.py --budget ties-quick    # its quick mode
+    python research/reproduce_dph.py --budget ties --curve  # and pass@64 along training, GRPO and DPH-JS
+    python research/reproduce_dph.py --budget nulls         # the pre-registered comparison on the NULL family
+    python research/reproduce_dph.py --budget smollm2-ties-cpu   # the real 135M model on the ties family, 2 CPU cores
+    python research/reproduce_dph.py --budget smollm2-lora-cpu   # GRPO and DPH-JS with LoRA on the real model, 2 CPU cores
+    python research/reproduce_dph.py --budget smollm2-ties-gpu --out /tmp/r   # the same on one GPU: bf16, the GPU examples' batch
+    python research/reproduce_dph.py --budget smollm2-600-ties-gpu --out /tmp/r   # the same on the 5x longer warm start
+    python research/reproduce_dph.py --budget smollm2-600-ties-cpu --out /tmp/r   # and its 2-core budget
+    python research/reproduce_dph.py --budget smollm2-nulls-cpu   # the real model on the NULL family, 2 CPU cores
+    python research/reproduce_dph.py --budget smollm2-nulls-gpu --out /tmp/r   # and on one GPU
+    python research/reproduce_dph.py --budget smollm2-600-nulls-cpu   # the same on the 5x longer warm start
 
 The `ties` budgets (issue #24, docs/collapse.md) add `sql_synth/test_ties`, where only the base
 model's minority approach is right, and two DPH-JS variants: "DPH-JS" (8 of 8, all trajectories,
@@ -68,7 +68,7 @@ from concurrent.futures import FIRST_COMPLETED, wait
 
 import numpy as np
 
-from workers import worker_pool  # bench/workers.py
+from workers import worker_pool  # research/workers.py
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 METHODS = {
@@ -682,10 +682,10 @@ CURVE_FAMILIES = {"ties": "ties", "ties-quick": "ties", "nulls": "nulls"}
 
 def curve_command(budget: str) -> list[str]:
     """The command that draws pass@64 against training iterations for GRPO and DPH-JS on
-    ``budget``'s family (issue #24 item 6): ``bench/collapse_search.py --curve``, which trains its
+    ``budget``'s family (issue #24 item 6): ``research/collapse_search.py --curve``, which trains its
     own runs (seed 0, 100 iterations of the budget's settings) and evaluates the first 100
     prompts of the family's test split every 20 iterations (~8 min on 2 cores for the ties family)."""
-    return [sys.executable, str(REPO / "bench/collapse_search.py"), "--curve", "--family", CURVE_FAMILIES[budget]]
+    return [sys.executable, str(REPO / "research/collapse_search.py"), "--curve", "--family", CURVE_FAMILIES[budget]]
 
 
 def run_all(out: pathlib.Path, args, t0: float) -> list[tuple]:
@@ -748,11 +748,11 @@ def main() -> None:
                         help="runs trained and evaluated at once, each in its own process with one thread (default 2)")
     parser.add_argument("--eval-device", help="device of the evaluations (default cpu; smollm2-ties-gpu: cuda)")
     parser.add_argument("--eval-dtype", help="dtype of the evaluations (default: the model's; smollm2-ties-gpu: bfloat16)")
-    parser.add_argument("--out", help="output folder (default bench/out/reproduce_dph[_<budget>]); "
+    parser.add_argument("--out", help="output folder (default research/out/reproduce_dph[_<budget>]); "
                         "runs and evaluations already there are reused")
     parser.add_argument("--curve", action="store_true",
                         help="then draw pass@64 against training iterations for GRPO and DPH-JS on the budget's family "
-                        f"(bench/collapse_search.py --curve; budgets {', '.join(CURVE_FAMILIES)})")
+                        f"(research/collapse_search.py --curve; budgets {', '.join(CURVE_FAMILIES)})")
     args = parser.parse_args()
     if args.quick:
         args.budget = "quick"
@@ -770,7 +770,7 @@ def main() -> None:
             setattr(args, key, value)
 
     suffix = "" if args.budget == "full" else f"_{args.budget}"
-    out = pathlib.Path(args.out or REPO / f"bench/out/reproduce_dph{suffix}")
+    out = pathlib.Path(args.out or REPO / f"research/out/reproduce_dph{suffix}")
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     jobs = run_all(out, args, t0)

@@ -8,7 +8,9 @@ first ``gym.make``):
 - ``rllib_dph/SQLMultiTurn-v0``: text-to-SQL with exploratory queries before the answer
   (``rllib_dph.envs.sql_multiturn``);
 - ``rllib_dph/ReasoningGym-v0``: any reasoning-gym data set, scored by its own scorer
-  (``rllib_dph.envs.reasoning_gym``; needs ``pip install -e ".[reasoning_gym]"``).
+  (``rllib_dph.envs.reasoning_gym``; needs ``pip install -e ".[reasoning_gym]"``);
+- ``rllib_dph/Verifiers-v0``: an environment written for ``verifiers``, unchanged
+  (``rllib_dph.envs.adapters.verifiers``; needs ``pip install -e ".[verifiers]"``).
 
 New tasks: :func:`register_verifier_env`, :func:`register_multiturn_env`. Building an env from
 an id, class or Tune name: :func:`make_env`. Ray Tune names: :func:`register_tune_envs`
@@ -31,6 +33,7 @@ register("rllib_dph/SQL-v0", entry_point="rllib_dph.envs.sql:SQLEnv")
 register("rllib_dph/Math-v0", entry_point="rllib_dph.envs.math:MathEnv")
 register("rllib_dph/SQLMultiTurn-v0", entry_point="rllib_dph.envs.sql_multiturn:SQLMultiTurnEnv")
 register("rllib_dph/ReasoningGym-v0", entry_point="rllib_dph.envs.reasoning_gym:ReasoningGymEnv")
+register("rllib_dph/Verifiers-v0", entry_point="rllib_dph.envs.adapters.verifiers:VerifiersEnv")
 
 __all__ = [
     "FunctionVerifierEnv",

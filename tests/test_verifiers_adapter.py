@@ -25,6 +25,17 @@ from rllib_dph.rollout import rollout  # noqa: E402
 QUESTIONS = [{"question": "What is 2 + 2?", "answer": "4"}, {"question": "What is 3 * 3?", "answer": "9"}]
 
 
+@pytest.fixture(autouse=True)
+def restore_signal_handlers():
+    """verifiers envs built in a test install SIGINT / SIGTERM handlers: other tests keep theirs."""
+    import signal
+
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
+
+
 # ----------------------------------------------------------------------------- the envs, as written for verifiers
 def load_environment(**kwargs):
     """A single-turn arithmetic env, as a verifiers environment module writes it."""
@@ -106,7 +117,11 @@ def test_single_turn_env_prompt_reward_metrics_and_correct():
 
 
 def test_gym_make_loads_the_environment_module_by_id():
+    import signal
+
+    before = signal.getsignal(signal.SIGTERM)
     env = gym.make("rllib_dph/Verifiers-v0", environment="test_verifiers_adapter").unwrapped
+    assert signal.getsignal(signal.SIGTERM) is before  # verifiers' handler (teardown, exit) is not kept
     assert len(env.tasks) == 2 and env.tasks[1].id.endswith("/train/1")
     assert play(env, ["<answer>\n9\n</answer>"], index=1)[1][0][1] == pytest.approx(1.2)
 

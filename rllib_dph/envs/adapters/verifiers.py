@@ -41,14 +41,18 @@ group of rollouts; a step scores one); native tool calling (``tool_defs``, ``Too
 ``MCPEnv``: the policy writes text, not structured tool calls); non-text message content
 (images); ``score_rollouts=False``; an env that rewrites earlier messages (a custom
 ``get_prompt_messages``: the rollout only appends); the env's ``sampling_args`` (sampling is the
-engine's; a warning says so).
+engine's; a warning says so); the SIGINT / SIGTERM handlers a verifiers env installs when built
+(an env loaded by id here leaves the process's handlers as they were; its teardown still runs
+at exit).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
+import signal
 import threading
 import time
 import weakref
@@ -241,7 +245,8 @@ class VerifiersEnv(VerifierEnv):
     ):
         vf = import_verifiers()
         if isinstance(environment, str):
-            environment = vf.load_environment(environment, **dict(env_args or {}))
+            with _keep_signal_handlers():
+                environment = vf.load_environment(environment, **dict(env_args or {}))
         if not isinstance(environment, vf.Environment):
             raise TypeError(
                 f"VerifiersEnv: environment is a {type(environment).__name__}; give a verifiers Environment "
@@ -376,6 +381,21 @@ class _Episode:
 
     def cancel(self) -> None:
         self.future.cancel()
+
+
+@contextlib.contextmanager
+def _keep_signal_handlers():
+    """Restores this process's SIGINT and SIGTERM handlers after the block: building a verifiers
+    env installs its own (its teardown, then exit), and the trainer owns those signals."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
 
 
 def _task(row: Mapping[str, Any], index: int, name: str, source: str, split: str) -> Task:

@@ -15,6 +15,7 @@ for ``rllib export``). ``docs/lora.md`` has the user guide and the measurements.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import math
 import numbers
 from typing import Any, Iterator, Mapping, Optional
@@ -71,15 +72,28 @@ def lora_settings(lora: Mapping[str, Any]) -> dict:
     return settings
 
 
+#: Why ``lora=...`` cannot run here and how to fix it (see :func:`peft_problem`).
+PEFT_MISSING = "lora=... needs the peft package, which is not installed; run `pip install -e '.[lora]'` (or `pip install peft`)."
+
+
+def peft_problem() -> Optional[str]:
+    """:data:`PEFT_MISSING` when the ``peft`` package cannot be imported here, else None."""
+    return PEFT_MISSING if importlib.util.find_spec("peft") is None else None
+
+
+def _peft():
+    """The ``peft`` module, or an ImportError that names the install command."""
+    try:
+        import peft
+        import peft.tuners.lora
+    except ImportError as error:
+        raise ImportError(PEFT_MISSING) from error
+    return peft
+
+
 def peft_config(lora: Mapping[str, Any]):
     """The ``peft.LoraConfig`` of the settings ``lora`` (causal-LM task, no bias training)."""
-    try:
-        from peft import LoraConfig
-    except ImportError as error:
-        raise ImportError(
-            "lora=... needs the peft package, which is not installed; run "
-            "`pip install -e '.[lora]'` (or `pip install peft`)."
-        ) from error
+    LoraConfig = _peft().LoraConfig
     s = lora_settings(lora)
     return LoraConfig(
         r=s["r"], lora_alpha=s["alpha"], target_modules=s["target_modules"], lora_dropout=s["dropout"],
@@ -93,9 +107,7 @@ def add_adapters(model: torch.nn.Module, lora: Mapping[str, Any]) -> torch.nn.Mo
     The adapters are created in the dtype and on the device of the layers they wrap; B = 0, so
     the model computes what it computed before. Returns ``model`` (same class and forward).
     """
-    from peft import inject_adapter_in_model
-
-    inject_adapter_in_model(peft_config(lora), model, adapter_name=ADAPTER_NAME)
+    _peft().inject_adapter_in_model(peft_config(lora), model, adapter_name=ADAPTER_NAME)
     for name, param in model.named_parameters():
         param.requires_grad_(is_adapter_key(name))
     return model
@@ -164,7 +176,7 @@ def load_into(model: torch.nn.Module, state: Mapping[str, Any]) -> None:
 
 
 def _lora_layers(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
-    from peft.tuners.lora import LoraLayer
+    LoraLayer = _peft().tuners.lora.LoraLayer
 
     return (module for module in model.modules() if isinstance(module, LoraLayer))
 
@@ -189,7 +201,7 @@ def adapters_disabled(model: torch.nn.Module):
 def merged_state(model: torch.nn.Module) -> dict:
     """The plain HF state dict of the adapted model: W + (alpha / r)·B·A for every adapted
     weight, keyed as in the base model (no ``base_layer`` or adapter keys), CPU float32 tensors."""
-    from peft.tuners.lora import LoraLayer
+    LoraLayer = _peft().tuners.lora.LoraLayer
 
     deltas = {}
     for name, module in model.named_modules():
@@ -246,10 +258,8 @@ def write_peft_folder(state: Mapping[str, Any], folder, *, base: str) -> None:
 def peft_model(base_model: torch.nn.Module, state: Mapping[str, Any], *, base: str):
     """A ``peft.PeftModel`` of ``base_model`` with the adapters of an :func:`adapter_state`, whose
     ``save_pretrained`` writes a PEFT adapter folder naming ``base`` (a folder or HF id)."""
-    from peft import get_peft_model
-
     config = peft_config(state[LORA_SETTINGS])
     config.base_model_name_or_path = base
-    model = get_peft_model(base_model, config, adapter_name=ADAPTER_NAME)
+    model = _peft().get_peft_model(base_model, config, adapter_name=ADAPTER_NAME)
     load_adapter_state(model.base_model.model, state)
     return model

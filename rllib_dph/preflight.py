@@ -344,7 +344,9 @@ def search_variants(config) -> list:
 
 
 def variant_problems(config) -> list[Problem]:
-    """Env, model and ``validate()`` problems of one concrete config."""
+    """Env, model, package and ``validate()`` problems of one concrete config."""
+    from rllib_dph.lora import peft_problem
+
     env_config = getattr(config, "sampling_env_config", config.env_config)
     problems = env_problems(config.env, env_config)
     if getattr(config, "val_env_config", None):
@@ -353,6 +355,8 @@ def variant_problems(config) -> list[Problem]:
     for where, model in models.items():
         problem = model_problem(model, where) if where == "model_name" or model != config.model_name else None
         problems += [problem] if problem else []
+    if getattr(config, "lora", None) is not None and peft_problem():
+        problems.append(Problem(f"lora={config.lora}", peft_problem()))
     return problems + validate_problems(config)
 
 

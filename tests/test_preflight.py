@@ -142,6 +142,26 @@ def test_config_rules_come_from_validate():
     assert "To suppress all validation errors" not in problems[0].message
 
 
+def test_lora_without_peft_is_refused_naming_the_install(monkeypatch):
+    """A LoRA run on a machine without peft stops before Ray starts, naming the install command;
+    building the adapters there raises the same message, not a bare ModuleNotFoundError."""
+    import importlib.util
+
+    import torch
+
+    from rllib_dph import lora
+    from rllib_dph.models.hub import load_causal_lm
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "peft" else real_find_spec(name, *a))
+    monkeypatch.setitem(sys.modules, "peft", None)  # `import peft` raises ImportError
+    problems = preflight(grpo().llm(lora={"r": 4}), {})
+    assert [p.message for p in problems] == [lora.PEFT_MISSING] and "pip install -e '.[lora]'" in lora.PEFT_MISSING
+    with pytest.raises(ImportError, match=r"pip install -e '\.\[lora\]'"):
+        lora.add_adapters(load_causal_lm("tiny-random", dtype=torch.float32), {"r": 4})
+    assert preflight(grpo(), {}) == []  # no LoRA: peft is not needed
+
+
 def test_every_problem_once_and_grid_variants_checked(tmp_path):
     config = grpo(data=str(tmp_path / "missing.parquet")).training(lr=tune.grid_search([1e-4, 1e-3, -1.0]))
     assert len(search_variants(config)) == 3

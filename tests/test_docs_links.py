@@ -1,4 +1,4 @@
-"""Relative links in README.md, envs/README.md and docs/*.md point at files that exist, and at
+"""Relative links in README.md, envs/README.md and docs/**/*.md point at files that exist, and at
 headings that exist.
 
 The docs build (``mkdocs build --strict`` in .ci/run) checks the pages under docs/; this test also
@@ -26,7 +26,7 @@ EXTERNAL = ("http://", "https://", "mailto:")
 
 
 def _markdown_files() -> list[Path]:
-    return [REPO / "README.md", REPO / "envs" / "README.md", *sorted(DOCS.glob("*.md"))]
+    return [REPO / "README.md", REPO / "envs" / "README.md", *sorted(DOCS.rglob("*.md"))]
 
 
 def _prose(text: str) -> str:
@@ -64,7 +64,7 @@ def broken_links(path: Path) -> list[str]:
     return problems
 
 
-@pytest.mark.parametrize("path", _markdown_files(), ids=lambda p: str(p.relative_to(REPO)))
+@pytest.mark.parametrize("path", _markdown_files(), ids=lambda p: p.relative_to(REPO).as_posix())
 def test_relative_links_lead_somewhere(path: Path):
     assert broken_links(path) == []
 
@@ -86,5 +86,5 @@ def test_the_checker_finds_a_missing_file_and_a_missing_anchor(tmp_path: Path):
 
 def test_every_docs_page_is_in_the_mkdocs_nav_and_every_nav_page_exists():
     nav = set(re.findall(r"^\s*-\s*(?:[^:\n]+:\s*)?([\w./-]+\.md)\s*$", (REPO / "mkdocs.yml").read_text(), re.M))
-    pages = {p.name for p in DOCS.glob("*.md")}
+    pages = {p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md")}
     assert nav == pages, f"only in mkdocs.yml's nav: {sorted(nav - pages)}; only in docs/: {sorted(pages - nav)}"

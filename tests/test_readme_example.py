@@ -2,7 +2,7 @@
 
 The test takes the README's one ```python block and runs it in a fresh interpreter in an empty
 folder, with two changes of size only, so that it takes seconds rather than a minute: 2 training
-iterations instead of the README's 10 and 4 evaluation prompts instead of 50. Each change must
+iterations instead of the README's 10 and 4 evaluation prompts instead of 20. Each change must
 find its text, so a README whose example changes shape fails here until this test follows it.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 #: (text in the README's example, what the test runs instead): sizes only.
-SMALLER = (("range(10)", "range(2)"), ("limit=50", "limit=4"))
+SMALLER = (("range(10)", "range(2)"), ("limit=20", "limit=4"))
 
 
 def readme_example() -> str:

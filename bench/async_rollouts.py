@@ -10,7 +10,8 @@ the two phases could give on the same actors and cores, and the measured speed-u
     python bench/async_rollouts.py                               # k 0 1 2 4, 1 and 2 runners
     python bench/async_rollouts.py --k 0 1 --runners 1 --iterations 3
     python bench/async_rollouts.py --learner-threads 1      # the learner on one core, the runners on the other
-    # one GPU (the local learner on it, the env runner sharing it; issue #28's suite step "async"):
+    # one GPU (the local learner on it, the env runner sharing it; the step "async" of
+    # tools/offline_kit/gpu_suite.py):
     python bench/async_rollouts.py --example tuned_examples/grpo/sql_smollm2_grpo.py --k 0 1 --runners 1 \\
         --config '{"num_gpus_per_env_runner": 0.5}' --json async.json
 """

@@ -60,7 +60,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 
 # --------------------------------------------------------------------------------------------
-# Helpers
+# Timing, models and batches
 
 
 def sync(device: torch.device) -> None:

@@ -1,4 +1,4 @@
-"""Generation tokens/s of multi-turn rollouts against single-turn ones, interleaved (#26, item 6).
+"""Generation tokens/s of multi-turn rollouts against single-turn ones, interleaved.
 
 How to run::
 

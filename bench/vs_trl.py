@@ -17,7 +17,8 @@ query, database and comparison method; TRL calls it as its python reward functio
 Ours runs in this process: the algorithm of `tuned_examples/grpo/sql_tiny_grpo.py` with the
 overrides above (`config.update_from_dict`, `num_env_runners=0`, `num_learners=0`), after
 `ray.init(num_cpus=2)`; a step is one `algo.train()`. TRL runs in its own virtual environment
-(`--venv`, default /work/venvs/trl) as a subprocess that this script drives over a pipe: TRL's
+(`--venv`, default `$XDG_CACHE_HOME/rllib_dph/trl-venv`, `~/.cache/rllib_dph/trl-venv` without
+`XDG_CACHE_HOME`) as a subprocess that this script drives over a pipe: TRL's
 `Trainer.train()` with `max_steps` = all steps of the run and a callback that pauses it at the
 end of each round. Its prompts are a `datasets.Dataset` whose "prompt" column holds the same chat
 messages (TRL applies the model's chat template, as we do; the script checks that both sides
@@ -40,9 +41,9 @@ Set up the TRL environment once (about 30 s from the local package files and reg
 
 which runs exactly:
 
-    python -m venv /work/venvs/trl
-    /work/venvs/trl/bin/python -m pip install torch==<this env's torch, e.g. 2.13.0+cpu>
-    /work/venvs/trl/bin/python -m pip install trl==1.13.0 datasets==5.0.1 accelerate==1.15.0 \
+    python -m venv <venv>
+    <venv>/bin/python -m pip install torch==<this env's torch, e.g. 2.13.0+cpu>
+    <venv>/bin/python -m pip install trl==1.13.0 datasets==5.0.1 accelerate==1.15.0 \
         transformers==<this env's> gymnasium==<this env's> torch==<same>
 
 (torch first and pinned to this environment's CPU build, the wheel in pip's find-links, so that
@@ -71,7 +72,9 @@ import time
 import numpy as np
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-DEFAULT_VENV = "/work/venvs/trl"
+#: Where ``--setup`` makes the TRL environment unless ``--venv`` names another folder.
+DEFAULT_VENV = str(pathlib.Path(os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache")
+                   / "rllib_dph" / "trl-venv")
 TRL_VERSION = "1.13.0"
 DATASETS_VERSION = "5.0.1"
 #: TRL needs accelerate; pinned here because the launching environment need not have it.
@@ -412,7 +415,7 @@ def cpu_snapshot() -> tuple[float, float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--setup", action="store_true", help="create the TRL venv (--venv) and exit")
-    parser.add_argument("--venv", default=DEFAULT_VENV)
+    parser.add_argument("--venv", default=DEFAULT_VENV, help=f"the TRL virtual environment (default {DEFAULT_VENV})")
     parser.add_argument("--model", default="tiny-sql-math", help="bundled model name or HF model folder")
     parser.add_argument("--example", default=str(REPO / "tuned_examples/grpo/sql_tiny_grpo.py"))
     parser.add_argument("--data", default="sql_synth/train", help="SQL split the prompts come from")
@@ -432,7 +435,8 @@ def main() -> None:
         return
     python = pathlib.Path(args.venv) / "bin" / "python"
     if not python.exists():
-        raise SystemExit(f"vs_trl: no TRL environment at {args.venv}; run `python {sys.argv[0]} --setup` first.")
+        raise SystemExit(f"vs_trl: no TRL environment at --venv {args.venv} (no {python}); make it with "
+                         f"`python {sys.argv[0]} --setup --venv {args.venv}` first.")
     if args.warmup < 1 or args.rounds < 1 or args.steps < 1:
         raise SystemExit("vs_trl: --warmup, --rounds and --steps must be >= 1.")
 

@@ -11,7 +11,7 @@ size in MB. The parts are those of ``GRPO._sync_weights``: ``learner_weights()``
     python bench/weight_sync.py                                  # SmolLM2-135M, local env runner, CPU
     python bench/weight_sync.py --config '{"num_env_runners": 1}'   # a remote env runner
     python bench/weight_sync.py --example tuned_examples/grpo/sql_tiny_grpo.py
-    # one GPU, the example as shipped (issue #28's suite step "weight-sync"):
+    # one GPU, the example as shipped (the step "weight-sync" of tools/offline_kit/gpu_suite.py):
     python bench/weight_sync.py --config '{"num_gpus_per_learner": 1, "num_gpus_per_env_runner": 1, "dtype": "bfloat16"}'
 """
 

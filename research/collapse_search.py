@@ -1,4 +1,4 @@
-"""Find GRPO's diversity collapse on the ties family (issue #24 item 4): a documented sweep.
+"""Find GRPO's diversity collapse on the ties family: a documented sweep.
 
 Each setting trains GRPO (`tuned_examples/grpo/sql_tiny_grpo.py` with the overrides below) and
 evaluates the policy on the first `--limit` prompts of `sql_synth/test_ties`, where only the
@@ -20,12 +20,13 @@ questions in training. Every setting that was run stays in the table; none is dr
     python research/collapse_search.py --curve --family nulls   # the same on the NULL family (+ DPH-JS at eta 10)
 
 Writes `research/out/collapse/<setting>/curve.json` (`grpo_budget.py`'s output) and
-`research/out/collapse/summary.md`. `--curve` (issue #24 item 6) trains the `grpo` and `dph-js`
+`research/out/collapse/summary.md`. `--curve` trains the `grpo` and `dph-js`
 settings for the comparison's budget (100 iterations), evaluates every 20 iterations into
 `research/out/collapse/curves/<setting>/`, and plots pass@64 against iterations for both into
 `docs/collapse_curve.png`. `--family nulls` does it on the NULL family instead (docs/collapse.md,
 "The NULL family"): its budget's model and training mix, `sql_synth/test_nulls`, the settings
-`grpo`, `dph-js` and `dph-js-eta10`, into `research/out/collapse/nulls/` and `docs/collapse_nulls_curve.png`.
+`grpo`, `dph-js` and `dph-js-eta10`, into `research/out/collapse/nulls/` and
+`docs/collapse_nulls_curve.png`.
 """
 
 import argparse
@@ -149,7 +150,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--settings", help="comma-separated names of SETTINGS (default: all; --curve: grpo,dph-js)")
     parser.add_argument("--curve", action="store_true",
-                        help="the curve of issue #24 item 6: evaluate every 20 of 100 iterations into curves/, plot docs/collapse_curve.png")
+                        help="pass@64 along training: evaluate every 20 of 100 iterations into curves/, "
+                             "plot docs/collapse_curve.png")
     parser.add_argument("--iterations", type=int, help="default 200 (--curve: 100)")
     parser.add_argument("--every", type=int, help="default 100 (--curve: 20)")
     parser.add_argument("--n", type=int, default=64)

@@ -1,4 +1,4 @@
-"""Does the tiny model use the multi-turn protocol after its SFT? Single-turn vs multi-turn (#26, item 6).
+"""Does the tiny model use the multi-turn protocol after its SFT? Single-turn vs multi-turn.
 
 How to run::
 

@@ -37,7 +37,7 @@ greedy accuracy, pass@k (n samples), keep / exploration rates against the base m
     python research/reproduce_dph.py --budget smollm2-nulls-gpu --out /tmp/r   # and on one GPU
     python research/reproduce_dph.py --budget smollm2-600-nulls-cpu   # the same on the 5x longer warm start
 
-The `ties` budgets (issue #24, docs/collapse.md) add `sql_synth/test_ties`, where only the base
+The `ties` budgets (docs/collapse.md) add `sql_synth/test_ties`, where only the base
 model's minority approach is right, and two DPH-JS variants: "DPH-JS" (8 of 8, all trajectories,
 the tuned example) and "DPH-JS (refine)" (8 of 8, one refinement trajectory). The primary
 endpoint, fixed before any run, is pass@64 on `test_ties`, DPH-JS − GRPO, printed first. The
@@ -113,8 +113,8 @@ NULLS_MIX = "sql_synth/train@nulls=0.1"
 BUDGETS = {
     "full": dict(seeds=[0, 1, 2], iterations=100, eval_limit=None, n=32),
     "quick": dict(seeds=[0], iterations=36, eval_limit=100, n=16),
-    # The real model (SmolLM2-135M-Instruct after the warm-start SFT) on 2 CPU cores, what one
-    # session affords when no GPU is lent (issue #17 item 5): one GRPO iteration at 4 prompts x 8
+    # The real model (SmolLM2-135M-Instruct after the warm-start SFT) on 2 CPU cores, what a
+    # few hours on a machine without a GPU afford: one GRPO iteration at 4 prompts x 8
     # x 64 tokens costs ~40 s in fp32 on one thread, so 30 iterations per method; the first 128
     # training prompts (what 30 iterations draw, with dynamic sampling's extra draws, and what
     # pre-sampling 9 samples each costs in minutes); lr 1e-5 (the GPU examples' 1e-6 moves a
@@ -130,7 +130,7 @@ BUDGETS = {
     # pass@64 on test_ties 46 points below the base model's (docs/collapse.md).
     "ties": dict(seeds=[0, 1, 2], iterations=100, eval_limit=None, n=64, methods=TIES_METHODS,
                  config=TIES_CONFIG, max_new_tokens=96),
-    # The real model on the ties family (issue #24 item 7), fixed before any run of it: the
+    # The real model on the ties family, fixed before any run of it: the
     # smollm2-cpu budget's model, batch and learning rate with the ties limit of 96 tokens; GRPO
     # against DPH-JS (8 of 8, all trajectories); the first 50 prompts of test and test_ties, n = 16.
     "smollm2-ties-cpu": dict(
@@ -140,7 +140,7 @@ BUDGETS = {
                 "max_response_length": 96, "minibatch_size": 16, "lr": 1e-5,
                 "env_config": {"data": "sql_synth/train[:128]"}},
     ),
-    # LoRA on the real model (issue #25 item 6), fixed before any run of it: the smollm2-cpu
+    # LoRA on the real model, fixed before any run of it: the smollm2-cpu
     # budget (30 iterations x 4 prompts x 8, 64 tokens, fp32, sql_synth/train[:128], the first 50
     # prompts of each split, n = 8) with rank-16 adapters on every linear layer and 10x its
     # learning rate (1e-4: adapters start at zero; the LoRA tuned example's rule), GRPO and DPH-JS;
@@ -153,10 +153,10 @@ BUDGETS = {
                 "max_response_length": 64, "minibatch_size": 16, "lr": 1e-4,
                 "env_config": {"data": "sql_synth/train[:128]"}},
     ),
-    # The real model on the ties family on one GPU (issue #24 item 7), fixed on 2026-11-26 before
+    # The real model on the ties family on one GPU, fixed on 2026-11-26 before
     # any run of it: the GPU tuned examples' batch (bf16, 32 prompts x 8, mini-batches of 64, the
     # learner and the HF engine on the GPU) with the ties limit of 96 tokens; 15 iterations and lr
-    # 1e-5 (what one 15-minute lease affords next to the transfers, the build and pre-sampling:
+    # 1e-5 (what 15 minutes on a GPU host afford next to the transfers, the build and pre-sampling:
     # ~11-14 s per iteration on an H100, docs/gpu.md; the examples' 1e-6 did not move the policy in
     # 3 iterations); the first 256 training prompts (15 x 32 draws); GRPO against DPH-JS (8 of 8,
     # all trajectories), 1 seed; the first 100 prompts of test and test_ties, n = 64, bf16 on the
@@ -181,7 +181,7 @@ BUDGETS = {
                   config={**TIES_CONFIG, "model_name": "tiny-sql-math-nulls",
                           "env_config": {"data": NULLS_MIX}}),
 }
-# The real model on the NULL family (issue #24 item 7; docs/collapse.md, "The NULL family on the
+# The real model on the NULL family (docs/collapse.md, "The NULL family on the
 # real model"; fixed on 2026-11-27 before any run of it): each smollm2-ties-<device> budget on
 # smollm2-135m-sft-nulls (the 120-step warm start with the family in its SFT pool), trained on the
 # same number of the first prompts of sql_synth/train@nulls=0.1, GRPO against the NULL family's
@@ -682,7 +682,7 @@ CURVE_FAMILIES = {"ties": "ties", "ties-quick": "ties", "nulls": "nulls"}
 
 def curve_command(budget: str) -> list[str]:
     """The command that draws pass@64 against training iterations for GRPO and DPH-JS on
-    ``budget``'s family (issue #24 item 6): ``research/collapse_search.py --curve``, which trains its
+    ``budget``'s family: ``research/collapse_search.py --curve``, which trains its
     own runs (seed 0, 100 iterations of the budget's settings) and evaluates the first 100
     prompts of the family's test split every 20 iterations (~8 min on 2 cores for the ties family)."""
     return [sys.executable, str(REPO / "research/collapse_search.py"), "--curve", "--family", CURVE_FAMILIES[budget]]

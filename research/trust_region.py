@@ -15,7 +15,7 @@ real batch (targets: binary ≤ 1 %, top-K ≤ 5 %).
     python research/trust_region.py                    # 9 variants x 1 seed x 30 iterations
     python research/trust_region.py --seeds 0 1 2 --iterations 40 --workers 15
     python research/trust_region.py --mask-cost-only
-    # issue #30 item 3: every correction (and none) at staleness 4, one remote env runner,
+    # every correction (and none) at staleness 4, one remote env runner,
     # one optimizer step per batch (staleness is then the only source of π ≠ μ), 3 seeds,
     # validation pass@1 on the first 100 prompts of sql_synth/test at the end:
     python research/trust_region.py --max-staleness 4 --seeds 0 1 2 --iterations 30 --out research/out/async_k4

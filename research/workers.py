@@ -1,4 +1,4 @@
-"""Worker processes for the benchmarks that train several runs at once (one core, one thread each)."""
+"""Worker processes for the research scripts that train several runs at once (one core, one thread each)."""
 
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor

@@ -1,5 +1,5 @@
-"""tools/offline_kit/plan.py: the prepared GPU leases fit the device tool's limits and their flags parse,
-so a lease's minutes are not spent on a setup bug; and its checks name what would fail."""
+"""tools/offline_kit/plan.py: the prepared plans of GPU runs fit the remote host's limits and their flags
+parse, so a run's minutes are not spent on a setup bug; and its checks name what would fail."""
 
 import argparse
 import gzip
@@ -9,27 +9,27 @@ import pytest
 
 
 @pytest.fixture(scope="module")
-def leases(load_script):
+def plan(load_script):
     return load_script("tools/offline_kit/plan")
 
 
-def test_every_prepared_call_fits_the_run_tool_and_every_flag_parses(leases):
+def test_every_prepared_call_fits_the_hosts_limits_and_every_flag_parses(plan):
     archived = set()
-    for lease in leases.leases():
-        for number, call in enumerate(lease.calls, 1):
-            where = f"{lease.name} call {number}"
-            timeout, command = call.render(leases.LEFT_S)
-            assert "{" not in command.replace("'{", "") and len(command) <= leases.COMMAND_LIMIT, where
-            assert call.timeout_s is None or 0 < call.timeout_s <= leases.CALL_LIMIT_S, where
+    for prepared in plan.plans():
+        for number, call in enumerate(prepared.calls, 1):
+            where = f"{prepared.name} call {number}"
+            timeout, command = call.render(plan.LEFT_S)
+            assert "{" not in command.replace("'{", "") and len(command) <= plan.COMMAND_LIMIT, where
+            assert call.timeout_s is None or 0 < call.timeout_s <= plan.CALL_LIMIT_S, where
             for path in call.carry:
                 assert path.split("/")[0] in (".whl", ".smol", ".vllm"), where
-                assert leases.ignored(path), f"{where} carries {path}, which git does not ignore"
-            assert leases.flag_problems(command) == [], where
-        assert lease.calls[-1].timeout_s is None, f"{lease.name}'s last call takes what the lease has left"
-        for path in lease.needs:
-            assert (leases.REPO / path).is_file() or path in archived, f"{lease.name} unpacks {path}"
-        archived.add(lease.archive_to)
-    names = [lease.name for lease in leases.leases()]
+                assert plan.ignored(path), f"{where} carries {path}, which git does not ignore"
+            assert plan.flag_problems(command) == [], where
+        assert prepared.calls[-1].timeout_s is None, f"{prepared.name}'s last call takes the time left"
+        for path in prepared.needs:
+            assert (plan.REPO / path).is_file() or path in archived, f"{prepared.name} unpacks {path}"
+        archived.add(prepared.archive_to)
+    names = [prepared.name for prepared in plan.plans()]
     assert len(set(names)) == len(names)
 
 
@@ -41,63 +41,66 @@ def _repo(tmp_path):
     return tmp_path
 
 
-def test_a_call_over_64_mib_a_travelling_carry_a_long_command_and_a_bad_timeout_are_named(leases, tmp_path):
+def test_a_call_over_64_mib_a_travelling_carry_a_long_command_and_a_bad_timeout_are_named(plan, tmp_path):
     root = _repo(tmp_path)
     with open(root / ".whl" / "big.whl", "wb") as big:
         big.truncate(62 * 2**20)
     (root / ".whl" / "small.whl").write_bytes(b"x" * 2**20)
-    tree = leases.tree_bytes(root)
+    tree = plan.tree_bytes(root)
     assert tree == 2**20 + len("/.whl/\n")  # the ignored wheels do not travel with the tree
-    assert leases.call_problems(leases.Call((".whl/small.whl",), "ls"), tree, root) == []
-    problems = leases.call_problems(leases.Call((".whl/big.whl", "tracked.txt"), "x" * 2001, 900), tree, root)
+    assert plan.call_problems(plan.Call((".whl/small.whl",), "ls"), tree, root) == []
+    problems = plan.call_problems(plan.Call((".whl/big.whl", "tracked.txt"), "x" * 2001, 900), tree, root)
     assert [p.split(",")[0].split(":")[0] for p in problems] == [
         "carries tracked.txt", "carries 64.0 MiB with the tree (1.0 MiB)", "its command has 2001 characters",
         "timeout_s 900 is outside 1-600"]
+    (smaller,) = plan.call_problems(plan.Call((".whl/small.whl",), "ls"), tree, root, limit=2 * 2**20)
+    assert smaller.startswith("carries 2.0 MiB with the tree (1.0 MiB), over the 2 MiB a call transfers")
 
 
-def test_a_call_that_leaves_less_room_than_the_archives_need_is_named(leases, tmp_path):
+def test_a_call_that_leaves_less_room_than_the_archives_need_is_named(plan, tmp_path):
     root = _repo(tmp_path)
     with open(root / ".whl" / "big.whl", "wb") as big:
         big.truncate(61 * 2**20 + 2**19)
-    (problem,) = leases.call_problems(leases.Call((".whl",), "ls"), leases.tree_bytes(root), root)
+    (problem,) = plan.call_problems(plan.Call((".whl",), "ls"), plan.tree_bytes(root), root)
     assert problem.startswith("leaves 1.5 MiB of the 64") and "2 MiB" in problem
 
 
-def test_a_last_call_takes_what_is_left_and_keeps_time_to_pack_its_results(leases, capsys):
-    lease = leases.by_name("rn-grpo")
-    timeout, command = lease.calls[-1].render(300)
-    assert timeout == 280 and f"timeout {280 - leases.WRAP_UP_S} python3" in command and command.index(
+def test_a_last_call_takes_what_is_left_and_keeps_time_to_pack_its_results(plan, capsys):
+    prepared = plan.by_name("rn-grpo")
+    timeout, command = prepared.calls[-1].render(300)
+    assert timeout == 280 and f"timeout {280 - plan.WRAP_UP_S} python3" in command and command.index(
         "timeout 240") < command.index("tar cf $OUT/rn.tar")
-    assert lease.calls[2].render(300)[0] == 600  # an earlier call keeps its own
-    leases.show(lease, 300)
-    assert "timeout_s 280 (with 300 s of device time left" in capsys.readouterr().out
+    assert prepared.calls[2].render(300)[0] == 600  # an earlier call keeps its own
+    plan.show(prepared, 300)
+    assert "timeout_s 280 (with 300 s left on the host" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="rn-grpo's last call would get 80 s with 100 s left: too little"):
-        leases.show(lease, 100)
+        plan.show(prepared, 100)
 
 
-def test_check_names_the_carries_not_made_yet_once_with_the_commands_that_make_them(leases, tmp_path, capsys):
+def test_check_names_the_carries_not_made_yet_once_with_the_commands_that_make_them(plan, tmp_path, capsys):
     root = _repo(tmp_path)
-    absent = leases.absent_carries(root)
+    absent = plan.absent_carries(root)
     assert ".whl" not in absent and ".vllm/call1" in absent and ".smol/gguf-0.19.0-py3-none-any.whl" in absent
-    assert leases.check(root) >= len(absent)
+    assert plan.check(root) >= len(absent)
     out = capsys.readouterr().out
     assert out.count("not made yet") == 1 and "python tools/offline_kit/vllm_kit.py prepare" in out
 
 
-def test_python_runs_reads_each_bench_script_up_to_the_next_shell_operator(leases):
-    command = ("export A=1; timeout 560 python3 research/reproduce_dph.py --budget x --methods 'DPH-JS (η=10)' --out "
-               "/tmp/r > $OUT/log 2>&1; echo rc=$?; python3 tools/offline_kit/gpu_smollm2.py --iterations 25 --config "
-               "'{\"a\": 1}' && python3 -m pip install y; python3 tools/offline_kit/vllm_kit.py check | tail")
-    assert leases.python_runs(command) == [
+def test_python_runs_reads_each_script_up_to_the_next_shell_operator(plan):
+    command = ("export A=1; timeout 560 python3 research/reproduce_dph.py --budget x --methods 'DPH-JS (η=10)' "
+               "--out /tmp/r > $OUT/log 2>&1; echo rc=$?; python3 tools/offline_kit/gpu_smollm2.py --iterations 25 "
+               "--config '{\"a\": 1}' && python3 -m pip install y; python3 tools/offline_kit/vllm_kit.py check | tail")
+    assert plan.python_runs(command) == [
         ["research/reproduce_dph.py", "--budget", "x", "--methods", "DPH-JS (η=10)", "--out", "/tmp/r"],
         ["tools/offline_kit/gpu_smollm2.py", "--iterations", "25", "--config", '{"a": 1}'],
         ["tools/offline_kit/vllm_kit.py", "check"]]
 
 
-def test_an_unknown_flag_a_wrong_choice_and_a_wrong_value_are_refused_here(leases):
-    problems = leases.flag_problems("python3 research/reproduce_dph.py --budget nope; python3 tools/offline_kit/vllm_kit.py install "
-                                    "--targett /tmp/v; python3 tools/offline_kit/gpu_smollm2.py --iterations x; python3 "
-                                    "tools/offline_kit/gpu_suite.py --steps env,vlm; python3 research/reproduce_dph.py --budget ties")
+def test_an_unknown_flag_a_wrong_choice_and_a_wrong_value_are_refused_here(plan):
+    problems = plan.flag_problems(
+        "python3 research/reproduce_dph.py --budget nope; python3 tools/offline_kit/vllm_kit.py install --targett "
+        "/tmp/v; python3 tools/offline_kit/gpu_smollm2.py --iterations x; python3 tools/offline_kit/gpu_suite.py "
+        "--steps env,vlm; python3 research/reproduce_dph.py --budget ties")
     assert len(problems) == 4
     assert "invalid choice: 'nope'" in problems[0]
     assert "unrecognized arguments: --targett /tmp/v" in problems[1]
@@ -105,18 +108,18 @@ def test_an_unknown_flag_a_wrong_choice_and_a_wrong_value_are_refused_here(lease
     assert "unknown step vlm" in problems[3]
 
 
-def test_archive_gzips_the_lease_results_into_the_tree_and_names_a_missing_tar(leases, tmp_path):
-    lease = leases.by_name("rn-grpo")
-    files_at, root = tmp_path / "files", tmp_path / "repo"
-    files_at.mkdir()
+def test_archive_gzips_the_plans_results_into_the_tree_and_names_a_missing_tar(plan, tmp_path):
+    prepared = plan.by_name("rn-grpo")
+    results, root = tmp_path / "files", tmp_path / "repo"
+    results.mkdir()
     (root / "docs" / "gpu_runs").mkdir(parents=True)
-    with pytest.raises(SystemExit, match=r"rn.tar is absent: the lease's last call writes \$OUT/rn.tar"):
-        leases.archive(lease, files_at, root)
-    (files_at / "rn.tar").write_bytes(b"evaluations")
-    target = leases.archive(lease, files_at, root)
-    assert target == root / lease.archive_to and gzip.decompress(target.read_bytes()) == b"evaluations"
-    with pytest.raises(SystemExit, match="no lease 'nope'; the leases are rn-grpo, rn-dph-js"):
-        leases.by_name("nope")
+    with pytest.raises(SystemExit, match=r"rn.tar is absent: the plan's last call writes \$OUT/rn.tar"):
+        plan.archive(prepared, results, root)
+    (results / "rn.tar").write_bytes(b"evaluations")
+    target = plan.archive(prepared, results, root)
+    assert target == root / prepared.archive_to and gzip.decompress(target.read_bytes()) == b"evaluations"
+    with pytest.raises(SystemExit, match="no plan 'nope'; the plans are rn-grpo, rn-dph-js"):
+        plan.by_name("nope")
 
 
 def test_the_suite_refuses_an_unknown_step_and_names_every_step(load_script, tmp_path):

@@ -194,7 +194,7 @@ def test_a_stored_evaluation_of_changed_data_is_refused(reproduce, tmp_path, cap
     assert capsys.readouterr().out.count("written before task fingerprints were recorded; 20 of its 20 prompts") == 1
 
 
-def test_the_fourth_leases_ties_evaluations_are_of_the_old_family_and_refused(reproduce, tmp_path, capsys):
+def test_archived_ties_evaluations_of_the_old_family_are_refused(reproduce, tmp_path, capsys):
     """The archived SmolLM2 evaluations (docs/gpu_runs, family version 1 for test_ties) cannot be
     paired with runs on the family as it is now; their test-split evaluation, of unchanged data, can."""
     import pathlib
@@ -211,10 +211,10 @@ def test_the_fourth_leases_ties_evaluations_are_of_the_old_family_and_refused(re
     assert "warning" not in capsys.readouterr().out
 
 
-def test_the_fifth_leases_evaluations_are_reused_as_they_are(reproduce, tmp_path, capsys):
+def test_archived_evaluations_of_the_current_family_are_reused_as_they_are(reproduce, tmp_path, capsys):
     """The archived SmolLM2 base and GRPO evaluations on test_ties (family version 2, 100 prompts,
     n = 64) are of the split as it is now: a run under the same budget reuses them unretrained,
-    which is how the next lease runs DPH-JS alone beside them (docs/gpu.md)."""
+    which is how a later GPU run trains DPH-JS alone beside them (docs/gpu.md)."""
     import pathlib
     import tarfile
 
@@ -313,7 +313,7 @@ def test_a_table_of_the_nulls_split_names_its_robust_approach(reproduce):
 
 
 def test_curve_runs_the_collapse_searchs_curve_of_the_budgets_family(reproduce):
-    """``--curve`` (issue #24 item 6) is collapse_search's curve for the family; its commands build."""
+    """``--curve`` is collapse_search's curve for the family; its commands build."""
     import subprocess
 
     command = reproduce.curve_command("ties-quick")

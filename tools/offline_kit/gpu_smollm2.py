@@ -1,4 +1,4 @@
-"""The SmolLM2 tuned examples end to end on a GPU, with validation pass@k before and after (issue #28, item 4).
+"""The SmolLM2 tuned examples end to end on a GPU, with validation pass@k before and after.
 
 Stages, each a subprocess in its own process group with its own time limit (a stage that
 fails or hangs costs only its own minutes), inside one ``--budget-s``:

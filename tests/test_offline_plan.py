@@ -130,5 +130,5 @@ def test_the_suite_refuses_an_unknown_step_and_names_every_step(load_script, tmp
                                                                     "--nope"])
     args = argparse.Namespace(cpu_check=True, rollout_models="", learner_cases="", learners1_cases="", e2e_iterations=1,
                               **{f"{name}_s": 1 for name in ("learners", "learners1", "e2e", "rollouts", "vllm",
-                                                             "profile", "async", "weight_sync", "smollm2")})
+                                                             "async", "weight_sync", "smollm2")})
     assert tuple(step.name for step in suite.steps(tmp_path, args)) == suite.STEP_NAMES

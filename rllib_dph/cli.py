@@ -25,7 +25,7 @@ import sys
 from typing import Any, Optional
 
 from rllib_dph.engines import DEFAULT_ENGINE, ENGINES
-from rllib_dph.experiments import add_run_flags, json_flag, load_tuned_example, run_from_args, slug
+from rllib_dph.experiments import add_run_flags, exit_on_ctrl_c, json_flag, load_tuned_example, run_from_args, slug
 from rllib_dph.imports import add_import_flag, import_user_modules
 
 
@@ -344,8 +344,10 @@ def _build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[list[str]] = None) -> None:
     """Runs ``rllib <command> ...`` (``argv`` default: the process's arguments)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = _build_parser().parse_args(argv)
-    args.func(args)
+    args.command = ["rllib", *argv]  # repeated by the commands a run prints
+    exit_on_ctrl_c(lambda: args.func(args))
 
 if __name__ == "__main__":
     main(sys.argv[1:])

@@ -21,14 +21,36 @@ import logging
 import os
 import re
 import runpy
+import shlex
 import sys
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from rllib_dph.imports import add_import_flag, import_user_modules, ray_runtime_env
 
 #: Exit code of a run refused by the preflight checks.
 PREFLIGHT_EXIT_CODE = 2
+#: Exit code of a command stopped by Ctrl-C (128 + SIGINT, as shells report it).
+INTERRUPTED_EXIT_CODE = 130
+#: Where Tune writes experiments unless ``--storage-path`` says otherwise.
+DEFAULT_STORAGE_PATH = "~/ray_results"
+#: Iterations between checkpoints unless ``--checkpoint-freq`` says otherwise: a crash or a
+#: second Ctrl-C loses at most this many iterations.
+DEFAULT_CHECKPOINT_FREQ = 10
+#: Checkpoints kept per trial, the latest (``--keep-checkpoints-num``): with two, a crash while
+#: one is written still leaves the one before.
+DEFAULT_KEEP_CHECKPOINTS = 2
+
+
+def exit_on_ctrl_c(run: Callable[[], Any]) -> None:
+    """Runs ``run()``; Ctrl-C that reaches it as ``KeyboardInterrupt`` (outside Tune's loop, which
+    handles it itself: ``rllib_dph.interrupt``) exits with :data:`INTERRUPTED_EXIT_CODE` and one
+    line instead of a traceback."""
+    try:
+        run()
+    except KeyboardInterrupt:
+        print("\nrllib: interrupted (Ctrl-C).", file=sys.stderr, flush=True)
+        raise SystemExit(INTERRUPTED_EXIT_CODE) from None
 
 
 def json_flag(text: Optional[str], flag: str) -> dict:
@@ -77,8 +99,9 @@ def run_experiment(
     *,
     storage_path: Optional[str] = None,
     name: Optional[str] = None,
-    checkpoint_freq: int = 0,
+    checkpoint_freq: int = DEFAULT_CHECKPOINT_FREQ,
     checkpoint_at_end: bool = True,
+    keep_checkpoints: Optional[int] = DEFAULT_KEEP_CHECKPOINTS,
     num_samples: int = 1,
     resume: bool = False,
     verbose: int = 0,
@@ -89,9 +112,13 @@ def run_experiment(
     """Runs ``config`` through Ray Tune until ``stop``; returns Tune's ``ResultGrid``.
 
     Once Ray has started, a trial that asks for more CPUs or GPUs than the cluster has is refused
-    (``preflight.resource_problems``; Tune would keep it pending), unless ``force``.
+    (``preflight.resource_problems``; Tune would keep it pending), unless ``force``. Ctrl-C stops
+    the running trials after their current iteration, each with a checkpoint
+    (``rllib_dph.interrupt``); they come back unfinished (:func:`unfinished_trials`).
 
     Args:
+        keep_checkpoints: Checkpoints kept per trial, the latest; None keeps all.
+        resume: Continue the experiment ``storage_path/name`` (``resume_problems`` says whether it can).
         verbose: 0 prints one line per iteration (``rllib_dph.console``); 1-3 are Tune's own
             verbosity levels (status table, config, results).
         callbacks: More Tune callbacks (e.g. ``rllib_dph.tracking.logger_callbacks``).
@@ -100,15 +127,17 @@ def run_experiment(
     from ray import tune
 
     from rllib_dph.console import IterationPrinter
+    from rllib_dph.interrupt import GracefulInterrupt, catching_ctrl_c
     from rllib_dph.models.hub import absolute_path
 
     _start_ray(verbose, user_modules)
     _refuse([] if force else _resource_problems(config))
-    storage_path = absolute_path(storage_path or "~/ray_results")
+    storage_path = absolute_path(storage_path or DEFAULT_STORAGE_PATH)
     name = name or default_experiment_name(config)
-    callbacks = [*(callbacks or []), *([IterationPrinter()] if verbose == 0 else [])]
+    callbacks = [*(callbacks or []), *([IterationPrinter()] if verbose == 0 else []), GracefulInterrupt()]
     experiment_dir = os.path.join(storage_path, name)
-    if resume and tune.Tuner.can_restore(experiment_dir):
+    if resume:  # the experiment's own stop and callbacks (resume_problems checked that it can)
+        print(resume_line(experiment_dir), flush=True)
         tuner = tune.Tuner.restore(experiment_dir, trainable=config.algo_class, resume_errored=True)
     else:
         tuner = tune.Tuner(
@@ -118,15 +147,15 @@ def run_experiment(
             run_config=tune.RunConfig(
                 name=name, storage_path=storage_path, stop=stop, verbose=verbose, callbacks=callbacks,
                 checkpoint_config=tune.CheckpointConfig(
-                    checkpoint_frequency=checkpoint_freq, checkpoint_at_end=checkpoint_at_end
+                    checkpoint_frequency=checkpoint_freq, checkpoint_at_end=checkpoint_at_end,
+                    num_to_keep=keep_checkpoints,
                 ),
             ),
         )
     print(f"rllib: experiment folder {experiment_dir} (tensorboard --logdir {experiment_dir})", flush=True)
-    results = tuner.fit()
+    with catching_ctrl_c():
+        results = tuner.fit()
     _exit_on_failed_trials(results, verbose)
-    if resume:
-        _exit_on_unmet_stop(results, stop, experiment_dir)
     return results
 
 
@@ -139,24 +168,82 @@ def _resource_problems(config) -> list:
     return resource_problems(config, ray.cluster_resources())
 
 
-def _exit_on_unmet_stop(results, stop: dict, experiment_dir: str) -> None:
-    """After ``--resume``: exits non-zero when a trial ended short of ``stop``.
+def unfinished_trials(results) -> list:
+    """The trials of ``results`` that neither failed nor ended: Tune stopped them on Ctrl-C
+    (Tune marks a trial's last result ``done`` when a stop criterion is met, the first one met
+    as RLlib and Tune stop)."""
+    return [r for r in results if not r.error and not r.metrics.get("done")]
 
-    Tune resumes an experiment with the stop it was started with, so ``--resume`` with a larger
-    ``--stop`` on a finished run trains nothing; the message names the checkpoint to continue from.
+
+def resume_problems(experiment_dir: str, stop: dict) -> list:
+    """What ``--resume`` of ``experiment_dir`` could not do as asked, each a ``preflight.Problem``:
+
+    - no Tune experiment there (Tune would start a new one over its folder);
+    - a stop other than the one the experiment was started with (``stop`` non-empty): Tune
+      continues an experiment with its own stop, so the new one would be ignored;
+    - a trial that trained but saved no checkpoint: Tune would train it again from iteration 1,
+      over its results.
     """
-    for result in results:
-        for key, target in stop.items():
-            value = _metric_value(result.metrics, key)
-            if isinstance(target, (int, float)) and isinstance(value, (int, float)) and value < target:
-                checkpoint = result.checkpoint.path if result.checkpoint else "<a checkpoint_00000N folder of the trial>"
-                raise SystemExit(
-                    f"rllib: --resume continued {experiment_dir} with the stop it was started with, and trial "
-                    f"{result.path} ended at {key}={value}, short of --stop {key}={target}. --resume only "
-                    "finishes an interrupted or failed run; to train a finished run further, start a run from "
-                    f"its last checkpoint: rllib train ... --from-checkpoint {checkpoint} "
-                    f"--stop '{json.dumps(stop)}' --name <new name>"
-                )
+    from ray import tune
+
+    from rllib_dph.preflight import Problem
+
+    if not tune.Tuner.can_restore(experiment_dir):
+        return [Problem("--resume", f"{experiment_dir} holds no Tune experiment to continue (no experiment state); "
+                                    "give the --name and --storage-path the run was started with, or start it without --resume.")]
+    trials = _trials(experiment_dir)
+    started_with = _stop_of(trials)
+    problems = []
+    if stop and stop != started_with:
+        latest = [t.checkpoint.path for t in trials if t.checkpoint is not None]
+        problems.append(Problem("--stop", (
+            f"{json.dumps(stop)} is not the stop {json.dumps(started_with)} that {experiment_dir} was started with, "
+            "and --resume continues a run with its own stop. Resume without --stop (or with the same one); to train "
+            f"further or to another stop, start a new run from a checkpoint: rllib train ... --from-checkpoint "
+            f"{latest[-1] if latest else '<a trial checkpoint_00000N folder>'} --stop '{json.dumps(stop)}' --name <new name>"
+        )))
+    for trial in trials:
+        trained = _result_rows(trial.path)
+        if trial.status != "TERMINATED" and trial.checkpoint is None and trained:
+            problems.append(Problem("--resume", (
+                f"trial {trial.path} trained {trained} iteration(s) but saved no checkpoint, so --resume would train it "
+                "again from iteration 1 over its results. Start a new run under another --name (--checkpoint-freq N "
+                "checkpoints every N iterations)."
+            )))
+    return problems
+
+
+def _result_rows(trial_dir: str) -> int:
+    """Results a trial wrote (lines of its ``result.json``; the experiment state may be older)."""
+    path = os.path.join(trial_dir, "result.json")
+    if not os.path.isfile(path):
+        return 0
+    with open(path) as f:
+        return sum(1 for line in f if line.strip())
+
+
+def _trials(experiment_dir: str) -> list:
+    """The trials of the Tune experiment in ``experiment_dir``, as its state file last saved them."""
+    from ray import tune
+
+    return tune.ExperimentAnalysis(experiment_dir).trials
+
+
+def _stop_of(trials: list) -> dict:
+    """The stop criteria an experiment's trials were started with (one for all)."""
+    return dict(trials[0].stopping_criterion) if trials else {}
+
+
+def resume_line(experiment_dir: str) -> str:
+    """What ``--resume`` of ``experiment_dir`` continues: its unfinished trials, to its stop."""
+    trials = _trials(experiment_dir)
+    unfinished = [t for t in trials if t.status != "TERMINATED"]
+    stop = json.dumps(_stop_of(trials))
+    if not unfinished:
+        return (f"rllib: --resume: every trial of {experiment_dir} has finished (stop {stop}); nothing to train. To train "
+                "further, start a new run with --from-checkpoint (the final checkpoints are printed below).")
+    return (f"rllib: --resume: continuing {len(unfinished)} of {len(trials)} trial(s) of {experiment_dir}, each from its "
+            f"latest checkpoint, to the stop it was started with, {stop} (the first criterion met stops a trial).")
 
 
 def restore_on_init(checkpoint: str, algorithm, **kwargs) -> None:
@@ -218,10 +305,17 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stop", help="stop criteria as JSON, e.g. '{\"training_iteration\": 2}'")
     parser.add_argument("--storage-path", type=absolute_path, help="Tune output directory (default ~/ray_results)")
     parser.add_argument("--name", help="experiment name (default: <algo>_<env>_<date>_<time>, new per run)")
-    parser.add_argument("--checkpoint-freq", type=int, default=0, help="checkpoint every N iterations")
+    parser.add_argument(
+        "--checkpoint-freq", type=int, default=DEFAULT_CHECKPOINT_FREQ,
+        help=f"checkpoint every N iterations (default {DEFAULT_CHECKPOINT_FREQ}; 0: only at the end)",
+    )
     parser.add_argument(
         "--checkpoint-at-end", action=argparse.BooleanOptionalAction, default=True,
         help="checkpoint when stopping (default; --no-checkpoint-at-end to skip)",
+    )
+    parser.add_argument(
+        "--keep-checkpoints-num", type=int, default=DEFAULT_KEEP_CHECKPOINTS, metavar="N",
+        help=f"keep the latest N checkpoints of each trial (default {DEFAULT_KEEP_CHECKPOINTS}; 0: keep all)",
     )
     parser.add_argument(
         "--from-checkpoint", type=absolute_path, metavar="CHECKPOINT",
@@ -229,7 +323,11 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
         "finished run further with a larger --stop",
     )
     parser.add_argument("--num-samples", type=int, default=1, help="Tune samples of the config")
-    parser.add_argument("--resume", action="store_true", help="resume the experiment named by --name")
+    parser.add_argument(
+        "--resume", action="store_true",
+        help="continue the interrupted or failed experiment named by --name, each trial from its last checkpoint, "
+        "to the stop it was started with",
+    )
     parser.add_argument(
         "--force", action="store_true",
         help="start even when the estimated peak memory exceeds this machine's RAM or GPU memory, or a trial "
@@ -266,6 +364,10 @@ def check_run(config, stop: dict, args, overrides: dict) -> None:
     problems += [Problem("tracking", message) for message in tracking]
     if args.resume and not args.name:
         problems.append(Problem("--resume", "needs --name: the experiment folder to continue."))
+    elif args.resume and not args.from_checkpoint:
+        problems += resume_problems(experiment_dir(args), stop)
+    if args.keep_checkpoints_num < 0:
+        problems.append(Problem("--keep-checkpoints-num", f"{args.keep_checkpoints_num} is negative; give N >= 1, or 0 to keep all."))
     if args.from_checkpoint and args.resume:
         problems.append(Problem("--from-checkpoint", "starts a new run; drop --resume (which continues an interrupted one)."))
     if args.from_checkpoint and not os.path.isfile(os.path.join(args.from_checkpoint, "rllib_checkpoint.json")):
@@ -302,14 +404,28 @@ def prepare_run(config) -> None:
                 _refuse([Problem(type(variant).__name__, str(e))])
 
 
+def experiment_dir(args: argparse.Namespace) -> str:
+    """The folder of the experiment that ``--storage-path`` and ``--name`` name."""
+    from rllib_dph.models.hub import absolute_path
+
+    return os.path.join(absolute_path(args.storage_path or DEFAULT_STORAGE_PATH), args.name)
+
+
 def run_from_args(config, stop: dict, args: argparse.Namespace) -> None:
     """Checks, prepares and runs ``config`` until ``stop`` with the flags of :func:`add_run_flags`.
+
+    At the end it prints each trial's result. A run stopped by Ctrl-C prints, per unfinished trial, the
+    iteration it stopped at and its checkpoint, then the command that continues the run
+    (``--resume``), and exits with :data:`INTERRUPTED_EXIT_CODE`.
 
     Args:
         config: The algorithm config; ``--config`` overrides are applied to it.
         stop: Stop criteria; ``--stop`` entries replace or add to them.
-        args: The parsed flags of :func:`add_run_flags`.
+        args: The parsed flags of :func:`add_run_flags`, and ``args.command``: the words of the
+            command that started the run (``["rllib", "train", ...]``), which the printed
+            commands repeat.
     """
+
     from rllib_dph.tracking import logger_callbacks
 
     from rllib_dph.console import quiet_logging
@@ -337,6 +453,7 @@ def run_from_args(config, stop: dict, args: argparse.Namespace) -> None:
         name=name,
         checkpoint_freq=args.checkpoint_freq,
         checkpoint_at_end=args.checkpoint_at_end,
+        keep_checkpoints=args.keep_checkpoints_num or None,
         num_samples=args.num_samples,
         resume=args.resume,
         verbose=args.verbose,
@@ -344,7 +461,56 @@ def run_from_args(config, stop: dict, args: argparse.Namespace) -> None:
         user_modules=tuple(user_modules),
         force=args.force,
     )
+    unfinished = unfinished_trials(results)
+    if unfinished:
+        _print_interrupted(unfinished, args.command, name)
+        raise SystemExit(INTERRUPTED_EXIT_CODE)
     _print_summary(results)
+
+
+def _without_flags(words: list[str], flags: dict[str, bool]) -> list[str]:
+    """``words`` without the flags named in ``flags`` (name → whether it takes a value), in
+    either spelling (``--name x``, ``--name=x``)."""
+    kept, skip = [], False
+    for word in words:
+        if skip:
+            skip = False
+        elif word in flags:
+            skip = flags[word]
+        elif word.split("=", 1)[0] not in flags:
+            kept.append(word)
+    return kept
+
+
+def resume_command(command: list[str], name: str) -> str:
+    """The shell command that continues the run ``command`` started, named ``name``: the same
+    command with ``--name <name> --resume`` (and without ``--from-checkpoint``, which the
+    experiment keeps)."""
+    words = _without_flags(command, {"--resume": False, "--name": True, "--from-checkpoint": True})
+    return shlex.join([*words, "--name", name, "--resume"])
+
+
+def _checkpoint_iteration(result) -> Optional[int]:
+    """The training iteration of the trial's latest checkpoint (None without one)."""
+    if result.checkpoint is None:
+        return None
+    saved = {c.path: metrics.get("training_iteration") for c, metrics in (result.best_checkpoints or [])}
+    return saved.get(result.checkpoint.path)
+
+
+def _print_interrupted(unfinished: list, command: list[str], name: str) -> None:
+    """Per unfinished trial: the iteration it stopped at and what ``--resume`` continues from;
+    then the command that continues the run."""
+    for result in unfinished:
+        iteration = result.metrics.get("training_iteration") or 0
+        if result.checkpoint is None:
+            start = "no checkpoint: --resume starts it at iteration 1"
+        else:
+            start = f"checkpoint {result.checkpoint.path} (iteration {_checkpoint_iteration(result)})"
+        print(f"rllib: trial {result.path} interrupted at iteration {iteration}; {start}")
+    iterations = sorted({r.metrics.get("training_iteration") or 0 for r in unfinished})
+    at = f" at iteration {iterations[0]}" if len(iterations) == 1 else ""
+    print(f"rllib: interrupted{at}; continue with: {resume_command(command, name)}", flush=True)
 
 
 #: The validation style entropy (bits) in a trial's results, shown next to the selection metric.
@@ -406,6 +572,9 @@ def run_tuned_example(config, stop: dict, argv: Optional[list[str]] = None) -> N
     """``python <tuned_example.py> [--stop JSON] ...``: what ``rllib train file`` does."""
     parser = argparse.ArgumentParser(description="Run this tuned example through Ray Tune.")
     add_run_flags(parser)
-    run_from_args(config, stop, parser.parse_args(argv))
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parser.parse_args(argv)
+    args.command = ["python", sys.argv[0], *argv]
+    exit_on_ctrl_c(lambda: run_from_args(config, stop, args))
 
 

@@ -302,7 +302,7 @@ def test_rllib_train_async_run_killed_with_sigkill_resumes_its_version_and_bound
             "env_config": {"data": "sql_synth/test"}, "num_env_runners": 1, "num_cpus_per_env_runner": 0.5,
             "max_staleness": 1,
         }),
-        "--stop", json.dumps({"training_iteration": stop}), "--checkpoint-freq", "1",
+        "--stop", json.dumps({"training_iteration": stop}), "--checkpoint-freq", "1", "--keep-checkpoints-num", "0",
         "--storage-path", str(tmp_path), "--name", "async_resume", "-v", "0",
     ]
     # Tune resumes from the last experiment state it synced to the storage folder (with the trials'

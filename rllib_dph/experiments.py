@@ -414,7 +414,8 @@ def experiment_dir(args: argparse.Namespace) -> str:
 def run_from_args(config, stop: dict, args: argparse.Namespace) -> None:
     """Checks, prepares and runs ``config`` until ``stop`` with the flags of :func:`add_run_flags`.
 
-    At the end it prints each trial's result. A run stopped by Ctrl-C prints, per unfinished trial, the
+    At the end it prints each trial's result and checkpoint, and how to evaluate the final
+    checkpoint and train it further. A run stopped by Ctrl-C prints, per unfinished trial, the
     iteration it stopped at and its checkpoint, then the command that continues the run
     (``--resume``), and exits with :data:`INTERRUPTED_EXIT_CODE`.
 
@@ -465,7 +466,7 @@ def run_from_args(config, stop: dict, args: argparse.Namespace) -> None:
     if unfinished:
         _print_interrupted(unfinished, args.command, name)
         raise SystemExit(INTERRUPTED_EXIT_CODE)
-    _print_summary(results)
+    _print_next_steps(_print_summary(results), args, name)
 
 
 def _without_flags(words: list[str], flags: dict[str, bool]) -> list[str]:
@@ -513,12 +514,35 @@ def _print_interrupted(unfinished: list, command: list[str], name: str) -> None:
     print(f"rllib: interrupted{at}; continue with: {resume_command(command, name)}", flush=True)
 
 
+def _print_next_steps(best, args: argparse.Namespace, name: str) -> None:
+    """The final checkpoint of ``best`` (the only or best trial) and the commands that evaluate it
+    and train it further."""
+    if best is None or best.checkpoint is None:
+        print("rllib: no checkpoint was saved (--no-checkpoint-at-end)")
+        return
+    checkpoint = best.checkpoint.path
+    config = best.config
+    env_config = {**(config.get("env_config") or {}), **(config.get("val_env_config") or {})}
+    imports = [word for module in args.imports for word in ("--import", module)]
+    evaluate = ["rllib", "evaluate", checkpoint, "--env", str(config.get("env")),
+                *(["--env-config", json.dumps(env_config)] if env_config else []), *imports]
+    iteration = best.metrics.get("training_iteration") or 0
+    further = [*_without_flags(args.command, {"--resume": False, "--name": True, "--from-checkpoint": True,
+                                              "--stop": True}),
+               "--from-checkpoint", checkpoint, "--stop", json.dumps({"training_iteration": 2 * iteration}),
+               "--name", f"{name}_more"]
+    print(f"rllib: final checkpoint {checkpoint}")
+    print(f"  evaluate it:          {shlex.join(evaluate)}")
+    print(f"  train it further, e.g. to iteration {2 * iteration}: {shlex.join(further)}", flush=True)
+
+
 #: The validation style entropy (bits) in a trial's results, shown next to the selection metric.
 STYLE_ENTROPY = "evaluation/style_entropy_bits"
 
 
-def _print_summary(results) -> None:
-    """One line per trial and, with several trials, the best one and any tie.
+def _print_summary(results):
+    """One line per trial (and its checkpoint) and, with several trials, the best one and any
+    tie; returns the best trial (the only one of a single trial; None when none has the metric).
 
     The best trial is chosen by validation pass@k at the largest k of the trials' last held-out
     evaluation (``GRPOConfig.held_out``) when they ran one, else by the training reward; trials
@@ -533,11 +557,13 @@ def _print_summary(results) -> None:
             f"{metric}={_metric_value(result.metrics, metric)}"
             + ("" if entropy is None else f" {STYLE_ENTROPY}={entropy:.2f}")
         )
+        if result.checkpoint is not None:
+            print(f"  checkpoint {result.checkpoint.path}")
     if len(results) < 2:
-        return
+        return results[0] if len(results) else None
     scored = [r for r in results if _metric_value(r.metrics, metric) is not None]
     if not scored:
-        return
+        return None
     best = max(scored, key=lambda r: _metric_value(r.metrics, metric))  # the first of equals
     best_value = _metric_value(best.metrics, metric)
     print(f"best trial by {metric}: {best.path}")
@@ -548,6 +574,7 @@ def _print_summary(results) -> None:
     for other in tied:
         values = json.dumps({k: other.config.get(k) for k in varied}, default=str)
         print(f"tie: {other.path} ({values}) has the same {metric}={best_value}; the runs cannot tell them apart")
+    return best
 
 
 def _selection_metric(results) -> str:

@@ -77,6 +77,7 @@ def test_logger_callbacks(tmp_path, monkeypatch):
 class _Trial:
     def __init__(self, path, eta, metrics):
         self.path, self.config, self.metrics = path, {"pef_coeff": eta, "lr": 3e-4}, metrics
+        self.checkpoint = None
 
 
 def test_a_sweep_picks_its_best_trial_by_validation_pass_at_the_largest_k_and_reports_ties(capsys):

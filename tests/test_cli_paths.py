@@ -94,7 +94,13 @@ def test_from_checkpoint_trains_a_finished_run_further(project, monkeypatch, cap
     out = capsys.readouterr().out
     iterations = [line.split()[1] for line in out.splitlines() if line.startswith("iter")]
     assert iterations == ["2"]  # one iteration trained, counted on from the checkpoint's
-    assert len(_checkpoints(project, "exp2")) == 1
+    (final,) = _checkpoints(project, "exp2")
+    # The end of the run names its final checkpoint and the commands that evaluate it and train it further.
+    assert f"rllib: final checkpoint {final}\n" in out
+    assert f"  evaluate it:          rllib evaluate {final} --env rllib_dph/SQL-v0 --env-config " \
+           "'{\"data\": \"sql_synth/test\"}'\n" in out
+    assert ("  train it further, e.g. to iteration 4: rllib train file exp.py --storage-path runs "
+            f"--from-checkpoint {final} --stop '{{\"training_iteration\": 4}}' --name exp2_more\n") in out
 
 
 def test_a_from_checkpoint_that_is_not_a_checkpoint_is_refused(project, monkeypatch, capsys):

@@ -95,6 +95,7 @@ def test_the_printed_command_resumes_to_the_iteration_cap_before_the_time_cap(in
     assert results[-1]["time_total_s"] < STOP["time_total_s"]  # the first criterion met ends the run
     assert "--resume: continuing 1 of 1 trial(s)" in resumed.stdout
     assert f"training_iteration={STOP['training_iteration']}" in resumed.stdout
+    assert "rllib: final checkpoint " in resumed.stdout and "  evaluate it:          rllib evaluate " in resumed.stdout
 
 
 def test_a_finished_run_resumed_trains_nothing_and_exits_0(interrupted):

@@ -25,7 +25,15 @@ import sys
 from typing import Any, Optional
 
 from rllib_dph.engines import DEFAULT_ENGINE, ENGINES
-from rllib_dph.experiments import add_run_flags, exit_on_ctrl_c, json_flag, load_tuned_example, run_from_args, slug
+from rllib_dph.experiments import (
+    PREFLIGHT_EXIT_CODE,
+    add_run_flags,
+    exit_on_ctrl_c,
+    json_flag,
+    load_tuned_example,
+    run_from_args,
+    slug,
+)
 from rllib_dph.imports import add_import_flag, import_user_modules
 
 
@@ -149,8 +157,13 @@ def _evaluate(args) -> None:
         plot_style_pass_at_k,
     )
 
+    from rllib_dph.evaluation.runner import policy_problem
     from rllib_dph.models.hub import absolute_if_path, absolute_path
 
+    problem = policy_problem(absolute_if_path(args.policy))  # one line, not a hub lookup's traceback
+    if problem is not None:
+        print(f"rllib evaluate: {problem}", file=sys.stderr)
+        raise SystemExit(PREFLIGHT_EXIT_CODE)
     import_user_modules(args.imports)
     env_config = json_flag(args.env_config, "--env-config")
     baseline = EvalResult.from_json(args.baseline) if args.baseline else None  # fail before evaluating

@@ -27,6 +27,7 @@ from typing import Any, Optional
 from rllib_dph.engines import DEFAULT_ENGINE, ENGINES
 from rllib_dph.experiments import (
     PREFLIGHT_EXIT_CODE,
+    SLUG_LENGTH,
     add_run_flags,
     exit_on_ctrl_c,
     json_flag,
@@ -121,9 +122,15 @@ def _presample(args) -> None:
 
 
 def _default_eval_out(policy: str, env: str, env_config: dict) -> str:
-    """``eval_results/<policy>__<env>[_<data>]``, slugged (see ``experiments.slug``)."""
+    """``eval_results/<policy>__<env>[_<data>]``, slugged (see ``experiments.slug``); of a path
+    the policy part keeps the last parts that fit whole (a checkpoint: its trial folder and
+    ``checkpoint_00000N``)."""
+    parts = [part for part in policy.split("/") if part not in ("", ".", "~")]
+    label = parts.pop() if parts else policy
+    while parts and len(parts[-1]) + 1 + len(label) <= SLUG_LENGTH:
+        label = f"{parts.pop()}_{label}"
     target = env + (f"_{env_config['data']}" if isinstance(env_config.get("data"), str) else "")
-    return os.path.join("eval_results", f"{slug(policy)}__{slug(target)}")
+    return os.path.join("eval_results", f"{slug(label)}__{slug(target)}")
 
 
 def _eval_settings(args):

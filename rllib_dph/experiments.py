@@ -70,9 +70,15 @@ def json_flag(text: Optional[str], flag: str) -> dict:
     return value
 
 
+#: Longest folder name :func:`slug` makes.
+SLUG_LENGTH = 80
+
+
 def slug(text: str) -> str:
-    """``text`` as a folder name: runs of characters other than letters, digits, ``_.-`` become ``_``."""
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_.")[-80:]
+    """``text`` as a folder name: runs of characters other than letters, digits, ``_.-`` become
+    ``_``; at most its last :data:`SLUG_LENGTH` characters, never starting or ending with one of
+    ``_.-`` (a leading ``-`` would read as an option to the shell's commands)."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)[-SLUG_LENGTH:].strip("_.-")
 
 
 def load_tuned_example(path: str) -> tuple[Any, dict]:

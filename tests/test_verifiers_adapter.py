@@ -4,6 +4,7 @@ env_response and stop conditions, and the features that do not map (a clear erro
 silent reward). The environments are defined here. Needs the optional extra."""
 
 import asyncio
+import time
 
 import numpy as np
 import pytest
@@ -222,6 +223,11 @@ def test_env_errors_and_hangs_end_the_episode_with_reward_zero():
     assert steps[0][1] == 0.0 and steps[0][4]["error"] == "the verifiers env did not answer within 0.5 s (verifier_timeout_s)"
     env = VerifiersEnv(guess_env())
     assert play(env, ["<guess>7</guess>"])[1][0][1] == 1.0  # the loop still serves other episodes
+    timed = VerifiersEnv(guess_env(timeout_seconds=0.2))
+    timed.reset(options={"index": 0})
+    time.sleep(0.5)  # the env's own wall clock runs while the policy generates
+    _, reward, terminated, _, info = timed.step("<guess>7</guess>")
+    assert terminated and not info["correct"] and "timeout_seconds=0.2 ended the rollout" in info["error"]
 
 
 def test_grpo_trains_one_iteration_on_a_verifiers_env(tiny_grpo_config, ray_session):

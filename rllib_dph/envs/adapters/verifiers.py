@@ -44,6 +44,11 @@ group of rollouts; a step scores one); native tool calling (``tool_defs``, ``Too
 engine's; a warning says so); the SIGINT / SIGTERM handlers a verifiers env installs when built
 (an env loaded by id here leaves the process's handlers as they were; its teardown still runs
 at exit).
+
+Known differences that are not errors: every policy turn reaches the env as a finished message
+(``finish_reason="stop"``, no token ids or usage), also one cut at ``max_new_tokens``; the env's
+own ``timeout_seconds`` counts the wall time of the whole batch's generation (when it ends a
+rollout, ``info["error"]`` says so and the episode is not correct).
 """
 
 from __future__ import annotations
@@ -329,6 +334,8 @@ class VerifiersEnv(VerifierEnv):
             return EPISODE_OVER, 0.0, True, False, info
         reward = float(value.get("reward") or 0.0)
         problems = list(episode.errors) + ([f"the rollout recorded {value['error']!r}"] if value.get("error") else [])
+        if value.get("stop_condition") == "timeout_reached":  # its wall clock counts the batch's generation too
+            problems.append(f"the env's own timeout_seconds={self.vf_env.timeout_seconds} ended the rollout")
         info["metrics"] = dict(value.get("metrics") or {})
         info["stop_condition"] = value.get("stop_condition")
         info["correct"] = not problems and reward >= self.correct_threshold

@@ -200,7 +200,7 @@ def test_archived_ties_evaluations_of_the_old_family_are_refused(reproduce, tmp_
     import pathlib
     import tarfile
 
-    archive = pathlib.Path(__file__).resolve().parents[1] / "docs/gpu_runs/2026-11-26-h100-lease4-r24.tar.gz"
+    archive = pathlib.Path(__file__).resolve().parents[1] / "docs/gpu_runs/2026-11-26-h100-smollm2-ties-v1.tar.gz"
     with tarfile.open(archive) as tar:
         tar.extractall(tmp_path, filter="data")
     with pytest.raises(ValueError, match="was another question when it was evaluated"):
@@ -218,7 +218,7 @@ def test_archived_evaluations_of_the_current_family_are_reused_as_they_are(repro
     import pathlib
     import tarfile
 
-    archive = pathlib.Path(__file__).resolve().parents[1] / "docs/gpu_runs/2026-11-26-h100-lease5-r24.tar.gz"
+    archive = pathlib.Path(__file__).resolve().parents[1] / "docs/gpu_runs/2026-11-26-h100-smollm2-ties-v2.tar.gz"
     with tarfile.open(archive) as tar:
         tar.extractall(tmp_path, filter="data")
     assert reproduce.missing_splits(tmp_path / "base", ["ties"]) == []

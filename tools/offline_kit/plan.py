@@ -132,7 +132,7 @@ def comparison(name: str, budget: str, purpose: str, splits: str, out: str) -> l
 
 def plans() -> list[Plan]:
     """Every prepared plan, in the order they run (docs/gpu.md)."""
-    ties = "docs/gpu_runs/2026-11-26-h100-lease5-r24.tar.gz"
+    ties = "docs/gpu_runs/2026-11-26-h100-smollm2-ties-v2.tar.gz"
     ties_dph = Plan(
         "ties-dph-js",
         "SmolLM2 on the ties family on a GPU: DPH-JS beside the archived base model and GRPO, then vLLM",

@@ -23,10 +23,10 @@ Writes `research/out/collapse/<setting>/curve.json` (`grpo_budget.py`'s output) 
 `research/out/collapse/summary.md`. `--curve` trains the `grpo` and `dph-js`
 settings for the comparison's budget (100 iterations), evaluates every 20 iterations into
 `research/out/collapse/curves/<setting>/`, and plots pass@64 against iterations for both into
-`docs/collapse_curve.png`. `--family nulls` does it on the NULL family instead (docs/collapse.md,
+`docs/results/figures/collapse_curve.png`. `--family nulls` does it on the NULL family instead (docs/collapse.md,
 "The NULL family"): its budget's model and training mix, `sql_synth/test_nulls`, the settings
 `grpo`, `dph-js` and `dph-js-eta10`, into `research/out/collapse/nulls/` and
-`docs/collapse_nulls_curve.png`.
+`docs/results/figures/collapse_nulls_curve.png`.
 """
 
 import argparse
@@ -41,8 +41,8 @@ SPLIT = "sql_synth/test_ties"
 #: Each family's test split, config overrides of every setting (as `research/reproduce_dph.py`'s
 #: budget of it), output folder and curve figure.
 FAMILIES = {
-    "ties": dict(split=SPLIT, config={}, out=OUT, png=REPO / "docs/collapse_curve.png", curve="grpo,dph-js"),
-    "nulls": dict(split="sql_synth/test_nulls", out=OUT / "nulls", png=REPO / "docs/collapse_nulls_curve.png",
+    "ties": dict(split=SPLIT, config={}, out=OUT, png=REPO / "docs/results/figures/collapse_curve.png", curve="grpo,dph-js"),
+    "nulls": dict(split="sql_synth/test_nulls", out=OUT / "nulls", png=REPO / "docs/results/figures/collapse_nulls_curve.png",
                   config={"model_name": "tiny-sql-math-nulls", "env_config": {"data": "sql_synth/train@nulls=0.1"}},
                   curve="grpo,dph-js,dph-js-eta10"),
 }
@@ -151,7 +151,7 @@ def main() -> None:
     parser.add_argument("--settings", help="comma-separated names of SETTINGS (default: all; --curve: grpo,dph-js)")
     parser.add_argument("--curve", action="store_true",
                         help="pass@64 along training: evaluate every 20 of 100 iterations into curves/, "
-                             "plot docs/collapse_curve.png")
+                             "plot docs/results/figures/collapse_curve.png")
     parser.add_argument("--iterations", type=int, help="default 200 (--curve: 100)")
     parser.add_argument("--every", type=int, help="default 100 (--curve: 20)")
     parser.add_argument("--n", type=int, default=64)

@@ -16,8 +16,8 @@ greedy accuracy, pass@k (n samples), keep / exploration rates against the base m
 - `styles.png` (`styles_ties.png`): solution-style distributions on the in-domain (ties) split,
   like the paper's Figure 4, the seeds' samples counted together;
 - with `--curve` (the ties and NULL budgets): pass@64 against training iterations for GRPO and
-  DPH-JS, drawn by `research/collapse_search.py --curve` into `docs/collapse_curve.png`
-  (`docs/collapse_nulls_curve.png`) from its own runs (seed 0, the first 100 prompts);
+  DPH-JS, drawn by `research/collapse_search.py --curve` into `docs/results/figures/collapse_curve.png`
+  (`docs/results/figures/collapse_nulls_curve.png`) from its own runs (seed 0, the first 100 prompts);
 - `runs/<method>_seed<s>/...`: checkpoints and per-split evaluation JSON;
 - `summary.json`: every number in the tables.
 

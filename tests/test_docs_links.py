@@ -88,3 +88,27 @@ def test_every_docs_page_is_in_the_mkdocs_nav_and_every_nav_page_exists():
     nav = set(re.findall(r"^\s*-\s*(?:[^:\n]+:\s*)?([\w./-]+\.md)\s*$", (REPO / "mkdocs.yml").read_text(), re.M))
     pages = {p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md")}
     assert nav == pages, f"only in mkdocs.yml's nav: {sorted(nav - pages)}; only in docs/: {sorted(pages - nav)}"
+
+
+
+#: Words of how the project is run, not of what it does: the README and the user guide state
+#: contracts, commands and results. ("Ray session", Ray's own term, is allowed.)
+WORKSHOP = re.compile(r"\b(leases?|sessions?|waves?|helpers?)\b|\bissues? #\d+|(?<![\w&])#\d+\b|\bitems? \d+\b", re.I)
+
+
+def workshop_words(text: str) -> list[str]:
+    """``"<line>: <match>"`` for each workshop word in a page (prose and code alike)."""
+    return [f"{number}: {match.group(0)}"
+            for number, line in enumerate(text.splitlines(), start=1)
+            for match in WORKSHOP.finditer(line.replace("Ray session", "Ray"))]
+
+
+@pytest.mark.parametrize("path", [REPO / "README.md", *sorted(DOCS.rglob("*.md"))],
+                         ids=lambda p: p.relative_to(REPO).as_posix())
+def test_no_page_speaks_of_the_workshop(path: Path):
+    assert workshop_words(path.read_text(encoding="utf-8")) == []
+
+
+def test_the_workshop_check_finds_its_words():
+    text = "Measured in the third lease (issue #24, item 7; see #28).\nThe Ray session's logs; &#8212;.\n"
+    assert workshop_words(text) == ["1: lease", "1: issue #24", "1: item 7", "1: #28"]

@@ -9,6 +9,7 @@ setup(
     ),
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
+    license="Apache-2.0",
     python_requires=">=3.10",
     packages=find_packages(include=["rllib_dph", "rllib_dph.*"]),
     # The shipped build of the tiny base model (weights, tokenizer, build record; ~5 MB).

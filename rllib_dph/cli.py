@@ -153,6 +153,18 @@ def _eval_settings(args):
     )
 
 
+def _refuse_unloadable(policy: str) -> None:
+    """Exits with PREFLIGHT_EXIT_CODE and one line (``evaluation.runner.policy_problem``) when
+    ``policy`` cannot be loaded, before a hub lookup's traceback could say it."""
+    from rllib_dph.evaluation.runner import policy_problem
+    from rllib_dph.models.hub import absolute_if_path
+
+    problem = policy_problem(absolute_if_path(policy))
+    if problem is not None:
+        print(f"rllib evaluate: {problem}", file=sys.stderr)
+        raise SystemExit(PREFLIGHT_EXIT_CODE)
+
+
 def _evaluate(args) -> None:
     from rllib_dph.evaluation import (
         EvalResult,
@@ -164,13 +176,9 @@ def _evaluate(args) -> None:
         plot_style_pass_at_k,
     )
 
-    from rllib_dph.evaluation.runner import policy_problem
     from rllib_dph.models.hub import absolute_if_path, absolute_path
 
-    problem = policy_problem(absolute_if_path(args.policy))  # one line, not a hub lookup's traceback
-    if problem is not None:
-        print(f"rllib evaluate: {problem}", file=sys.stderr)
-        raise SystemExit(PREFLIGHT_EXIT_CODE)
+    _refuse_unloadable(args.policy)
     import_user_modules(args.imports)
     env_config = json_flag(args.env_config, "--env-config")
     baseline = EvalResult.from_json(args.baseline) if args.baseline else None  # fail before evaluating

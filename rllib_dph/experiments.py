@@ -146,18 +146,12 @@ def run_experiment(
         print(resume_line(experiment_dir), flush=True)
         tuner = tune.Tuner.restore(experiment_dir, trainable=config.algo_class, resume_errored=True)
     else:
-        tuner = tune.Tuner(
-            config.algo_class,
-            param_space=config,
-            tune_config=tune.TuneConfig(num_samples=num_samples),
-            run_config=tune.RunConfig(
-                name=name, storage_path=storage_path, stop=stop, verbose=verbose, callbacks=callbacks,
-                checkpoint_config=tune.CheckpointConfig(
-                    checkpoint_frequency=checkpoint_freq, checkpoint_at_end=checkpoint_at_end,
-                    num_to_keep=keep_checkpoints,
-                ),
-            ),
-        )
+        checkpoints = tune.CheckpointConfig(checkpoint_frequency=checkpoint_freq, checkpoint_at_end=checkpoint_at_end,
+                                            num_to_keep=keep_checkpoints)
+        run = tune.RunConfig(name=name, storage_path=storage_path, stop=stop, verbose=verbose, callbacks=callbacks,
+                             checkpoint_config=checkpoints)
+        tuner = tune.Tuner(config.algo_class, param_space=config, tune_config=tune.TuneConfig(num_samples=num_samples),
+                           run_config=run)
     print(f"rllib: experiment folder {experiment_dir} (tensorboard --logdir {experiment_dir})", flush=True)
     with catching_ctrl_c():
         results = tuner.fit()
@@ -299,6 +293,13 @@ def _exit_on_failed_trials(results, verbose: int) -> None:
         raise SystemExit(f"rllib: {len(failed)} trial(s) failed; first error: " + (str(first.error) if verbose else detail))
 
 
+def _count(text: str) -> int:
+    """An argument that is an int >= 0."""
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 0")
+    return int(text)
+
+
 def add_run_flags(parser: argparse.ArgumentParser) -> None:
     """Adds the flags of one run (read by :func:`run_from_args`) to ``parser``."""
     from rllib_dph.models.hub import absolute_path
@@ -320,7 +321,7 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
         help="checkpoint when stopping (default; --no-checkpoint-at-end to skip)",
     )
     parser.add_argument(
-        "--keep-checkpoints-num", type=int, default=DEFAULT_KEEP_CHECKPOINTS, metavar="N",
+        "--keep-checkpoints-num", type=_count, default=DEFAULT_KEEP_CHECKPOINTS, metavar="N",
         help=f"keep the latest N checkpoints of each trial (default {DEFAULT_KEEP_CHECKPOINTS}; 0: keep all)",
     )
     parser.add_argument(
@@ -372,8 +373,6 @@ def check_run(config, stop: dict, args, overrides: dict) -> None:
         problems.append(Problem("--resume", "needs --name: the experiment folder to continue."))
     elif args.resume and not args.from_checkpoint:
         problems += resume_problems(experiment_dir(args), stop)
-    if args.keep_checkpoints_num < 0:
-        problems.append(Problem("--keep-checkpoints-num", f"{args.keep_checkpoints_num} is negative; give N >= 1, or 0 to keep all."))
     if args.from_checkpoint and args.resume:
         problems.append(Problem("--from-checkpoint", "starts a new run; drop --resume (which continues an interrupted one)."))
     if args.from_checkpoint and not os.path.isfile(os.path.join(args.from_checkpoint, "rllib_checkpoint.json")):

@@ -26,11 +26,12 @@ Relative paths (``model_name``, ``data``, ``db_root``, ``presample.out_dir``, ``
 
 from __future__ import annotations
 
-import difflib
 import os
 import dataclasses
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional
+
+from rllib_dph.field_names import close_match, field_suggestion
 
 #: Result keys Tune adds to every result (valid ``--stop`` keys next to the algorithm's metrics).
 TUNE_RESULT_KEYS = (
@@ -85,12 +86,6 @@ class Problem:
         return f"{self.where}: {self.message}"
 
 
-def close_match(word: str, choices: Iterable[str]) -> Optional[str]:
-    """The closest of ``choices`` to ``word`` in spelling (``difflib``, ratio >= 0.6), or None."""
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return close[0] if close else None
-
-
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """`` (did you mean 'x'?)`` for the closest of ``choices`` to ``word``, or ``""``."""
     close = close_match(word, choices)
@@ -99,15 +94,13 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
 
 def config_key_problems(config, overrides: Mapping[str, Any], where: str = "--config") -> list[Problem]:
     """Keys of ``overrides`` that are not fields of ``config`` (``update_from_dict`` sets them
-    silently), each with the field it most likely means (``algorithms.field_names``).
+    silently), each with the field it most likely means (``field_names``).
 
     Args:
         config: An ``AlgorithmConfig``.
         overrides: The JSON object given to ``--config``.
         where: How the user gave ``overrides`` (named in the problem).
     """
-    from rllib_dph.algorithms.field_names import field_suggestion
-
     problems = []
     for key in overrides:
         moved = config.moved_field_error(key, overrides[key]) if hasattr(config, "moved_field_error") else None

@@ -35,11 +35,11 @@ from ray.rllib.utils.metrics import (
 
 from rllib_dph import columns as C
 from rllib_dph.async_sampling import SamplingRounds
-from rllib_dph.algorithms.field_names import check_keywords
 from rllib_dph.algorithms.rules import ChoiceRule, CrossRule, NumberRule, first_violation
 from rllib_dph.algorithms.grpo.grpo_torch_learner import GRPOTorchLearner
 from rllib_dph.algorithms.grpo.trust_region import MOVED_FIELDS, TrustRegion, TrustRegionRule, moved_field_message
 from rllib_dph.engines import DEFAULT_ENGINE, ENGINES, SamplingParams
+from rllib_dph.field_names import check_keywords, refuses_unknown_keywords
 from rllib_dph.files import atomic_dir
 from rllib_dph.learner_calls import BoundedLearnerGroup, read_learner_weights, update_remote_learners
 from rllib_dph.lora import lora_problem
@@ -265,6 +265,7 @@ class GRPOConfig(AlgorithmConfig):
         *LORA_RULES,
     )
 
+    @refuses_unknown_keywords
     def llm(
         self,
         *,
@@ -278,7 +279,6 @@ class GRPOConfig(AlgorithmConfig):
         gradient_checkpointing: Optional[bool] = NotProvided,
         reference_model: Optional[str] = NotProvided,
         lora: Optional[dict] = NotProvided,
-        **unknown,
     ) -> "GRPOConfig":
         """Sets the policy model and how rollouts are generated.
 
@@ -312,9 +312,7 @@ class GRPOConfig(AlgorithmConfig):
             lora: None (default): full fine-tuning; LoRA settings such as ``{"r": 16, "alpha": 32,
                 "target_modules": "all-linear", "dropout": 0.0}`` train adapters on the frozen
                 base instead (HF engine; π_ref is the base, no second model): ``docs/lora.md``.
-            **unknown: Refused with the field meant (``TypeError``, ``field_names.check_keywords``).
         """
-        check_keywords(self, "llm", unknown)
         self._set_provided(
             model_name=model_name,
             dtype=dtype,
@@ -629,6 +627,7 @@ class GRPOConfig(AlgorithmConfig):
         ),
     )
 
+    @refuses_unknown_keywords
     def held_out(
         self,
         *,
@@ -636,7 +635,6 @@ class GRPOConfig(AlgorithmConfig):
         val_env_config: Optional[dict] = NotProvided,
         val_n: Optional[int] = NotProvided,
         val_limit: Optional[int] = NotProvided,
-        **unknown,
     ) -> "GRPOConfig":
         """Sets the pass@k evaluation on a validation split during training.
 
@@ -660,9 +658,7 @@ class GRPOConfig(AlgorithmConfig):
                 ``{"data": "sql_synth/test"}``; merged over the training ``env_config``.
             val_n: Samples per validation prompt (default 8); pass@k for k = 1, 2, 4, ... ≤ n.
             val_limit: Evaluate only the first N validation prompts (None: all).
-            **unknown: Refused with the field meant (``TypeError``, ``field_names.check_keywords``).
         """
-        check_keywords(self, "held_out", unknown)
         self._set_provided(
             val_interval=val_interval,
             val_env_config=val_env_config,

@@ -4,13 +4,14 @@ A name that is no field of the config, given as a ``--config`` key (``rllib trai
 example run as a script) or as a keyword of a setter (``.training(...)``, ``.dph(...)``,
 ``.llm(...)``, ...), is refused with the field the user most likely meant: the field that the
 DPH-RL paper or another RLVR library names that way (:data:`FIELD_ALIASES`), else the field
-closest in spelling (``preflight.did_you_mean``); for a setter keyword also the setter that
+closest in spelling (:func:`close_match`); for a setter keyword also the setter that
 takes the field. Names that moved into a grouped setting (``trust_region``, DPH's
 ``presample``) have their own messages (``moved_field_error`` of the configs).
 """
 
 from __future__ import annotations
 
+import difflib
 import functools
 import inspect
 from typing import Any, Callable, Iterable, Optional
@@ -35,11 +36,15 @@ def fields(config: Any) -> set[str]:
     return {name for name in vars(config) if not name.startswith("_")}
 
 
+def close_match(word: str, choices: Iterable[str]) -> Optional[str]:
+    """The closest of ``choices`` to ``word`` in spelling (``difflib``, ratio >= 0.6), or None."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
 def meant_field(config: Any, name: str) -> tuple[Optional[str], str]:
     """The field of ``config`` that ``name`` most likely means, and why (``""`` for a spelling
     match); ``(None, "")`` when no field comes close."""
-    from rllib_dph.preflight import close_match
-
     known = fields(config)
     if name in FIELD_ALIASES and FIELD_ALIASES[name][0] in known:
         return FIELD_ALIASES[name]
@@ -77,6 +82,19 @@ def setter_of(config_class: type, field: str) -> Optional[str]:
             if parameter is not None and parameter.kind == inspect.Parameter.KEYWORD_ONLY:
                 return name
     return None
+
+
+def refuses_unknown_keywords(setter: Callable) -> Callable:
+    """Decorates a setter that takes no ``**kwargs``: a keyword it does not take is refused by
+    :func:`check_keywords` (with the field meant) instead of Python's bare ``TypeError``."""
+    parameters = inspect.signature(setter).parameters
+
+    @functools.wraps(setter)
+    def checked(self, **kwargs):
+        check_keywords(self, setter.__name__, [name for name in kwargs if name not in parameters])
+        return setter(self, **kwargs)
+
+    return checked
 
 
 def check_keywords(config: Any, setter: str, names: Iterable[str], *accepted_by: Callable) -> None:

@@ -67,6 +67,7 @@ import hashlib
 import json
 import os
 import pathlib
+import sys
 import warnings
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Optional, Union
@@ -388,7 +389,9 @@ class Presampler:
             indices: Task indices, in order.
             n: Samples per prompt.
             seed: Seed of chunk 0.
-            progress: Show a progress bar over chunks.
+            progress: Show a progress bar over the prompts on stderr, as evaluation does
+                (advancing a chunk at a time; off when stderr is not a terminal or there are
+                no prompts).
         """
         from tqdm.auto import tqdm
 
@@ -403,25 +406,29 @@ class Presampler:
                 _share(self.shared / local.name, local)
         chunks = rollout_chunks(self.engine, self.env, indices, params, chunk_size=c.prompts_per_chunk,
                                 skip=lambda chunk: self._part(stage, chunk).exists())
-        for chunk, _, result in tqdm(chunks, total=total, desc=desc, disable=not progress):
-            path = self._part(stage, chunk)
-            if result is not None:
-                rows = []
-                for group in result.groups:
-                    correct = [(j, comp) for j, (comp, ok) in enumerate(zip(group.completions, group.correct)) if ok]
-                    rows.append(
-                        {
-                            "index": group.index,
-                            "pass_count": len(correct),
-                            "sample_indices": [j for j, _ in correct],
-                            "responses": [comp.token_ids.tolist() for _, comp in correct],
-                            "ref_logps": [comp.logprobs.tolist() for _, comp in correct],
-                        }
-                    )
-                _write_parquet(_parts_table(rows), path, {})
-                if shared:
-                    _share(path, self.shared / path.name)
-            parts.append(pq.read_table(path))
+        # disable=None: tqdm's "off unless stderr is a terminal".
+        with tqdm(total=len(indices), desc=desc, unit="prompt", disable=None if progress and indices else True) as bar:
+            for chunk, chunk_indices, result in chunks:
+                path = self._part(stage, chunk)
+                if result is not None:
+                    rows = []
+                    for group in result.groups:
+                        pairs = enumerate(zip(group.completions, group.correct))
+                        correct = [(j, comp) for j, (comp, ok) in pairs if ok]
+                        rows.append(
+                            {
+                                "index": group.index,
+                                "pass_count": len(correct),
+                                "sample_indices": [j for j, _ in correct],
+                                "responses": [comp.token_ids.tolist() for _, comp in correct],
+                                "ref_logps": [comp.logprobs.tolist() for _, comp in correct],
+                            }
+                        )
+                    _write_parquet(_parts_table(rows), path, {})
+                    if shared:
+                        _share(path, self.shared / path.name)
+                parts.append(pq.read_table(path))
+                bar.update(len(chunk_indices))
         return pa.concat_tables(parts) if parts else _parts_table([])
 
     def _reference_responses(self, progress: bool) -> tuple[dict[int, int], list[int], dict[int, list[dict]]]:
@@ -469,6 +476,9 @@ class Presampler:
         """
         c = self.config
         tasks = self.env.tasks
+        if progress:
+            print(f"rllib: pre-sampling {len(tasks)} prompts, k={c.k} samples each, into {self.out} (later runs with "
+                  "the same model, data and sampling reuse its files)", file=sys.stderr, flush=True)
         set_aside_stale(self.out, self.identity)
         for name in (PEF_FILE, EXP_FILE, SUMMARY_FILE, IDENTITY_FILE):  # a killed run's temporary files
             remove_leftovers(self.out / name)

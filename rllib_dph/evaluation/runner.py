@@ -59,7 +59,7 @@ class EvalSettings:
         limit: Evaluate only the first ``limit`` tasks (>= 1); None evaluates all.
         batch_prompts: Prompts per ``generate`` call, >= 1.
         keep_completions: Keep the completion texts in the records.
-        progress: Show a progress bar over prompts.
+        progress: Show a progress bar over prompts on stderr when it is a terminal.
     """
 
     sampling: SamplingParams = DEFAULT_SAMPLING
@@ -128,7 +128,9 @@ def evaluate_engine(engine: RolloutEngine, env, settings: EvalSettings) -> EvalR
     greedy_params = SamplingParams(n=1, temperature=0.0, max_new_tokens=params.max_new_tokens)
     start = time.perf_counter()
     records = []
-    with tqdm(total=len(indices), desc=f"evaluating n={params.n}", unit="prompt", disable=not s.progress) as bar:
+    bar = tqdm(total=len(indices), desc=f"evaluating n={params.n}", unit="prompt",
+               disable=None if s.progress else True)  # None: off unless stderr is a terminal
+    with bar:
         for _, chunk, sampled in rollout_chunks(engine, env, indices, params, chunk_size=s.batch_prompts):
             greedy = rollout(engine, env, chunk, greedy_params).groups if s.greedy else [None] * len(chunk)
             records += [_record(env, group, greedy_group, s) for group, greedy_group in zip(sampled.groups, greedy)]

@@ -34,22 +34,33 @@ def _register_reverse(env_id="test/Reverse-v0", **kwargs):
 
 
 def test_the_example_in_the_envs_folder_registers_a_working_env():
-    """envs/example_verifier.py (the users' starting point): importing it registers its env."""
+    """envs/example_verifier.py (the users' starting point): importing it registers its env,
+    which rewards a CTE that returns the gold rows, and nothing else."""
     runpy.run_path(str(REPO / "envs" / "example_verifier.py"))
-    env = gym.make("example/Reverse-v0")
+    env = gym.make("example/SQLWithCTE-v0")
     prompt, _ = env.reset(options={"index": 1})
-    assert prompt == "Write the word backwards, nothing else: rllib"
-    assert env.step("billr")[1:3] == (1.0, True)
-    env.reset(options={"index": 1})
-    assert env.step("rllib")[1] == 0.0
+    task = env.unwrapped.tasks[1]
+    assert prompt == task.prompt_text and "Question:" in prompt
+    styles = task.meta["styles"]
+    answers = {
+        "a CTE with the gold rows": (f"```sql\n{styles['cte']}\n```", 1.0),
+        "the gold rows, not as a CTE": (f"```sql\n{styles['plain']}\n```", 0.0),
+        "a CTE with other rows": ("```sql\nWITH t AS (SELECT 1 AS x) SELECT x FROM t WHERE x = 2\n```", 0.0),
+        "a CTE that fails": ("```sql\nWITH t AS (SELECT nope FROM nowhere) SELECT * FROM t\n```", 0.0),
+        "no sql block": (styles["cte"], 0.0),
+    }
+    for what, (completion, reward) in answers.items():
+        env.reset(options={"index": 1})
+        assert env.step(completion)[1] == reward, what
 
 
 def test_the_example_runs_as_a_script():
     out = subprocess.run([sys.executable, "envs/example_verifier.py"], capture_output=True, text=True,
                          cwd=REPO, timeout=120, check=True)
     assert out.stdout.splitlines() == [
-        "'Write the word backwards, nothing else: ray' -> 'yar': reward 1.0, correct True",
-        "'Write the word backwards, nothing else: ray' -> 'ray': reward 0.0, correct False",
+        "Question: Which departments have building Central and budget more than 64000? Give their names.",
+        "plain query: reward 0.0, correct False",
+        "cte query: reward 1.0, correct True",
     ]
 
 

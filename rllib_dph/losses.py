@@ -310,6 +310,13 @@ def _alpha_generator(log_u: torch.Tensor, alpha: float) -> torch.Tensor:
     return (torch.exp((1 - alpha) * log_u) - (1 - alpha) * u - alpha) / (alpha * (alpha - 1))
 
 
+def _nll_generator(log_u: torch.Tensor, alpha: float) -> torch.Tensor:
+    """−log u = log π_ref(a) − log π_θ(a): the negative log-likelihood of the reference token
+    under π_θ, shifted by its stored log π_ref (a constant in θ), so that its gradient is plain
+    NLL's, −∇ log π_θ(a), whatever u is (supervised fine-tuning on the D_pef rows)."""
+    return -log_u
+
+
 def _js_mixture_ref_generator(log_u: torch.Tensor, alpha: float) -> torch.Tensor:
     """KL(π_ref‖M) per token, the D_pef half of the JS "divergence definition" (DPH-RL Appendix F,
     Eq. 17), M = (π_ref + π_θ)/2 per token.
@@ -385,6 +392,8 @@ F_DIVERGENCES: Dict[str, FDivergenceSpec] = {
     "js": FDivergenceSpec(_js_generator, original_scale=2.0),
     "alpha": FDivergenceSpec(_alpha_generator, uses_alpha=True),
     "js_definition": FDivergenceSpec(_js_mixture_ref_generator, exploration_term=js_mixture_policy_term),
+    # Not an f-divergence term: the control that replays D_pef by likelihood (f_divergence's docstring).
+    "nll": FDivergenceSpec(_nll_generator),
 }
 
 
@@ -405,6 +414,7 @@ def f_divergence(
         "js"             f(u) = ½·[u·log u − (u + 1)·log((u + 1)/2)]          (DPH-JS)
         "alpha"          f(u) = (u^(1−α) − (1−α)·u − α) / (α(α − 1)),  0 < α < 1
         "js_definition"  f(u) = w − 1 − log w,  w = (1 + u)/2:  KL(π_ref‖M)   (Appendix F, Eq. 17)
+        "nll"            f(u) = −log u = log π_ref(a) − log π_θ(a)            (a control, no f-divergence term)
 
     The tokens a are those of stored reference responses, sampled from π_ref during
     pre-sampling, so no reference model runs for this term. The expectation under π_ref is
@@ -417,6 +427,12 @@ def f_divergence(
     other half is :func:`js_mixture_policy_term`). Each f is convex with f(1) = 0 and
     f'(1) = 0, so the term is ≥ 0, and 0 with zero gradient where π_θ = π_ref; its gradient is
     an unbiased estimate of ∇D_f because the samples come from the fixed π_ref.
+
+    "nll" is the control that replays D_pef by likelihood: supervised fine-tuning on the
+    reference responses, gradient −∇ log π_θ(a) on every token whatever u is, never 0 at
+    π_θ = π_ref; the term can be negative (where π_θ(a) > π_ref(a)). Its mean under π_ref is
+    KL(π_ref‖π_θ) too, as "forward_kl"'s, whose added u − 1 has mean 0 there: the two differ
+    in the samples, not in expectation ("forward_kl" pulls a token down where u > 1).
 
     u is per token, conditioned on the reference prefix, as in the original implementation:
     sequence-level likelihood ratios are products over hundreds of tokens and overflow. The
@@ -433,7 +449,7 @@ def f_divergence(
         max_term: bound on the per-token term (default :data:`MAX_TERM`).
 
     Returns:
-        (B, T) float32 per-token terms in [0, max_term].
+        (B, T) float32 per-token terms in [0, max_term] ("nll": in [−clamp, max_term]).
     """
     _check_kind(kind, F_DIVERGENCES, "kind")
     spec = F_DIVERGENCES[kind]

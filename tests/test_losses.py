@@ -318,6 +318,36 @@ def test_gradient_descent_on_the_term_moves_policy_toward_reference(name):
     assert _kl(ref, logits.softmax(-1)).item() < 0.05 * start
 
 
+def test_nll_term_by_hand_and_its_gradient_is_plain_nll():
+    """The NLL control: log π_ref − log π_θ per token, gradient −∇ log π_θ at any u (also u = 1)."""
+    ref = torch.log_softmax(torch.randn(3, 5, generator=torch.Generator().manual_seed(5)), -1)
+    for shift in (0.0, 0.7, -1.3):
+        logp = (ref + shift).requires_grad_(True)
+        out = f_divergence(logp, ref, kind="nll")
+        torch.testing.assert_close(out, torch.full_like(ref, -shift))
+        out.sum().backward()
+        torch.testing.assert_close(logp.grad, torch.full_like(ref, -1.0))
+    assert pef_loss_weight(10.0, normalization="original", divergence="nll", num_pef_rows=1, num_exp_rows=8) == 1.25
+
+
+def test_nll_term_mean_under_the_reference_is_forward_kl_and_so_is_its_gradient():
+    ref = torch.softmax(torch.randn(8, dtype=torch.float64), -1)
+    logits = torch.randn(8, dtype=torch.float64, requires_grad=True)
+    nll = (ref * f_divergence(logits.log_softmax(-1), ref.log(), kind="nll", max_term=math.inf)).sum()
+    torch.testing.assert_close(nll, _kl(ref, logits.softmax(-1)))
+    (nll_grad,) = torch.autograd.grad(nll, logits)
+    fkl = (ref * f_divergence(logits.log_softmax(-1), ref.log(), kind="forward_kl", max_term=math.inf)).sum()
+    (fkl_grad,) = torch.autograd.grad(fkl, logits)
+    torch.testing.assert_close(nll_grad, fkl_grad)
+    # One sampled token: forward KL pulls it down where π_θ > π_ref, NLL always up.
+    logp = torch.tensor([-0.5], requires_grad=True)
+    f_divergence(logp, torch.tensor([-1.0]), kind="forward_kl").sum().backward()
+    assert logp.grad.item() > 0
+    logp.grad = None
+    f_divergence(logp, torch.tensor([-1.0]), kind="nll").sum().backward()
+    assert logp.grad.item() == -1.0
+
+
 def test_f_divergence_clamps_the_log_ratio():
     out = f_divergence(t([0.0, -200.0]), t([-200.0, 0.0]), kind="forward_kl", clamp=20.0, max_term=math.inf)
     torch.testing.assert_close(out, t([math.exp(20) - 1 - 20, math.exp(-20) - 1 + 20]))

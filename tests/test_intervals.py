@@ -120,3 +120,59 @@ def test_results_carry_intervals_and_the_plot_refuses_two_data_sets(tmp_path):
     assert plot_pass_at_k([result], tmp_path / "one.png").is_file()
     with pytest.raises(ValueError, match="2 data sets"):
         plot_pass_at_k([result, _result("sql_synth/test_cross", [[1, 0, 0, 0]])], tmp_path / "two.png")
+
+
+# ------------------------------------------------------------ seed-level and cluster statistics
+def test_welch_interval_by_hand():
+    from scipy.stats import t as student_t
+
+    from rllib_dph.evaluation.intervals import welch_interval
+
+    a = np.array([[0.5, 0.7], [0.6, 0.8], [0.7, 0.9]])  # seed means 0.6, 0.7, 0.8
+    b = np.array([[0.2, 0.4], [0.4, 0.4], [0.3, 0.3]])  # seed means 0.3, 0.4, 0.3
+    va, vb = np.var([0.6, 0.7, 0.8], ddof=1) / 3, np.var([0.3, 0.4, 0.3], ddof=1) / 3
+    dof = (va + vb) ** 2 / (va**2 / 2 + vb**2 / 2)
+    half = student_t.ppf(0.975, dof) * math.sqrt(va + vb)
+    diff = 0.7 - 1 / 3
+    assert welch_interval(a, b) == pytest.approx((diff - half, diff + half))
+    assert welch_interval(np.ones((2, 3)), np.zeros((3, 3))) == (1.0, 1.0)
+    with pytest.raises(ValueError, match="at least 2"):
+        welch_interval(np.ones(3), np.zeros((3, 3)))
+
+
+def test_welch_interval_covers_about_95_percent_with_three_seeds():
+    from rllib_dph.evaluation.intervals import welch_interval
+
+    rng = np.random.default_rng(0)
+    covered = sum(
+        low <= 0.1 <= high
+        for low, high in (welch_interval(rng.normal(0.6, 0.05, (3, 1)), rng.normal(0.5, 0.05, (3, 1))) for _ in range(400))
+    )
+    assert 0.91 <= covered / 400 <= 0.99
+
+
+def test_permutation_p_value_is_exact():
+    from rllib_dph.evaluation.intervals import permutation_p_value
+
+    high, low = np.array([[0.9], [0.8], [0.85]]), np.array([[0.1], [0.2], [0.15]])
+    assert permutation_p_value(high, low) == pytest.approx(2 / 20)  # the smallest p of 3 seeds a side
+    assert permutation_p_value(high, high) == 1.0
+    assert permutation_p_value(np.array([[1.0], [0.0]]), np.array([[0.0], [1.0]])) == 1.0
+
+
+def test_cluster_interval_is_wider_than_the_prompt_interval_when_clusters_move_together():
+    from rllib_dph.evaluation.intervals import cluster_paired_difference_interval
+
+    rng = np.random.default_rng(3)
+    clusters = np.repeat(np.arange(20), 10)  # 20 clusters of 10 prompts
+    effect = rng.normal(0.1, 0.3, 20)[clusters]  # one shared difference per cluster
+    values, baseline = 0.5 + effect + rng.normal(0, 0.01, 200), np.full(200, 0.5)
+    prompt_low, prompt_high = paired_difference_interval(values, baseline)
+    low, high = cluster_paired_difference_interval(values, baseline, clusters)
+    assert low < values.mean() - 0.5 < high
+    assert (high - low) > 2.5 * (prompt_high - prompt_low)
+    # One prompt per cluster: the prompt bootstrap, redrawn the same way.
+    singles = cluster_paired_difference_interval(values, baseline, np.arange(200))
+    assert singles == pytest.approx((prompt_low, prompt_high), abs=0.02)
+    with pytest.raises(ValueError, match="one label per prompt"):
+        cluster_paired_difference_interval(values, baseline, clusters[:10])

@@ -8,12 +8,19 @@ same prompts are *paired*: one redraw of prompt indices serves both, so the vari
 share (which prompts are easy) cancels (keep / exploration rates, pass@k of a method minus the
 base model's).
 
+Two checks of a difference between methods trained on several seeds go beside the bootstrap:
+the seed as the unit (:func:`welch_interval`, :func:`permutation_p_value`: how far a rerun with
+new seeds may move), and clusters of related prompts as the unit
+(:func:`cluster_paired_difference_interval`: prompts on one table and column are no independent
+draws).
+
 Every function takes per-prompt values as arrays: (S, P) for S seeds × P prompts, or (P,) for one.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from typing import Callable, Optional, Sequence
 
@@ -237,3 +244,98 @@ def format_interval(
     if interval is not None and all(math.isfinite(x) for x in interval):
         text += f" [{scale * interval[0]:.{digits}f}, {scale * interval[1]:.{digits}f}]"
     return text
+
+
+# ---------------------------------------------------------------- seed-level and cluster statistics
+def seed_means(values: Sequence) -> np.ndarray:
+    """(S,) per-seed means over prompts of (S, P) or (P,) per-prompt values."""
+    return _seeds_by_prompts(values).mean(axis=1)
+
+
+def welch_interval(values: Sequence, baseline: Sequence, *, level: float = LEVEL) -> tuple[float, float]:
+    """Welch's t interval of mean(values) − mean(baseline) with the seed as the unit.
+
+    Each side is reduced to its per-seed means over prompts (:func:`seed_means`), which are
+    taken as independent draws of a run's outcome; the interval is
+    d ± t_{(1+level)/2, ν} · √(s_a²/S_a + s_b²/S_b), ν the Welch-Satterthwaite degrees of
+    freedom (Welch, 1947). It counts the seeds only, not the prompts: with 3 seeds a side it is
+    wide, and it is the interval that says how much a rerun with new seeds may move.
+
+    Args:
+        values: (S_a, P) per-prompt values of the policy, S_a >= 2 seeds.
+        baseline: (S_b, P) per-prompt values of the baseline, S_b >= 2 seeds.
+        level: Coverage in (0, 1).
+
+    Returns:
+        ``(low, high)``; ``(d, d)`` when both sides' seeds agree exactly.
+
+    Raises:
+        ValueError: A side has fewer than 2 seeds (no variance to estimate).
+    """
+    from scipy.stats import t as student_t
+
+    a, b = seed_means(values), seed_means(baseline)
+    if len(a) < 2 or len(b) < 2:
+        raise ValueError(f"welch_interval: {len(a)} and {len(b)} seeds; each side needs at least 2 (its variance).")
+    diff = float(a.mean() - b.mean())
+    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+    if va + vb == 0:
+        return (diff, diff)
+    dof = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    half = float(student_t.ppf((1 + level) / 2, dof) * math.sqrt(va + vb))
+    return (diff - half, diff + half)
+
+
+def permutation_p_value(values: Sequence, baseline: Sequence) -> float:
+    """Exact two-sided permutation test of equal means, the seed as the unit.
+
+    Every way of labelling S_a of the S_a + S_b per-seed means (:func:`seed_means`) as the
+    policy's is one equally likely outcome under the null hypothesis that the method does not
+    matter; the p-value is the share of labellings whose |mean difference| is at least the
+    observed one (the observed labelling included). Its smallest possible value is
+    2 / C(S_a + S_b, S_a) for a balanced design: 0.1 with 3 seeds a side, so 3 seeds can never
+    reach p < 0.05 with this test.
+    """
+    a, b = seed_means(values), seed_means(baseline)
+    pooled = np.concatenate([a, b])
+    observed = abs(a.mean() - b.mean())
+    count = total = 0
+    for chosen in itertools.combinations(range(len(pooled)), len(a)):
+        mask = np.zeros(len(pooled), dtype=bool)
+        mask[list(chosen)] = True
+        total += 1
+        count += abs(pooled[mask].mean() - pooled[~mask].mean()) >= observed - 1e-12
+    return count / total
+
+
+def cluster_paired_difference_interval(
+    values: Sequence, baseline: Sequence, clusters: Sequence, *, num_boot: int = NUM_BOOTSTRAP,
+    level: float = LEVEL, seed: int = 0,
+) -> tuple[float, float]:
+    """:func:`paired_difference_interval` with clusters of prompts as the unit: each redraw
+    takes as many clusters as there are, with replacement, and with each cluster all of its
+    prompts (both sides alike), and the seeds of each side independently. Prompts that share a
+    cluster (questions on one table and column, say) are not independent draws; this interval
+    counts them as the one draw they are (Cameron & Miller, 2015, on cluster-robust inference).
+
+    Args:
+        values: (S, P) or (P,) per-prompt values of the policy.
+        baseline: (S_b, P) or (P,) per-prompt values of the baseline on the same prompts.
+        clusters: (P,) the cluster of each prompt (any hashable labels).
+        num_boot, level, seed: As for :func:`bootstrap_interval`.
+    """
+    v, b = _seeds_by_prompts(values), _seeds_by_prompts(baseline)  # (S, P), (S_b, P)
+    if not v.shape[1] == b.shape[1] == len(clusters):
+        raise ValueError(f"cluster_paired_difference_interval: {v.shape[1]} prompts, {b.shape[1]} in the baseline "
+                         f"and {len(clusters)} cluster labels; give one label per prompt, in the prompts' order.")
+    _, cluster_of = np.unique(np.asarray([repr(c) for c in clusters]), return_inverse=True)  # (P,)
+    num_clusters = int(cluster_of.max()) + 1
+    rng = np.random.default_rng(seed)
+    drawn = rng.integers(0, num_clusters, (num_boot, num_clusters))  # (B, C)
+    counts = np.stack([np.bincount(row, minlength=num_clusters) for row in drawn])  # (B, C)
+    weights = counts[:, cluster_of].astype(float)  # (B, P): each prompt as often as its cluster was drawn
+    seeds_v = rng.integers(0, v.shape[0], (num_boot, v.shape[0]))  # (B, S)
+    seeds_b = rng.integers(0, b.shape[0], (num_boot, b.shape[0]))  # (B, S_b)
+    mean_v = (v[seeds_v].mean(axis=1) * weights).sum(axis=1) / weights.sum(axis=1)  # (B,)
+    mean_b = (b[seeds_b].mean(axis=1) * weights).sum(axis=1) / weights.sum(axis=1)
+    return _percentiles(mean_v - mean_b, level)

@@ -180,3 +180,30 @@ def test_countdown_style_in_evaluation(countdown):
     assert [r.styles for r in mine.records] == [r.styles for r in result.records]
     with pytest.raises(ValueError, match="has no countdown numbers"):
         countdown_style("<answer>1+2</answer>", ReasoningGymEnv("chain_sum", size=1).tasks[0])
+
+
+def test_data_keeps_the_tasks_a_file_names_and_refuses_other_prompts(tmp_path, countdown):
+    """DPH samples its exploration prompts from d_exp.parquet through env_config["data"]."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"id": t.id, "data_source": t.data_source, "prompt": [dict(m) for m in t.messages],
+             "reward_model": {"style": "rule", "ground_truth": {"answer": t.ground_truth["answer"]}}}
+            for t in (countdown.tasks[3], countdown.tasks[1])]
+    path = tmp_path / "d_exp.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    env = gym.make(ENV_ID, dataset="countdown", config=COUNTDOWN, size=4, seed=0, data=str(path)).unwrapped
+    assert [t.id for t in env.tasks] == [countdown.tasks[1].id, countdown.tasks[3].id]
+    assert env.tasks[0].ground_truth == countdown.tasks[1].ground_truth  # the env's own entry, not the file's
+    reward, info = step(env, 0, f"<answer>{countdown.tasks[1].ground_truth['answer']}</answer>")
+    assert reward == 1.0 and info["correct"]
+    other = tmp_path / "other.jsonl"
+    other.write_text(json.dumps({**rows[0], "prompt": [{"role": "user", "content": "another question"}]}) + "\n")
+    with pytest.raises(ValueError, match="row 0 .*another prompt"):
+        gym.make(ENV_ID, dataset="countdown", config=COUNTDOWN, size=4, seed=0, data=str(other))
+    stranger = tmp_path / "stranger.jsonl"
+    stranger.write_text(json.dumps({**rows[0], "id": "countdown/train/s9/0"}) + "\n")
+    with pytest.raises(ValueError, match="names task 'countdown/train/s9/0'"):
+        gym.make(ENV_ID, dataset="countdown", config=COUNTDOWN, size=4, seed=0, data=str(stranger))

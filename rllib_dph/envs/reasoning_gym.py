@@ -20,6 +20,9 @@ Install the optional extra first: ``pip install -e ".[reasoning_gym]"``.
   share items), with every question that also appears among the first ``train_size`` train
   items left out. So a train env and a test env of the same ``dataset``, ``config`` and ``seed``
   never share a question.
+- **A subset** (``data``): a file of task rows whose ``id`` column names this split's tasks
+  (DPH's ``d_exp.parquet``; DPH samples its exploration prompts from it through ``data``, as for
+  every env) keeps only those tasks; each row's prompt must be the task's prompt now.
 - **Prompt**: the data set's own question (with its format instructions) as the user message,
   after reasoning-gym's own system prompt (``system_prompt``: a key of
   ``reasoning_gym.utils.SYSTEM_PROMPTS``, default ``"default"``, which asks for the answer in
@@ -426,6 +429,32 @@ def generate_items(
     )
 
 
+def tasks_named_in(tasks: Sequence[Task], data: str | os.PathLike, where: str) -> list[Task]:
+    """The tasks of ``tasks`` whose ids the rows of ``data`` name (a parquet or jsonl file of
+    ``id`` and ``prompt``), in the order of ``tasks``.
+
+    Raises:
+        ValueError: A row names no task of ``tasks``, or its prompt is not that task's prompt
+            (the file was made from other data or another config).
+    """
+    from rllib_dph.envs.data import load_tasks
+
+    by_id = {task.id: task for task in tasks}
+    wanted = set()
+    for row, named in enumerate(load_tasks(data, task="generic")):
+        task = by_id.get(named.id)
+        if task is None:
+            raise ValueError(f"{where}: data={str(data)!r} row {row} names task {named.id!r}, which this split does "
+                             f"not have (its ids run {tasks[0].id} ... {tasks[-1].id}); make the file from this "
+                             "dataset, config, seed, size and split.")
+        if [dict(m) for m in named.messages] != [dict(m) for m in task.messages]:
+            raise ValueError(f"{where}: data={str(data)!r} row {row} ({named.id!r}) has another prompt than the "
+                             "task of that id now; the file was made from another config or reasoning-gym version: "
+                             "make it again.")
+        wanted.add(named.id)
+    return [task for task in tasks if task.id in wanted]
+
+
 class ReasoningGymEnv(VerifierEnv):
     """A reasoning-gym data set as a single-turn verifier env (module docstring).
 
@@ -471,6 +500,9 @@ class ReasoningGymEnv(VerifierEnv):
         correct_threshold: Reward that counts as correct, in (0, 1]; default 1.0 (full credit).
         verifier_timeout_s: Wall-clock limit of one scorer call in seconds (default
             ``DEFAULT_VERIFIER_TIMEOUT_S``, as for every registered env); None: no limit.
+        data: A ``.parquet`` or ``.jsonl`` file of task rows (``id`` and ``prompt``, the layout of
+            pre-sampling's ``d_exp.parquet``): only the tasks it names, in this split's order;
+            None: every task of the split.
     """
 
     def __init__(
@@ -485,6 +517,7 @@ class ReasoningGymEnv(VerifierEnv):
         system_prompt: str | None = "default",
         correct_threshold: float = 1.0,
         verifier_timeout_s: float | None = DEFAULT_VERIFIER_TIMEOUT_S,
+        data: str | os.PathLike | None = None,
     ):
         where = f"ReasoningGymEnv({dataset!r})"
         rg = import_reasoning_gym()
@@ -530,6 +563,8 @@ class ReasoningGymEnv(VerifierEnv):
             )
             for i, entry in items
         ]
+        if data is not None:
+            tasks = tasks_named_in(tasks, data, where)
         super().__init__(tasks, self._verify, name=f"ReasoningGym-{dataset}")
 
     def _verify(self, completion: str, entry: Mapping[str, Any]) -> Verdict:

@@ -33,10 +33,12 @@ import time
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import torch
 
+from rllib_dph.envs.countdown import TINY_COUNTDOWN, CountdownSFT
 from rllib_dph.models.folders import folder_fingerprint, load_model_folder, load_tokenizer_folder
 from rllib_dph.models.sft import encode_example, sft
 from rllib_dph.models.tiny import corpus_fingerprint
@@ -67,6 +69,8 @@ class WarmStartSpec:
         multi_turn_share: Share of the drawn ``sql_synth`` examples replayed as
             ``SQLMultiTurn-v0`` episodes (``sql_multiturn.sft_traces``, seeded with ``seed``)
             instead of single-turn ``SQL-v0`` answers; 0.0: single-turn examples only.
+        countdown: reasoning-gym countdown puzzles whose solver-written solutions of several
+            shapes join the pool (``rllib_dph.envs.countdown.sft_examples``); None: none.
     """
 
     base: str
@@ -81,6 +85,7 @@ class WarmStartSpec:
     seed: int = 0
     checkpoint_every: int = 20
     multi_turn_share: float = 0.0
+    countdown: Optional[CountdownSFT] = None
 
 
 #: The default SFT splits with the NULL family's ordinary questions added (its ``*-nulls`` warm starts).
@@ -100,6 +105,14 @@ WARM_STARTS: dict[str, WarmStartSpec] = {
     # And 5x longer, as smollm2-135m-sft-600 is the 120-step recipe: a base model that solves most
     # training prompts 8 of 8, so that D_pef holds more than a few of them.
     "smollm2-135m-sft-600-nulls": WarmStartSpec(base="smollm2-135m-instruct", splits=NULL_FAMILY_POOL, sft_steps=600),
+    # The bundled tiny model taught reasoning-gym's countdown (TINY_COUNTDOWN: 3 numbers of 1-20,
+    # targets 1-100) on up to 8 solver-written solutions of different shapes per puzzle of the
+    # 2,000 train puzzles (8,968 rows, each seen once), so that it solves some puzzles in several
+    # ways (docs/results/countdown.md). Built on first use, not shipped.
+    "tiny-countdown": WarmStartSpec(
+        base="tiny-sql-math", splits=(), countdown=TINY_COUNTDOWN,
+        sft_steps=560, batch_size=16, lr=2e-3, warmup_steps=20, checkpoint_every=100,
+    ),
     "tiny-sql-math-mt": WarmStartSpec(
         base="tiny-sql-math", splits=("sql_synth/train",), sft_steps=800, batch_size=16, lr=2e-3,
         warmup_steps=20, checkpoint_every=200, multi_turn_share=0.5,
@@ -122,6 +135,10 @@ def training_examples(spec: WarmStartSpec) -> list[dict]:
     from rllib_dph.envs import suites
 
     pool = [ex for split in spec.splits for ex in suites.sft_examples(split)]
+    if spec.countdown is not None:
+        from rllib_dph.envs.countdown import sft_examples as countdown_examples
+
+        pool += countdown_examples(spec.countdown)
     wanted = spec.sft_steps * spec.batch_size
     if wanted > len(pool):
         raise ValueError(

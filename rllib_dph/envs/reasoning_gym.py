@@ -455,6 +455,31 @@ def tasks_named_in(tasks: Sequence[Task], data: str | os.PathLike, where: str) -
     return [task for task in tasks if task.id in wanted]
 
 
+def _check_arguments(where: str, dataset: str, config: Mapping[str, Any], *, size: Any, seed: Any, split: Any,
+                     train_size: Any) -> None:
+    """Raises ValueError naming the first argument of :class:`ReasoningGymEnv` out of its rule,
+    or the config that reasoning-gym refuses."""
+    rg = import_reasoning_gym()
+    from reasoning_gym.factory import DATASETS
+
+    rules = [
+        (dataset in DATASETS, f"dataset={dataset!r} is not a reasoning-gym data set; use one of {sorted(DATASETS)}"),
+        (not {"seed", "size"} & set(config), f"config={dict(config)} sets seed or size; give them as the env's own "
+                                             "seed= and size= arguments"),
+        (split in SPLITS, f"split={split!r} must be one of {SPLITS}"),
+        (isinstance(size, int) and size >= 1, f"size={size!r} must be an int >= 1"),
+        (isinstance(train_size, int) and train_size >= 1, f"train_size={train_size!r} must be an int >= 1"),
+        (isinstance(seed, int) and seed >= 0, f"seed={seed!r} must be an int >= 0"),
+    ]
+    for ok, message in rules:
+        if not ok:
+            raise ValueError(f"{where}: {message}.")
+    try:
+        rg.create_dataset(dataset, seed=seed, size=1, **config)  # the config's own checks
+    except (TypeError, AssertionError, ValueError) as e:
+        raise ValueError(f"{where}: config={dict(config)} is refused by reasoning-gym: {type(e).__name__}: {e}.") from e
+
+
 class ReasoningGymEnv(VerifierEnv):
     """A reasoning-gym data set as a single-turn verifier env (module docstring).
 
@@ -520,30 +545,11 @@ class ReasoningGymEnv(VerifierEnv):
         data: str | os.PathLike | None = None,
     ):
         where = f"ReasoningGymEnv({dataset!r})"
-        rg = import_reasoning_gym()
-        from reasoning_gym.factory import DATASETS
-
         config = dict(config or {})
-        rules = [
-            (dataset in DATASETS, f"dataset={dataset!r} is not a reasoning-gym data set; use one of "
-                                  f"{sorted(DATASETS)}"),
-            (not {"seed", "size"} & set(config), f"config={config} sets seed or size; give them as "
-                                                 "the env's own seed= and size= arguments"),
-            (split in SPLITS, f"split={split!r} must be one of {SPLITS}"),
-            (isinstance(size, int) and size >= 1, f"size={size!r} must be an int >= 1"),
-            (isinstance(train_size, int) and train_size >= 1, f"train_size={train_size!r} must be an int >= 1"),
-            (isinstance(seed, int) and seed >= 0, f"seed={seed!r} must be an int >= 0"),
-        ]
-        for ok, message in rules:
-            if not ok:
-                raise ValueError(f"{where}: {message}.")
+        _check_arguments(where, dataset, config, size=size, seed=seed, split=split, train_size=train_size)
         self.correct_threshold = check_real(correct_threshold, "correct_threshold", low=1e-9, high=1.0,
                                             where=where, default=1.0)
         self.verifier_timeout_s = _check_verifier_timeout(verifier_timeout_s, where)
-        try:
-            rg.create_dataset(dataset, seed=seed, size=1, **config)  # the config's own checks
-        except (TypeError, AssertionError, ValueError) as e:
-            raise ValueError(f"{where}: config={config} is refused by reasoning-gym: {type(e).__name__}: {e}.") from e
         self.dataset_name = dataset
         self.dataset_config = config
         self.split = split

@@ -60,6 +60,7 @@ before any comparison was looked at; docs/results.md says how it was chosen.
 import argparse
 import functools
 import json
+import math
 import pathlib
 import subprocess
 import sys
@@ -69,6 +70,8 @@ from concurrent.futures import FIRST_COMPLETED, wait
 import numpy as np
 
 from workers import worker_pool  # research/workers.py
+
+from rllib_dph.envs.countdown import TINY_COUNTDOWN
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 METHODS = {
@@ -82,6 +85,14 @@ METHODS = {
     "GRPO (LoRA)": "tuned_examples/grpo/sql_tiny_grpo.py",
     "DPH-JS (LoRA)": "tuned_examples/dph/sql_tiny_dph_js.py",
     "DPH-JS (η=10)": "tuned_examples/dph/sql_tiny_dph_js.py",
+    # The secondary arms of the countdown pre-registration (docs/collapse.md), also run on the NULL family:
+    "DPH-JS (η=10, refine)": "tuned_examples/dph/sql_tiny_dph_js.py",
+    "DPH-F (η=10)": "tuned_examples/dph/sql_tiny_dph_js.py",
+    "NLL (η=10)": "tuned_examples/dph/sql_tiny_dph_js.py",
+    "RKL (β=0.625)": "tuned_examples/grpo/sql_tiny_rkl.py",
+    "GRPO (entropy 0.01)": "tuned_examples/grpo/sql_tiny_grpo.py",
+    # The collapse search's positive control (research/collapse_search.py's epochs4).
+    "GRPO (4 updates, lr 1e-3)": "tuned_examples/grpo/sql_tiny_grpo.py",
 }
 #: Overrides that make a method of :data:`METHODS` differ from its tuned example.
 #: LoRA as in tuned_examples/grpo/sql_smollm2_grpo_lora.py (r 16 on every linear layer, alpha 32).
@@ -92,6 +103,18 @@ METHOD_OVERRIDES = {
     "DPH-JS (LoRA)": {"lora": LORA},
     # 50x the tuned eta: where the D_pef term kept the SQL styles D_pef holds (docs/collapse.md).
     "DPH-JS (η=10)": {"pef_coeff": 10.0},
+    # Controls at the headline's strength, each on the same D_pef (8 of 8, all trajectories):
+    # one trajectory per D_pef prompt; forward KL; plain NLL (supervised fine-tuning) on the
+    # D_pef rows; reverse KL (k3) to the base model on every exploration token at the strength
+    # of DPH-JS at eta = 10 (per token both are c (u - 1)^2 near u = 1: JS's 2 x (u - 1)^2 / 8
+    # weighed by eta / 8 = 10 / 32, k3's (u - 1)^2 / 2 by beta, so beta = 0.625), on RKL's
+    # DAPO settings; GRPO with an entropy bonus.
+    "DPH-JS (η=10, refine)": {"pef_coeff": 10.0, "presample": {"pef_samples": "refine"}},
+    "DPH-F (η=10)": {"pef_coeff": 10.0, "divergence": "forward_kl"},
+    "NLL (η=10)": {"pef_coeff": 10.0, "divergence": "nll"},
+    "RKL (β=0.625)": {"kl_coeff": 0.625},
+    "GRPO (entropy 0.01)": {"entropy_coeff": 0.01},
+    "GRPO (4 updates, lr 1e-3)": {"num_epochs": 2, "minibatch_size": 64, "lr": 1e-3},
 }
 SPLITS = {
     "in-domain": ("rllib_dph/SQL-v0", {"data": "sql_synth/test"}),
@@ -99,6 +122,10 @@ SPLITS = {
     "math (OOD)": ("rllib_dph/Math-v0", {"data": "math_synth/test"}),
     "ties": ("rllib_dph/SQL-v0", {"data": "sql_synth/test_ties"}),
     "nulls": ("rllib_dph/SQL-v0", {"data": "sql_synth/test_nulls"}),
+    # reasoning-gym's countdown, its own prompts and scorer: 300 test puzzles, none of them a
+    # question of the 2,000 train puzzles (rllib_dph.envs.reasoning_gym's test split).
+    "countdown": ("rllib_dph/ReasoningGym-v0",
+                  TINY_COUNTDOWN.env_config(split="test", size=300, train_size=TINY_COUNTDOWN.size)),
 }
 #: The two-approach families' test splits and the approach that alone answers them.
 FAMILIES = {"ties": "extremum", "nulls": "count_col"}
@@ -110,6 +137,16 @@ TIES_METHODS = ["GRPO", "DAPO", "RKL", "DPH-F", "DPH-JS", "DPH-JS (refine)"]
 TIES_CONFIG = {"max_response_length": 96}
 #: The NULL family's training data: sql_synth/train with 10 % of the family's ordinary questions.
 NULLS_MIX = "sql_synth/train@nulls=0.1"
+#: Every run of the countdown budgets (docs/collapse.md, "Countdown"): the tiny-countdown warm
+#: start on reasoning-gym's countdown train puzzles (TINY_COUNTDOWN, the warm start's own), the
+#: tuned examples' batch and learning rate; answers are about 15 tokens, 48 cuts none and leaves
+#: DAPO's 16-token overlong buffer clear of them. (``data`` None: the SQL examples' data key,
+#: which a config update would keep, names no file; DPH sets it to its D_exp file.)
+COUNTDOWN_RUNS = {"model_name": "tiny-countdown", "env": "rllib_dph/ReasoningGym-v0",
+                  "env_config": TINY_COUNTDOWN.env_config(data=None), "max_response_length": 48}
+#: Its secondary arms, fixed before they ran (docs/collapse.md).
+COUNTDOWN_SECONDARY = ["DAPO", "DPH-JS", "DPH-JS (η=10, refine)", "DPH-F (η=10)", "NLL (η=10)", "RKL (β=0.625)",
+                       "GRPO (entropy 0.01)"]
 BUDGETS = {
     "full": dict(seeds=[0, 1, 2], iterations=100, eval_limit=None, n=32),
     "quick": dict(seeds=[0], iterations=36, eval_limit=100, n=16),
@@ -207,6 +244,22 @@ for _name in ("smollm2-ties-gpu", "smollm2-ties-cpu", "smollm2-nulls-gpu", "smol
     BUDGETS[_name.replace("smollm2-", "smollm2-600-")] = dict(
         BUDGETS[_name], config={**BUDGETS[_name]["config"], "model_name": _model})
 
+# The NULL family's headline in about 15 minutes on 2 cores: the nulls budget's primary endpoint
+# (GRPO against DPH-JS at eta = 10, 100 iterations, all 300 test_nulls prompts, n = 64) on seed 0
+# alone, test_nulls only. One seed of three: a check that the effect is there, not the endpoint.
+BUDGETS["nulls-quick"] = dict(BUDGETS["nulls"], seeds=[0], methods=["GRPO", "DPH-JS (η=10)"], splits=["nulls"])
+# Countdown (reasoning-gym), a task not built for the test (docs/collapse.md, "Countdown"; fixed
+# before any trained policy was evaluated). The collapse search: GRPO as tuned and its positive
+# control (4 updates per batch at lr 1e-3), seed 0, against the base model on all 300 test
+# puzzles, n = 64. The comparison: GRPO against DPH-JS (8 of 8, all trajectories, eta = 10),
+# 3 seeds, 100 iterations of the tuned examples' batch, all 300 test puzzles, n = 64; primary
+# endpoint countdown pass@64, DPH-JS (eta = 10) - GRPO; its secondary arms
+# (COUNTDOWN_SECONDARY) run with --methods on the same folder.
+_COUNTDOWN = dict(iterations=100, eval_limit=None, n=64, max_new_tokens=48, splits=["countdown"], config=COUNTDOWN_RUNS)
+BUDGETS["countdown-collapse"] = dict(_COUNTDOWN, seeds=[0], methods=["GRPO", "GRPO (4 updates, lr 1e-3)"])
+BUDGETS["countdown"] = dict(_COUNTDOWN, seeds=[0, 1, 2], methods=["GRPO", "DPH-JS (η=10)"])
+BUDGETS["countdown-quick"] = dict(_COUNTDOWN, seeds=[0], eval_limit=100, methods=["GRPO", "DPH-JS (η=10)"])
+
 
 def eval_path(out: pathlib.Path, split: str) -> pathlib.Path:
     return out / f"eval_{split.split()[0]}.json"
@@ -257,16 +310,27 @@ def load_evaluation(out: pathlib.Path, split: str):
 def _read_checked(path: str, split: str, mtime_ns: int, size: int):
     """One read and check of a stored evaluation per version of its file (a run's reuse check,
     the pre-sampling plan and the tables all ask for it); warns once about a legacy file."""
-    from rllib_dph.envs.suites import load_split
     from rllib_dph.evaluation import EvalResult
     from rllib_dph.evaluation.results import check_current
 
     result = EvalResult.from_json(path)
-    unchecked = check_current(result, load_split(SPLITS[split][1]["data"]), path)
+    unchecked = check_current(result, split_tasks(split), path)
     if unchecked:
         print(f"warning: {path} was written before task fingerprints were recorded; {unchecked} of its "
               f"{len(result.records)} prompts cannot be checked against the data now.")
     return result
+
+
+@functools.lru_cache(maxsize=None)
+def split_tasks(split: str) -> tuple:
+    """The tasks of an evaluation split now: a suite split's, or those its env makes (reasoning-gym)."""
+    from rllib_dph.envs import make_env
+    from rllib_dph.envs.suites import load_split
+
+    env_id, env_config = SPLITS[split]
+    if "data" in env_config:
+        return tuple(load_split(env_config["data"]))
+    return tuple(make_env(env_id, env_config).unwrapped.tasks)
 
 
 def load_results(out: pathlib.Path, splits) -> dict:
@@ -332,9 +396,14 @@ def cell(values: np.ndarray) -> tuple[str, dict]:
 
 
 #: The column prefix of each split's metrics (the in-domain split's have none).
-PREFIX = {"in-domain": "", "cross-domain": "cross ", "math (OOD)": "math ", "ties": "ties ", "nulls": "nulls "}
-#: The splits whose style entropy is reported: in-domain (SQL styles) and the families (where one style is right).
-ENTROPY_SPLITS = ("in-domain", *FAMILIES)
+PREFIX = {"in-domain": "", "cross-domain": "cross ", "math (OOD)": "math ", "ties": "ties ", "nulls": "nulls ",
+          "countdown": "countdown "}
+#: The splits whose style entropy is reported: in-domain (SQL styles), the families (where one
+#: style is right) and countdown (solution shapes).
+ENTROPY_SPLITS = ("in-domain", *FAMILIES, "countdown")
+#: The splits with a pass@k row per style in the claims table (countdown has dozens of shapes:
+#: its shapes table sums them up by operator pattern, parentheses and number order instead).
+STYLE_CLAIM_SPLITS = ("in-domain", *FAMILIES)
 
 
 def _entropy_cell(results: list) -> tuple[str, dict]:
@@ -351,7 +420,7 @@ def _entropy_cell(results: list) -> tuple[str, dict]:
 def _row_cells(per_seed: list[dict], base: dict, k_mid: int, k_max: int, is_base: bool) -> dict:
     """The cells of one method's row, for the splits it was evaluated on: metric name -> (text, numbers)."""
     from rllib_dph.evaluation import compare, seed_matrix
-    from rllib_dph.evaluation.intervals import format_interval, keep_exploration_intervals
+    from rllib_dph.evaluation.intervals import format_interval, keep_exploration_intervals, mean_interval
 
     def split(name: str) -> list:
         return [r[name] for r in per_seed]
@@ -369,6 +438,13 @@ def _row_cells(per_seed: list[dict], base: dict, k_mid: int, k_max: int, is_base
         if family in ran:
             cells[f"{family} pass@{k_max}"] = cell(seed_matrix(split(family), f"pass@{k_max}"))
             cells[f"{family} {robust} pass@{k_max}"] = cell(seed_matrix(split(family), f"pass@{k_max}/{robust}"))
+    if "countdown" in ran:
+        cells["countdown greedy"] = cell(seed_matrix(split("countdown"), "greedy_accuracy"))
+        cells.update({f"countdown pass@{k}": cell(seed_matrix(split("countdown"), f"pass@{k}"))
+                      for k in sorted({1, min(8, k_max), k_mid, k_max})})
+        distinct = seed_matrix(split("countdown"), f"distinct_correct@{k_max}")
+        cells[f"countdown distinct@{k_max}"] = (format_interval(float(distinct.mean()), mean_interval(distinct), digits=2),
+                                                {"mean": float(distinct.mean()), "ci95": list(mean_interval(distinct))})
     if not is_base and "in-domain" in ran:
         rates = [compare(r, base["in-domain"], k_max) for r in split("in-domain")]
         keep_ci, explore_ci = keep_exploration_intervals(
@@ -399,6 +475,13 @@ def tables(base: dict, runs: dict, args) -> tuple[str, dict]:
         numbers["methods"][name] = {metric: value for metric, (_, value) in cells.items()}
         lines.append(f"| {name} | " + " | ".join(cells[c][0] if c in cells else "—" for c in columns) + " |")
     lines += ["", differences(base, runs, k_max, numbers)]
+    seeds = seed_statistics(base, runs, k_max, numbers)
+    if seeds:
+        lines += ["", seeds]
+    if "countdown" in base:
+        shapes, numbers["countdown shapes"] = shapes_table(base, runs)
+        lines += ["", "Solution shapes on countdown (% of the samples with an answer expression; a method's seeds "
+                  "counted together; 95 % intervals over prompts and seeds):", "", shapes]
     entropy_differences(base, runs, numbers)
     style_differences(base, runs, k_max, numbers)
     if any(m in numbers["differences"] for m in DPH_VARIANTS):
@@ -436,7 +519,9 @@ def differences(base: dict, runs: dict, k_max: int, numbers: dict) -> str:
     metrics = [("in-domain", "greedy_accuracy", "greedy"), ("in-domain", "pass@1", "pass@1"),
                ("in-domain", f"pass@{k_max}", f"pass@{k_max}"),
                ("cross-domain", f"pass@{k_max}", f"cross pass@{k_max}"), ("math (OOD)", f"pass@{k_max}", f"math pass@{k_max}"),
-               *((family, f"pass@{k_max}", f"{family} pass@{k_max}") for family in FAMILIES)]
+               *((family, f"pass@{k_max}", f"{family} pass@{k_max}") for family in FAMILIES),
+               ("countdown", "greedy_accuracy", "countdown greedy"), ("countdown", "pass@1", "countdown pass@1"),
+               ("countdown", f"pass@{k_max}", f"countdown pass@{k_max}")]
     metrics = [m for m in metrics if m[0] in base]
     refs = references(base, runs)
     head = " | ".join(f"{label} − {ref}" for ref, _, _ in refs for _, _, label in metrics)
@@ -485,7 +570,7 @@ def style_differences(base: dict, runs: dict, k_max: int, numbers: dict) -> None
     :data:`ENTROPY_SPLITS` (a style it never gets right has nothing to keep), to
     ``numbers["differences"]``; the styles of each split go to ``numbers["styles"]``."""
     numbers["styles"] = {split: [s for s in base[split].solution_styles() if np.mean(base[split].per_prompt(f"pass@{k_max}/{s}")) > 0]
-                         for split in ENTROPY_SPLITS if split in base}
+                         for split in STYLE_CLAIM_SPLITS if split in base}
     for method, per_seed in runs.items():
         for ref, ref_name, ref_seeds in references(base, runs):
             for split in (s for s in numbers["styles"] if s in per_seed[0] and ref_name != method):
@@ -495,8 +580,10 @@ def style_differences(base: dict, runs: dict, k_max: int, numbers: dict) -> None
                                                                                 f"pass@{k_max}/{style}")
 
 
-#: The DPH variants whose paper claims :func:`claims` reads (a budget without any has no claims table).
-DPH_VARIANTS = ("DPH-F", "DPH-JS", "DPH-JS (refine)", "DPH-JS (LoRA)", "DPH-JS (η=10)")
+#: The methods whose claims :func:`claims` reads, the DPH variants and the controls beside them
+#: (a budget without any has no claims table).
+DPH_VARIANTS = ("DPH-F", "DPH-JS", "DPH-JS (refine)", "DPH-JS (LoRA)", "DPH-JS (η=10)", "DPH-JS (η=10, refine)",
+                "DPH-F (η=10)", "NLL (η=10)", "RKL (β=0.625)", "GRPO (entropy 0.01)")
 #: Margins of the claims: points for rates, bits for the style entropy.
 MARGINS = {"rate": 3.0, "bits": 0.1}
 
@@ -527,7 +614,7 @@ def verdict(diff: dict, margin: float, scale: float, kind: str) -> str:
 
 
 #: The pre-registered primary endpoints (docs/collapse.md): (method, family), each read against GRPO.
-PRIMARY_ENDPOINTS = (("DPH-JS", "ties"), ("DPH-JS (η=10)", "nulls"))
+PRIMARY_ENDPOINTS = (("DPH-JS", "ties"), ("DPH-JS (η=10)", "nulls"), ("DPH-JS (η=10)", "countdown"))
 
 
 def primary_reading(diff: dict) -> str:
@@ -564,6 +651,12 @@ def claims(numbers: dict, k_max: int, methods=DPH_VARIANTS) -> str:
         (f"ties pass@{k_max} above GRPO (the primary endpoint for DPH-JS)", f"ties pass@{k_max} − GRPO", "above", rate, 100),
         (f"nulls pass@{k_max} kept (vs base)", f"nulls pass@{k_max} − base", "kept", rate, 100),
         (f"nulls pass@{k_max} above GRPO (the primary endpoint for DPH-JS (η=10))", f"nulls pass@{k_max} − GRPO", "above", rate, 100),
+        (f"countdown pass@{k_max} kept (vs base)", f"countdown pass@{k_max} − base", "kept", rate, 100),
+        (f"countdown pass@{k_max} above GRPO (the primary endpoint for DPH-JS (η=10))", f"countdown pass@{k_max} − GRPO",
+         "above", rate, 100),
+        ("countdown pass@1 as good as GRPO", "countdown pass@1 − GRPO", "kept", rate, 100),
+        ("countdown shapes kept (entropy vs base, bits)", "countdown style entropy − base", "kept", bits, 1),
+        ("countdown shapes above GRPO (entropy, bits)", "countdown style entropy − GRPO", "above", bits, 1),
         ("styles kept (entropy vs base, bits)", "style entropy − base", "kept", bits, 1),
         ("styles above GRPO (entropy, bits)", "style entropy − GRPO", "above", bits, 1),
         ("ties styles kept (entropy vs base, bits)", "ties style entropy − base", "kept", bits, 1),
@@ -597,6 +690,135 @@ def claims(numbers: dict, k_max: int, methods=DPH_VARIANTS) -> str:
                          f"[{low:+.{digits}f}, {high:+.{digits}f}]")
         lines.append(f"| {claim} | " + " | ".join(texts) + " |")
     return "\n".join(lines)
+
+
+def nulls_cluster(task) -> tuple[str, str, str]:
+    """The cluster of a `sql_synth/test_nulls` question: its (database, table, column), read from
+    its gold query's ``COUNT(column) FROM table``. Questions on one table and column of one
+    database share the schema and the values that decide them."""
+    import re
+
+    match = re.search(r"COUNT\((?:\w+\.)?(\w+)\)\s+FROM\s+(\w+)", task.ground_truth["gold_sql"])
+    if match is None:
+        raise ValueError(f"nulls_cluster: {task.id}'s gold query {task.ground_truth['gold_sql']!r} has no COUNT(col) FROM table.")
+    return task.ground_truth["db_id"], match.group(2), match.group(1)
+
+
+#: The splits whose prompts fall into clusters, and each prompt's cluster: the seed-level
+#: statistics add a bootstrap over clusters there.
+CLUSTERS = {"nulls": nulls_cluster}
+#: The endpoints the seed-level statistics are given for: (split, metric label prefix).
+SEED_ENDPOINT_SPLITS = ("ties", "nulls", "countdown")
+
+
+def seed_statistics(base: dict, runs: dict, k_max: int, numbers: dict) -> str:
+    """A Markdown table, for every method with 2 or more seeds against GRPO (when GRPO has 2 or
+    more), of pass@``k_max`` on each family split of :data:`SEED_ENDPOINT_SPLITS` it was evaluated
+    on: the per-seed values of both, the paired bootstrap over prompts and seeds (the tables'),
+    Welch's t interval and the exact permutation p-value with the seed as the unit, and on a
+    split with clusters (:data:`CLUSTERS`) the bootstrap over clusters and seeds; the numbers go
+    to ``numbers["seed_statistics"]``. Empty when there is nothing to compare."""
+    from rllib_dph.evaluation import seed_matrix
+    from rllib_dph.evaluation.intervals import (
+        cluster_paired_difference_interval,
+        format_interval,
+        paired_difference_interval,
+        permutation_p_value,
+        seed_means,
+        welch_interval,
+    )
+
+    grpo = runs.get("GRPO")
+    if grpo is None or len(grpo) < 2:
+        return ""
+    lines = ["Seed-level statistics of each pass@k endpoint against GRPO (points; seed values in %): the per-seed "
+             "values, the bootstrap over prompts and seeds, Welch's t interval and the exact permutation p-value "
+             "with the seed as the unit, and on the NULL family the bootstrap over its question clusters "
+             "(database, table, column) and seeds:", "",
+             "| endpoint | method | method's seeds | GRPO's seeds | bootstrap (prompts, seeds) | Welch t (seeds) | "
+             "permutation p (seeds) | cluster bootstrap |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    numbers["seed_statistics"] = {}
+    for split in (s for s in SEED_ENDPOINT_SPLITS if s in grpo[0]):
+        b = seed_matrix([r[split] for r in grpo], f"pass@{k_max}")
+        clusters = None
+        if split in CLUSTERS:
+            tasks = {t.id: t for t in split_tasks(split)}
+            clusters = [CLUSTERS[split](tasks[r.task_id]) for r in grpo[0][split].records]
+        for method, per_seed in runs.items():
+            if method == "GRPO" or len(per_seed) < 2 or split not in per_seed[0]:
+                continue
+            a = seed_matrix([r[split] for r in per_seed], f"pass@{k_max}")
+            entry = {"method_seeds": seed_means(a).tolist(), "grpo_seeds": seed_means(b).tolist(),
+                     "mean": float(a.mean() - b.mean()), "bootstrap": list(paired_difference_interval(a, b)),
+                     "welch": list(welch_interval(a, b)), "permutation_p": permutation_p_value(a, b)}
+            if clusters is not None:
+                entry["cluster_bootstrap"] = list(cluster_paired_difference_interval(a, b, clusters))
+                entry["clusters"] = len(set(clusters))
+            numbers["seed_statistics"].setdefault(method, {})[f"{split} pass@{k_max} − GRPO"] = entry
+            fmt = functools.partial(format_interval, entry["mean"], scale=100)
+            lines.append(
+                f"| {split} pass@{k_max} − GRPO | {method} | {', '.join(f'{100 * x:.1f}' for x in entry['method_seeds'])} | "
+                f"{', '.join(f'{100 * x:.1f}' for x in entry['grpo_seeds'])} | {fmt(tuple(entry['bootstrap']))} | "
+                f"{fmt(tuple(entry['welch']))} | {entry['permutation_p']:.2f} | "
+                + (f"{fmt(tuple(entry['cluster_bootstrap']))} ({entry['clusters']} clusters)" if clusters else "—") + " |")
+    return "\n".join(lines) if numbers["seed_statistics"] else ""
+
+
+def shape_parts(style: str) -> dict[str, str]:
+    """The three parts of a countdown style ``"<operators>,p<parentheses>,<order>"``."""
+    operators, parentheses, order = style.split(",")
+    return {"operators": operators or "(none)", "parentheses": parentheses, "order": order}
+
+
+def shapes_table(base: dict, runs: dict, split: str = "countdown", top: int = 6) -> tuple[str, dict]:
+    """A Markdown table of the countdown solution shapes each method writes on ``split``: the share
+    of samples with an answer expression by operator pattern (the base model's ``top`` most
+    common, the rest as "other"), by parentheses written and by number order, and the number of
+    distinct shapes, each with its 95 % bootstrap interval over prompts and seeds (a method's
+    seeds' samples counted together)."""
+    from rllib_dph.envs.reasoning_gym import NO_STYLE
+    from rllib_dph.evaluation.intervals import bootstrap_interval, format_interval
+
+    methods = [("Base model", [base])] + [(m, seeds) for m, seeds in runs.items() if split in seeds[0]]
+
+    def parts(results, part):  # (S, P, K) counts of each value of one part, and the values
+        records = [r[split].records for r in results]
+        values = sorted({shape_parts(s)[part] for rs in records for r in rs for s in r.styles if s != NO_STYLE})
+        counts = np.array([[[sum(1 for s in r.styles if s != NO_STYLE and shape_parts(s)[part] == v) for v in values]
+                            for r in rs] for rs in records], dtype=float)
+        return counts, values
+
+    base_ops, ops = parts([base], "operators")
+    common = [ops[i] for i in np.argsort(-base_ops.sum(axis=(0, 1)))[:top]]
+    columns = [("operators", v) for v in common] + [("operators", "other")]
+    columns += [("parentheses", v) for v in ("p0", "p1", "p2")] + [("order", v) for v in ("given", "ascending", "descending", "mixed")]
+    lines = [f"| method | {' | '.join(f'`{v}`' if part == 'operators' and v != 'other' else v for part, v in columns)} | distinct shapes |",
+             "|" + " --- |" * (len(columns) + 2)]
+    data = {}
+    for name, results in methods:
+        texts, data[name] = [], {}
+        for part, value in columns:
+            counts, values = parts(results, part)
+            if part == "operators":
+                keep = [values.index(v) for v in common if v in values]
+                pick = (np.array([values.index(value)]) if value in values else np.array([], dtype=int)) if value != "other" \
+                    else np.array([i for i in range(len(values)) if i not in keep], dtype=int)
+            else:
+                pick = np.array([values.index(value)]) if value in values else np.array([], dtype=int)
+
+            def share(p, s, counts=counts, pick=pick):
+                pooled = counts[np.ix_(s, p)].sum(axis=(0, 1))
+                return float(pooled[pick].sum() / pooled.sum()) if pooled.sum() else math.nan
+
+            all_p, all_s = np.arange(counts.shape[1]), np.arange(counts.shape[0])
+            value_share = share(all_p, all_s)
+            ci = bootstrap_interval(share, counts.shape[1], counts.shape[0])
+            data[name][f"{part}={value}"] = {"mean": value_share, "ci95": list(ci)}
+            texts.append(format_interval(value_share, ci, scale=100))
+        distinct = len({s for r in results for rec in r[split].records for s in rec.styles if s != NO_STYLE})
+        data[name]["distinct shapes"] = distinct
+        lines.append(f"| {name} | " + " | ".join(texts) + f" | {distinct} |")
+    return "\n".join(lines), data
 
 
 def plots(base: dict, runs: dict, out: pathlib.Path) -> None:
@@ -790,7 +1012,7 @@ def main() -> None:
     budget = (
         f"Budget ({args.budget}): {shape.model_name}, {args.iterations} iterations x {shape.prompts_per_step} "
         f"prompts x {shape.group_size} completions per run (lr {shape.lr:g}, training data "
-        f"{shape.env_config['data']}), seeds {args.seeds}; "
+        f"{shape.env_config.get('data') or json.dumps(shape.env_config)}), seeds {args.seeds}; "
         f"evaluation on {'all' if args.eval_limit is None else f'the first {args.eval_limit}'} prompts of each "
         f"split, n={args.n} samples at "
         f"temperature 1.0 plus one greedy sample; {args.workers} worker processes. "

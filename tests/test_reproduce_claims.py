@@ -334,3 +334,101 @@ def test_plots_pool_each_methods_seeds_and_draw_styles_sampled_by_a_run_only(rep
     reproduce.plots({"ties": base}, runs, tmp_path)
     assert (tmp_path / "pass_at_k_ties.png").is_file() and (tmp_path / "style_pass_at_k_ties.png").is_file()
     assert (tmp_path / "styles_ties.png").is_file()
+
+
+def _nulls_result(name, share, seed, count=40):
+    import numpy as np
+
+    from rllib_dph.envs.suites import load_split
+    from rllib_dph.evaluation.results import EvalResult, PromptRecord
+
+    rng = np.random.default_rng(seed)
+    records = []
+    for i, task in enumerate(load_split("sql_synth/test_nulls")[:count]):
+        styles = ["count_col" if u < share else "count_star" for u in rng.random(8)]
+        records.append(PromptRecord(task_id=task.id, index=i, correct=[s == "count_col" for s in styles],
+                                    answers=styles, styles=styles, num_truncated=0, greedy_correct=False,
+                                    task_fingerprint=task.fingerprint))
+    return EvalResult(records=records, n=8, temperature=1.0, top_p=1.0, max_new_tokens=96, seed=0, ks=[1, 8], name=name)
+
+
+def test_seed_statistics_give_per_seed_values_welch_permutation_and_clusters(reproduce):
+    """Every multi-seed endpoint against GRPO: seeds, bootstrap, Welch t, permutation p, clusters."""
+    from types import SimpleNamespace
+
+    base = {"nulls": _nulls_result("base", 0.3, 0)}
+    runs = {"GRPO": [{"nulls": _nulls_result("GRPO", 0.03, s)} for s in (1, 2, 3)],
+            "DPH-JS (η=10)": [{"nulls": _nulls_result("DPH-JS", 0.3, s)} for s in (4, 5, 6)]}
+    text, numbers = reproduce.tables(base, runs, SimpleNamespace(n=8))
+    entry = numbers["seed_statistics"]["DPH-JS (η=10)"]["nulls pass@8 − GRPO"]
+    assert len(entry["method_seeds"]) == len(entry["grpo_seeds"]) == 3
+    assert entry["mean"] == pytest.approx(sum(entry["method_seeds"]) / 3 - sum(entry["grpo_seeds"]) / 3)
+    assert entry["permutation_p"] == pytest.approx(0.1)  # 3 seeds a side: the smallest p there is
+    assert entry["welch"][0] > 0 and entry["cluster_bootstrap"][0] > 0
+    # The first 40 questions' clusters; the cluster interval is the wider one.
+    assert entry["clusters"] < 40
+    width = lambda ci: ci[1] - ci[0]  # noqa: E731
+    assert width(entry["cluster_bootstrap"]) >= 0.9 * width(entry["bootstrap"])
+    assert "| nulls pass@8 − GRPO | DPH-JS (η=10) |" in text and "clusters) |" in text
+
+
+def test_nulls_clusters_are_database_table_column(reproduce):
+    from rllib_dph.envs.suites import load_split
+
+    tasks = load_split("sql_synth/test_nulls")
+    clusters = [reproduce.nulls_cluster(t) for t in tasks]
+    assert len(set(clusters)) == 96
+    first = clusters[0]
+    assert first[0] == tasks[0].ground_truth["db_id"] and f"COUNT({first[2]})" in tasks[0].ground_truth["gold_sql"]
+
+
+def test_the_countdown_budgets_train_the_warm_start_on_reasoning_gyms_puzzles(reproduce):
+    from types import SimpleNamespace
+
+    budget = reproduce.BUDGETS["countdown"]
+    args = SimpleNamespace(overrides=budget["config"])
+    assert budget["seeds"] == [0, 1, 2] and budget["n"] == 64 and budget["splits"] == ["countdown"]
+    assert budget["methods"] == ["GRPO", "DPH-JS (η=10)"] and ("DPH-JS (η=10)", "countdown") in reproduce.PRIMARY_ENDPOINTS
+    configs = {m: reproduce.run_config(m, args, 0) for m in budget["methods"] + reproduce.COUNTDOWN_SECONDARY}
+    for method, config in configs.items():
+        assert config.model_name == "tiny-countdown" and config.env == "rllib_dph/ReasoningGym-v0", method
+        assert config.env_config["dataset"] == "countdown" and config.env_config["data"] is None, method
+    dph = configs["DPH-JS (η=10)"]
+    assert (dph.divergence, dph.pef_coeff, dph.presample.min_correct, dph.presample.pef_samples) == ("js", 10.0, 8, "all")
+    for method, divergence in (("DPH-F (η=10)", "forward_kl"), ("NLL (η=10)", "nll")):
+        assert (configs[method].divergence, configs[method].pef_coeff) == (divergence, 10.0)
+        assert configs[method].presample.out_dir == dph.presample.out_dir  # one D_pef for the controls
+    assert configs["DPH-JS (η=10, refine)"].presample.pef_samples == "refine"
+    assert configs["RKL (β=0.625)"].kl_coeff == 0.625 and configs["GRPO (entropy 0.01)"].entropy_coeff == 0.01
+    test_env = reproduce.SPLITS["countdown"][1]
+    assert test_env["split"] == "test" and test_env["train_size"] == configs["GRPO"].env_config["size"]
+
+
+def test_the_countdown_tables_read_pass_at_k_and_the_shapes(reproduce):
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from rllib_dph.evaluation.results import EvalResult, PromptRecord
+
+    def result(name, share, seed):
+        rng = np.random.default_rng(seed)
+        records = []
+        for i in range(30):
+            right = rng.random(8) < share
+            styles = ["+-,p0,given" if r else "*-,p1,mixed" for r in right]
+            records.append(PromptRecord(task_id=f"countdown/test/s0/{i}", index=i, correct=list(right),
+                                        answers=styles, styles=styles, num_truncated=0, greedy_correct=bool(right[0]),
+                                        solutions=[s + str(j) for j, s in enumerate(styles)]))
+        return EvalResult(records=records, n=8, temperature=1.0, top_p=1.0, max_new_tokens=48, seed=0, ks=[1, 4, 8], name=name)
+
+    base = {"countdown": result("base", 0.3, 0)}
+    runs = {"GRPO": [{"countdown": result("GRPO", 0.02, 1)}], "DPH-JS (η=10)": [{"countdown": result("DPH", 0.3, 2)}]}
+    text, numbers = reproduce.tables(base, runs, SimpleNamespace(n=8))
+    assert text.splitlines()[0].startswith("| method | countdown greedy | countdown pass@1 | countdown pass@4 | countdown pass@8 |")
+    assert numbers["differences"]["GRPO"]["countdown pass@8 − base"]["ci95"][1] < 0
+    assert "| countdown pass@8 above GRPO (the primary endpoint for DPH-JS (η=10)) | holds" in text
+    shapes = numbers["countdown shapes"]
+    assert shapes["Base model"]["operators=+-"]["mean"] == pytest.approx(
+        sum(r.styles.count("+-,p0,given") for r in base["countdown"].records) / 240)
+    assert shapes["GRPO"]["order=mixed"]["mean"] > 0.9 and shapes["GRPO"]["distinct shapes"] == 2

@@ -431,7 +431,6 @@ def run_from_args(config, stop: dict, args: argparse.Namespace) -> None:
             command that started the run (``["rllib", "train", ...]``), which the printed
             commands repeat.
     """
-
     from rllib_dph.tracking import logger_callbacks
 
     from rllib_dph.console import quiet_logging

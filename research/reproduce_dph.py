@@ -493,13 +493,21 @@ def tables(base: dict, runs: dict, args) -> tuple[str, dict]:
 def references(base: dict, runs: dict) -> list[tuple[str, str, list]]:
     """What each method is compared with, as ``(label, run name, per-seed results)``: the base
     model, GRPO and DAPO (whose clip-higher and dynamic-sampling settings the DPH tuned examples
-    share), those that ran; in a budget of LoRA runs, their LoRA runs under the same labels."""
+    share), those that ran; in a budget of LoRA runs, their LoRA runs under the same labels; and
+    DPH-JS at η = 10 when a control ran beside it (:data:`CONTROLS`: what the control does
+    against the term it stands in for)."""
     refs = [("base", "base", [base])]
     for family in ("GRPO", "DAPO"):
         name = next((n for n in (family, f"{family} (LoRA)") if n in runs), None)
         if name is not None:
             refs.append((family, name, runs[name]))
+    if "DPH-JS (η=10)" in runs and any(m in runs for m in CONTROLS):
+        refs.append(("DPH-JS (η=10)", "DPH-JS (η=10)", runs["DPH-JS (η=10)"]))
     return refs
+
+
+#: The control arms beside DPH-JS (η=10) (METHOD_OVERRIDES says what each is).
+CONTROLS = ("DPH-JS (η=10, refine)", "DPH-F (η=10)", "NLL (η=10)", "RKL (β=0.625)", "GRPO (entropy 0.01)")
 
 
 def paired(per_seed: list[dict], ref_seeds: list[dict], split: str, metric: str) -> dict:

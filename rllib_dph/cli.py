@@ -154,9 +154,9 @@ def _eval_settings(args):
 
 
 def _refuse_unloadable(policy: str) -> None:
-    """Exits with PREFLIGHT_EXIT_CODE and one line (``evaluation.runner.policy_problem``) when
+    """Exits with PREFLIGHT_EXIT_CODE and one line (``preflight.policy_problem``) when
     ``policy`` cannot be loaded, before a hub lookup's traceback could say it."""
-    from rllib_dph.evaluation.runner import policy_problem
+    from rllib_dph.preflight import policy_problem
     from rllib_dph.models.hub import absolute_if_path
 
     problem = policy_problem(absolute_if_path(policy))

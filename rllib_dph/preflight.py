@@ -19,6 +19,9 @@ problem it finds, each once, naming what was wrong and where:
   that will not fit is refused with the estimate, the budget and the cheapest fixes (unless
   ``--force``); one that fits prints its estimate in one line.
 
+``rllib evaluate`` checks its policy the same way (:func:`policy_problem`): a checkpoint, a
+model folder, a bundled name or a cached Hugging Face id, refused in one line before any loading.
+
 Relative paths (``model_name``, ``data``, ``db_root``, ``presample.out_dir``, ``pef_path``,
 ``exp_path``) are first made absolute against the folder the command was started from
 (:func:`resolve_paths`), because a Tune trial runs in a folder of its own.
@@ -29,6 +32,7 @@ from __future__ import annotations
 import os
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional
 
 from rllib_dph.field_names import close_match, field_suggestion
@@ -299,6 +303,46 @@ def model_problem(model: Optional[str], where: str = "model_name") -> Optional[P
     if ref.kind == "folder" and not os.path.isfile(os.path.join(ref.location, "config.json")):
         return Problem(where, "the folder has no config.json; give a folder written by save_pretrained.")
     return _hub_problem(ref, where) if ref.kind == "hub" else None
+
+
+#: What a policy to evaluate can be (named in :func:`policy_problem`'s messages).
+POLICY_KINDS = (
+    "an Algorithm checkpoint folder (a trial's checkpoint_00000N, holding rllib_checkpoint.json), a model "
+    "folder written by save_pretrained (holding config.json), a bundled model name or a Hugging Face id in "
+    "the local cache"
+)
+
+
+def policy_problem(policy: str) -> Optional[str]:
+    """Why ``policy`` cannot be loaded, in one line naming it and what was expected; None when
+    it can: an Algorithm checkpoint folder, a model folder, a bundled model name (built on first
+    use) or a Hugging Face id in the local cache (or reachable). Checked before any loading, so
+    a wrong path fails in one line rather than in Hugging Face's traceback of a hub lookup."""
+    from rllib_dph.evaluation.runner import find_module_checkpoint
+    from rllib_dph.models.hub import BUNDLED_MODELS, is_local_path
+
+    path = Path(policy).expanduser().absolute()
+    if path.is_dir():
+        try:
+            if find_module_checkpoint(path) is not None or (path / "config.json").is_file():
+                return None
+        except ValueError as e:  # a trial folder or an incomplete checkpoint
+            return str(e)
+        nested = sorted(path.glob("*/checkpoint_*"))
+        example = f" (e.g. {nested[-1]})" if nested else ""
+        return f"{path} holds neither rllib_checkpoint.json nor config.json; expected {POLICY_KINDS}{example}."
+    if path.exists():
+        return f"{path} is a file; expected {POLICY_KINDS}."
+    if policy in BUNDLED_MODELS:
+        return None
+    nearby = did_you_mean(path.name, os.listdir(path.parent)) if path.parent.is_dir() else ""
+    if is_local_path(policy) or policy.count("/") > 1:  # a Hugging Face id is "name" or "namespace/name"
+        return f"no such folder: {path}{nearby}; expected {POLICY_KINDS}."
+    problem = model_problem(policy, "policy")
+    if problem is None:
+        return None
+    return (f"{policy!r} is no folder here ({path}{nearby}), no bundled model name{did_you_mean(policy, BUNDLED_MODELS)} "
+            f"and, as a Hugging Face id, {problem.message.split(';')[0]}; expected {POLICY_KINDS}.")
 
 
 def validate_problems(config) -> list[Problem]:

@@ -255,46 +255,6 @@ def find_module_checkpoint(path: str | os.PathLike) -> Optional[Path]:
     return None
 
 
-#: What a policy to evaluate can be (named in :func:`policy_problem`'s messages).
-POLICY_KINDS = (
-    "an Algorithm checkpoint folder (a trial's checkpoint_00000N, holding rllib_checkpoint.json), a model "
-    "folder written by save_pretrained (holding config.json), a bundled model name or a Hugging Face id in "
-    "the local cache"
-)
-
-
-def policy_problem(policy: str) -> Optional[str]:
-    """Why ``policy`` cannot be loaded, in one line naming it and what was expected; None when
-    it can: an Algorithm checkpoint folder, a model folder, a bundled model name (built on first
-    use) or a Hugging Face id in the local cache (or reachable). Checked before any loading, so
-    a wrong path fails in one line rather than in Hugging Face's traceback of a hub lookup."""
-    from rllib_dph.models.hub import BUNDLED_MODELS, is_local_path
-    from rllib_dph.preflight import did_you_mean, model_problem
-
-    path = Path(policy).expanduser().absolute()
-    if path.is_dir():
-        try:
-            if find_module_checkpoint(path) is not None or (path / "config.json").is_file():
-                return None
-        except ValueError as e:  # a trial folder or an incomplete checkpoint
-            return str(e)
-        nested = sorted(path.glob("*/checkpoint_*"))
-        example = f" (e.g. {nested[-1]})" if nested else ""
-        return f"{path} holds neither rllib_checkpoint.json nor config.json; expected {POLICY_KINDS}{example}."
-    if path.exists():
-        return f"{path} is a file; expected {POLICY_KINDS}."
-    if policy in BUNDLED_MODELS:
-        return None
-    nearby = did_you_mean(path.name, os.listdir(path.parent)) if path.parent.is_dir() else ""
-    if is_local_path(policy) or policy.count("/") > 1:  # a Hugging Face id is "name" or "namespace/name"
-        return f"no such folder: {path}{nearby}; expected {POLICY_KINDS}."
-    problem = model_problem(policy, "policy")
-    if problem is None:
-        return None
-    return (f"{policy!r} is no folder here ({path}{nearby}), no bundled model name{did_you_mean(policy, BUNDLED_MODELS)} "
-            f"and, as a Hugging Face id, {problem.message.split(';')[0]}; expected {POLICY_KINDS}.")
-
-
 def load_engine(
     policy: str | os.PathLike,
     *,

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional
 
-from rllib_dph.field_names import close_match, field_suggestion
+from rllib_dph.algorithms.field_names import close_match, field_suggestion
 
 #: Result keys Tune adds to every result (valid ``--stop`` keys next to the algorithm's metrics).
 TUNE_RESULT_KEYS = (

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from rllib_dph.algorithms.dph import DPHConfig
-from rllib_dph.field_names import FIELD_ALIASES, field_suggestion, setter_of
+from rllib_dph.algorithms.field_names import FIELD_ALIASES, field_suggestion, setter_of
 from rllib_dph.algorithms.grpo import GRPOConfig
 from rllib_dph.cli import main
 from rllib_dph.experiments import PREFLIGHT_EXIT_CODE, run_tuned_example

@@ -39,7 +39,7 @@ from rllib_dph.algorithms.rules import ChoiceRule, CrossRule, NumberRule, first_
 from rllib_dph.algorithms.grpo.grpo_torch_learner import GRPOTorchLearner
 from rllib_dph.algorithms.grpo.trust_region import MOVED_FIELDS, TrustRegion, TrustRegionRule, moved_field_message
 from rllib_dph.engines import DEFAULT_ENGINE, ENGINES, SamplingParams
-from rllib_dph.field_names import check_keywords, refuses_unknown_keywords
+from rllib_dph.algorithms.field_names import check_keywords, refuses_unknown_keywords
 from rllib_dph.files import atomic_dir
 from rllib_dph.learner_calls import BoundedLearnerGroup, read_learner_weights, update_remote_learners
 from rllib_dph.lora import lora_problem

@@ -51,5 +51,5 @@ setup(
         # (SingleTurnEnv, MultiTurnEnv, Rubric), which 0.4 removed.
         "verifiers": ["verifiers>=0.3.1,<0.4"],
     },
-    entry_points={"console_scripts": ["rllib=rllib_dph.cli:main"]},
+    entry_points={"console_scripts": ["rllib=rllib_dph.cli.main:main"]},
 )

@@ -26,7 +26,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 def measure(example: str, overrides: dict, iterations: int) -> dict:
     """Seconds per iteration, generated tokens/s, phase times and staleness of one setting."""
-    from rllib_dph.experiments import load_tuned_example
+    from rllib_dph.cli.experiments import load_tuned_example
 
     config, _ = load_tuned_example(example)
     config.update_from_dict(overrides)

@@ -1,5 +1,5 @@
 """Learner updates across Ray learners: update seconds and peak memory per learner against the
-preflight's prediction (``rllib_dph.memory``), for GRPO and DPH-JS, DDP and FSDP2, with and
+preflight's prediction (``rllib_dph.cli.memory``), for GRPO and DPH-JS, DDP and FSDP2, with and
 without gradient checkpointing.
 
 Each case builds the real learner group (``config.build_learner_group``: ``--num-learners``
@@ -117,7 +117,7 @@ def run_case(case: dict, folder: str, pef_path: str, args) -> dict:
     from memory import _spaces  # bench/memory.py
     from rllib_dph import columns as C
     from rllib_dph.batch import shard_groups
-    from rllib_dph.memory import learner_estimate, learner_microbatch, learner_setup, model_shape
+    from rllib_dph.cli.memory import learner_estimate, learner_microbatch, learner_setup, model_shape
 
     config = case_config(case, folder, pef_path, args)
     shape = model_shape(folder)
@@ -195,7 +195,7 @@ def main() -> None:
             folder = str(save_random_model(args.model, pathlib.Path(tmp) / args.model, dtype))
         else:
             folder = args.model
-        from rllib_dph.memory import model_shape
+        from rllib_dph.cli.memory import model_shape
 
         pef_path = write_pef_file(pathlib.Path(tmp), args, model_shape(folder).vocab)
         for case in cases:

@@ -31,7 +31,7 @@ def main() -> None:
 
     import ray
 
-    from rllib_dph.experiments import load_tuned_example
+    from rllib_dph.cli.experiments import load_tuned_example
 
     config, _ = load_tuned_example(args.example)
     overrides = json.loads(args.config)

@@ -1,6 +1,6 @@
 """What fits where, and how close the estimate is: per-learner memory of the policy update.
 
-The estimate is ``rllib_dph.memory`` (the same one the preflight of ``rllib train`` uses to
+The estimate is ``rllib_dph.cli.memory`` (the same one the preflight of ``rllib train`` uses to
 refuse a run that will not fit): parameters, gradients, Adam state, activations saved for the
 backward pass, FSDP2's unsharded working set, autocast's bf16 weight copies, the vocab-sized
 logits and the frozen reference model (GRPO with a KL penalty loads one; DPH-RL's stored
@@ -145,14 +145,14 @@ def activation_bytes(model, batch: dict, dtype: torch.dtype) -> dict:
 
 def shape_of(family: str, arch: dict):
     """The estimator's ``ModelShape`` of an architecture (meta device, nothing allocated)."""
-    from rllib_dph.memory import ModelShape
+    from rllib_dph.cli.memory import ModelShape
 
     return ModelShape.from_config(hf_config(family, arch))
 
 
 def table_gb(shape, *, tokens: int, sharding: str, n: int, checkpointing: bool, reference: bool, lora=None) -> float:
     """Estimated GB per GPU learner: ``tokens`` per micro-batch, half of them response, bf16."""
-    from rllib_dph.memory import LearnerSetup, MicroBatch, learner_estimate
+    from rllib_dph.cli.memory import LearnerSetup, MicroBatch, learner_estimate
 
     batch = MicroBatch(rows=max(1, tokens // 1024), prompt=512, response=512)
     setup = LearnerSetup(dtype="bfloat16", sharding=sharding, num_learners=n, gradient_checkpointing=checkpointing,
@@ -168,7 +168,7 @@ def print_lora_table() -> None:
     micro-batch token budgets, with and without checkpointing, next to full fine-tuning; the
     same estimate with π_ref needed (GRPO+KL) since LoRA's π_ref costs nothing."""
     from rllib_dph.lora import LORA_DEFAULTS
-    from rllib_dph.memory import adapter_params
+    from rllib_dph.cli.memory import adapter_params
 
     print(f"\nLoRA {LORA_DEFAULTS} on one GPU learner (DDP, bf16 compute, fp32 frozen base), GB per learner by "
           f"tokens per micro-batch (1024-token rows, half response); * = fits {GPU_GB} GB. 'full' is full "
@@ -245,7 +245,7 @@ def measured_check(args) -> None:
 
     from rllib_dph import columns as C
     from rllib_dph.batch import shard_groups
-    from rllib_dph.memory import LearnerSetup, MicroBatch, activation_bytes as estimated_activations, state_bytes
+    from rllib_dph.cli.memory import LearnerSetup, MicroBatch, activation_bytes as estimated_activations, state_bytes
     from rllib_dph.sharding import held_bytes
 
     rows = args.rows
@@ -276,7 +276,7 @@ def measured_check(args) -> None:
             print(f"{name:<7}{sharding:<9}{cells}{measured_act / 1e6:>11.1f} / {predicted_act / 1e6:<9.1f}")
     ray.shutdown()
     print("(activations: autograd's saved tensors in a forward pass of the full model on one learner's half of"
-          " the rows, without the saved fp32 logits, next to rllib_dph.memory.activation_bytes)")
+          " the rows, without the saved fp32 logits, next to rllib_dph.cli.memory.activation_bytes)")
 
 
 def parse_rss_spec(spec: str) -> dict:
@@ -338,7 +338,7 @@ def rss_check(specs: list[str]) -> None:
     import sys
     import time
 
-    from rllib_dph.memory import LearnerSetup, MicroBatch, learner_estimate, model_shape
+    from rllib_dph.cli.memory import LearnerSetup, MicroBatch, learner_estimate, model_shape
 
     print(f"{'run':<52}{'predicted GB':>13}{'measured GB':>12}{'error':>8}{'built GB':>9}{'time':>7}  estimate")
     for spec in specs:

@@ -333,7 +333,7 @@ class TRLWorker:
 def build_ours(args, model_dir: str, pool: list[int]):
     """Our GRPO algorithm with the benchmark's overrides; its env runner takes ``pool``'s
     prompts in order, ``prompts_per_step`` at a time (cycling)."""
-    from rllib_dph.experiments import load_tuned_example
+    from rllib_dph.cli.experiments import load_tuned_example
 
     config, _ = load_tuned_example(args.example)
     config.update_from_dict({

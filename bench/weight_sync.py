@@ -45,7 +45,7 @@ def main() -> None:
     parser.add_argument("--json", help="also write the result to this JSON file")
     args = parser.parse_args()
 
-    from rllib_dph.experiments import load_tuned_example
+    from rllib_dph.cli.experiments import load_tuned_example
 
     config, _ = load_tuned_example(args.example)
     config.update_from_dict({**CPU, **json.loads(args.config)})

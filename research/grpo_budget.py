@@ -144,7 +144,7 @@ def main() -> None:
     import torch
 
     from rllib_dph.evaluation import EvalSettings
-    from rllib_dph.experiments import load_tuned_example
+    from rllib_dph.cli.experiments import load_tuned_example
     from rllib_dph.envs import make_env
 
     torch.set_num_threads(2)

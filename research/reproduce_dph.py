@@ -350,7 +350,7 @@ def run_config(method: str, args, seed: int | None = None):
     read could train on that seed's D_pef).
     """
     from rllib_dph.algorithms.dph import DPHConfig
-    from rllib_dph.experiments import load_tuned_example
+    from rllib_dph.cli.experiments import load_tuned_example
 
     config, _ = load_tuned_example(str(REPO / METHODS[method]))
     seeded = {} if seed is None else {"seed": seed}

@@ -64,7 +64,7 @@ MASK_KINDS = ("ppo", "dppo_binary_tv", "dppo_binary_kl", "dppo_topk_tv", "dppo_t
 
 
 def _config(overrides: dict, seed: int, model: str | None, max_staleness: int | None = None, extra: dict | None = None):
-    from rllib_dph.experiments import load_tuned_example
+    from rllib_dph.cli.experiments import load_tuned_example
 
     config, _ = load_tuned_example(str(EXAMPLE))
     regime = OFF_POLICY if max_staleness is None else {"max_staleness": max_staleness, "num_env_runners": 1, **VALIDATION}

@@ -6,9 +6,9 @@ import re
 import pytest
 
 from rllib_dph.algorithms.grpo import GRPOConfig
-from rllib_dph.experiments import default_experiment_name
-from rllib_dph.console import best_pass_at_k, error_summary, iteration_line
-from rllib_dph.tracking import logger_callbacks, mlflow_uri, tracking_problems
+from rllib_dph.cli.experiments import default_experiment_name
+from rllib_dph.cli.console import best_pass_at_k, error_summary, iteration_line
+from rllib_dph.cli.tracking import logger_callbacks, mlflow_uri, tracking_problems
 
 RESULT = {
     "training_iteration": 7,
@@ -81,7 +81,7 @@ class _Trial:
 
 
 def test_a_sweep_picks_its_best_trial_by_validation_pass_at_the_largest_k_and_reports_ties(capsys):
-    from rllib_dph.experiments import _print_summary
+    from rllib_dph.cli.experiments import _print_summary
 
     def metrics(reward, pass_at_8):
         return {"training_iteration": 20, "env_runners": {"episode_return_mean": reward},

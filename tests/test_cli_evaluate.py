@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from rllib_dph.cli import _default_eval_out, main
-from rllib_dph.experiments import PREFLIGHT_EXIT_CODE, slug
+from rllib_dph.cli.main import _default_eval_out, main
+from rllib_dph.cli.experiments import PREFLIGHT_EXIT_CODE, slug
 
 EXPECTED = "expected an Algorithm checkpoint folder (a trial's checkpoint_00000N, holding rllib_checkpoint.json)"
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rllib_dph.imports import import_user_modules
+from rllib_dph.cli.imports import import_user_modules
 
 REPO = Path(__file__).resolve().parents[1]
 

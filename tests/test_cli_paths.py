@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rllib_dph.cli import main
+from rllib_dph.cli.main import main
 from rllib_dph.models.hub import absolute_if_path
 
 TUNED_EXAMPLE = """

@@ -7,7 +7,7 @@ import pytest
 
 from rllib_dph.algorithms.dph import DPHConfig
 from rllib_dph.algorithms.grpo import GRPOConfig
-from rllib_dph.experiments import PREFLIGHT_EXIT_CODE, prepare_run
+from rllib_dph.cli.experiments import PREFLIGHT_EXIT_CODE, prepare_run
 
 
 def test_a_missing_tiny_model_is_built_here(tmp_path, monkeypatch, without_ray):

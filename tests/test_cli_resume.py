@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from rllib_dph.cli import main
-from rllib_dph.experiments import INTERRUPTED_EXIT_CODE, PREFLIGHT_EXIT_CODE, resume_command
+from rllib_dph.cli.main import main
+from rllib_dph.cli.experiments import INTERRUPTED_EXIT_CODE, PREFLIGHT_EXIT_CODE, resume_command
 
 REPO = Path(__file__).resolve().parents[1]
 RLLIB = [sys.executable, "-m", "rllib_dph.cli"]
@@ -158,7 +158,7 @@ def test_the_resume_command_repeats_the_command_with_its_name():
 def test_ctrl_c_presses_stop_in_steps():
     """First press: the trials finish their iteration (Tune's stop not called yet); second: Tune's
     own stop (its SIGUSR1 handler); third: KeyboardInterrupt."""
-    from rllib_dph import interrupt
+    from rllib_dph.cli import interrupt
 
     stops = []
     previous = signal.signal(signal.SIGUSR1, lambda signum, frame: stops.append(signum))

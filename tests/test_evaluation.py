@@ -13,7 +13,7 @@ import torch
 
 from rllib_dph.envs.suites import load_split
 from rllib_dph.chat import encode_prompt
-from rllib_dph.cli import main
+from rllib_dph.cli.main import main
 from rllib_dph.engines.base import Completion, SamplingParams
 from rllib_dph.engines import make_engine
 from rllib_dph.evaluation import (

@@ -8,8 +8,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from rllib_dph.chat import encode_prompt
-from rllib_dph.cli import main
-from rllib_dph.export import EXPORT_RECORD, load_checkpoint_policy
+from rllib_dph.cli.main import main
+from rllib_dph.cli.export import EXPORT_RECORD, load_checkpoint_policy
 from rllib_dph.models.hub import load_causal_lm
 
 

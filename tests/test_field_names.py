@@ -9,9 +9,9 @@ import pytest
 from rllib_dph.algorithms.dph import DPHConfig
 from rllib_dph.algorithms.field_names import FIELD_ALIASES, field_suggestion, setter_of
 from rllib_dph.algorithms.grpo import GRPOConfig
-from rllib_dph.cli import main
-from rllib_dph.experiments import PREFLIGHT_EXIT_CODE, run_tuned_example
-from rllib_dph.preflight import config_key_problems
+from rllib_dph.cli.main import main
+from rllib_dph.cli.experiments import PREFLIGHT_EXIT_CODE, run_tuned_example
+from rllib_dph.cli.preflight import config_key_problems
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ import pathlib
 import numpy as np
 import pytest
 
-from rllib_dph.experiments import load_tuned_example
+from rllib_dph.cli.experiments import load_tuned_example
 
 pytestmark = pytest.mark.learning
 REPO = pathlib.Path(__file__).resolve().parents[1]

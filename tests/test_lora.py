@@ -236,8 +236,8 @@ def test_export_merged_and_adapter_only_have_the_checkpoints_logits(lora_checkpo
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rllib_dph.cli import main
-    from rllib_dph.export import EXPORT_RECORD, load_checkpoint_policy
+    from rllib_dph.cli.main import main
+    from rllib_dph.cli.export import EXPORT_RECORD, load_checkpoint_policy
 
     policy = load_checkpoint_policy(lora_checkpoint).model.eval()
     main(["export", str(lora_checkpoint), str(tmp_path / "merged")])
@@ -263,7 +263,7 @@ def test_checkpoint_round_trips_through_from_checkpoint(lora_checkpoint):
     """Algorithm.from_checkpoint restores adapters and Adam state and trains on."""
     from ray.rllib.algorithms.algorithm import Algorithm
 
-    from rllib_dph.export import load_checkpoint_policy
+    from rllib_dph.cli.export import load_checkpoint_policy
 
     saved = load_checkpoint_policy(lora_checkpoint).get_state()
     algo = Algorithm.from_checkpoint(str(lora_checkpoint))
@@ -282,7 +282,7 @@ def test_checkpoint_round_trips_through_from_checkpoint(lora_checkpoint):
 
 def test_adapter_only_export_refuses_a_full_checkpoint(ray_session, tmp_path):
     from rllib_dph.algorithms.grpo import GRPOConfig
-    from rllib_dph.cli import main
+    from rllib_dph.cli.main import main
 
     config = (
         GRPOConfig()

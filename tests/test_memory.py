@@ -1,4 +1,4 @@
-"""The memory estimator (``rllib_dph.memory``): monotone in its knobs, its activation count
+"""The memory estimator (``rllib_dph.cli.memory``): monotone in its knobs, its activation count
 against autograd's on the tiny model, and the verdict of whole configs against a budget.
 
 Fast: nothing trains; the one forward pass is the tiny model's.
@@ -12,7 +12,7 @@ import torch
 
 from rllib_dph.algorithms.dph import DPHConfig
 from rllib_dph.algorithms.grpo import GRPOConfig
-from rllib_dph.memory import (
+from rllib_dph.cli.memory import (
     GB,
     Budget,
     Estimate,

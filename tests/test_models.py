@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from rllib_dph.envs import suites
-from rllib_dph import cli
+from rllib_dph.cli import main as cli
 from rllib_dph.models import hub
 from rllib_dph.chat import encode_prompt
 from rllib_dph.evaluation.metrics import pass_at_k

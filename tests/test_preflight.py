@@ -15,7 +15,7 @@ from ray import tune
 from rllib_dph.algorithms.dph import DPHConfig
 from rllib_dph.algorithms.grpo import GRPOConfig
 from rllib_dph.models.hub import SHIPPED_DIR
-from rllib_dph.preflight import (
+from rllib_dph.cli.preflight import (
     Problem,
     config_key_problems,
     did_you_mean,
@@ -209,7 +209,7 @@ def _memory_config():
 
 
 def test_memory_refusal_names_estimate_budget_and_fixes(capsys):
-    from rllib_dph.memory import GB, Budget
+    from rllib_dph.cli.memory import GB, Budget
 
     [problem] = memory_problems(_memory_config(), budget=Budget(ram=0.3 * GB))
     assert problem.where == "memory"
@@ -222,7 +222,7 @@ def test_memory_refusal_names_estimate_budget_and_fixes(capsys):
 
 
 def test_memory_force_bypasses_and_a_fitting_run_prints_one_line(capsys):
-    from rllib_dph.memory import GB, Budget
+    from rllib_dph.cli.memory import GB, Budget
 
     assert memory_problems(_memory_config(), budget=Budget(ram=0.3 * GB), force=True) == []
     assert capsys.readouterr().out.startswith("rllib: --force: starting although the estimated peak memory exceeds")
@@ -247,7 +247,7 @@ def test_rllib_train_refuses_a_run_that_will_not_fit(tmp_path):
     started; the same run with --force passes the check (``check_run``; Ray is not started here)."""
     import argparse
 
-    from rllib_dph.experiments import check_run
+    from rllib_dph.cli.experiments import check_run
 
     huge = {"model_name": "tiny-sql-math", "prompts_per_step": 4096, "group_size": 64,
             "max_response_length": 1024, "env_config": {"data": "sql_synth/test"}}
@@ -292,7 +292,7 @@ def test_rllib_train_refuses_a_trial_the_cluster_cannot_hold(tmp_path):
 def test_a_sweep_whose_trials_would_share_a_presample_folder_with_other_seeds_is_refused(tmp_path):
     """Trials of different seeds need different D_pef files; sharing one folder makes them set
     each other's aside (found in research/reproduce_dph.py's seeds). Sweeping eta shares it safely."""
-    from rllib_dph.preflight import shared_presample_problems
+    from rllib_dph.cli.preflight import shared_presample_problems
 
     def dph():
         return (DPHConfig().environment("rllib_dph/SQL-v0", env_config={"data": "sql_synth/train"})

@@ -8,7 +8,7 @@ import pytest
 
 import rllib_dph.envs
 from rllib_dph.chat import encode_prompt
-from rllib_dph.cli import main
+from rllib_dph.cli.main import main
 from rllib_dph.engines.base import Completion, SamplingParams
 from rllib_dph.envs import make_env
 from rllib_dph.evaluation import EvalSettings, evaluate_engine, pass_at_k

@@ -6,7 +6,7 @@ import pytest
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 
 from rllib_dph.algorithms.dph import DPHConfig
-from rllib_dph.experiments import load_tuned_example
+from rllib_dph.cli.experiments import load_tuned_example
 
 EXAMPLES = sorted((pathlib.Path(__file__).resolve().parents[1] / "tuned_examples").rglob("*.py"))
 

@@ -21,7 +21,7 @@ class EngineSpec:
         description: One line for docs and ``--help``.
         gpu_memory_share: Share of a GPU the engine reserves when it starts (its
             ``engine_kwargs["gpu_memory_utilization"]`` default); None for an engine that
-            allocates as it goes. Read by the memory estimate (``rllib_dph.memory``).
+            allocates as it goes. Read by the memory estimate (``rllib_dph.cli.memory``).
     """
 
     path: str

@@ -28,7 +28,7 @@ again::
     plot_pass_at_k([base, [tuned_seed0, tuned_seed1]], "seeds.png")  # a list: one run's seeds, pooled
 
 During training, :meth:`EvalResult.flat_metrics` gives the floats to log. The command line is
-``rllib evaluate`` (see ``rllib_dph.cli``).
+``rllib evaluate`` (see ``rllib_dph.cli.main``).
 """
 
 from rllib_dph.evaluation.metrics import (

@@ -39,6 +39,6 @@ config = (
 stop = {"training_iteration": 40, "time_total_s": 600}
 
 if __name__ == "__main__":
-    from rllib_dph.experiments import run_tuned_example
+    from rllib_dph.cli.experiments import run_tuned_example
 
     run_tuned_example(config, stop)

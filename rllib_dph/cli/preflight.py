@@ -15,7 +15,7 @@ problem it finds, each once, naming what was wrong and where:
   Hugging Face id that is in the local HF cache (or reachable);
 - every numeric and cross-field rule of the config, by calling ``config.validate()``;
 - memory (:func:`memory_problems`, once the rest is right): the estimated peak of every process
-  (``rllib_dph.memory``) against this machine's available RAM and its GPUs' free memory. A run
+  (``rllib_dph.cli.memory``) against this machine's available RAM and its GPUs' free memory. A run
   that will not fit is refused with the estimate, the budget and the cheapest fixes (unless
   ``--force``); one that fits prints its estimate in one line.
 
@@ -479,7 +479,7 @@ def format_problems(problems: Iterable[Problem]) -> str:
 
 
 def memory_problems(config, *, force: bool = False, budget=None, out=None) -> list[Problem]:
-    """The memory verdict of every variant of ``config`` (``rllib_dph.memory``).
+    """The memory verdict of every variant of ``config`` (``rllib_dph.cli.memory``).
 
     Prints one line per variant to ``out`` (default stdout): its estimate when it fits, why it
     is not estimated (e.g. the model or its tokenizer is not on this machine yet, or the env has
@@ -495,7 +495,7 @@ def memory_problems(config, *, force: bool = False, budget=None, out=None) -> li
     """
     import sys
 
-    from rllib_dph import memory
+    from rllib_dph.cli import memory
 
     out = out or sys.stdout
     problems = []

@@ -1,10 +1,10 @@
 """Experiment runners: an algorithm config through Ray Tune, as ``rllib train`` and tuned examples run it.
 
-``rllib train`` (``rllib_dph.cli``) and a tuned example run as a script
+``rllib train`` (``rllib_dph.cli.main``) and a tuned example run as a script
 (``python tuned_examples/grpo/sql_tiny_grpo.py --stop JSON``, through :func:`run_tuned_example`)
 share the flags of a run (:func:`add_run_flags`) and :func:`run_from_args`, which
 
-1. checks every setting before Ray starts (:func:`check_run`, ``rllib_dph.preflight``);
+1. checks every setting before Ray starts (:func:`check_run`, ``rllib_dph.cli.preflight``);
 2. builds missing tiny models and runs DPH pre-sampling in this process (:func:`prepare_run`);
 3. runs the experiment through Ray Tune (:func:`run_experiment`), so results, checkpoints and
    TensorBoard files land in the usual Tune output directory (``--storage-path``, default
@@ -26,7 +26,7 @@ import sys
 import time
 from typing import Any, Callable, Optional
 
-from rllib_dph.imports import add_import_flag, import_user_modules, ray_runtime_env
+from rllib_dph.cli.imports import add_import_flag, import_user_modules, ray_runtime_env
 
 #: Exit code of a run refused by the preflight checks.
 PREFLIGHT_EXIT_CODE = 2
@@ -44,7 +44,7 @@ DEFAULT_KEEP_CHECKPOINTS = 2
 
 def exit_on_ctrl_c(run: Callable[[], Any]) -> None:
     """Runs ``run()``; Ctrl-C that reaches it as ``KeyboardInterrupt`` (outside Tune's loop, which
-    handles it itself: ``rllib_dph.interrupt``) exits with :data:`INTERRUPTED_EXIT_CODE` and one
+    handles it itself: ``rllib_dph.cli.interrupt``) exits with :data:`INTERRUPTED_EXIT_CODE` and one
     line instead of a traceback."""
     try:
         run()
@@ -120,20 +120,20 @@ def run_experiment(
     Once Ray has started, a trial that asks for more CPUs or GPUs than the cluster has is refused
     (``preflight.resource_problems``; Tune would keep it pending), unless ``force``. Ctrl-C stops
     the running trials after their current iteration, each with a checkpoint
-    (``rllib_dph.interrupt``); they come back unfinished (:func:`unfinished_trials`).
+    (``rllib_dph.cli.interrupt``); they come back unfinished (:func:`unfinished_trials`).
 
     Args:
         keep_checkpoints: Checkpoints kept per trial, the latest; None keeps all.
         resume: Continue the experiment ``storage_path/name`` (``resume_problems`` says whether it can).
-        verbose: 0 prints one line per iteration (``rllib_dph.console``); 1-3 are Tune's own
+        verbose: 0 prints one line per iteration (``rllib_dph.cli.console``); 1-3 are Tune's own
             verbosity levels (status table, config, results).
-        callbacks: More Tune callbacks (e.g. ``rllib_dph.tracking.logger_callbacks``).
+        callbacks: More Tune callbacks (e.g. ``rllib_dph.cli.tracking.logger_callbacks``).
         user_modules: Modules that every Ray worker imports first (``--import``).
     """
     from ray import tune
 
-    from rllib_dph.console import IterationPrinter
-    from rllib_dph.interrupt import GracefulInterrupt, catching_ctrl_c
+    from rllib_dph.cli.console import IterationPrinter
+    from rllib_dph.cli.interrupt import GracefulInterrupt, catching_ctrl_c
     from rllib_dph.models.hub import absolute_path
 
     _start_ray(verbose, user_modules)
@@ -163,7 +163,7 @@ def _resource_problems(config) -> list:
     """``preflight.resource_problems`` of ``config`` against the running Ray cluster."""
     import ray
 
-    from rllib_dph.preflight import resource_problems
+    from rllib_dph.cli.preflight import resource_problems
 
     return resource_problems(config, ray.cluster_resources())
 
@@ -186,7 +186,7 @@ def resume_problems(experiment_dir: str, stop: dict) -> list:
     """
     from ray import tune
 
-    from rllib_dph.preflight import Problem
+    from rllib_dph.cli.preflight import Problem
 
     if not tune.Tuner.can_restore(experiment_dir):
         return [Problem("--resume", f"{experiment_dir} holds no Tune experiment to continue (no experiment state); "
@@ -266,7 +266,7 @@ def _start_ray(verbose: int, user_modules: tuple) -> None:
     import ray
 
     from rllib_dph import envs
-    from rllib_dph.console import quiet_logging
+    from rllib_dph.cli.console import quiet_logging
 
     if verbose == 0:
         quiet_logging()
@@ -284,7 +284,7 @@ def _start_ray(verbose: int, user_modules: tuple) -> None:
 def _exit_on_failed_trials(results, verbose: int) -> None:
     """Exits naming the first failed trial's error once: its exception line and traceback file
     (the whole error with ``verbose``)."""
-    from rllib_dph.console import error_summary
+    from rllib_dph.cli.console import error_summary
 
     failed = [r for r in results if r.error]
     if failed:
@@ -352,7 +352,7 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
 
 def _refuse(problems: list) -> None:
     """Prints the preflight problems once, to stderr, and exits with PREFLIGHT_EXIT_CODE."""
-    from rllib_dph.preflight import format_problems
+    from rllib_dph.cli.preflight import format_problems
 
     if problems:
         print(format_problems(problems), file=sys.stderr)
@@ -363,8 +363,8 @@ def check_run(config, stop: dict, args, overrides: dict) -> None:
     """Preflight of a run (applies ``overrides`` to ``config``): every problem of the config, stop,
     paths and trackers, printed once, then the memory estimate (refused unless ``--force``);
     exits with PREFLIGHT_EXIT_CODE on any problem."""
-    from rllib_dph.preflight import Problem, memory_problems, preflight
-    from rllib_dph.tracking import tracking_problems
+    from rllib_dph.cli.preflight import Problem, memory_problems, preflight
+    from rllib_dph.cli.tracking import tracking_problems
 
     problems = preflight(config, stop, config_overrides=overrides)
     tracking = tracking_problems(wandb_project=args.wandb_project, mlflow_tracking_uri=args.mlflow_tracking_uri)
@@ -395,7 +395,7 @@ def prepare_run(config) -> None:
     """
     from rllib_dph.models.hub import resolve_model
     from rllib_dph.models.tiny import TINY_MODELS
-    from rllib_dph.preflight import Problem, search_variants
+    from rllib_dph.cli.preflight import Problem, search_variants
 
     for name in {config.model_name, getattr(config, "reference_model_name", None)} & set(TINY_MODELS):
         resolve_model(name)
@@ -431,9 +431,9 @@ def run_from_args(config, stop: dict, args: argparse.Namespace) -> None:
             command that started the run (``["rllib", "train", ...]``), which the printed
             commands repeat.
     """
-    from rllib_dph.tracking import logger_callbacks
+    from rllib_dph.cli.tracking import logger_callbacks
 
-    from rllib_dph.console import quiet_logging
+    from rllib_dph.cli.console import quiet_logging
 
     if args.verbose == 0:
         quiet_logging()

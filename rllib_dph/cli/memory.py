@@ -1,6 +1,6 @@
 """Peak memory of a run, estimated from its config before anything is loaded.
 
-One estimator, used by the preflight of ``rllib train`` (``rllib_dph.preflight.memory_problems``:
+One estimator, used by the preflight of ``rllib train`` (``rllib_dph.cli.preflight.memory_problems``:
 refuse a run that will not fit before Ray starts) and by ``bench/memory.py`` (the "What fits
 where" table and the check against measured peak RSS, reported in ``docs/memory.md``).
 

@@ -19,7 +19,7 @@ IMPORTS_ENV_VAR = "RLLIB_DPH_IMPORTS"
 #: Environment variable with the folder the user's modules are imported from (the launch folder).
 LAUNCH_DIR_ENV_VAR = "RLLIB_DPH_LAUNCH_DIR"
 #: The Ray worker start-up hook (a ``module.function`` path, see ``ray_runtime_env``).
-WORKER_SETUP_HOOK = "rllib_dph.imports.setup_worker"
+WORKER_SETUP_HOOK = "rllib_dph.cli.imports.setup_worker"
 
 
 def import_user_modules(names: Sequence[str], launch_dir: str | None = None) -> list[str]:

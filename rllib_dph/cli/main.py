@@ -11,7 +11,7 @@ Ray removed RLlib's own command line after Ray 2.41; this one keeps its interfac
     rllib export <checkpoint> <folder> [--adapter-only]
 
 This module only parses arguments; the work happens in the modules it calls. ``train`` runs an
-experiment through ``rllib_dph.experiments`` (preflight checks before Ray starts, tiny models and
+experiment through ``rllib_dph.cli.experiments`` (preflight checks before Ray starts, tiny models and
 DPH pre-sampling built in this process, then Ray Tune, one output folder per run under
 ``--storage-path``, default ``~/ray_results``).
 """
@@ -25,7 +25,7 @@ import sys
 from typing import Any, Optional
 
 from rllib_dph.engines import DEFAULT_ENGINE, ENGINES
-from rllib_dph.experiments import (
+from rllib_dph.cli.experiments import (
     PREFLIGHT_EXIT_CODE,
     SLUG_LENGTH,
     add_run_flags,
@@ -35,7 +35,7 @@ from rllib_dph.experiments import (
     run_from_args,
     slug,
 )
-from rllib_dph.imports import add_import_flag, import_user_modules
+from rllib_dph.cli.imports import add_import_flag, import_user_modules
 
 
 def _algorithms() -> dict[str, Any]:
@@ -156,7 +156,7 @@ def _eval_settings(args):
 def _refuse_unloadable(policy: str) -> None:
     """Exits with PREFLIGHT_EXIT_CODE and one line (``preflight.policy_problem``) when
     ``policy`` cannot be loaded, before a hub lookup's traceback could say it."""
-    from rllib_dph.preflight import policy_problem
+    from rllib_dph.cli.preflight import policy_problem
     from rllib_dph.models.hub import absolute_if_path
 
     problem = policy_problem(absolute_if_path(policy))
@@ -225,7 +225,7 @@ def _evaluate(args) -> None:
 
 
 def _export(args) -> None:
-    from rllib_dph.export import export_checkpoint
+    from rllib_dph.cli.export import export_checkpoint
 
     try:
         out = export_checkpoint(args.checkpoint, args.folder, dtype=args.dtype, adapter_only=args.adapter_only)
@@ -376,6 +376,3 @@ def main(argv: Optional[list[str]] = None) -> None:
     args = _build_parser().parse_args(argv)
     args.command = ["rllib", *argv]  # repeated by the commands a run prints
     exit_on_ctrl_c(lambda: args.func(args))
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

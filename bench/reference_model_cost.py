@@ -60,7 +60,7 @@ def write_pef_file(model_dir: str, path: pathlib.Path, vocab: int, rows: int = 6
     import pyarrow as pa
 
     from rllib_dph.models.hub import model_fingerprint
-    from rllib_dph.presample import META_PREFIX, _write_parquet
+    from rllib_dph.algorithms.dph.presample import META_PREFIX, _write_parquet
 
     rng = np.random.default_rng(1)
     table = pa.table({

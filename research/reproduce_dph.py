@@ -52,7 +52,7 @@ all 300; quick: the first 100) with `--n` samples per prompt at temperature 1 (f
 2: one per core, one torch thread each) as jobs: the base model's evaluations and every run's
 training (a DPH run's pre-sampling stage first, in its own folder, again only when the model,
 data or sampling settings changed; the DPH variants of one seed draw the k samples once, as
-`rllib_dph.presample` shares them), then each run's evaluations, one job per split, queued as
+`rllib_dph.algorithms.dph.presample` shares them), then each run's evaluations, one job per split, queued as
 its training ends, so that the last jobs to finish are single evaluations. The budget was fixed
 before any comparison was looked at; docs/results.md says how it was chosen.
 """

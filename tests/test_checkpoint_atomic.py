@@ -145,7 +145,7 @@ def test_a_save_killed_with_sigkill_leaves_the_previous_checkpoint(ray_session, 
 def test_presampling_killed_while_writing_d_pef_leaves_no_file_to_trust(tmp_path):
     from test_dph import _presample_config
 
-    from rllib_dph.presample import EXP_FILE, PEF_FILE, presample_once
+    from rllib_dph.algorithms.dph.presample import EXP_FILE, PEF_FILE, presample_once
 
     out, ready = tmp_path / "presample", tmp_path / "writing"
     proc = _run_child(f"""
@@ -153,7 +153,7 @@ def test_presampling_killed_while_writing_d_pef_leaves_no_file_to_trust(tmp_path
         from pathlib import Path
         import pyarrow.parquet as pq
         from test_dph import _presample_config
-        from rllib_dph.presample import presample
+        from rllib_dph.algorithms.dph.presample import presample
 
         real_write = pq.write_table
 

@@ -13,8 +13,8 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 import rllib_dph.envs
 from rllib_dph import columns as C
 from rllib_dph.algorithms.dph import DPHConfig
-from rllib_dph.connectors import AddPefRows, PefRowSampler
-from rllib_dph.presample import (
+from rllib_dph.algorithms.dph.pef_rows import AddPefRows, PefRowSampler
+from rllib_dph.algorithms.dph.presample import (
     IDENTITY_FILE,
     PefFileError,
     PresampleConfig,

@@ -30,12 +30,12 @@ from rllib_dph.envs.suites import load_split
 from rllib_dph import columns as C
 from rllib_dph.batch import sequence_rows
 from rllib_dph.chat import encode_prompt
-from rllib_dph.connectors.pef import PefRowSampler
+from rllib_dph.algorithms.dph.pef_rows import PefRowSampler
 from rllib_dph.engines import make_engine
 from rllib_dph.engines.base import SamplingParams
 from rllib_dph.evaluation.runner import EvalSettings, evaluate_engine
 from rllib_dph.losses import group_advantages
-from rllib_dph.presample import PEF_FILE, PresampleConfig, Presampler
+from rllib_dph.algorithms.dph.presample import PEF_FILE, PresampleConfig, Presampler
 from rllib_dph.rollout import rollout
 
 REPO = Path(__file__).resolve().parents[1]

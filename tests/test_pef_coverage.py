@@ -5,7 +5,7 @@ import pytest
 
 from rllib_dph.envs.suites import style_of
 from rllib_dph.evaluation.results import EvalResult, PromptRecord
-from rllib_dph.presample import PresampleConfig, presample
+from rllib_dph.algorithms.dph.presample import PresampleConfig, presample
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from rllib_dph.presample import PresampleConfig, presample, read_metadata
+from rllib_dph.algorithms.dph.presample import PresampleConfig, presample, read_metadata
 from test_dph import KINDS, _presample_config
 
 
@@ -94,7 +94,7 @@ def test_bad_pef_samples_are_refused(value):
 
 def test_a_directory_made_with_another_rule_is_set_aside_not_reinterpreted(presampled_all, tmp_path):
     """Files made by another ``pef_samples`` rule are moved to stale/ and sampled again."""
-    from rllib_dph.presample import presample_once
+    from rllib_dph.algorithms.dph.presample import presample_once
 
     run = tmp_path / "run"
     presample(_presample_config(run), progress=False)  # "refine": one trajectory per prompt
@@ -113,7 +113,7 @@ def test_a_file_given_by_pef_path_is_read_only_as_the_recipe_the_config_names(pr
     import json
     import shutil
 
-    from rllib_dph.presample import PefFileError, prepare_pef
+    from rllib_dph.algorithms.dph.presample import PefFileError, prepare_pef
     from test_dph import _dph_config
 
     out, _ = presampled_all  # k=4, min_correct=3, pef_samples="all"
@@ -141,7 +141,7 @@ def test_table_4s_rows_of_one_seed_sample_once_and_choose_among_the_same_samples
     directory that differs only in min_correct / pef_samples / full_data draws none of them again
     and its D_pef holds the same trajectories; another seed draws its own; an engine given by the
     caller neither takes nor keeps shared samples."""
-    import rllib_dph.presample as presample_module
+    import rllib_dph.algorithms.dph.presample as presample_module
     from rllib_dph.engines import build_engine
 
     monkeypatch.setenv("RLLIB_DPH_HOME", str(tmp_path / "home"))

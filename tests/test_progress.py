@@ -10,7 +10,7 @@ import pytest
 
 from rllib_dph.engines.base import SamplingParams
 from rllib_dph.evaluation import EvalSettings, evaluate_policy
-from rllib_dph.presample import PresampleConfig, presample
+from rllib_dph.algorithms.dph.presample import PresampleConfig, presample
 
 
 class _Stderr(io.StringIO):

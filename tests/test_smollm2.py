@@ -161,7 +161,7 @@ def test_one_dph_js_iteration_after_presampling_four_prompts(ray_session, model_
     import pyarrow.parquet as pq
 
     from rllib_dph.algorithms.dph import DPHConfig
-    from rllib_dph.presample import PresampleConfig, presample, read_metadata
+    from rllib_dph.algorithms.dph.presample import PresampleConfig, presample, read_metadata
 
     summary = presample(
         PresampleConfig(

@@ -16,7 +16,7 @@ from rllib_dph import columns as C
 from rllib_dph.algorithms.dph import DPHConfig
 from rllib_dph.algorithms.grpo import GRPOConfig
 from rllib_dph.batch import minibatch_plan, shard_groups
-from rllib_dph.presample import PefFileError, PresampleConfig, prepare_pef, presample_once
+from rllib_dph.algorithms.dph.presample import PefFileError, PresampleConfig, prepare_pef, presample_once
 from rllib_dph.rl_module import LOGP
 
 from test_dph import TOY_ENV, envs_make  # registers the toy env
@@ -170,7 +170,7 @@ def test_prepare_pef_refuses_d_pef_sampled_with_other_settings(pef_file, overrid
 
 
 def test_d_pef_file_records_how_it_was_sampled(pef_file):
-    from rllib_dph.presample import read_metadata
+    from rllib_dph.algorithms.dph.presample import read_metadata
 
     meta = read_metadata(pef_file)
     assert (meta["temperature"], meta["top_p"], meta["max_response_length"]) == ("1.0", "1.0", "8")

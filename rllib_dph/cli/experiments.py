@@ -401,7 +401,7 @@ def prepare_run(config) -> None:
         resolve_model(name)
     for variant in search_variants(config):
         if getattr(variant, "resolved_pef_path", None):  # DPH
-            from rllib_dph.presample import PefFileError, prepare_pef
+            from rllib_dph.algorithms.dph.presample import PefFileError, prepare_pef
 
             try:
                 prepare_pef(variant)  # one pre-sampling per folder, also across commands

@@ -92,7 +92,7 @@ def _build_model(args) -> None:
 
 def _presample(args) -> None:
     from rllib_dph.engines.base import SamplingParams
-    from rllib_dph.presample import PresampleConfig, presample
+    from rllib_dph.algorithms.dph.presample import PresampleConfig, presample
 
     import_user_modules(args.imports)
     config = PresampleConfig(

@@ -440,7 +440,7 @@ def shared_presample_problems(variants: list) -> list[Problem]:
     Returns:
         One problem per folder shared that way, naming the fields that differ and the fix.
     """
-    from rllib_dph.presample import identity_settings
+    from rllib_dph.algorithms.dph.presample import identity_settings
 
     def identity(variant) -> dict:
         stage = variant.presample_config()

@@ -3,8 +3,8 @@
 GRPO's policy-gradient loss on the exploration prompts D_exp, plus η times an f-divergence
 between π_θ and the initial policy π_ref on the near-perfect prompts D_pef. The D_pef term
 uses reference responses and their log-probs stored by the pre-sampling stage
-(``rllib_dph.presample``) and mixed into each update by the offline-data connector
-(``rllib_dph.connectors.AddPefRows``), so DPH-F, DPH-JS and α-divergence load no reference
+(``rllib_dph.algorithms.dph.presample``) and mixed into each update by the offline-data connector
+(``rllib_dph.algorithms.dph.pef_rows.AddPefRows``), so DPH-F, DPH-JS and α-divergence load no reference
 model. Only the JS "divergence definition" (Appendix F, ``divergence="js_definition"``) needs one.
 """
 
@@ -21,8 +21,8 @@ from rllib_dph.algorithms.grpo.grpo import GRPO, GRPOConfig
 from rllib_dph.algorithms.rules import ChoiceRule, CrossRule, NumberRule
 from rllib_dph.algorithms.field_names import check_keywords
 from rllib_dph.losses import F_DIVERGENCES, PEF_NORMALIZATIONS, FDivergenceSpec
-from rllib_dph.presample import EXP_FILE, PEF_FILE, TRAINING_FIELDS, PresampleConfig, moved_field_problem, prepare_pef
-from rllib_dph.presample import read_metadata
+from rllib_dph.algorithms.dph.presample import EXP_FILE, PEF_FILE, TRAINING_FIELDS, PresampleConfig, moved_field_problem, prepare_pef
+from rllib_dph.algorithms.dph.presample import read_metadata
 
 #: The flat fields that became fields of the embedded ``DPHConfig.presample``: old name → new.
 MOVED_FIELDS = {
@@ -267,7 +267,7 @@ class DPHConfig(GRPOConfig):
     @property
     def needs_presampling(self) -> bool:
         """True when ``presample.out_dir`` is set and its D_pef file does not exist yet (a look at
-        the disk; :func:`~rllib_dph.presample.prepare_pef` decides, also about stale files)."""
+        the disk; :func:`~rllib_dph.algorithms.dph.presample.prepare_pef` decides, also about stale files)."""
         return bool(self.presample.out_dir) and not os.path.exists(self.resolved_pef_path)
 
     rules = GRPOConfig.rules + dph_rules
@@ -276,9 +276,9 @@ class DPHConfig(GRPOConfig):
 class DPH(GRPO):
     """DPH-RL: GRPO on D_exp plus the f-divergence term on D_pef rows.
 
-    ``setup`` makes the D_pef file ready first (:func:`~rllib_dph.presample.prepare_pef`:
+    ``setup`` makes the D_pef file ready first (:func:`~rllib_dph.algorithms.dph.presample.prepare_pef`:
     pre-sampling ``presample.out_dir`` when it has no files for this run, refusing a D_pef file made
-    by another model or with other sampling settings); the learners mix D_pef rows into every update through :class:`~rllib_dph.connectors.AddPefRows`.
+    by another model or with other sampling settings); the learners mix D_pef rows into every update through :class:`~rllib_dph.algorithms.dph.pef_rows.AddPefRows`.
     """
 
     @classmethod

@@ -13,7 +13,7 @@ from ray.rllib.utils.annotations import override
 
 from rllib_dph import columns as C
 from rllib_dph.algorithms.grpo.grpo_torch_learner import GRPOTorchLearner
-from rllib_dph.connectors.pef import AddPefRows
+from rllib_dph.algorithms.dph.pef_rows import AddPefRows
 from rllib_dph.learners.step import Step, row_mask
 from rllib_dph.losses import f_divergence, masked_mean, pef_loss_weight
 from rllib_dph.rl_module import LOGP
@@ -40,7 +40,7 @@ class DPHTorchLearner(GRPOTorchLearner):
     β₁ = η·|D_pef|/|D_exp|, from a live reference model.
 
     Each learner mixes its own shard of D_pef into its share of every batch with the
-    :class:`~rllib_dph.connectors.AddPefRows` connector piece before the mini-batch loop, which
+    :class:`~rllib_dph.algorithms.dph.pef_rows.AddPefRows` connector piece before the mini-batch loop, which
     spreads the D_pef rows over every mini-batch of every epoch (``GroupMinibatches``).
     """
 

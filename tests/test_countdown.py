@@ -119,3 +119,33 @@ def test_a_warm_start_with_countdown_draws_its_rows_from_the_puzzles():
     assert WARM_STARTS["tiny-countdown"].countdown.env_config(split="test") == {
         "dataset": "countdown", "config": dict(WARM_STARTS["tiny-countdown"].countdown.config), "size": 2000,
         "seed": 0, "split": "test"}
+
+
+def test_working_follows_the_text_as_it_reads():
+    from rllib_dph.envs.countdown import working, worked_solutions
+
+    assert [f"{a}{op}{b}={r}" for a, op, b, r in working("9+20-7")] == ["9+20=29", "29-7=22"]
+    assert [f"{a}{op}{b}={r}" for a, op, b, r in working("9+(20-7)")] == ["20-7=13", "9+13=22"]
+    assert [f"{a}{op}{b}={r}" for a, op, b, r in working("2*3+4*5")] == ["2*3=6", "4*5=20", "6+20=26"]
+    with pytest.raises(ValueError, match="not integer arithmetic"):
+        working("__import__('os')")
+    with pytest.raises(ValueError, match="divides by zero"):
+        working("3/(2-2)")
+    worked = worked_solutions((7, 2, 4), 14)
+    assert worked["4*7/2"] == "4*7=28 28/2=14" and "7/2*4" not in worked  # 3.5 on the way
+    assert "3-(9-19)" not in worked_solutions((3, 9, 19), 13)  # -10 on the way
+    assert set(worked) <= set(solve((7, 2, 4), 14))
+
+
+def test_worked_rows_write_the_working_before_the_answer():
+    pytest.importorskip("reasoning_gym", reason='needs reasoning-gym: pip install -e ".[reasoning_gym]"')
+    from rllib_dph.envs.countdown import sft_examples
+    from rllib_dph.envs.reasoning_gym import extract_answer
+
+    rows = sft_examples(CountdownSFT(config=(("min_numbers", 3), ("max_numbers", 3), ("max_value", 20)), size=4,
+                                     solutions_per_prompt=2, worked=True))
+    for row in rows:
+        steps, answer = row["completion"].split("\n")
+        expression = extract_answer(row["completion"])
+        assert answer == f"<answer>{expression}</answer>" and steps.count("=") == 2
+        assert steps.split("=")[-1] == str(eval(expression))  # noqa: S307 (our own arithmetic text)

@@ -13,6 +13,7 @@ the env's own (``rllib_dph/ReasoningGym-v0``, split ``"train"``).
 
 from __future__ import annotations
 
+import ast
 import itertools
 from dataclasses import dataclass
 from fractions import Fraction
@@ -49,20 +50,26 @@ def _render(op: str, left: tuple[str, int], right: tuple[str, int]) -> tuple[str
     return f"{lt}{op}{rt}", p
 
 
-def _expressions(numbers: tuple[int, ...]) -> Iterator[tuple[Fraction, tuple[str, int]]]:
-    """Every (value, (text, precedence)) over ``numbers`` in this order, each number once, every
-    binary bracketing and operator choice; sub-expressions that divide by zero are left out."""
+#: One step of a worked solution: (left value, operator, right value, result).
+Step = tuple[Fraction, str, Fraction, Fraction]
+
+
+def _expressions(numbers: tuple[int, ...]) -> Iterator[tuple[Fraction, tuple[str, int], tuple[Step, ...]]]:
+    """Every (value, (text, precedence), steps) over ``numbers`` in this order, each number
+    once, every binary bracketing and operator choice; ``steps`` are its operations in the order
+    they are computed (left side, right side, then this one). Sub-expressions that divide by
+    zero are left out."""
     if len(numbers) == 1:
-        yield Fraction(numbers[0]), (str(numbers[0]), _ATOM)
+        yield Fraction(numbers[0]), (str(numbers[0]), _ATOM), ()
         return
     for cut in range(1, len(numbers)):
         lefts = list(_expressions(numbers[:cut]))
         rights = list(_expressions(numbers[cut:]))
-        for (lv, lt), (rv, rt) in itertools.product(lefts, rights):
+        for (lv, lt, ls), (rv, rt, rs) in itertools.product(lefts, rights):
             for op in _PRECEDENCE:
                 value = _combine(op, lv, rv)
                 if value is not None:
-                    yield value, _render(op, lt, rt)
+                    yield value, _render(op, lt, rt), ls + rs + ((lv, op, rv, value),)
 
 
 def solve(numbers: Sequence[int], target: int) -> list[str]:
@@ -83,12 +90,62 @@ def solve(numbers: Sequence[int], target: int) -> list[str]:
     """
     if not 1 <= len(numbers) <= 6:
         raise ValueError(f"solve: {len(numbers)} numbers; give 1 to 6 (the enumeration grows as n! x Catalan(n-1) x 4^(n-1)).")
-    found = set()
-    for order in set(itertools.permutations(numbers)):
-        for value, (text, _) in _expressions(tuple(order)):
-            if value == target:
-                found.add(text)
-    return sorted(found)
+    return sorted(_solutions(numbers, target, natural_steps=False))
+
+
+def worked_solutions(numbers: Sequence[int], target: int) -> dict[str, str]:
+    """The solutions of :func:`solve` that are worked out in whole numbers, each with its
+    working (:func:`working`, as the text reads), every result a whole number >= 0 (the classic
+    countdown rule), e.g. ``"14*9=126 126/2=63"`` for ``14*9/2``. ``7/2*4`` (7/2 is 3.5) and
+    ``3-(9-19)`` (9-19 is -10) are left out.
+
+    Returns:
+        ``{expression: working}``, sorted by expression.
+    """
+    return _solutions(numbers, target, natural_steps=True)
+
+
+_AST_OPERATORS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}
+
+
+def working(expression: str) -> tuple[Step, ...]:
+    """The operations of an arithmetic text as it reads (precedence, then left to right), in the
+    order they are computed: ``"9+20-7"`` is ``9+20=29 29-7=22``, ``"9+(20-7)"`` is
+    ``20-7=13 9+13=22``. ``expression`` is parsed, never evaluated as code.
+
+    Raises:
+        ValueError: ``expression`` is not integer arithmetic with ``+ - * /`` and parentheses.
+    """
+    def walk(node) -> tuple[Fraction, tuple[Step, ...]]:
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return Fraction(node.value), ()
+        if isinstance(node, ast.BinOp) and type(node.op) in _AST_OPERATORS:
+            (lv, ls), (rv, rs), op = walk(node.left), walk(node.right), _AST_OPERATORS[type(node.op)]
+            value = _combine(op, lv, rv)
+            if value is None:
+                raise ValueError(f"working: {expression!r} divides by zero.")
+            return value, ls + rs + ((lv, op, rv, value),)
+        raise ValueError(f"working: {expression!r} is not integer arithmetic with + - * / and parentheses.")
+
+    return walk(ast.parse(expression, mode="eval").body)[1]
+
+
+def _solutions(numbers: Sequence[int], target: int, *, natural_steps: bool) -> dict[str, str]:
+    """``{expression: working}`` of every solution (:func:`solve`), only those whose working
+    (:func:`working`, as the text reads) is in whole numbers >= 0 when ``natural_steps`` (the
+    working of others is empty)."""
+    if not 1 <= len(numbers) <= 6:
+        raise ValueError(f"solve: {len(numbers)} numbers; give 1 to 6 (the enumeration grows as n! x Catalan(n-1) x 4^(n-1)).")
+    texts = {text for order in set(itertools.permutations(numbers))
+             for value, (text, _), _ in _expressions(tuple(order)) if value == target}
+    found: dict[str, str] = {}
+    for text in sorted(texts):
+        steps = working(text)
+        if all(result.denominator == 1 and result >= 0 for *_, result in steps):
+            found[text] = " ".join(f"{a}{op}{b}={r}" for a, op, b, r in steps)
+        elif not natural_steps:
+            found[text] = ""
+    return found
 
 
 @dataclass(frozen=True)
@@ -103,6 +160,11 @@ class CountdownSFT:
         solutions_per_prompt: Solutions written per puzzle, at most (fewer where the puzzle has
             fewer shapes).
         draw_seed: Seed of the choice of solutions.
+        worked: Write each solution's working before its answer (:func:`worked_solutions`,
+            ``"14*9=126 126/2=63"`` on a line of its own, which reasoning-gym's default system
+            prompt invites: "thinking step-by-step", then the answer in ``<answer>`` tags), and
+            use only the solutions worked out in whole numbers; False: the answer alone, of
+            every solution.
     """
 
     config: tuple[tuple[str, object], ...]
@@ -110,6 +172,7 @@ class CountdownSFT:
     seed: int = 0
     solutions_per_prompt: int = 4
     draw_seed: int = 0
+    worked: bool = False
 
     def env_config(self, **extra) -> dict:
         """The ``rllib_dph/ReasoningGym-v0`` env config of these puzzles (``extra``: e.g. ``split``)."""
@@ -146,7 +209,8 @@ def choose_solutions(solutions: Sequence[str], numbers: Sequence[int], count: in
 def sft_examples(spec: CountdownSFT) -> list[dict]:
     """The SFT rows of ``spec``: for every puzzle of the train split, up to
     ``solutions_per_prompt`` solutions (:func:`solve`, :func:`choose_solutions`), each written as
-    ``<answer>expression</answer>``, the answer format of reasoning-gym's default system prompt.
+    ``<answer>expression</answer>``, the answer format of reasoning-gym's default system prompt
+    (with ``spec.worked``, after its working: ``"14*9=126 126/2=63\n<answer>14*9/2</answer>"``).
 
     Returns:
         Dicts ``{"messages", "completion", "style", "task_id"}`` as ``suites.sft_examples`` gives
@@ -161,8 +225,10 @@ def sft_examples(spec: CountdownSFT) -> list[dict]:
     rows = []
     for task in env.tasks:
         meta = task.ground_truth["metadata"]
-        for text in choose_solutions(solve(meta["numbers"], meta["target"]), meta["numbers"], spec.solutions_per_prompt, rng):
-            completion = f"<answer>{text}</answer>"
+        solutions = worked_solutions(meta["numbers"], meta["target"]) if spec.worked else dict.fromkeys(
+            solve(meta["numbers"], meta["target"]), "")
+        for text in choose_solutions(sorted(solutions), meta["numbers"], spec.solutions_per_prompt, rng):
+            completion = f"{solutions[text]}\n<answer>{text}</answer>" if spec.worked else f"<answer>{text}</answer>"
             rows.append({"messages": [dict(m) for m in task.messages], "completion": completion,
                          "style": countdown_style(completion, task), "task_id": task.id})
     return rows

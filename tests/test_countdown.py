@@ -148,4 +148,4 @@ def test_worked_rows_write_the_working_before_the_answer():
         steps, answer = row["completion"].split("\n")
         expression = extract_answer(row["completion"])
         assert answer == f"<answer>{expression}</answer>" and steps.count("=") == 2
-        assert steps.split("=")[-1] == str(eval(expression))  # noqa: S307 (our own arithmetic text)
+        assert float(steps.split("=")[-1]) == eval(expression)  # noqa: S307 (our own arithmetic text)

@@ -82,7 +82,7 @@ def case_config(case: dict, folder: str, pef_path: str, args):
         config = DPHConfig().dph(divergence="js", pef_coeff=0.2, pef_ratio=8, pef_path=pef_path)
     else:
         config = GRPOConfig()
-    from rllib_dph.lora import LORA_DEFAULTS
+    from rllib_dph.policy.lora import LORA_DEFAULTS
 
     gpu = args.device == "cuda"
     return (

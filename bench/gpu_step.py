@@ -139,7 +139,7 @@ def use_local_gpu_without_ray(device: torch.device) -> None:
 def on_policy_behavior_logp(module, batch: dict, device: torch.device, chunk: int = 32) -> np.ndarray:
     """(B, L) teacher-forced log-probs of the module's current weights, 0 outside responses."""
     from rllib_dph import columns as C
-    from rllib_dph.rl_module import LOGP
+    from rllib_dph.policy.rl_module import LOGP
 
     out = []
     for s in range(0, len(batch[C.INPUT_IDS]), chunk):
@@ -256,7 +256,7 @@ def learner_case(model: str, dtype: str, shape: tuple[int, int, int], device: to
 def recompute(model, prompts, completions, temperature: float, device, chunk: int = 16):
     """Teacher-forced log-probs of each completion's tokens by the learner's code path."""
     from rllib_dph import columns as C
-    from rllib_dph.rl_module import next_token_logits, sequence_logprobs
+    from rllib_dph.policy.rl_module import next_token_logits, sequence_logprobs
 
     out = []
     for s in range(0, len(completions), chunk):

@@ -89,7 +89,7 @@ def run_mode(args, lora_on: bool) -> dict:
 
 def _merge_and_load(args, module, runner) -> dict:
     """The alternative sync and the decode cost of live adapters against merged weights."""
-    from rllib_dph import lora
+    from rllib_dph.policy import lora
     from rllib_dph.engines import DEFAULT_ENGINE, SamplingParams, make_engine
 
     plain = make_engine(DEFAULT_ENGINE, args.model, dtype="float32")  # the HF engine

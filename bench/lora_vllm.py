@@ -31,7 +31,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 def _policy(model: str, rank: int):
     import torch
 
-    from rllib_dph import lora
+    from rllib_dph.policy import lora
     from rllib_dph.models.hub import load_causal_lm
 
     settings = lora.lora_settings({"r": rank, "alpha": 2 * rank})
@@ -74,7 +74,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=4)
     args = parser.parse_args()
 
-    from rllib_dph import lora
+    from rllib_dph.policy import lora
     from rllib_dph.chat import encode_prompt
     from rllib_dph.engines import SamplingParams, make_engine
     from rllib_dph.models.hub import load_tokenizer

@@ -28,7 +28,7 @@ Three parts:
     python bench/memory.py --rss tiny-sql-math:64:64:128:8 100m:16:64:128:8:bfloat16
         # MODEL:ROWS:PROMPT:RESPONSE:GROUP[:DTYPE][:ckpt][:kl][:lora]; MODEL is a model name or
         # folder, or 100m (a random-weight ~100M Qwen2, written to a temporary folder); lora: the
-        # LoRA defaults (rllib_dph.lora.LORA_DEFAULTS)
+        # LoRA defaults (rllib_dph.policy.lora.LORA_DEFAULTS)
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def activation_bytes(model, batch: dict, dtype: torch.dtype) -> dict:
     """Saved-tensor bytes of the learner's forward (ResponseLM + token_stats) on ``batch``."""
     from rllib_dph import columns as C
     from rllib_dph.losses import token_stats
-    from rllib_dph.rl_module import ResponseLM, autocast
+    from rllib_dph.policy.rl_module import ResponseLM, autocast
 
     tensors = {k: torch.as_tensor(v) for k, v in batch.items()}
     lm = ResponseLM(model)
@@ -167,7 +167,7 @@ def print_lora_table() -> None:
     """LoRA (the defaults, ``lora.LORA_DEFAULTS``) on one GPU learner (DDP, N=1) at several
     micro-batch token budgets, with and without checkpointing, next to full fine-tuning; the
     same estimate with π_ref needed (GRPO+KL) since LoRA's π_ref costs nothing."""
-    from rllib_dph.lora import LORA_DEFAULTS
+    from rllib_dph.policy.lora import LORA_DEFAULTS
     from rllib_dph.cli.memory import adapter_params
 
     print(f"\nLoRA {LORA_DEFAULTS} on one GPU learner (DDP, bf16 compute, fp32 frozen base), GB per learner by "
@@ -290,7 +290,7 @@ def parse_rss_spec(spec: str) -> dict:
     unknown = set(flags) - {"float32", "bfloat16", "ckpt", "kl", "lora"}
     if unknown:
         raise SystemExit(f"--rss {spec!r}: unknown flags {sorted(unknown)}; use float32, bfloat16, ckpt, kl, lora")
-    from rllib_dph.lora import LORA_DEFAULTS
+    from rllib_dph.policy.lora import LORA_DEFAULTS
 
     return dict(model=model, rows=int(rows), prompt=int(prompt), response=int(response), group_size=int(group),
                 dtype=dtype, checkpointing="ckpt" in flags, kl="kl" in flags,

@@ -7,7 +7,7 @@ size model fits on an 80 GB GPU. ``sharding="fsdp2"`` shards instead, with PyTor
 (``torch.distributed.fsdp.fully_shard``):
 
 - every decoder layer is its own FSDP unit (all-gathered just before its forward and backward,
-  freed after), and the :class:`~rllib_dph.rl_module.ResponseLM` around the whole model is the
+  freed after), and the :class:`~rllib_dph.policy.rl_module.ResponseLM` around the whole model is the
   root unit (embeddings, final norm and the LM head, tied or not);
 - parameters, gradients and Adam state are float32 shards (1/N each); with
   ``dtype="bfloat16"`` layers compute in bf16 (``MixedPrecisionPolicy(param_dtype=bf16)``)
@@ -69,7 +69,7 @@ def shard_response_lm(response_lm: torch.nn.Module, *, device: torch.device, com
     """Applies FSDP2 in place: one unit per decoder layer, the ``ResponseLM`` as the root.
 
     Args:
-        response_lm: A :class:`~rllib_dph.rl_module.ResponseLM` (its ``lm`` is a HF causal LM
+        response_lm: A :class:`~rllib_dph.policy.rl_module.ResponseLM` (its ``lm`` is a HF causal LM
             whose decoder layers are ``lm.get_decoder().layers``).
         device: The learner's device; the mesh spans all learners of the process group.
         compute_dtype: bf16 gathers bf16 copies of the fp32 shards for the forward and

@@ -290,7 +290,7 @@ def test_bfloat16_learner_state_round_trips_through_save_and_restore(tiny_grpo_c
 
 def test_bfloat16_autocast_logprobs_match_the_fp32_forward(tiny_grpo_config, env_runner):
     """The same fp32 weights give float32 log-probs under bf16 autocast, within bf16 rounding."""
-    from rllib_dph.rl_module import LOGP
+    from rllib_dph.policy.rl_module import LOGP
 
     batch = env_runner.sample(num_prompts=2)
     inputs = {k: torch.as_tensor(batch[k]) for k in (C.INPUT_IDS, C.ATTENTION_MASK, C.RESPONSE_MASK)}

@@ -10,11 +10,11 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 
 from rllib_dph import columns as C
-from rllib_dph import lora
+from rllib_dph.policy import lora
 from rllib_dph.engines.base import SamplingParams
 from rllib_dph.engines.hf import HFEngine
 from rllib_dph.models.hub import load_causal_lm, load_tokenizer, resolve_model
-from rllib_dph.rl_module import LOGP, ResponseLM, sequence_logprobs
+from rllib_dph.policy.rl_module import LOGP, ResponseLM, sequence_logprobs
 
 from extras import needs_peft
 

@@ -194,7 +194,7 @@ LORA_SETTINGS = (
 @pytest.mark.parametrize("lora", LORA_SETTINGS)
 def test_adapter_count_equals_pefts(tiny, lora):
     """P_a from the config alone equals the trainable parameters peft adds to the real model."""
-    from rllib_dph.lora import add_adapters
+    from rllib_dph.policy.lora import add_adapters
 
     model = add_adapters(load_causal_lm("tiny-sql-math", dtype=torch.float32), lora)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -219,7 +219,7 @@ def test_lora_trains_adapters_only_and_loads_no_reference(tiny):
 def test_lora_activation_term_matches_autograd(tiny, bench_memory):
     """The adapters' saved rank-r outputs: raising r from 16 to 64 adds exactly what autograd
     saves more in a real forward pass (fp32, GRPO groups sharing their prompts)."""
-    from rllib_dph.lora import add_adapters
+    from rllib_dph.policy.lora import add_adapters
 
     rows, prompt, response, group = 8, 24, 32, 4
     batch = bench_memory._token_batch(rows, prompt, response, tiny.vocab, group_size=group)

@@ -149,7 +149,7 @@ def test_lora_without_peft_is_refused_naming_the_install(monkeypatch):
 
     import torch
 
-    from rllib_dph import lora
+    from rllib_dph.policy import lora
     from rllib_dph.models.hub import load_causal_lm
 
     real_find_spec = importlib.util.find_spec

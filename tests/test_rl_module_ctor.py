@@ -10,7 +10,7 @@ takes it.
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
 from rllib_dph.algorithms.grpo import GRPOConfig
-from rllib_dph.rl_module import LLMRLModule
+from rllib_dph.policy.rl_module import LLMRLModule
 
 
 def test_the_spec_builds_the_module_with_keyword_arguments(monkeypatch):

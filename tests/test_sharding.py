@@ -12,7 +12,7 @@ import ray
 import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 
-from rllib_dph import lora
+from rllib_dph.policy import lora
 from rllib_dph.algorithms.grpo import GRPOConfig
 from rllib_dph.batch import shard_groups
 from rllib_dph.models.hub import load_causal_lm

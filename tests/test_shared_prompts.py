@@ -8,7 +8,7 @@ import torch
 
 from rllib_dph import columns as C
 from rllib_dph.models.hub import load_causal_lm, resolve_model
-from rllib_dph.rl_module import response_logits, shared_prompt_hidden
+from rllib_dph.policy.rl_module import response_logits, shared_prompt_hidden
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from rllib_dph.algorithms.dph import DPHConfig
 from rllib_dph.algorithms.grpo import GRPOConfig
 from rllib_dph.batch import minibatch_plan, shard_groups
 from rllib_dph.algorithms.dph.presample import PefFileError, PresampleConfig, prepare_pef, presample_once
-from rllib_dph.rl_module import LOGP
+from rllib_dph.policy.rl_module import LOGP
 
 from test_dph import TOY_ENV, envs_make  # registers the toy env
 

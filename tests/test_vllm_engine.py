@@ -414,7 +414,7 @@ LORA = {"r": 4, "alpha": 8, "target_modules": "all-linear", "dropout": 0.0}
 
 def adapted_policy(seed: int):
     """``tiny-random`` with LoRA adapters of non-zero B (peft starts B at 0: the base model)."""
-    from rllib_dph import lora
+    from rllib_dph.policy import lora
     from rllib_dph.models.hub import load_causal_lm
 
     policy = lora.add_adapters(load_causal_lm("tiny-random", dtype=torch.float32), LORA)
@@ -428,7 +428,7 @@ def adapted_policy(seed: int):
 
 def merged_model(policy):
     """A plain model on the merged weights W + (alpha/r)·B·A of ``policy``."""
-    from rllib_dph import lora
+    from rllib_dph.policy import lora
     from rllib_dph.models.hub import load_causal_lm
 
     plain = load_causal_lm("tiny-random", dtype=torch.float32)
@@ -441,7 +441,7 @@ def test_lora_adapters_synced_into_vllm_equal_a_merged_model(engines):
     config.lora): greedy tokens equal an HF engine on the merged weights, μ of sampled tokens a
     teacher-forced recompute on them within 1e-4 in fp32; a second sync serves the new adapters
     and deletes the first one's folder. An engine started without LoRA refuses adapters."""
-    from rllib_dph import lora
+    from rllib_dph.policy import lora
     from rllib_dph.models.hub import load_tokenizer
 
     if engines[1].llm.llm_engine.model_config.model != resolve_model("tiny-random"):

@@ -88,7 +88,7 @@ def export_checkpoint(
 def _export_model(module, base: str, *, adapter_only: bool):
     """The model to save: the policy's own HF model; for LoRA the merged plain model, or a
     ``peft.PeftModel`` holding the adapters (``adapter_only``)."""
-    from rllib_dph import lora
+    from rllib_dph.policy import lora
     from rllib_dph.models.hub import load_causal_lm, resolve_model
 
     settings = module.model_config.get("lora")

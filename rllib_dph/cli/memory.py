@@ -28,7 +28,7 @@ L layers):
 Per rollout engine: runtime + weights in the engine dtype + KV cache of the rows decoded at
 once + the sampling logits; a vLLM engine on a GPU reserves ``gpu_memory_utilization`` of it.
 
-LoRA (``GRPOConfig.llm(lora=...)``, ``rllib_dph.lora``): P_a = Σ r·(in + out) over the linear
+LoRA (``GRPOConfig.llm(lora=...)``, ``rllib_dph.policy.lora``): P_a = Σ r·(in + out) over the linear
 layers that ``target_modules`` selects by peft 0.21's rule (:func:`adapted_modules`); the frozen
 base keeps its fp32 weights and its activations (the gradient still flows through every layer).
 """
@@ -150,7 +150,7 @@ def adapted_modules(shape: ModelShape, lora: dict) -> list[tuple]:
     Raises:
         ValueError: ``shape`` has no module list (built without :meth:`ModelShape.from_config`).
     """
-    from rllib_dph.lora import lora_settings
+    from rllib_dph.policy.lora import lora_settings
 
     if not shape.modules:
         raise ValueError("this ModelShape has no module list; build it with ModelShape.from_config(config).")
@@ -165,7 +165,7 @@ def adapter_params(shape: ModelShape, lora: Optional[dict]) -> int:
     for an embedding A: r × rows, B: width × r); 0 without LoRA."""
     if lora is None:
         return 0
-    from rllib_dph.lora import lora_settings
+    from rllib_dph.policy.lora import lora_settings
 
     r = lora_settings(lora)["r"]
     return sum(r * (fan_in + fan_out) for _, fan_in, fan_out, _ in adapted_modules(shape, lora))
@@ -182,7 +182,7 @@ def _adapter_split(shape: ModelShape, lora: Optional[dict]) -> tuple[float, floa
     """(adapter parameters of one decoder layer, on average over the layers; those outside them)."""
     if lora is None:
         return 0.0, 0.0
-    from rllib_dph.lora import lora_settings
+    from rllib_dph.policy.lora import lora_settings
 
     inside = lora_settings(lora)["r"] * sum(fan_in + fan_out for _, fan_in, fan_out, _ in _decoder_adapters(shape, lora))
     return inside / shape.layers, adapter_params(shape, lora) - inside
@@ -284,7 +284,7 @@ def lora_layer_bytes_per_token(shape: ModelShape, setup: LearnerSetup) -> float:
     (:data:`LAYER_COEFFS`), an upper bound: frozen layers that are not adapted save less."""
     if setup.lora is None:
         return 0.0
-    from rllib_dph.lora import lora_settings
+    from rllib_dph.policy.lora import lora_settings
 
     settings = lora_settings(setup.lora)
     elem = 4 if setup.dtype == "float32" else 2
@@ -642,7 +642,7 @@ def candidate_fixes(config, shape: ModelShape, prompt: int) -> list[tuple[str, d
     (only where learners have GPUs: on one CPU machine the learners add up), then LoRA with the
     default settings (``lora.LORA_DEFAULTS``) when the config is not LoRA already: last, because
     it changes what is trained (the others change only how)."""
-    from rllib_dph.lora import LORA_DEFAULTS
+    from rllib_dph.policy.lora import LORA_DEFAULTS
 
     length = prompt + config.max_response_length
     tokens = learner_microbatch(config, prompt).rows * length

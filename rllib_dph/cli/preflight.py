@@ -382,7 +382,7 @@ def search_variants(config) -> list:
 
 def variant_problems(config) -> list[Problem]:
     """Env, model, package and ``validate()`` problems of one concrete config."""
-    from rllib_dph.lora import peft_problem
+    from rllib_dph.policy.lora import peft_problem
 
     env_config = getattr(config, "sampling_env_config", config.env_config)
     problems = env_problems(config.env, env_config)

@@ -98,7 +98,7 @@ class RolloutEngine(Protocol):
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Loads new policy weights: a full state dict of the HF causal LM (tied weights
-        included), or a LoRA policy's adapter state (``rllib_dph.lora.adapter_state``), which the
+        included), or a LoRA policy's adapter state (``rllib_dph.policy.lora.adapter_state``), which the
         engine serves on its base model from then on; ``from_pretrained(..., lora=settings)``
         starts an engine ready for it."""
         ...

@@ -28,7 +28,7 @@ import torch
 from transformers.cache_utils import Cache, DynamicLayer, StaticCache
 
 from rllib_dph.engines.base import Completion, SamplingParams
-from rllib_dph.lora import add_adapters, has_adapters, is_lora_state, load_into
+from rllib_dph.policy.lora import add_adapters, has_adapters, is_lora_state, load_into
 from rllib_dph.models.folders import load_model_folder, load_tokenizer_folder
 from rllib_dph.models.transformers_api import cache_kwargs
 
@@ -244,7 +244,7 @@ class HFEngine:
     def update_weights(self, state_dict: Mapping[str, torch.Tensor | np.ndarray]) -> None:
         """Loads a full state dict (tied weights included) into the model, keeping its dtype and device.
 
-        A LoRA policy's state (``rllib_dph.lora.adapter_state``: adapter tensors and settings)
+        A LoRA policy's state (``rllib_dph.policy.lora.adapter_state``: adapter tensors and settings)
         adds the same adapters to this engine's base model on first use and then loads only
         the adapter tensors; generation runs the unmerged adapters, so μ is the adapted policy's
         own distribution (``docs/lora.md``: why not merge-and-load).

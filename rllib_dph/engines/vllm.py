@@ -73,7 +73,7 @@ import torch
 
 from rllib_dph.engines.base import Completion, SamplingParams
 from rllib_dph.engines.hf import check_generate_args
-from rllib_dph.lora import is_lora_state, lora_settings, write_peft_folder
+from rllib_dph.policy.lora import is_lora_state, lora_settings, write_peft_folder
 from rllib_dph.models.folders import as_dtype, load_tokenizer_folder
 
 #: μ: log-probs after temperature and top-p, i.e. of the distribution actually sampled from.
@@ -99,7 +99,7 @@ class VLLMEngine:
     model's ``generation_config.eos_token_id`` and ``stop_token_ids`` (the stop token is kept),
     or after ``max_new_tokens``, as in the HF engine.
 
-    A LoRA policy's weight sync (``rllib_dph.lora.adapter_state``) moves the adapter tensors
+    A LoRA policy's weight sync (``rllib_dph.policy.lora.adapter_state``) moves the adapter tensors
     only: they are written as a PEFT adapter folder and served through vLLM's own LoRA support
     (a new ``LoRARequest`` per sync, used by every later ``generate``), so μ is the adapted
     policy's distribution; ``docs/lora.md`` has the measurement against merge-and-load.
@@ -245,7 +245,7 @@ class VLLMEngine:
         Args:
             state_dict: Parameter name → torch tensor or numpy array, as the HF model's
                 ``state_dict()``; floating tensors are cast to the engine's dtype. Or a
-                ``rllib_dph.lora.adapter_state``.
+                ``rllib_dph.policy.lora.adapter_state``.
         """
         if is_lora_state(state_dict):
             self.load_adapters(state_dict)

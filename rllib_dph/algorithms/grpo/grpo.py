@@ -42,7 +42,7 @@ from rllib_dph.engines import DEFAULT_ENGINE, ENGINES, SamplingParams
 from rllib_dph.algorithms.field_names import check_keywords, refuses_unknown_keywords
 from rllib_dph.files import atomic_dir
 from rllib_dph.learner_calls import BoundedLearnerGroup, read_learner_weights, update_remote_learners
-from rllib_dph.lora import lora_problem
+from rllib_dph.policy.lora import lora_problem
 from rllib_dph.batch import concat_batches, num_minibatches, select_rows, shard_groups
 from rllib_dph.learners.finite import CONSECUTIVE_SKIPPED_UPDATES
 from rllib_dph.sharding import SHARDINGS, ShardedLearnerGroup
@@ -171,13 +171,13 @@ class GRPOConfig(AlgorithmConfig):
 
     @override(AlgorithmConfig)
     def get_default_rl_module_spec(self) -> RLModuleSpec:
-        from rllib_dph.rl_module import LLMRLModule
+        from rllib_dph.policy.rl_module import LLMRLModule
 
         return RLModuleSpec(module_class=LLMRLModule, model_config=self.llm_model_config)
 
     @property
     def llm_model_config(self) -> dict:
-        """The ``model_config`` of the learner's :class:`~rllib_dph.rl_module.LLMRLModule`."""
+        """The ``model_config`` of the learner's :class:`~rllib_dph.policy.rl_module.LLMRLModule`."""
         return {
             "model": self.model_name,
             "dtype": self.dtype,

@@ -20,7 +20,7 @@ from rllib_dph.losses import (
     policy_gradient_loss,
     trust_region_mask,
 )
-from rllib_dph.rl_module import ENTROPY, LOGP, TOPK_LOGP
+from rllib_dph.policy.rl_module import ENTROPY, LOGP, TOPK_LOGP
 
 # Metric keys under ``learners/<module_id>/``.
 POLICY_LOSS = "policy_loss"

@@ -12,7 +12,7 @@ from ray.rllib.utils.annotations import override
 from ray.rllib.utils.typing import StateDict
 
 from rllib_dph import columns as C
-from rllib_dph import lora
+from rllib_dph.policy import lora
 from rllib_dph.losses import token_logprobs, token_stats
 from rllib_dph.models.transformers_api import cache_kwargs, enable_activation_checkpointing, output_cache
 from rllib_dph.sharding import full_model_state, is_sharded, load_full_model_state
@@ -231,7 +231,7 @@ class LLMRLModule(TorchRLModule):
         temperature: Sampling temperature; log-probs are those of softmax(logits / temperature),
             the distribution the rollout engine sampled from.
         gradient_checkpointing: Trade compute for memory on long sequences.
-        lora: None (full fine-tuning) or LoRA settings (``rllib_dph.lora``): the base weights are
+        lora: None (full fine-tuning) or LoRA settings (``rllib_dph.policy.lora``): the base weights are
             frozen and only the adapters train; :meth:`get_state` is then the adapter state.
         entropy_with_grad: Keep the entropy in the autograd graph (needed for an entropy bonus).
 

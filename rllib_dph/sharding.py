@@ -12,11 +12,12 @@ size model fits on an 80 GB GPU. ``sharding="fsdp2"`` shards instead, with PyTor
 - parameters, gradients and Adam state are float32 shards (1/N each); with
   ``dtype="bfloat16"`` layers compute in bf16 (``MixedPrecisionPolicy(param_dtype=bf16)``)
   and gradients are reduce-scattered in fp32 (``reduce_dtype=float32``);
-- full states (checkpoints and the weight sync to the rollout engines) are gathered tensor by
-  tensor into rank 0's host memory (``torch.distributed.checkpoint.state_dict`` with
-  ``full_state_dict=True, cpu_offload=True``): the accelerator holds at most one full tensor
-  beyond its shards, every other learner keeps nothing. Gathering is a collective, so
-  :class:`ShardedLearnerGroup` asks every learner for its state where RLlib asks only the first.
+- full states (checkpoints and the weight sync to the rollout engines,
+  ``rllib_dph.policy.full_state``) are gathered tensor by tensor into rank 0's host memory
+  (``torch.distributed.checkpoint.state_dict`` with ``full_state_dict=True, cpu_offload=True``):
+  the accelerator holds at most one full tensor beyond its shards, every other learner keeps
+  nothing. Gathering is a collective, so :class:`ShardedLearnerGroup` asks every learner for
+  its state where RLlib asks only the first.
 
 Every learner must run the same number of forward passes per step (each one all-gathers), so
 the learner pads the micro-batches and the recompute-anchor chunks of a learner with fewer
@@ -34,30 +35,17 @@ from ray.rllib.utils.annotations import override
 from ray.rllib.utils.numpy import convert_to_numpy
 from ray.rllib.utils.torch_utils import convert_to_torch_tensor
 from ray.rllib.utils.typing import StateDict
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
+from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from rllib_dph.collectives import all_reduce
 from rllib_dph.learner_calls import BoundedLearnerGroup
+from rllib_dph.policy.full_state import GATHER, SCATTER
 
 #: ``sharding`` choices: DDP replicas (RLlib's default) or FSDP2 shards.
 SHARDINGS = ("ddp", "fsdp2")
-
-_GATHER = StateDictOptions(full_state_dict=True, cpu_offload=True)  # full tensors on rank 0's host
-_SCATTER = StateDictOptions(full_state_dict=True)  # every rank keeps its shard of a full state
-
-
-def is_sharded(module: torch.nn.Module) -> bool:
-    """Whether ``module`` is an FSDP2 unit (its parameters are sharded ``DTensor``s)."""
-    return isinstance(module, FSDPModule)
 
 
 def local(tensor: torch.Tensor) -> torch.Tensor:
@@ -82,30 +70,15 @@ def shard_response_lm(response_lm: torch.nn.Module, *, device: torch.device, com
     fully_shard(response_lm, mesh=mesh, mp_policy=policy)
 
 
-def full_model_state(model: torch.nn.Module) -> StateDict:
-    """The full state dict of a sharded ``model`` on rank 0 (CPU tensors), {} elsewhere.
-
-    A collective: every learner must call it. Gathers one tensor at a time.
-    """
-    return get_model_state_dict(model, options=_GATHER)
-
-
-def load_full_model_state(model: torch.nn.Module, state: StateDict, *, strict: bool = True) -> None:
-    """Loads a full state dict into a sharded ``model`` (each learner keeps its shard); with
-    ``strict=False`` a part of it (e.g. LoRA adapters alone)."""
-    options = _SCATTER if strict else StateDictOptions(full_state_dict=True, strict=False)
-    set_model_state_dict(model, state, options=options)
-
-
 def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> StateDict:
     """The optimizer's full state on rank 0, keyed by parameter names; {} elsewhere. Collective."""
-    return get_optimizer_state_dict(model, optimizer, options=_GATHER)
+    return get_optimizer_state_dict(model, optimizer, options=GATHER)
 
 
 def load_full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: StateDict) -> None:
     """Loads a :func:`full_optimizer_state` into a sharded model's optimizer, or torch's own
     ``optimizer.state_dict()`` of an unsharded learner (e.g. a 1-learner checkpoint)."""
-    set_optimizer_state_dict(model, optimizer, optim_state_dict=named_optimizer_state(model, optimizer, state), options=_SCATTER)
+    set_optimizer_state_dict(model, optimizer, optim_state_dict=named_optimizer_state(model, optimizer, state), options=SCATTER)
 
 
 def named_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: StateDict) -> StateDict:

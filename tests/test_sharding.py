@@ -184,7 +184,7 @@ def _lora_view(learner):  # runs on the learners: pickled by value (see below)
     """One learner's LoRA facts: its full model state (gathered from the shards under FSDP2: a
     collective, so every learner runs it; {} off rank 0), the names of the parameters its
     optimizer holds and of those with Adam state, and its held bytes."""
-    from rllib_dph.sharding import full_model_state, is_sharded
+    from rllib_dph.policy.full_state import full_model_state, is_sharded
 
     module = learner.module[DEFAULT_MODULE_ID].unwrapped()
     model = module.model

@@ -15,7 +15,7 @@ from rllib_dph import columns as C
 from rllib_dph.policy import lora
 from rllib_dph.losses import token_logprobs, token_stats
 from rllib_dph.models.transformers_api import cache_kwargs, enable_activation_checkpointing, output_cache
-from rllib_dph.sharding import full_model_state, is_sharded, load_full_model_state
+from rllib_dph.policy.full_state import full_model_state, is_sharded, load_full_model_state
 
 #: Keys of the training forward pass output.
 LOGP = "logp"  # (B, L) log π_θ(x_t | x_<t) at the sampling temperature, 0 at position 0

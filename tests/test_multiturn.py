@@ -25,7 +25,7 @@ import rllib_dph.envs
 from rllib_dph.envs.base import Task
 from rllib_dph.envs.multiturn import FunctionMultiTurnEnv
 from rllib_dph.envs.sql import verify_sql
-from rllib_dph.envs.sql_multiturn import SQLMultiTurnEnv
+from rllib_dph.envs.sql.multiturn import SQLMultiTurnEnv
 from rllib_dph.envs.suites import load_split
 from rllib_dph import columns as C
 from rllib_dph.batch import sequence_rows

@@ -12,7 +12,7 @@ import pytest
 from rllib_dph import columns as C
 from rllib_dph.batch import sequence_rows
 from rllib_dph.engines.base import Completion
-from rllib_dph.envs.sql_multiturn import SQLMultiTurnEnv, sft_trace, sft_traces
+from rllib_dph.envs.sql.multiturn import SQLMultiTurnEnv, sft_trace, sft_traces
 from rllib_dph.envs.suites import sft_examples
 from rllib_dph.envs.suites.storage import suite_root
 from rllib_dph.models import warm_start

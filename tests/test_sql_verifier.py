@@ -13,7 +13,6 @@ import pytest
 
 from rllib_dph.envs.sql import (
     MAX_COMPLETION_CHARS,
-    MAX_ROWS,
     column_overlap_score,
     execute_sql,
     extract_sql,
@@ -21,6 +20,7 @@ from rllib_dph.envs.sql import (
     sql_reward,
     verify_sql,
 )
+from rllib_dph.envs.sql.sandbox import MAX_ROWS
 
 SINGERS = [
     # id, name, country, age, net_worth
@@ -269,7 +269,7 @@ def test_gold_cache_follows_a_rewrite_in_place(tmp_path):
 def test_a_query_that_ran_is_answered_from_the_result_cache_unless_it_failed_or_is_random(db, monkeypatch):
     """The scorer's and ``answer_key``'s run of one query, and a query sampled many times, run
     once per database file; a failed query and one drawing random numbers run each time."""
-    import rllib_dph.envs.sql as sql
+    import rllib_dph.envs.sql.sandbox as sql
 
     monkeypatch.setattr(sql, "_results", sql._LRUCache(1 << 20))
     runs = []
@@ -296,7 +296,7 @@ def test_a_query_that_ran_is_answered_from_the_result_cache_unless_it_failed_or_
 
 
 def test_the_result_cache_keeps_at_most_its_weight_least_recently_used_first():
-    from rllib_dph.envs.sql import _LRUCache
+    from rllib_dph.envs.sql.sandbox import _LRUCache
 
     cache = _LRUCache(10)
     cache.put("a", 1, 4)
@@ -587,8 +587,8 @@ def test_guarded_functions_agree_with_sqlite(db, call):
 
 def test_watchdog_interrupts_without_the_progress_handler(db, monkeypatch):
     """The deadline holds from outside SQLite's VM even if no deadline check ever fires."""
-    monkeypatch.setattr("rllib_dph.envs.sql._Sandbox._past_deadline", lambda self: False)
-    monkeypatch.setattr("rllib_dph.envs.sql.DEADLINE_GRACE_S", 30.0)  # the caller waits for the query itself
+    monkeypatch.setattr("rllib_dph.envs.sql.sandbox._Sandbox._past_deadline", lambda self: False)
+    monkeypatch.setattr("rllib_dph.envs.sql.sandbox.DEADLINE_GRACE_S", 30.0)  # the caller waits for the query itself
     start = time.monotonic()
     verdict = verify_sql(fenced("SELECT count(*) FROM numbers a, numbers b, numbers c, numbers d"),
                          "SELECT COUNT(*) FROM singer", db, timeout_s=0.5)
@@ -600,24 +600,25 @@ def test_watchdog_interrupts_without_the_progress_handler(db, monkeypatch):
 def test_caller_returns_at_the_deadline_when_sqlite_cannot_stop(db, monkeypatch):
     """A step SQLite cannot interrupt (an in-memory sort of millions of rows) is not waited for:
     the caller gets "timed out" at the deadline plus the grace, the query thread ends later."""
-    import rllib_dph.envs.sql
+    import rllib_dph.envs.sql.sandbox
 
     def uninterruptible(self, sql, deadline):
         time.sleep(3.0)
         return [(1,)]
 
-    monkeypatch.setattr("rllib_dph.envs.sql._Sandbox.run", uninterruptible)
-    monkeypatch.setattr("rllib_dph.envs.sql._results", rllib_dph.envs.sql._LRUCache(1 << 20))  # SELECT 1 ran before
+    monkeypatch.setattr("rllib_dph.envs.sql.sandbox._Sandbox.run", uninterruptible)
+    monkeypatch.setattr("rllib_dph.envs.sql.sandbox._results", rllib_dph.envs.sql.sandbox._LRUCache(1 << 20))  # SELECT 1 ran before
     start = time.monotonic()
     verdict = verify_sql(fenced("SELECT 1"), "SELECT 1", db, timeout_s=0.5)
     assert verdict.error.endswith("timed out: the query ran past its time limit")  # gold runs first
-    assert time.monotonic() - start < 0.5 + rllib_dph.envs.sql.DEADLINE_GRACE_S + 0.5
+    assert time.monotonic() - start < 0.5 + rllib_dph.envs.sql.sandbox.DEADLINE_GRACE_S + 0.5
 
 
 _MEMORY_CAP = """
 import resource, sys, time
 import rllib_dph.envs.sql
-rllib_dph.envs.sql.MAX_SQLITE_HEAP_BYTES = 64 << 20
+import rllib_dph.envs.sql.sandbox
+rllib_dph.envs.sql.sandbox.MAX_SQLITE_HEAP_BYTES = 64 << 20
 sql = ("```sql\\nWITH x AS MATERIALIZED (SELECT randomblob(100000) FROM numbers a, numbers b)"
        " SELECT count(*) FROM x\\n```")
 verdict = rllib_dph.envs.sql.verify_sql(sql, "SELECT 1", sys.argv[1], timeout_s=30)

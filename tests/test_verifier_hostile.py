@@ -12,18 +12,11 @@ import time
 
 import pytest
 
-import rllib_dph.envs.sql
+import rllib_dph.envs.sql.sandbox
 from rllib_dph.envs.base import Task
 from rllib_dph.envs.math import MathEnv, extract_answer, set_checker_pool, verify_math
-from rllib_dph.envs.sql import (
-    MAX_VALUE_BYTES,
-    SQLEnv,
-    _GuardedFunctions,
-    _text_bytes,
-    execute_sql,
-    sql_reward,
-    verify_sql,
-)
+from rllib_dph.envs.sql import SQLEnv, execute_sql, sql_reward, verify_sql
+from rllib_dph.envs.sql.sandbox import MAX_VALUE_BYTES, _GuardedFunctions, _text_bytes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -103,7 +96,7 @@ def test_the_limit_is_counted_in_utf8_bytes_as_sqlite_does(db, count):
             expected = None
     try:
         got = execute_sql(sql, db)
-    except rllib_dph.envs.sql.SQLExecutionError as error:
+    except rllib_dph.envs.sql.sandbox.SQLExecutionError as error:
         assert "string or blob too big" in str(error)
         got = None
     assert got == expected
@@ -208,6 +201,7 @@ from concurrent.futures import ThreadPoolExecutor
 limit, folder = int(sys.argv[1]), sys.argv[2]
 resource.setrlimit(resource.RLIMIT_NOFILE, (limit, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 import rllib_dph.envs.sql
+import rllib_dph.envs.sql.sandbox
 paths = sorted(os.path.join(folder, name) for name in os.listdir(folder))
 peak, lock = [0], threading.Lock()
 
@@ -221,7 +215,7 @@ def score(i):
 
 with ThreadPoolExecutor(16) as pool:
     rewards = list(pool.map(score, range(3 * len(paths))))
-print(sum(r == 1.0 for r in rewards), len(rewards), peak[0], rllib_dph.envs.sql._CONNECTIONS.open_count)
+print(sum(r == 1.0 for r in rewards), len(rewards), peak[0], rllib_dph.envs.sql.sandbox._CONNECTIONS.open_count)
 """
 
 
@@ -235,12 +229,13 @@ def test_scoring_many_databases_from_many_threads_stays_under_the_open_file_limi
     correct, calls, peak, open_now = map(int, run_python(_MANY_DATABASES, limit, folder).split())
     assert correct == calls == 900
     assert peak < limit
-    assert open_now <= limit // rllib_dph.envs.sql.FILES_PER_CONNECTION
+    assert open_now <= limit // rllib_dph.envs.sql.sandbox.FILES_PER_CONNECTION
 
 
 _NO_FREE_DESCRIPTOR = """
 import os, sys
 import rllib_dph.envs.sql
+import rllib_dph.envs.sql.sandbox
 paths = sys.argv[1:]
 score = lambda path: rllib_dph.envs.sql.sql_reward("```sql\\nSELECT 3\\n```", "SELECT COUNT(*) FROM t", path)
 print(all(score(path) == 1.0 for path in paths[:-1]))  # leaves idle connections open
@@ -250,7 +245,7 @@ try:
         held.append(os.open(os.devnull, os.O_RDONLY))
 except OSError:
     pass
-print(score(paths[-1]) == 1.0, rllib_dph.envs.sql._CONNECTIONS.open_count)
+print(score(paths[-1]) == 1.0, rllib_dph.envs.sql.sandbox._CONNECTIONS.open_count)
 """
 
 
@@ -359,7 +354,7 @@ class _Target:
 
 
 def test_the_watchdog_survives_far_deadlines_and_still_interrupts(db, monkeypatch):
-    watchdog = rllib_dph.envs.sql._WATCHDOG
+    watchdog = rllib_dph.envs.sql.sandbox._WATCHDOG
     verify_sql(fenced("SELECT 1"), "SELECT 1", db)  # the thread runs
     far = _Target()
     watchdog.watch(far, 1, time.monotonic() + 1e12)  # its wait is capped, never overflows
@@ -370,8 +365,8 @@ def test_the_watchdog_survives_far_deadlines_and_still_interrupts(db, monkeypatc
     time.sleep(0.3)
     assert watchdog.alive() and near.interrupted == [3] and far.interrupted == []
     # And it still stops a real query that no deadline check inside SQLite would stop.
-    monkeypatch.setattr("rllib_dph.envs.sql._Sandbox._past_deadline", lambda self: False)
-    monkeypatch.setattr("rllib_dph.envs.sql.DEADLINE_GRACE_S", 30.0)
+    monkeypatch.setattr("rllib_dph.envs.sql.sandbox._Sandbox._past_deadline", lambda self: False)
+    monkeypatch.setattr("rllib_dph.envs.sql.sandbox.DEADLINE_GRACE_S", 30.0)
     start = time.monotonic()
     verdict = verify_sql(fenced("SELECT count(*) FROM t a, t b, t c, t d, t e, t f, t g, t h"),
                          "SELECT 1", db, timeout_s=0.5)

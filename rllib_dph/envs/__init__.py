@@ -6,7 +6,7 @@ first ``gym.make``):
 - ``rllib_dph/SQL-v0``: text-to-SQL, reward from executing the last ```sql block (``rllib_dph.envs.sql``);
 - ``rllib_dph/Math-v0``: math word problems, reward from the last ``\\boxed{}`` (``rllib_dph.envs.math``);
 - ``rllib_dph/SQLMultiTurn-v0``: text-to-SQL with exploratory queries before the answer
-  (``rllib_dph.envs.sql_multiturn``);
+  (``rllib_dph.envs.sql.multiturn``);
 - ``rllib_dph/ReasoningGym-v0``: any reasoning-gym data set, scored by its own scorer
   (``rllib_dph.envs.reasoning_gym``; needs ``pip install -e ".[reasoning_gym]"``);
 - ``rllib_dph/Verifiers-v0``: an environment written for ``verifiers``, unchanged
@@ -29,9 +29,9 @@ from rllib_dph.envs.registry import (
     registered_env_ids,
 )
 
-register("rllib_dph/SQL-v0", entry_point="rllib_dph.envs.sql:SQLEnv")
+register("rllib_dph/SQL-v0", entry_point="rllib_dph.envs.sql.env:SQLEnv")
 register("rllib_dph/Math-v0", entry_point="rllib_dph.envs.math:MathEnv")
-register("rllib_dph/SQLMultiTurn-v0", entry_point="rllib_dph.envs.sql_multiturn:SQLMultiTurnEnv")
+register("rllib_dph/SQLMultiTurn-v0", entry_point="rllib_dph.envs.sql.multiturn:SQLMultiTurnEnv")
 register("rllib_dph/ReasoningGym-v0", entry_point="rllib_dph.envs.reasoning_gym:ReasoningGymEnv")
 register("rllib_dph/Verifiers-v0", entry_point="rllib_dph.envs.adapters.verifiers:VerifiersEnv")
 

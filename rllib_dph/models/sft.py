@@ -26,7 +26,7 @@ def encode_example(tokenizer, messages, completion: str | Sequence[str]) -> tupl
 
     A completion is one policy turn (a string) or a conversation: policy turns and env
     observations alternating, starting and ending with a policy turn (``[turn, observation,
-    turn, ...]``, a ``rllib_dph.envs.sql_multiturn`` trace). Every policy turn is its text's
+    turn, ...]``, a ``rllib_dph.envs.sql.multiturn`` trace). Every policy turn is its text's
     tokens and the EOS token (``<|im_end|>``, the turn's stop); every observation is
     :func:`rllib_dph.chat.encode_observation`'s tokens after a closed turn, exactly what the
     rollout (``rllib_dph.rollout.take_turn``) appends between two generated turns.

@@ -11,7 +11,7 @@ completion and its end-of-turn token.
 
 ``tiny-sql-math-mt`` is the bundled ``tiny-sql-math`` taught the multi-turn protocol of
 ``rllib_dph/SQLMultiTurn-v0`` the same way: half of its SQL examples are replayed as the env's
-episodes (``rllib_dph.envs.sql_multiturn.sft_traces``: an exploratory query, the env's reply, the
+episodes (``rllib_dph.envs.sql.multiturn.sft_traces``: an exploratory query, the env's reply, the
 answer; or the answer at once), the loss on the policy turns only (issue #26, item 6).
 
 ``model_name="smollm2-135m-sft"`` (or the 5x longer ``"smollm2-135m-sft-600"``, or either with the
@@ -67,7 +67,7 @@ class WarmStartSpec:
         seed: Seed of the example draw and the batch order.
         checkpoint_every: Steps between resumable checkpoints.
         multi_turn_share: Share of the drawn ``sql_synth`` examples replayed as
-            ``SQLMultiTurn-v0`` episodes (``sql_multiturn.sft_traces``, seeded with ``seed``)
+            ``SQLMultiTurn-v0`` episodes (``rllib_dph.envs.sql.multiturn.sft_traces``, seeded with ``seed``)
             instead of single-turn ``SQL-v0`` answers; 0.0: single-turn examples only.
         countdown: reasoning-gym countdown puzzles whose solver-written solutions of several
             shapes join the pool (``rllib_dph.envs.countdown.sft_examples``); None: none.
@@ -152,8 +152,8 @@ def training_examples(spec: WarmStartSpec) -> list[dict]:
 
 def _with_traces(examples: list[dict], spec: WarmStartSpec) -> list[dict]:
     """``examples`` with a seeded ``spec.multi_turn_share`` of the ``sql_synth`` ones replaced by
-    their ``SQLMultiTurn-v0`` traces (``sql_multiturn.sft_traces``), in place of the same rows."""
-    from rllib_dph.envs.sql_multiturn import sft_traces
+    their ``SQLMultiTurn-v0`` traces (``rllib_dph.envs.sql.multiturn.sft_traces``), in place of the same rows."""
+    from rllib_dph.envs.sql.multiturn import sft_traces
     from rllib_dph.envs.suites import SQL_SUITE
 
     rng = np.random.default_rng(spec.seed + 1)

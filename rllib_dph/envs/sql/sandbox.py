@@ -1,10 +1,4 @@
-"""Text-to-SQL: a sandboxed execution verifier and the SQL environment.
-
-A completion is scored by running SQL, never by comparing text:
-
-1. **Extract** the last ```sql fenced block of the completion (:func:`extract_sql`).
-2. **Execute** it on the task's SQLite database in a read-only sandbox (:func:`execute_sql`).
-3. **Compare** its result with the gold query's result (``cmp_method="bird"`` or ``"spider"``).
+"""The read-only sandbox that runs a query of a completion on a SQLite database.
 
 Sandbox. Each query runs on a connection that
 
@@ -56,32 +50,6 @@ hostile query gets reward 0 and a short reason; the verifier never raises becaus
 completion or the database, and returns within the timeout plus a fraction of a second
 (``bench/verifier_soak.py`` measures it under load).
 
-Comparison. Values are made comparable first (:func:`_normalize`): a float is rounded to
-:data:`FLOAT_DIGITS` significant digits, or to the nearest integer when that is finer (a float
-of more than FLOAT_DIGITS integer digits), so that results differing only in the last bits of
-float arithmetic (``AVG(x)`` vs ``SUM(x) * 1.0 / COUNT(x)``) compare equal; integers are exact.
-An integer and a float of the same value are equal at every magnitude (``1`` and ``1.0``,
-``1234567890123`` and ``1234567890123.0``, ``2**60`` and ``2.0**60``); values that differ are
-not: ``2**53 + 1`` is not ``float(2**53 + 1)``, which is ``2**53`` (SQLite's own ``=`` says the
-same). Rounding a float never coarser than to an integer is what keeps this an equivalence that
-also keeps distinct integers distinct (a coarser step would make ``2**53`` equal ``2**53 + 2``
-through their float twins); the cost is that floats above about 1e15, whose last bits are worth
-more than 0.1, only compare equal when they round to the same integer. A number never equals a
-string (``5`` vs ``'5'``); ``NULL`` equals ``NULL``.
-
-- ``"bird"``: equal as **sets** of row tuples. Column order matters; row order and duplicates
-  do not (BIRD's official metric).
-- ``"spider"``: equal as **multisets** of rows under some permutation of the predicted columns
-  (same number of columns and rows). When the gold query has a top-level ``ORDER BY`` (not one
-  inside a sub-query, CTE or window) the rows must also come in the same order; the original
-  DPH-RL code meant to do this but its check never fired. Both empty results are equal.
-
-Partial credit (off by default) reproduces the original DPH-RL scorer: when the query ran but
-its result differs, the reward is ``0.8 * min(count**2 / (gold_cols * pred_cols), 1)`` where
-``count`` is the number of gold columns whose **set** of values equals the set of values of some
-predicted column (the original de-duplicates rows, then compares per-column value sets; the count
-runs over gold columns). Either result empty gives 0.
-
 Caches (per process): the read-only connections, shared by all threads (one thread at a time
 each) and bounded for the whole process -- never more than a quarter of its open-file limit
 (:class:`_ConnectionPool`, :data:`MAX_OPEN_CONNECTIONS`), so that scoring against many databases
@@ -98,7 +66,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import heapq
 import itertools
 import logging
@@ -110,13 +77,13 @@ import sqlite3
 import threading
 import time
 import weakref
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
-from rllib_dph.envs.arguments import ArgumentError, check_real, check_timeout
-from rllib_dph.envs.base import Task, Verdict, VerifierEnv
-from rllib_dph.envs.suites import task_style
+from rllib_dph.envs.arguments import check_timeout
+from rllib_dph.envs.sql.compare import Row, _normalize
+from rllib_dph.envs.sql.extract import _code_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -148,10 +115,6 @@ MAX_SQLITE_HEAP_BYTES = 1 << 30
 #: after a pause of NOMEM_RETRY_PAUSE_S, while its deadline allows.
 NOMEM_RETRIES = 2
 NOMEM_RETRY_PAUSE_S = 0.05
-#: Longest completion the verifier reads, in characters (a model's completion is a few thousand
-#: tokens; reading a longer text would hold the GIL, and so stall the deadline checks of the
-#: other threads, for a fraction of a second per 10 MB).
-MAX_COMPLETION_CHARS = 1_000_000
 #: SQLite virtual-machine instructions between two checks of the deadline.
 PROGRESS_STEPS = 10_000
 #: Threads per process that run queries (each with its own connections); a caller waits for its
@@ -162,8 +125,6 @@ DEADLINE_GRACE_S = 0.25
 DEFAULT_TIMEOUT_S = 15.0
 #: Longest single wait of the watchdog thread, in seconds (it then looks at its deadlines again).
 WATCHDOG_MAX_WAIT_S = 60.0
-#: Significant digits floats are rounded to before comparing.
-FLOAT_DIGITS = 12
 #: Bytes of query results kept per process (:func:`_execute`'s cache): each entry counts its
 #: values' bytes (8 per number, the length of a text) plus RESULT_ENTRY_BYTES, and the least
 #: recently used entries leave first.
@@ -178,15 +139,6 @@ FILES_PER_CONNECTION = 4
 #: Seconds between two tries to open a database while the process has no free file descriptor
 #: and no idle connection to close.
 NOFILE_POLL_S = 0.02
-#: Most search steps spent looking for a column permutation in spider mode; past it the results
-#: count as different.
-MAX_PERMUTATION_STEPS = 10_000
-#: Scale of the partial-credit reward (keeps it below a correct answer's 1.0).
-PARTIAL_CREDIT_SCALE = 0.8
-
-Row = tuple[Any, ...]
-#: Decides whether a predicted result equals the gold one: ``(pred_rows, gold_rows, gold_sql)``.
-Comparator = Callable[[Sequence[Row], Sequence[Row], str], bool]
 
 
 class SQLExecutionError(Exception):
@@ -195,73 +147,6 @@ class SQLExecutionError(Exception):
 
 #: Start of the reason of a query that ran out of memory.
 OUT_OF_MEMORY = "out of memory"
-
-
-# ---------------------------------------------------------------------------------------------
-# Extraction and light parsing
-# ---------------------------------------------------------------------------------------------
-
-_SQL_BLOCK_RE = re.compile(r"```sql\b[ \t]*\n?(.*?)```", re.IGNORECASE | re.DOTALL)
-
-# One SQL token per match. Whitespace and comments match unnamed groups and are skipped; quoted
-# strings and identifiers are single tokens so that their content is never read as SQL.
-_TOKEN_RE = re.compile(
-    r"""
-      \s+
-    | --[^\n]*
-    | /\*.*?(?:\*/|\Z)
-    | (?P<quoted>'(?:[^']|'')*'?|"(?:[^"]|"")*"?|`(?:[^`]|``)*`?|\[[^\]]*\]?)
-    | (?P<word>[^\W\d]\w*)
-    | (?P<symbol>\S)
-    """,
-    re.VERBOSE | re.DOTALL,
-)
-
-
-def extract_sql(completion: str) -> str | None:
-    """Returns the content of the last closed ```sql fenced block, stripped, or None.
-
-    The tag is case-insensitive (```SQL works, ```sqlite does not). A block must be closed by
-    ```: an unclosed one at the end of the text (e.g. a completion cut at the length limit) is not
-    an answer, as in the original DPH-RL code; an earlier closed block is still found.
-
-    Args:
-        completion: The model's whole completion.
-    """
-    # Nothing after the last ``` can close a block: cut it, so that an unclosed opening fence
-    # does not send the lazy pattern scanning to the end of a long text.
-    blocks = _SQL_BLOCK_RE.findall(completion[: completion.rfind("```") + 3])
-    return blocks[-1].strip() if blocks else None
-
-
-def _code_tokens(sql: str) -> Iterator[re.Match]:
-    """Yields the tokens of ``sql`` that are not whitespace or comments."""
-    for match in _TOKEN_RE.finditer(sql):
-        if match.lastgroup is not None:
-            yield match
-
-
-def has_top_level_order_by(sql: str) -> bool:
-    """Whether ``sql`` has an ``ORDER BY`` outside all parentheses, strings and comments.
-
-    ``ORDER BY`` inside a sub-query, a CTE body, a window (``OVER (ORDER BY ...)``) or an
-    aggregate's argument list does not order the final result and does not count.
-
-    Args:
-        sql: One SQL statement.
-    """
-    depth = 0
-    previous = ""
-    for match in _code_tokens(sql):
-        token = match.group().upper()
-        if token == "(":
-            depth += 1
-        elif token == ")":
-            depth = max(depth - 1, 0)
-        elif token == "BY" and previous == "ORDER" and depth == 0:
-            return True
-        previous = token
-    return False
 
 
 def _capped(sql: str) -> str:
@@ -366,24 +251,6 @@ def _decode_text(data: bytes) -> str:
 def _value_bytes(value: Any) -> int:
     return len(value) if isinstance(value, (str, bytes)) else 8
 
-
-#: Floats at least this large have FLOAT_DIGITS integer digits or more: they are rounded to the
-#: nearest integer rather than to FLOAT_DIGITS significant digits.
-_INTEGER_ROUNDING_FROM = 10.0 ** (FLOAT_DIGITS - 1)
-
-
-def _normalize(value: Any) -> Any:
-    """The value as compared: a finite float rounded to FLOAT_DIGITS significant digits, or to
-    the nearest integer when that is finer (it stays a float); other values are unchanged.
-
-    Python's ``==`` and ``hash`` then make an int equal to a float exactly when their values are
-    equal, at every magnitude (see the module docstring for why no coarser rounding is used).
-    """
-    if isinstance(value, float) and math.isfinite(value):
-        if abs(value) >= _INTEGER_ROUNDING_FROM:
-            return float(round(value))  # exact: such a float's nearest integer is a float too
-        return float(f"{value:.{FLOAT_DIGITS}g}")
-    return value
 
 
 class _Watchdog:
@@ -1064,376 +931,3 @@ class _LRUCache:
 
 
 _results = _LRUCache(RESULT_CACHE_BYTES)
-
-
-# ---------------------------------------------------------------------------------------------
-# Comparison
-# ---------------------------------------------------------------------------------------------
-
-
-def _same_row_set(pred: Sequence[Row], gold: Sequence[Row], gold_sql: str) -> bool:
-    """BIRD: equal as sets of rows (column order matters; row order and duplicates do not)."""
-    return set(pred) == set(gold)
-
-
-def _same_rows_up_to_column_order(pred: Sequence[Row], gold: Sequence[Row], gold_sql: str) -> bool:
-    """Spider: equal as row multisets under a column permutation; ordered if the gold query is."""
-    if len(pred) != len(gold):
-        return False
-    if not gold:
-        return True
-    if len(pred[0]) != len(gold[0]):
-        return False
-    pred_cols = list(zip(*pred))  # columns as tuples of values, in row order
-    gold_cols = list(zip(*gold))
-    if has_top_level_order_by(gold_sql):
-        # Rows in the same order: each gold column must equal some predicted column, one to one.
-        return Counter(pred_cols) == Counter(gold_cols)
-    if Counter(pred) == Counter(gold):
-        return True
-    return _permutation_exists(pred_cols, gold_cols)
-
-
-def _permutation_exists(pred_cols: list[tuple], gold_cols: list[tuple]) -> bool:
-    """Whether some permutation of ``pred_cols`` gives the same row multiset as ``gold_cols``.
-
-    Gold column ``i`` may only take a predicted column with the same value multiset. Gold
-    columns are assigned one at a time (fewest candidates first); after each assignment the rows
-    projected on the columns assigned so far must match as multisets, which prunes wrong branches
-    early. Identical predicted columns are interchangeable and tried once per step.
-    """
-    num_cols = len(gold_cols)
-    pred_counts = [Counter(col) for col in pred_cols]
-    gold_counts = [Counter(col) for col in gold_cols]
-    candidates = [[j for j, p in enumerate(pred_counts) if p == g] for g in gold_counts]
-    order = sorted(range(num_cols), key=lambda i: len(candidates[i]))
-    gold_prefix: dict[int, Counter] = {}  # depth -> multiset of gold rows on order[: depth + 1]
-    steps = 0
-
-    def search(depth: int, assigned: list[int]) -> bool:
-        nonlocal steps
-        if depth == num_cols:
-            return True
-        if depth not in gold_prefix:
-            gold_prefix[depth] = Counter(zip(*(gold_cols[i] for i in order[: depth + 1])))
-        tried: set[tuple] = set()
-        for j in candidates[order[depth]]:
-            if j in assigned or pred_cols[j] in tried:
-                continue
-            tried.add(pred_cols[j])
-            steps += 1
-            if steps > MAX_PERMUTATION_STEPS:
-                return False
-            columns = assigned + [j]
-            if Counter(zip(*(pred_cols[k] for k in columns))) == gold_prefix[depth] and search(
-                depth + 1, columns
-            ):
-                return True
-        return False
-
-    return search(0, [])
-
-
-#: Result comparison per ``cmp_method``.
-COMPARATORS: dict[str, Comparator] = {
-    "bird": _same_row_set,
-    "spider": _same_rows_up_to_column_order,
-}
-
-
-def column_overlap_score(pred: Sequence[Row], gold: Sequence[Row]) -> float:
-    """Partial credit of the original DPH-RL scorer for a result that differs from the gold one.
-
-    ``0.8 * min(count**2 / (gold_cols * pred_cols), 1)``, where ``count`` is the number of gold
-    columns whose set of values equals the set of values of some predicted column. 0 when either
-    result is empty.
-
-    Args:
-        pred: Rows of the predicted query.
-        gold: Rows of the gold query.
-    """
-    if not pred or not gold:
-        return 0.0
-    pred_sets = [set(col) for col in zip(*pred)]
-    gold_sets = [set(col) for col in zip(*gold)]
-    count = sum(any(g == p for p in pred_sets) for g in gold_sets)
-    return PARTIAL_CREDIT_SCALE * min(count**2 / (len(gold_sets) * len(pred_sets)), 1.0)
-
-
-# ---------------------------------------------------------------------------------------------
-# Verifier
-# ---------------------------------------------------------------------------------------------
-
-
-def verify_sql(
-    completion: str,
-    gold_sql: str,
-    db_path: str,
-    *,
-    cmp_method: str = "bird",
-    timeout_s: float = DEFAULT_TIMEOUT_S,
-    partial_credit: bool = False,
-    format_penalty: float = 0.0,
-) -> Verdict:
-    """Scores a completion by executing its last ```sql block against the gold query.
-
-    Args:
-        completion: The model's whole completion.
-        gold_sql: The reference query.
-        db_path: Path of the SQLite database file both queries run on.
-        cmp_method: ``"bird"`` (row sets, column order matters) or ``"spider"`` (row multisets up
-            to a column permutation, ordered when the gold query has a top-level ORDER BY).
-        timeout_s: Wall-clock limit in seconds for the whole call (gold query included when it is
-            not cached yet).
-        partial_credit: Give the original code's column-overlap score (< 1) to a query that ran
-            but whose result differs.
-        format_penalty: Reward ``-format_penalty`` (instead of 0) when there is no ```sql block.
-
-    Returns:
-        ``Verdict(1.0, True)`` when the results are equal; otherwise reward 0 (or the partial
-        credit, or the format penalty) with ``correct=False`` and, when the query could not be
-        checked, a short ``error``.
-
-    Raises:
-        ArgumentError: ``cmp_method`` is unknown, ``timeout_s`` is not a number of seconds in
-            [MIN_TIMEOUT_S, MAX_TIMEOUT_S] of ``rllib_dph.envs.arguments`` (NaN and infinity included), or
-            ``format_penalty`` is not in [0, 1] (caller errors, raised before any scoring; a
-            ValueError). Nothing about the completion or the database ever raises.
-    """
-    compare = COMPARATORS.get(cmp_method)
-    if compare is None:
-        raise ArgumentError(
-            f"cmp_method={cmp_method!r} is unknown; use one of {sorted(COMPARATORS)}."
-        )
-    timeout_s = check_timeout(timeout_s, where="verify_sql", default=DEFAULT_TIMEOUT_S)
-    format_penalty = _check_format_penalty(format_penalty, "verify_sql")
-    if len(completion) > MAX_COMPLETION_CHARS:
-        return Verdict(0.0, False, f"completion too long: {len(completion)} characters, more than "
-                       f"the verifier reads ({MAX_COMPLETION_CHARS})")
-    sql = extract_sql(completion)
-    if sql is None:
-        return Verdict(0.0 - format_penalty, False, "no ```sql block")
-    deadline = time.monotonic() + timeout_s
-    return _run_and_compare(sql, gold_sql, db_path, compare, deadline, partial_credit)
-
-
-def _run_and_compare(sql: str, gold_sql: str, db_path: str, compare, deadline: float, partial_credit: bool) -> Verdict:
-    """Runs the gold and the predicted query before ``deadline`` and compares their rows.
-
-    Args:
-        sql: The completion's query.
-        gold_sql: The reference query.
-        db_path: The SQLite database file.
-        compare: A ``COMPARATORS`` function ``(pred_rows, gold_rows, gold_sql) -> bool``.
-        deadline: ``time.monotonic()`` value by which both queries must have finished.
-        partial_credit: Score a differing result by column overlap instead of 0.
-
-    Returns:
-        The verdict of :func:`verify_sql`; never raises.
-    """
-    try:
-        try:
-            gold = _execute(gold_sql, db_path, deadline)
-        except SQLExecutionError as error:
-            return Verdict(0.0, False, f"gold query failed on {db_path}: {error}")
-        try:
-            pred = _execute(sql, db_path, deadline)
-        except SQLExecutionError as error:
-            return Verdict(0.0, False, str(error))
-        if compare(pred, gold, gold_sql):
-            return Verdict(1.0, True)
-        return Verdict(column_overlap_score(pred, gold) if partial_credit else 0.0, False)
-    except Exception as error:  # never raise into the training loop
-        return Verdict(0.0, False, f"verifier error: {type(error).__name__}: {error}")
-
-
-def sql_reward(
-    completion: str,
-    gold_sql: str,
-    db_path: str,
-    *,
-    cmp_method: str = "bird",
-    timeout_s: float = DEFAULT_TIMEOUT_S,
-) -> float:
-    """1.0 when the last ```sql block of ``completion`` gives the gold query's result, else 0.0.
-
-    See :func:`verify_sql` for the arguments; this is its reward with the default options.
-    """
-    verdict = verify_sql(completion, gold_sql, db_path, cmp_method=cmp_method, timeout_s=timeout_s)
-    return verdict.reward
-
-
-def _check_format_penalty(value: Any, where: str) -> float:
-    """``format_penalty`` as a float in [0, 1]: a negative one would reward a completion without
-    SQL, one above a correct answer's reward 1 would dominate the reward."""
-    return check_real(value, "format_penalty", low=0.0, high=1.0, where=where, default=0.0)
-
-
-# ---------------------------------------------------------------------------------------------
-# Environment
-# ---------------------------------------------------------------------------------------------
-
-_GROUND_TRUTH_KEYS = ("db_path", "gold_sql")
-
-
-class SQLEnv(VerifierEnv):
-    """Text-to-SQL: write one SQLite query that answers a question about a database.
-
-    ## Description
-    Each episode is one question about one SQLite database (schema and question in the prompt).
-    The model answers with a completion whose last ```sql fenced block is executed read-only on
-    the database and compared with the gold query's result (see :func:`verify_sql`).
-
-    ## Action Space
-    ``spaces.Text`` over printable characters: the whole completion. ``step`` accepts any ``str``.
-
-    ## Observation Space
-    ``spaces.Text``: the prompt text (printable ASCII plus every character of the prompts).
-
-    ## Rewards
-    1.0 when the query's result equals the gold result under ``cmp_method``; otherwise 0.0, or
-    the column-overlap partial credit in [0, 0.8] when ``partial_credit=True``, or
-    ``-format_penalty`` when the completion has no ```sql block.
-
-    ## Starting State
-    A question drawn uniformly with ``self.np_random``, or the one chosen by
-    ``options={"index": i}``.
-
-    ## Episode End
-    Terminated after one step; never truncated.
-
-    ## Info
-    ``reset``: ``task_id``, ``data_source``, ``index``, ``messages``. ``step``: the same plus
-    ``correct`` and, when the query could not be checked (no block, SQL error, denied statement,
-    timeout, result too large), ``error``.
-
-    ## Arguments
-    Args:
-        data: A bundled suite split (``"sql_synth/train"``), a parquet or jsonl file, or a list
-            of row dicts, all read by ``rllib_dph.envs.data.load_tasks``; or a list of already-loaded
-            :class:`~rllib_dph.envs.base.Task` (used as they are, ``db_root`` unused).
-        db_root: Directory the ``db_id`` paths of a data file are relative to.
-        cmp_method: ``"bird"`` or ``"spider"`` for every task; None uses each task's own.
-        timeout_s: Wall-clock limit per verification in seconds, in [0.01, 3600].
-        partial_credit: Give the original column-overlap partial credit to wrong results.
-        format_penalty: Reward ``-format_penalty`` for a completion without a ```sql block, in
-            [0, 1].
-    """
-
-    def __init__(
-        self,
-        data: str | os.PathLike | Sequence[Task | Mapping[str, Any]] = "sql_synth/train",
-        *,
-        db_root: str | None = None,
-        cmp_method: str | None = None,
-        timeout_s: float = DEFAULT_TIMEOUT_S,
-        partial_credit: bool = False,
-        format_penalty: float = 0.0,
-    ):
-        if isinstance(data, Sequence) and all(isinstance(t, Task) for t in data):
-            tasks = list(data)
-        else:
-            # Imported here so that the verifier and from_tasks work without the data loaders.
-            from rllib_dph.envs.data import load_tasks
-
-            tasks = load_tasks(data, task="sql", db_root=db_root)
-        if cmp_method is not None and cmp_method not in COMPARATORS:
-            raise ValueError(
-                f"SQLEnv: cmp_method={cmp_method!r} is unknown; use one of "
-                f"{sorted(COMPARATORS)}, or None to use each task's own."
-            )
-        timeout_s = check_timeout(timeout_s, where="SQLEnv", default=DEFAULT_TIMEOUT_S)
-        format_penalty = _check_format_penalty(format_penalty, "SQLEnv")
-        for task in tasks:
-            _check_ground_truth(task, needs_cmp_method=cmp_method is None)
-        self.cmp_method = cmp_method
-        self.timeout_s = timeout_s
-        self.partial_credit = partial_credit
-        self.format_penalty = format_penalty
-        super().__init__(tasks, self._verify, name="SQLEnv")
-
-    @classmethod
-    def from_tasks(cls, tasks: Sequence[Task], **kwargs) -> "SQLEnv":
-        """Builds the env on already-loaded tasks; ``kwargs`` as for ``SQLEnv`` (not ``data``)."""
-        return cls(list(tasks), **kwargs)
-
-    def _verify(self, completion: str, truth: Mapping[str, Any]) -> Verdict:
-        return verify_sql(
-            completion,
-            truth["gold_sql"],
-            truth["db_path"],
-            cmp_method=self.cmp_method or truth["cmp_method"],
-            timeout_s=self.timeout_s,
-            partial_credit=self.partial_credit,
-            format_penalty=self.format_penalty,
-        )
-
-    def answer_key(self, index: int, completion: str) -> str | None:
-        """The query's execution result on the task's database, as a hash of its set of rows.
-
-        Column order is kept, row order and duplicates are ignored (as in BIRD's comparison);
-        None when there is no ```sql block or the query fails.
-
-        Args:
-            index: The task's index in :attr:`tasks`.
-            completion: The completion text.
-        """
-        sql = extract_sql(completion)
-        if sql is None:
-            return None
-        try:
-            rows = execute_sql(sql, self.tasks[index].ground_truth["db_path"], timeout_s=self.timeout_s)
-        except SQLExecutionError:
-            return None
-        canonical = repr(sorted({tuple(row) for row in rows}, key=repr))
-        return "rows:" + hashlib.sha1(canonical.encode()).hexdigest()[:16]
-
-    def solution_style(self, index: int, completion: str, suite: str | None = None) -> str | None:
-        """The SQL style (``rllib_dph.envs.suites.style_of``) when the task's suite has styles, else None."""
-        return task_style(self.tasks[index].data_source, completion, suite)
-
-    def solution_key(self, index: int, completion: str) -> str | None:
-        """The query of the last ```sql block as code: its tokens without comments or whitespace,
-        unquoted words (keywords, names: SQLite ignores their case) upper-cased, quoted strings
-        and names as written, trailing semicolons dropped; None without a block. So
-        ``select name  from t;`` and ``SELECT name FROM T`` are one solution, and
-        ``SELECT t.name FROM t`` is another.
-
-        Args:
-            index: The task's index in :attr:`tasks`.
-            completion: The completion text.
-        """
-        sql = extract_sql(completion)
-        if sql is None:
-            return None
-        tokens = [m.group().upper() if m.lastgroup == "word" else m.group() for m in _code_tokens(sql)]
-        while tokens and tokens[-1] == ";":
-            tokens.pop()
-        return " ".join(tokens) or None
-
-
-def _check_ground_truth(task: Task, *, needs_cmp_method: bool) -> None:
-    """Raises ValueError naming the task and field when its ground truth cannot be verified."""
-    where = f"SQLEnv: task {task.id!r} (data_source {task.data_source!r})"
-    truth = task.ground_truth
-    if not isinstance(truth, Mapping):
-        raise ValueError(
-            f"{where}: ground_truth is a {type(truth).__name__}; SQL tasks need a dict with "
-            f"'db_path', 'gold_sql' and 'cmp_method' (as built by rllib_dph.envs.data.load_tasks)."
-        )
-    for key in _GROUND_TRUTH_KEYS + (("cmp_method",) if needs_cmp_method else ()):
-        if not truth.get(key):
-            raise ValueError(
-                f"{where}: ground_truth[{key!r}] is missing or empty; SQL tasks need 'db_path', "
-                f"'gold_sql' and 'cmp_method' (or pass cmp_method= to SQLEnv)."
-            )
-    if needs_cmp_method and truth["cmp_method"] not in COMPARATORS:
-        raise ValueError(
-            f"{where}: ground_truth['cmp_method']={truth['cmp_method']!r} is unknown; use one of "
-            f"{sorted(COMPARATORS)}."
-        )
-    if not os.path.isfile(truth["db_path"]):
-        raise ValueError(
-            f"{where}: ground_truth['db_path']={truth['db_path']!r} is not a file; check db_root "
-            f"and the task's db_id."
-        )

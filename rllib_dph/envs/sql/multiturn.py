@@ -25,7 +25,9 @@ import numpy as np
 
 from rllib_dph.envs.base import Task
 from rllib_dph.envs.multiturn import MultiTurnEnv, tag_content
-from rllib_dph.envs.sql import SQLEnv, SQLExecutionError, execute_sql, extract_sql
+from rllib_dph.envs.sql.env import SQLEnv
+from rllib_dph.envs.sql.extract import extract_sql
+from rllib_dph.envs.sql.sandbox import SQLExecutionError, execute_sql
 
 #: The protocol appended to every prompt (``str.format`` with ``max_turns`` and ``rows``).
 PROTOCOL = (

@@ -114,7 +114,7 @@ def _replace_loss(algo, loss) -> None:
 
 def test_learner_killed_mid_update_is_named_with_its_log_and_the_run_resumes(ray_session, tiny_grpo_config, tmp_path):
     from rllib_dph.algorithms.grpo import GRPO
-    from rllib_dph.learner_calls import LearnerFailed
+    from rllib_dph.learners.remote_calls import LearnerFailed
 
     algo = _remote_learner(tiny_grpo_config).build_algo()
     algo.train()
@@ -205,7 +205,7 @@ def _all_reduce_alone(rank: int, port: int, messages, done) -> None:
     import torch
     import torch.distributed as dist
 
-    from rllib_dph.collectives import all_reduce, set_timeout
+    from rllib_dph.learners.collectives import all_reduce, set_timeout
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     set_timeout(1.5)
@@ -240,17 +240,19 @@ def test_collective_with_a_stuck_learner_raises_naming_it_and_the_timeout():
 # ------------------------------------------------------------------------- verifier pools
 def test_math_check_waiting_for_a_busy_pool_raises_naming_it_then_the_pool_works_again():
     from rllib_dph.envs import math as M
+    from rllib_dph.envs.arguments import ArgumentError
+    from rllib_dph.envs.math.checker import _POOL
 
-    size, wait_s = M._POOL.size, M._POOL.wait_s
+    size, wait_s = _POOL.size, _POOL.wait_s
     M.set_checker_pool(size=1, wait_s=0.5)
-    held = M._POOL._acquire()  # the pool's only checker, busy
+    held = _POOL._acquire()  # the pool's only checker, busy
     try:
         with pytest.raises(M.CheckerPoolTimeout, match=r"pool \(size=1\): waited wait_s=0.5 s for a free checker.*set_checker_pool"):
             M.verify_math("\\boxed{\\sqrt{2}/2}", "\\frac{\\sqrt{2}}{2}")
     finally:
-        M._POOL._release(held)
+        _POOL._release(held)
     # The abandoned turn does not block the next check.
     assert M.verify_math("\\boxed{\\sqrt{2}/2}", "\\frac{\\sqrt{2}}{2}").reward == 1.0
     M.set_checker_pool(size=size, wait_s=wait_s)
-    with pytest.raises(M.ArgumentError, match="wait_s"):
+    with pytest.raises(ArgumentError, match="wait_s"):
         M.set_checker_pool(wait_s=float("inf"))

@@ -315,7 +315,7 @@ def test_format_penalty_is_checked(db, penalty):
                                     {"idle_s": 1e12}, {"size": 0}, {"size": True},
                                     {"size": 10**6}, {"size": 2.0}])
 def test_checker_pool_bounds_are_checked(kwargs):
-    from rllib_dph.envs.math import _POOL
+    from rllib_dph.envs.math.checker import _POOL
 
     before = (_POOL.size, _POOL.idle_s)
     with pytest.raises(ValueError, match=f"set_checker_pool: {next(iter(kwargs))}="):

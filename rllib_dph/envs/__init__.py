@@ -30,7 +30,7 @@ from rllib_dph.envs.registry import (
 )
 
 register("rllib_dph/SQL-v0", entry_point="rllib_dph.envs.sql.env:SQLEnv")
-register("rllib_dph/Math-v0", entry_point="rllib_dph.envs.math:MathEnv")
+register("rllib_dph/Math-v0", entry_point="rllib_dph.envs.math.env:MathEnv")
 register("rllib_dph/SQLMultiTurn-v0", entry_point="rllib_dph.envs.sql.multiturn:SQLMultiTurnEnv")
 register("rllib_dph/ReasoningGym-v0", entry_point="rllib_dph.envs.reasoning_gym:ReasoningGymEnv")
 register("rllib_dph/Verifiers-v0", entry_point="rllib_dph.envs.adapters.verifiers:VerifiersEnv")

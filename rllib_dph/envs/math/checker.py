@@ -1,18 +1,7 @@
-"""Math answers: extraction, equivalence with Math-Verify, and the math env ``rllib_dph/Math-v0``.
-
-The answer of a completion is the content of its **last** complete ``\\boxed{...}`` (or
-``\\fbox{...}``; braces balanced, ``\\{`` and ``\\}`` are not braces); when there is none, the text
-after the last "the answer is" on its line, or the span of a Markdown emphasis opening it ("The
-answer is **5**." gives ``5``). Two answers are equal when
-
-1. both are plain numbers (``-3``, ``0.75``, ``3/4``, ``\\frac{3}{4}``) with equal values, or they
-   are the same string after removing spacing commands (fast path, no Math-Verify call), or
-2. Math-Verify's ``parse`` + ``verify`` says so (fractions, decimals, percentages, radicals, tuples,
-   sets, LaTeX variants). Two *exact* plain numbers (no decimal point) that differ are unequal
-   without asking Math-Verify.
+"""Math-Verify's ``parse`` + ``verify`` in a checker subprocess, under a CPU-time limit.
 
 Math-Verify's own timeout uses ``signal.alarm``, which only works in the main thread. We switch it
-off and run ``parse`` + ``verify`` in a *checker subprocess* instead (``python -m rllib_dph.envs.math``),
+off and run ``parse`` + ``verify`` in a *checker subprocess* instead (``python -m rllib_dph.envs.math.checker``),
 reused across calls (a pipe round trip, ~0.2 ms). The checkers of a process form a bounded pool
 (:func:`set_checker_pool`; default: one per CPU core, so 16 threads do not start 16 checkers
 that share 2 cores); a thread waits for a free one, and idle checkers are stopped after
@@ -39,7 +28,6 @@ import logging
 import math
 import os
 import queue
-import re
 import select
 import signal
 import subprocess
@@ -47,13 +35,8 @@ import sys
 import threading
 import time
 from concurrent.futures import Future
-from fractions import Fraction
-from typing import Any, Mapping, Sequence
 
-from rllib_dph.envs.arguments import ArgumentError, check_real, check_timeout
-from rllib_dph.envs.base import Task, Verdict, VerifierEnv
-from rllib_dph.envs.data import load_tasks
-from rllib_dph.envs.suites import task_style
+from rllib_dph.envs.arguments import ArgumentError, check_real
 
 logger = logging.getLogger(__name__)
 
@@ -81,8 +64,6 @@ CHECKER_WAIT_LIMIT_S = 1800.0
 CHECKER_MEMORY_BYTES = 1 << 30
 #: CPU seconds beyond ``timeout_s`` after which a checker is killed by the kernel (when orphaned).
 CHECKER_CPU_GRACE_S = 5
-#: Default CPU-time limit of one answer check, in seconds.
-DEFAULT_TIMEOUT_S = 5.0
 #: Ranges accepted by :func:`set_checker_pool`: more checkers than this is no pool (each holds
 #: ~80 MB); an idle time below the lower bound would keep the service thread spinning, above the
 #: upper one it is no limit.
@@ -92,98 +73,6 @@ CHECKER_WAIT_RANGE_S = (0.01, 31_536_000.0)
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)
-_BOX_OPENING = re.compile(r"\\(?:boxed|fbox)\s*\{")
-_BRACE_TOKENS = re.compile(r"\\.|[{}]", re.DOTALL)  # an escaped char (skipped) or a brace
-_ANSWER_IS = re.compile(r"the\s+(?:final\s+)?answer\s+is\s*:?[ \t]*([^\n]+)", re.IGNORECASE)
-# Markdown emphasis opening the text after "the answer is" (bold, italic, both; with * or _):
-# the answer is the emphasised span.
-_EMPHASIS = re.compile(r"(\*{1,3}|_{1,3})(.+?)\1")
-_PLAIN_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:/\d+)?")
-_LATEX_FRACTION = re.compile(r"([+-]?)\\[dt]?frac\{(\d+)\}\{(\d+)\}")
-_SPACING = re.compile(r"\s+|\\[,;:! ]|\\left|\\right")
-
-
-def extract_boxed(text: str) -> str | None:
-    """Returns the content of the last complete ``\\boxed{...}`` / ``\\fbox{...}``, else None.
-
-    One pass over the braces of ``text`` (linear time, whatever the nesting).
-    """
-    openings = {m.end() - 1 for m in _BOX_OPENING.finditer(text)}  # positions of their "{"
-    if not openings:
-        return None
-    stack: list[int] = []
-    last: tuple[int, int] | None = None
-    for token in _BRACE_TOKENS.finditer(text):
-        if token.group() == "{":
-            stack.append(token.start())
-        elif token.group() == "}" and stack:
-            start = stack.pop()
-            if start in openings and (last is None or start > last[0]):
-                last = (start, token.start())
-    return None if last is None else text[last[0] + 1 : last[1]].strip()
-
-
-def extract_answer(completion: str) -> str | None:
-    """The final answer: the last ``\\boxed{}``, else the last "the answer is X", else None."""
-    boxed = extract_boxed(completion)
-    if boxed is not None:
-        return boxed
-    matches = _ANSWER_IS.findall(completion)
-    if not matches:
-        return None
-    return _unwrap_answer(matches[-1]) or None
-
-
-def _unwrap_answer(text: str) -> str:
-    """The answer in the text after "the answer is": the span of a Markdown emphasis opening
-    it (``**5**``, ``__5__``, ``*5*``, ``***5***``), else the whole text; then without stray
-    emphasis marks at its ends (``**The answer is 5**``), a final full stop and ``$`` signs."""
-    text = text.strip()
-    emphasis = _EMPHASIS.match(text)
-    if emphasis is not None:
-        text = emphasis.group(2)
-    return text.strip().strip("*_").strip().rstrip(".").strip().strip("$").strip()
-
-
-def _gold_text(gold_answer: Any) -> str:
-    """The gold answer as a string; a boxed gold is unboxed and surrounding ``$`` removed."""
-    if isinstance(gold_answer, (int, float, Fraction)) and not isinstance(gold_answer, bool):
-        return str(gold_answer)
-    text = str(gold_answer).strip()
-    boxed = extract_boxed(text)
-    return (boxed if boxed is not None else text).strip().strip("$").strip()
-
-
-def _as_fraction(answer: str) -> Fraction | None:
-    """The value of a plain number (``-3``, ``0.75``, ``3/4``, ``\\frac{3}{4}``), else None."""
-    latex = _LATEX_FRACTION.fullmatch(answer)
-    if latex is not None:
-        answer = f"{latex.group(1)}{latex.group(2)}/{latex.group(3)}"
-    elif _PLAIN_NUMBER.fullmatch(answer) is None:
-        return None
-    try:
-        return Fraction(answer)
-    except (ValueError, ZeroDivisionError):
-        return None
-
-
-def _squash(answer: str) -> str:
-    """The answer without spacing, ``\\left`` / ``\\right``, and with ``\\dfrac`` as ``\\frac``."""
-    return _SPACING.sub("", answer).replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
-
-
-def _fast_equal(gold: str, pred: str) -> bool | None:
-    """Decides the easy cases without Math-Verify; None when Math-Verify must decide."""
-    g, p = _as_fraction(gold), _as_fraction(pred)
-    if g is not None and p is not None:
-        if g == p:
-            return True
-        if "." not in gold and "." not in pred:
-            return False  # two different exact numbers (Math-Verify would round decimals)
-        return None
-    if _squash(gold) == _squash(pred):
-        return True
-    return None
 
 
 def _timed_out(timeout_s: float) -> str:
@@ -219,7 +108,7 @@ def _cpu_seconds(pid: int) -> float | None:
 
 
 class _Checker:
-    """One checker subprocess (``python -m rllib_dph.envs.math PARENT_PID``) and the JSON-lines protocol.
+    """One checker subprocess (``python -m rllib_dph.envs.math.checker PARENT_PID``) and the JSON-lines protocol.
 
     Request: ``{"gold": str, "pred": str, "limit_s": float}``; reply: ``{"equal": bool,
     "error": str | null}``. The subprocess first writes ``{"ready": true}`` once it has imported
@@ -227,11 +116,11 @@ class _Checker:
     """
 
     def __init__(self):
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rllib_dph.envs.math", str(os.getpid())],
+            [sys.executable, "-m", "rllib_dph.envs.math.checker", str(os.getpid())],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
@@ -565,129 +454,6 @@ def set_checker_pool(*, size: int | None = None, idle_s: float | None = None, wa
     if idle_s is not None:
         _POOL.idle_s = idle_s
 
-
-def verify_math(
-    completion: str, gold_answer: Any, *, timeout_s: float = DEFAULT_TIMEOUT_S
-) -> Verdict:
-    """Checks the final answer of a completion against the gold answer.
-
-    Args:
-        completion: The model's full answer text.
-        gold_answer: The gold answer (LaTeX or plain text; a number is accepted; a ``\\boxed{}``
-            gold is unboxed).
-        timeout_s: Most CPU time Math-Verify may spend on this pair, > 0. A check that runs
-            longer is abandoned (reward 0, ``error`` says so). Time spent waiting for a free
-            checker or for a busy CPU, and the start of a checker subprocess (about half a
-            second), are not counted.
-
-    Returns:
-        ``Verdict(1.0, True)`` when the answers are equivalent, else reward 0.0 with ``error`` set
-        when no answer was found or the check failed.
-
-    Raises:
-        ArgumentError: ``timeout_s`` is not a number of seconds in [MIN_TIMEOUT_S,
-            MAX_TIMEOUT_S] of ``rllib_dph.envs.arguments`` (a caller error, raised before any check).
-            Nothing about the completion or the gold answer ever raises.
-        CheckerPoolTimeout: No checker was free within the pool's ``wait_s``
-            (:func:`set_checker_pool`): a stuck pool, not the completion.
-    """
-    timeout_s = check_timeout(timeout_s, where="verify_math", default=DEFAULT_TIMEOUT_S)
-    try:
-        if not isinstance(completion, str):
-            return Verdict(0.0, False, f"completion is a {type(completion).__name__}, not a str")
-        gold = _gold_text(gold_answer)
-        if not gold:
-            return Verdict(0.0, False, "the gold answer is empty")
-        pred = extract_answer(completion)
-        if pred is None:
-            return Verdict(0.0, False, "no answer found: no \\boxed{...} and no 'the answer is'")
-        equal = _fast_equal(gold, pred)
-        error = None
-        if equal is None:
-            equal, error = _POOL.check(gold, pred, timeout_s)
-        return Verdict(1.0 if equal else 0.0, equal, error)
-    except CheckerPoolTimeout:  # a stuck pool, not the completion: the run must see it
-        raise
-    except Exception as e:  # the training loop must never see a verifier exception
-        logger.warning("verify_math failed", exc_info=True)
-        return Verdict(0.0, False, f"math check failed: {type(e).__name__}: {e}")
-
-
-def math_reward(
-    completion: str, gold_answer: Any, *, timeout_s: float = DEFAULT_TIMEOUT_S
-) -> float:
-    """1.0 when the completion's final answer equals ``gold_answer``, else 0.0.
-
-    See :func:`verify_math` for the arguments and the rules.
-    """
-    return verify_math(completion, gold_answer, timeout_s=timeout_s).reward
-
-
-class MathEnv(VerifierEnv):
-    """Math word problems with a verifiable final answer (``rllib_dph/Math-v0``).
-
-    ## Description
-    Each episode is one problem; the model answers with its reasoning and puts the final answer in
-    ``\\boxed{}``. The answer is checked against the gold answer with Math-Verify.
-
-    ## Action Space
-    ``spaces.Text`` over printable characters: the model's complete answer.
-
-    ## Observation Space
-    ``spaces.Text``: the prompt text (chat message contents joined by blank lines).
-
-    ## Rewards
-    1.0 when the last ``\\boxed{}`` (fallback: "the answer is X") equals the gold answer, else 0.0.
-
-    ## Starting State
-    A problem drawn uniformly with ``self.np_random``, or the one given by ``options={"index": i}``.
-
-    ## Episode End
-    Always terminated after one step; never truncated.
-
-    ## Info
-    ``task_id``, ``data_source``, ``index``, ``messages``; after ``step`` also ``correct`` and, when
-    no answer was found or the check failed or timed out, ``error``.
-
-    ## Arguments
-    ``data``: a bundled split name (default ``"math_synth/train"``), a ``.parquet`` / ``.jsonl``
-    file in the verl layout (answer in ``reward_model.ground_truth``), or a list of tasks / rows.
-    ``timeout_s``: CPU-time limit of one answer check in seconds (waiting for a busy CPU or for
-    a free checker subprocess is not counted; see :func:`verify_math`), in [0.01, 3600].
-    """
-
-    def __init__(
-        self,
-        data: str | os.PathLike | Sequence[Task | Mapping[str, Any]] = "math_synth/train",
-        *,
-        timeout_s: float = DEFAULT_TIMEOUT_S,
-    ):
-        self.timeout_s = check_timeout(timeout_s, where="MathEnv", default=DEFAULT_TIMEOUT_S)
-        super().__init__(load_tasks(data, task="math"), self._verify, name="rllib_dph/Math-v0")
-
-    @classmethod
-    def from_tasks(cls, tasks: Sequence[Task], **kwargs) -> "MathEnv":
-        """Builds the env on already-loaded tasks (``ground_truth`` = the gold answer)."""
-        return cls(list(tasks), **kwargs)
-
-    def _verify(self, completion: str, gold_answer: Any) -> Verdict:
-        return verify_math(completion, gold_answer, timeout_s=self.timeout_s)
-
-    def answer_key(self, index: int, completion: str) -> str | None:
-        """The extracted final answer without whitespace; None when there is none.
-
-        Equal values written differently (``0.5``, ``\\frac{1}{2}``) are different keys.
-
-        Args:
-            index: The task's index in :attr:`tasks`.
-            completion: The completion text.
-        """
-        answer = extract_answer(completion)
-        return None if answer is None else re.sub(r"\s+", "", answer)
-
-    def solution_style(self, index: int, completion: str, suite: str | None = None) -> str | None:
-        """The math style (``rllib_dph.envs.suites.style_of``) when the task's suite has styles, else None."""
-        return task_style(self.tasks[index].data_source, completion, suite)
 
 
 class _Interrupted(BaseException):

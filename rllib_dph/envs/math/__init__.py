@@ -1,0 +1,31 @@
+"""Math answers: extraction, equivalence with Math-Verify, and the math env ``rllib_dph/Math-v0``.
+
+The modules, one concept each: :mod:`~rllib_dph.envs.math.extract` (the final answer of a
+completion), :mod:`~rllib_dph.envs.math.compare` (when two answers are equal),
+:mod:`~rllib_dph.envs.math.checker` (Math-Verify in a checker subprocess) and
+:mod:`~rllib_dph.envs.math.env` (the verifier and ``MathEnv``).
+"""
+
+from rllib_dph.envs.math.checker import (
+    CHECKER_KILL_GRACE_S,
+    CHECKER_WALL_FACTOR,
+    CheckerPoolTimeout,
+    set_checker_pool,
+    start_checker,
+)
+from rllib_dph.envs.math.env import DEFAULT_TIMEOUT_S, MathEnv, math_reward, verify_math
+from rllib_dph.envs.math.extract import extract_answer, extract_boxed
+
+__all__ = [
+    "CHECKER_KILL_GRACE_S",
+    "CHECKER_WALL_FACTOR",
+    "CheckerPoolTimeout",
+    "DEFAULT_TIMEOUT_S",
+    "MathEnv",
+    "extract_answer",
+    "extract_boxed",
+    "math_reward",
+    "set_checker_pool",
+    "start_checker",
+    "verify_math",
+]

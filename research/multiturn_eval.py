@@ -8,7 +8,7 @@ The budget, fixed before the first run:
 
 - policies: ``tiny-sql-math`` as shipped (before) and the ``tiny-sql-math-mt`` warm start
   (after: ``tiny-sql-math`` + 800 SFT steps of 16 examples, half single-turn answers and half
-  ``SQLMultiTurn-v0`` traces, ``rllib_dph.models.warm_start``); built on first use (~4 min);
+  ``SQLMultiTurn-v0`` traces, ``rllib_dph.models.build.warm_start``); built on first use (~4 min);
 - splits: the first 100 prompts of ``sql_synth/test`` (in-domain databases) and of
   ``sql_synth/test_cross`` (databases of domains never trained on);
 - envs: ``rllib_dph/SQL-v0`` (single turn) and ``rllib_dph/SQLMultiTurn-v0`` with

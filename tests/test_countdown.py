@@ -110,7 +110,7 @@ def test_sft_rows_use_the_envs_prompts_and_name_their_shape():
 
 def test_a_warm_start_with_countdown_draws_its_rows_from_the_puzzles():
     pytest.importorskip("reasoning_gym", reason='needs reasoning-gym: pip install -e ".[reasoning_gym]"')
-    from rllib_dph.models.warm_start import WARM_STARTS, WarmStartSpec, training_examples
+    from rllib_dph.models.build.warm_start import WARM_STARTS, WarmStartSpec, training_examples
 
     puzzles = CountdownSFT(config=(("min_numbers", 3), ("max_numbers", 3)), size=5, solutions_per_prompt=2)
     spec = WarmStartSpec(base="tiny-sql-math", splits=(), countdown=puzzles, sft_steps=2, batch_size=4)

@@ -23,7 +23,7 @@ from rllib_dph.models.hub import (
     model_fingerprint,
     resolve_model,
 )
-from rllib_dph.models.tiny import (
+from rllib_dph.models.build.tiny import (
     BUILD_RECORD,
     BUILD_VERSION,
     CHAT_TEMPLATE,
@@ -33,7 +33,7 @@ from rllib_dph.models.tiny import (
     sft_corpus,
     train_tokenizer,
 )
-from rllib_dph.models.sft import bucketed_batches, collate, completion_loss, encode_example, lr_at, sft
+from rllib_dph.models.build.sft import bucketed_batches, collate, completion_loss, encode_example, lr_at, sft
 
 
 @pytest.fixture(scope="module")
@@ -228,7 +228,7 @@ def test_sft_learns_completions(tokenizer, tiny_random):
     ]
     spec = TinyModelSpec(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=2, intermediate_size=64,
                          sft_steps=40, batch_size=4, lr=1e-2, warmup_steps=5)
-    from rllib_dph.models.tiny import build_model as build_qwen2
+    from rllib_dph.models.build.tiny import build_model as build_qwen2
 
     model = build_qwen2(tokenizer, spec)
     batch = collate(examples, tokenizer.pad_token_id)

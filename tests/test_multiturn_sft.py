@@ -15,10 +15,10 @@ from rllib_dph.engines.base import Completion
 from rllib_dph.envs.sql.multiturn import SQLMultiTurnEnv, sft_trace, sft_traces
 from rllib_dph.envs.suites import sft_examples
 from rllib_dph.envs.suites.storage import suite_root
-from rllib_dph.models import warm_start
+from rllib_dph.models.build import warm_start
 from rllib_dph.models.hub import BUNDLED_MODELS, is_current, load_tokenizer, locate_model
-from rllib_dph.models.sft import encode_example
-from rllib_dph.models.warm_start import WarmStartSpec, training_examples
+from rllib_dph.models.build.sft import encode_example
+from rllib_dph.models.build.warm_start import WarmStartSpec, training_examples
 from rllib_dph.rollout import Episode, encode_task, take_turn
 
 SPLIT = "sql_synth/train"

@@ -7,7 +7,7 @@ import pytest
 
 from rllib_dph.models import hub
 from rllib_dph.models.hub import SHIPPED_DIR, load_causal_lm, load_tokenizer, resolve_model
-from rllib_dph.models.tiny import BUILD_RECORD, corpus_fingerprint, is_current_build, sft_corpus
+from rllib_dph.models.build.tiny import BUILD_RECORD, corpus_fingerprint, is_current_build, sft_corpus
 
 
 def test_shipped_build_is_current_small_and_complete():

@@ -20,10 +20,10 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 import rllib_dph.envs
 from rllib_dph.chat import encode_prompt
 from rllib_dph.engines.base import SamplingParams
-from rllib_dph.models import smollm2
+from rllib_dph.models.build import smollm2
 from rllib_dph.models.hub import load_tokenizer, model_fingerprint, resolve_model
-from rllib_dph.models.smollm2 import END_OF_TURN, INSTALL_COMMAND, SMOLLM2_NAME
-from rllib_dph.models.tiny import BUILD_RECORD
+from rllib_dph.models.build.smollm2 import END_OF_TURN, INSTALL_COMMAND, SMOLLM2_NAME
+from rllib_dph.models.build.tiny import BUILD_RECORD
 from test_dph import toy_verifier
 
 needs_package = pytest.mark.skipif(

@@ -30,7 +30,7 @@ from rllib_dph.engines import RolloutEngine, build_engine, make_engine  # noqa: 
 from rllib_dph.engines.base import SamplingParams  # noqa: E402
 from rllib_dph.engines.hf import HFEngine  # noqa: E402
 from rllib_dph.engines.vllm import VLLMEngine  # noqa: E402
-from rllib_dph.models import smollm2  # noqa: E402
+from rllib_dph.models.build import smollm2  # noqa: E402
 from rllib_dph.models.hub import resolve_model  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

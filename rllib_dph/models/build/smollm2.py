@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from rllib_dph.models.folders import folder_fingerprint
-from rllib_dph.models.tiny import BUILD_RECORD
+from rllib_dph.models.build.tiny import BUILD_RECORD
 
 #: The bundled name of the converted model.
 SMOLLM2_NAME = "smollm2-135m-instruct"

@@ -38,7 +38,7 @@ from transformers import (
 from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX as QWEN2_PRETOKENIZE_REGEX
 
 from rllib_dph.envs import suites
-from rllib_dph.models.sft import encode_example, sft
+from rllib_dph.models.build.sft import encode_example, sft
 
 PAD_TOKEN = "<|endoftext|>"
 IM_START = "<|im_start|>"

@@ -40,8 +40,8 @@ import torch
 
 from rllib_dph.envs.countdown import TINY_COUNTDOWN, CountdownSFT
 from rllib_dph.models.folders import folder_fingerprint, load_model_folder, load_tokenizer_folder
-from rllib_dph.models.sft import encode_example, sft
-from rllib_dph.models.tiny import corpus_fingerprint
+from rllib_dph.models.build.sft import encode_example, sft
+from rllib_dph.models.build.tiny import corpus_fingerprint
 
 #: Version of the warm-start recipe; a build made by another version is rebuilt.
 WARM_START_VERSION = 1

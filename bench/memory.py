@@ -15,7 +15,7 @@ Three parts:
   then LoRA (the defaults) next to full fine-tuning on one GPU learner at 2k-32k tokens;
 - ``--measured``: the tiny model and a random ~100M Qwen2 on CPU with 2 Ray learners (gloo),
   DDP and FSDP2, float32: the bytes each learner holds after one real update
-  (``rllib_dph.sharding.held_bytes``) next to the estimate's, and the activation bytes autograd
+  (``rllib_dph.learners.sharding.held_bytes``) next to the estimate's, and the activation bytes autograd
   saves in a real forward pass next to the estimate's;
 - ``--rss``: the peak RSS of a learner process (``resource.getrusage(...).ru_maxrss`` of a fresh
   subprocess that builds one local learner and runs two updates on one batch; the second is the
@@ -246,7 +246,7 @@ def measured_check(args) -> None:
     from rllib_dph import columns as C
     from rllib_dph.batch import shard_groups
     from rllib_dph.cli.memory import LearnerSetup, MicroBatch, activation_bytes as estimated_activations, state_bytes
-    from rllib_dph.sharding import held_bytes
+    from rllib_dph.learners.sharding import held_bytes
 
     rows = args.rows
     print(f"\nMeasured on CPU, float32, 2 learners (gloo), one update of {rows} rows x (32 prompt + 32 response) tokens:")

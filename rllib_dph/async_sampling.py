@@ -25,7 +25,7 @@ Engine calls are bounded here, from the driver, not inside the env runner: the H
 ``generate`` (and vLLM's in-process one) runs in the runner's own thread, which Python cannot
 interrupt, so ``sample_timeout_s`` and ``weight_sync_timeout_s`` bound the runner's whole call. A
 runner stuck that way stops the run (it is alive: Ray would not restart it). Timeouts of the
-learners' waits: ``rllib_dph.learner_calls`` and ``rllib_dph.collectives`` (docs/faults.md).
+learners' waits: ``rllib_dph.learners.remote_calls`` and ``rllib_dph.learners.collectives`` (docs/faults.md).
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ def drop_stale_rows(
 
 def publish_weights(state: dict) -> PublishedWeights:
     """A learner's weights and version (its state's ``rl_module`` and ``WEIGHTS_SEQ_NO``:
-    ``learner_calls.read_learner_weights``), put once into the object store, its tensors as
+    ``remote_calls.read_learner_weights``), put once into the object store, its tensors as
     numpy arrays (:func:`as_arrays`)."""
     version = int(state.get(WEIGHTS_SEQ_NO, 0))
     payload = {COMPONENT_RL_MODULE: as_arrays(state[COMPONENT_RL_MODULE]), WEIGHTS_SEQ_NO: version}
@@ -166,7 +166,7 @@ class SamplingRounds:
 
     # ------------------------------------------------------------------ weights
     def publish(self, state: dict) -> PublishedWeights:
-        """Publishes a learner's weights (``learner_calls.read_learner_weights``): the next
+        """Publishes a learner's weights (``remote_calls.read_learner_weights``): the next
         requests carry them."""
         self.weights = publish_weights(state)
         self.metrics.log_value(WEIGHTS_VERSION, self.weights.version, window=1)

@@ -16,7 +16,7 @@ from rllib_dph.policy import lora
 from rllib_dph.algorithms.grpo import GRPOConfig
 from rllib_dph.batch import shard_groups
 from rllib_dph.models.hub import load_causal_lm
-from rllib_dph.sharding import held_bytes
+from rllib_dph.learners.sharding import held_bytes
 
 from extras import needs_peft
 from test_dph import TOY_ENV, envs_make  # registers the toy env

@@ -13,14 +13,14 @@ from ray.rllib.core.learner.training_data import TrainingData
 from ray.rllib.utils.annotations import override
 
 from rllib_dph import columns as C
-from rllib_dph.collectives import set_timeout as set_collective_timeout
+from rllib_dph.learners.collectives import set_timeout as set_collective_timeout
 from rllib_dph.policy.lora import adapters_disabled
 from rllib_dph.learners.finite import SkipNonFiniteSteps
 from rllib_dph.learners.microbatches import TokenBudgetSteps
 from rllib_dph.learners.minibatches import GroupMinibatches
 from rllib_dph.losses import token_logprobs
 from rllib_dph.policy.rl_module import LOGP, TOPK_LOGP, ResponseLM, autocast, scatter_tokens
-from rllib_dph.sharding import ShardedModules, shard_response_lm
+from rllib_dph.learners.sharding import ShardedModules, shard_response_lm
 
 
 class LLMTorchLearner(ShardedModules, SkipNonFiniteSteps, TokenBudgetSteps, GroupMinibatches):

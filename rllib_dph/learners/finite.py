@@ -10,8 +10,8 @@ from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.utils.annotations import override
 from ray.rllib.utils.typing import ParamDict
 
-from rllib_dph.collectives import all_reduce
-from rllib_dph.sharding import local
+from rllib_dph.learners.collectives import all_reduce
+from rllib_dph.learners.sharding import local
 
 # Metric keys under ``learners/<module_id>/``.
 SKIPPED_UPDATES = "skipped_updates"

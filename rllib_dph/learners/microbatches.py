@@ -12,7 +12,7 @@ from ray.rllib.utils.annotations import override
 
 from rllib_dph import columns as C
 from rllib_dph.batch import token_budget_microbatches
-from rllib_dph.collectives import distributed
+from rllib_dph.learners.collectives import distributed
 from rllib_dph.learners.step import STEP, open_step, take_rows
 
 # Metric key under ``learners/<module_id>/``: micro-batches of the last step.

@@ -14,7 +14,7 @@ from ray.rllib.utils.annotations import override
 from rllib_dph import columns as C
 from rllib_dph.batch import minibatch_plan
 from rllib_dph.batch import num_minibatches as num_minibatches_for
-from rllib_dph.collectives import distributed
+from rllib_dph.learners.collectives import distributed
 from rllib_dph.learners.step import take_rows
 
 # Metric keys under ``learners/<module_id>/``: D_pef rows in the mini-batches of an update.

@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from rllib_dph import columns as C
 from rllib_dph.batch import padding_row, trim_padding
-from rllib_dph.collectives import all_reduce, distributed
+from rllib_dph.learners.collectives import all_reduce, distributed
 from rllib_dph.losses import AGGREGATIONS, aggregate_parts
 
 

@@ -41,11 +41,11 @@ from rllib_dph.algorithms.grpo.trust_region import MOVED_FIELDS, TrustRegion, Tr
 from rllib_dph.engines import DEFAULT_ENGINE, ENGINES, SamplingParams
 from rllib_dph.algorithms.field_names import check_keywords, refuses_unknown_keywords
 from rllib_dph.files import atomic_dir
-from rllib_dph.learner_calls import BoundedLearnerGroup, read_learner_weights, update_remote_learners
+from rllib_dph.learners.remote_calls import BoundedLearnerGroup, read_learner_weights, update_remote_learners
 from rllib_dph.policy.lora import lora_problem
 from rllib_dph.batch import concat_batches, num_minibatches, select_rows, shard_groups
 from rllib_dph.learners.finite import CONSECUTIVE_SKIPPED_UPDATES
-from rllib_dph.sharding import SHARDINGS, ShardedLearnerGroup
+from rllib_dph.learners.sharding import SHARDINGS, ShardedLearnerGroup
 from rllib_dph.losses import (
     AGGREGATIONS,
     KL_ESTIMATORS,
@@ -152,7 +152,7 @@ class GRPOConfig(AlgorithmConfig):
 
     def _init_sampling_limits(self) -> None:
         """Defaults of asynchronous sampling and of the timeouts of every blocking wait
-        (docs/faults.md: ``rllib_dph.async_sampling``, ``learner_calls``, ``collectives``)."""
+        (docs/faults.md: ``rllib_dph.async_sampling``, ``learners.remote_calls``, ``learners.collectives``)."""
         self.max_staleness = 0
         self.sample_timeout_s = 1800.0  # RLlib's field; its default (60 s) is short for LLM rollouts
         self.weight_sync_timeout_s = 600.0
@@ -579,12 +579,12 @@ class GRPOConfig(AlgorithmConfig):
                 ``num_learners >= 2`` learners with PyTorch FSDP2 (one unit per decoder layer;
                 with ``dtype="bfloat16"`` layers compute in bf16, gradients reduce in fp32), so
                 each learner holds 1/N of them; checkpoints and the weight sync gather the full
-                state into the first learner's host memory (``rllib_dph.sharding``).
+                state into the first learner's host memory (``rllib_dph.learners.sharding``).
             learner_update_timeout_s: Seconds one update of the remote learners
                 (``num_learners >= 1``) may take (default 1800) before the run stops with a
                 ``TimeoutError`` naming the learners still updating and this timeout. A learner
                 that dies or raises stops the run at once, named with its worker log's last lines
-                (``rllib_dph.learner_calls``). The same bound applies to reading the learners'
+                (``rllib_dph.learners.remote_calls``). The same bound applies to reading the learners'
                 state for a checkpoint. A local learner runs in the driver: no timeout.
             collective_timeout_s: Seconds a collective between learners (gradient all-reduce,
                 the step's token counts, FSDP2 gathers) may wait for the other learners (default
@@ -605,8 +605,8 @@ class GRPOConfig(AlgorithmConfig):
     @override(AlgorithmConfig)
     def build_learner_group(self, *, env=None, spaces=None, rl_module_spec=None, placement_group=None):
         """RLlib's learner group with its state reads bounded by ``learner_update_timeout_s``
-        (:class:`~rllib_dph.learner_calls.BoundedLearnerGroup`); with ``sharding="fsdp2"`` a
-        :class:`~rllib_dph.sharding.ShardedLearnerGroup` (full states gathered from every shard)."""
+        (:class:`~rllib_dph.learners.remote_calls.BoundedLearnerGroup`); with ``sharding="fsdp2"`` a
+        :class:`~rllib_dph.learners.sharding.ShardedLearnerGroup` (full states gathered from every shard)."""
         if rl_module_spec is None:
             rl_module_spec = self.get_multi_rl_module_spec(env=env, spaces=spaces)
         group_class = ShardedLearnerGroup if self.sharding == "fsdp2" else BoundedLearnerGroup
@@ -836,7 +836,7 @@ class GRPO(Algorithm):
     def update_learners(self, batch: dict[str, np.ndarray], **kwargs) -> list[dict]:
         """``LearnerGroup.update`` on ``batch`` (``kwargs``: its epochs, mini-batches, timesteps).
         Remote learners are waited for at most ``learner_update_timeout_s``, and a learner that
-        dies or raises is named with its log (``learner_calls.update_remote_learners``)."""
+        dies or raises is named with its log (``remote_calls.update_remote_learners``)."""
         data = self._learner_data(batch)
         if self.learner_group.is_local:
             return self.learner_group.update(**data, **kwargs)

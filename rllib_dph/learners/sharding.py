@@ -40,8 +40,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from rllib_dph.collectives import all_reduce
-from rllib_dph.learner_calls import BoundedLearnerGroup
+from rllib_dph.learners.collectives import all_reduce
+from rllib_dph.learners.remote_calls import BoundedLearnerGroup
 from rllib_dph.policy.full_state import GATHER, SCATTER
 
 #: ``sharding`` choices: DDP replicas (RLlib's default) or FSDP2 shards.
@@ -111,7 +111,7 @@ class ShardedLearnerGroup(BoundedLearnerGroup):
 
     RLlib's ``LearnerGroup.get_state`` (used by checkpoints and by ``sync_weights``) asks only
     the first learner; with FSDP2 that learner alone would wait forever in the gather. Here every
-    learner runs ``get_state`` (the gather is a collective; ``learner_calls.read_learner_state``)
+    learner runs ``get_state`` (the gather is a collective; ``remote_calls.read_learner_state``)
     and the first learner's result, which holds the full tensors, is returned. Restoring needs no
     change: RLlib's ``set_state`` and ``restore_from_path`` already reach every learner, and each
     keeps its shard.
@@ -122,7 +122,7 @@ class ShardedLearnerGroup(BoundedLearnerGroup):
 
 class ShardedModules(TorchLearner):
     """``sharding="fsdp2"``: the policy (and π_ref) sharded over the learners with FSDP2
-    (``rllib_dph.sharding``) instead of RLlib's DDP replicas (``sharding="ddp"``, default).
+    (``rllib_dph.learners.sharding``) instead of RLlib's DDP replicas (``sharding="ddp"``, default).
 
     Every learner then runs the same number of forward passes per step (each all-gathers; see
     :meth:`same_count_on_all_learners`), and full optimizer states are gathered from all learners.

@@ -1,13 +1,13 @@
 """Collectives between learners: the one place that asks whether this learner is one of several
 and reduces over them. The learners (``rllib_dph.learners``) and the FSDP2 shards
-(``rllib_dph.sharding``) both build on it, so neither imports the other for it.
+(``rllib_dph.learners.sharding``) both build on it, so neither imports the other for it.
 
 Every collective waits at most the process group's timeout, ``collective_timeout_s``
 (``config.learners(collective_timeout_s=...)``, default 1800 s), set by :func:`set_timeout` when
 the learner is built: Ray Train creates the group with its own fixed 30 min, which RLlib does not
 expose. A peer that died or hangs then fails the waiting learners' update instead of holding
 them forever; the driver's ``learner_update_timeout_s`` bounds the update as a whole
-(``rllib_dph.learner_calls``).
+(``rllib_dph.learners.remote_calls``).
 """
 
 from __future__ import annotations

@@ -115,12 +115,55 @@ def test_a_changed_spec_is_not_current(tmp_path, monkeypatch, tiny_warm_start, b
 
 
 def test_a_changed_corpus_is_not_current(tmp_path, monkeypatch, tiny_warm_start, base_dir):
-    """A build trained on other SFT examples than the suites make now (say, before a new
-    question family) is rebuilt, though its spec is unchanged."""
+    """A build trained on other SFT examples than its recipe's pinned ones (the suites changed
+    and the new corpus was pinned) is not current, though its spec is unchanged; a build of a
+    corpus that is not the pinned one is refused."""
     build_warm_start(tiny_warm_start, tmp_path / "m", base_dir=base_dir, progress=False)
-    assert is_current_warm_start(tmp_path / "m", tiny_warm_start, base_dir)
-    record_path = tmp_path / "m" / warm_start.BUILD_RECORD
-    record = json.loads(record_path.read_text())
+    record = json.loads((tmp_path / "m" / warm_start.BUILD_RECORD).read_text())
     assert record["corpus_sha256"] == warm_start.corpus_fingerprint(warm_start.training_examples(SPEC))
-    record_path.write_text(json.dumps({**record, "corpus_sha256": "0" * 64}))
+    recipe = warm_start.corpus_recipe(SPEC)
+    monkeypatch.setitem(warm_start.CORPORA, tiny_warm_start, (recipe, record["corpus_sha256"]))
+    assert is_current_warm_start(tmp_path / "m", tiny_warm_start, base_dir)
+    monkeypatch.setitem(warm_start.CORPORA, tiny_warm_start, (recipe, "0" * 64))
     assert not is_current_warm_start(tmp_path / "m", tiny_warm_start, base_dir)
+    with pytest.raises(ValueError, match="not the pinned 0000"):
+        build_warm_start(tiny_warm_start, tmp_path / "n", base_dir=base_dir, progress=False)
+
+
+def test_the_freshness_check_reads_no_corpus(tmp_path, monkeypatch, tiny_warm_start, base_dir):
+    build_warm_start(tiny_warm_start, tmp_path / "m", base_dir=base_dir, progress=False)
+    monkeypatch.setattr(warm_start, "training_examples", lambda spec: pytest.fail("the corpus was made"))
+    assert is_current_warm_start(tmp_path / "m", tiny_warm_start, base_dir)
+
+
+def test_a_field_added_to_a_dataclass_in_the_spec_takes_its_default(tmp_path, monkeypatch, tiny_warm_start, base_dir):
+    """A record written before a field of a dataclass inside the spec existed (``countdown.worked``)
+    is current while the spec holds that field's default, and not otherwise."""
+    from rllib_dph.envs.countdown import TINY_COUNTDOWN
+
+    build_warm_start(tiny_warm_start, tmp_path / "m", base_dir=base_dir, progress=False)
+    path = tmp_path / "m" / warm_start.BUILD_RECORD
+    record = json.loads(path.read_text())
+    older = {k: v for k, v in json.loads(json.dumps(dataclasses.asdict(TINY_COUNTDOWN))).items() if k != "worked"}
+    path.write_text(json.dumps({**record, "spec": {**record["spec"], "countdown": older}}))
+    monkeypatch.setitem(warm_start.WARM_STARTS, tiny_warm_start, dataclasses.replace(SPEC, countdown=TINY_COUNTDOWN))
+    assert is_current_warm_start(tmp_path / "m", tiny_warm_start, base_dir)
+    worked = dataclasses.replace(TINY_COUNTDOWN, worked=True)
+    monkeypatch.setitem(warm_start.WARM_STARTS, tiny_warm_start, dataclasses.replace(SPEC, countdown=worked))
+    assert not is_current_warm_start(tmp_path / "m", tiny_warm_start, base_dir)
+
+
+def test_every_named_warm_start_has_its_corpus_pinned():
+    assert set(warm_start.CORPORA) == set(warm_start.WARM_STARTS)
+
+
+@pytest.mark.parametrize("name", sorted(warm_start.CORPORA))
+def test_every_pinned_corpus_is_what_its_recipe_makes(name):
+    """The pins are true: each named warm start's recipe makes exactly its pinned SFT examples."""
+    spec = warm_start.WARM_STARTS[name]
+    if spec.countdown is not None:
+        pytest.importorskip("reasoning_gym", reason='tiny-countdown\'s corpus needs pip install -e ".[reasoning_gym]"')
+    recipe, pinned = warm_start.CORPORA[name]
+    assert warm_start.corpus_recipe(spec) == recipe, f"{name!r}'s recipe changed: pin {warm_start.corpus_recipe(spec)!r}"
+    made = warm_start.corpus_fingerprint(warm_start.training_examples(spec))
+    assert made == pinned, f"the SFT corpus of {name!r} changed: pin {made!r} in warm_start.CORPORA"

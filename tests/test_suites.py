@@ -532,7 +532,8 @@ def test_sft_of_the_null_family_writes_count_col_as_a_minority():
 
 
 def test_the_null_variant_adds_the_family_to_the_sft_corpus_only():
-    from rllib_dph.models.build.tiny import TINY_MODELS, corpus_fingerprint, sft_corpus
+    from rllib_dph.models.build.tiny import corpus_fingerprint, sft_corpus
+    from rllib_dph.models.catalog import TINY_MODELS
 
     base, variant = sft_corpus(), sft_corpus(TINY_MODELS["tiny-sql-math-nulls"].extra_sft_splits)
     assert variant[:len(base)] == base and len(variant) == len(base) + 5 * 972

@@ -30,7 +30,7 @@ from rllib_dph.engines import RolloutEngine, build_engine, make_engine  # noqa: 
 from rllib_dph.engines.base import SamplingParams  # noqa: E402
 from rllib_dph.engines.hf import HFEngine  # noqa: E402
 from rllib_dph.engines.vllm import VLLMEngine  # noqa: E402
-from rllib_dph.models.build import smollm2  # noqa: E402
+from rllib_dph.models import catalog  # noqa: E402
 from rllib_dph.models.hub import resolve_model  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,8 +54,8 @@ def built_models() -> list[str]:
         names.append("tiny-sql-math")
     except FileNotFoundError:
         pass
-    if importlib.util.find_spec(smollm2.MODULE) is not None:
-        names.append(smollm2.SMOLLM2_NAME)
+    if importlib.util.find_spec(catalog.MODULE) is not None:
+        names.append(catalog.SMOLLM2_NAME)
     return names
 
 
@@ -165,7 +165,7 @@ def test_chat_prompts_greedy_parity_and_end_of_turn_stop(engines):
     for group in groups:
         c = group[0]
         assert (c.finish_reason == "stop") == (c.token_ids[-1] == eos) and (c.token_ids[:-1] != eos).all()
-    if Path(hf_engine.model.name_or_path).name == smollm2.SMOLLM2_NAME:
+    if Path(hf_engine.model.name_or_path).name == catalog.SMOLLM2_NAME:
         assert groups[0][0].finish_reason == "stop"  # the instruct model ends its turn with <|im_end|>
 
 

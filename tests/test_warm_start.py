@@ -7,16 +7,18 @@ import pytest
 import torch
 
 import rllib_dph.models.build.sft as sft_module
+from rllib_dph.models import catalog
 from rllib_dph.models.build import warm_start
-from rllib_dph.models.hub import BUNDLED_MODELS, load_causal_lm, resolve_model
-from rllib_dph.models.build.warm_start import WarmStartSpec, build_warm_start, is_current_warm_start
+from rllib_dph.models.build.warm_start import build_warm_start
+from rllib_dph.models.catalog import BUNDLED_MODELS, WarmStartSpec, is_current
+from rllib_dph.models.hub import load_causal_lm, resolve_model
 
 SPEC = WarmStartSpec(base="tiny-random", sft_steps=4, batch_size=2, warmup_steps=1, lr=1e-3, checkpoint_every=2)
 
 
 @pytest.fixture
 def tiny_warm_start(monkeypatch):
-    monkeypatch.setitem(warm_start.WARM_STARTS, "tiny-sft-test", SPEC)
+    monkeypatch.setitem(catalog.WARM_STARTS, "tiny-sft-test", SPEC)
     return "tiny-sft-test"
 
 
@@ -31,7 +33,7 @@ def _weights(folder):
 
 def test_smollm2_warm_start_is_a_model_name():
     assert "smollm2-135m-sft" in BUNDLED_MODELS
-    assert warm_start.WARM_STARTS["smollm2-135m-sft"].base == "smollm2-135m-instruct"
+    assert catalog.WARM_STARTS["smollm2-135m-sft"].base == "smollm2-135m-instruct"
 
 
 def test_the_longer_smollm2_warm_start_sees_the_ties_approach_five_times_as_often():
@@ -40,7 +42,7 @@ def test_the_longer_smollm2_warm_start_sees_the_ties_approach_five_times_as_ofte
     and 4x as many of them (47 against 12), which is what taught SmolLM2 the approach."""
     from rllib_dph.envs.suites.sql_query import sql_approach
 
-    short, long = warm_start.WARM_STARTS["smollm2-135m-sft"], warm_start.WARM_STARTS["smollm2-135m-sft-600"]
+    short, long = catalog.WARM_STARTS["smollm2-135m-sft"], catalog.WARM_STARTS["smollm2-135m-sft-600"]
     assert "smollm2-135m-sft-600" in BUNDLED_MODELS
     assert dataclasses.replace(long, sft_steps=short.sft_steps) == short and long.sft_steps == 600
     counts = {}
@@ -59,8 +61,8 @@ def test_the_nulls_warm_starts_add_the_null_family_to_the_pool_and_nothing_else(
     the family's questions with `COUNT(col)`."""
     from rllib_dph.envs.suites.sql_query import count_approach
 
-    short, nulls = warm_start.WARM_STARTS["smollm2-135m-sft"], warm_start.WARM_STARTS["smollm2-135m-sft-nulls"]
-    long = warm_start.WARM_STARTS["smollm2-135m-sft-600-nulls"]
+    short, nulls = catalog.WARM_STARTS["smollm2-135m-sft"], catalog.WARM_STARTS["smollm2-135m-sft-nulls"]
+    long = catalog.WARM_STARTS["smollm2-135m-sft-600-nulls"]
     assert {"smollm2-135m-sft-nulls", "smollm2-135m-sft-600-nulls"} <= set(BUNDLED_MODELS)
     assert dataclasses.replace(nulls, splits=short.splits) == short
     assert nulls.splits == (*short.splits, "sql_synth/train_nulls")
@@ -79,7 +81,7 @@ def test_warm_start_trains_records_and_resumes(tmp_path, monkeypatch, tiny_warm_
     clean = build_warm_start(tiny_warm_start, tmp_path / "clean", base_dir=base_dir, checkpoint_dir=tmp_path / "ckpt-clean", progress=False)
     assert clean["sft"]["examples"] == 8 and sum(clean["sft"]["styles"].values()) == 8
     assert clean["spec"]["base"] == "tiny-random" and len(clean["fingerprint"]) == 16
-    assert is_current_warm_start(tmp_path / "clean", tiny_warm_start, base_dir)
+    assert is_current(tmp_path / "clean", tiny_warm_start)
     assert not (tmp_path / "ckpt-clean").exists()  # removed after a complete build
     base = _weights(base_dir)
     trained = _weights(tmp_path / "clean")
@@ -108,9 +110,9 @@ def test_warm_start_trains_records_and_resumes(tmp_path, monkeypatch, tiny_warm_
 
 def test_a_changed_spec_is_not_current(tmp_path, monkeypatch, tiny_warm_start, base_dir):
     build_warm_start(tiny_warm_start, tmp_path / "m", base_dir=base_dir, progress=False)
-    monkeypatch.setitem(warm_start.WARM_STARTS, tiny_warm_start, WarmStartSpec(**{**SPEC.__dict__, "lr": 2e-3}))
-    assert not is_current_warm_start(tmp_path / "m", tiny_warm_start, base_dir)
-    record = json.loads((tmp_path / "m" / warm_start.BUILD_RECORD).read_text())
+    monkeypatch.setitem(catalog.WARM_STARTS, tiny_warm_start, WarmStartSpec(**{**SPEC.__dict__, "lr": 2e-3}))
+    assert not is_current(tmp_path / "m", tiny_warm_start)
+    record = json.loads((tmp_path / "m" / catalog.BUILD_RECORD).read_text())
     assert record["spec"]["lr"] == 1e-3
 
 
@@ -119,13 +121,13 @@ def test_a_changed_corpus_is_not_current(tmp_path, monkeypatch, tiny_warm_start,
     and the new corpus was pinned) is not current, though its spec is unchanged; a build of a
     corpus that is not the pinned one is refused."""
     build_warm_start(tiny_warm_start, tmp_path / "m", base_dir=base_dir, progress=False)
-    record = json.loads((tmp_path / "m" / warm_start.BUILD_RECORD).read_text())
+    record = json.loads((tmp_path / "m" / catalog.BUILD_RECORD).read_text())
     assert record["corpus_sha256"] == warm_start.corpus_fingerprint(warm_start.training_examples(SPEC))
-    recipe = warm_start.corpus_recipe(SPEC)
-    monkeypatch.setitem(warm_start.CORPORA, tiny_warm_start, (recipe, record["corpus_sha256"]))
-    assert is_current_warm_start(tmp_path / "m", tiny_warm_start, base_dir)
-    monkeypatch.setitem(warm_start.CORPORA, tiny_warm_start, (recipe, "0" * 64))
-    assert not is_current_warm_start(tmp_path / "m", tiny_warm_start, base_dir)
+    recipe = catalog.corpus_recipe(SPEC)
+    monkeypatch.setitem(catalog.CORPORA, tiny_warm_start, (recipe, record["corpus_sha256"]))
+    assert is_current(tmp_path / "m", tiny_warm_start)
+    monkeypatch.setitem(catalog.CORPORA, tiny_warm_start, (recipe, "0" * 64))
+    assert not is_current(tmp_path / "m", tiny_warm_start)
     with pytest.raises(ValueError, match="not the pinned 0000"):
         build_warm_start(tiny_warm_start, tmp_path / "n", base_dir=base_dir, progress=False)
 
@@ -133,7 +135,7 @@ def test_a_changed_corpus_is_not_current(tmp_path, monkeypatch, tiny_warm_start,
 def test_the_freshness_check_reads_no_corpus(tmp_path, monkeypatch, tiny_warm_start, base_dir):
     build_warm_start(tiny_warm_start, tmp_path / "m", base_dir=base_dir, progress=False)
     monkeypatch.setattr(warm_start, "training_examples", lambda spec: pytest.fail("the corpus was made"))
-    assert is_current_warm_start(tmp_path / "m", tiny_warm_start, base_dir)
+    assert is_current(tmp_path / "m", tiny_warm_start)
 
 
 def test_a_field_added_to_a_dataclass_in_the_spec_takes_its_default(tmp_path, monkeypatch, tiny_warm_start, base_dir):
@@ -142,28 +144,28 @@ def test_a_field_added_to_a_dataclass_in_the_spec_takes_its_default(tmp_path, mo
     from rllib_dph.envs.countdown import TINY_COUNTDOWN
 
     build_warm_start(tiny_warm_start, tmp_path / "m", base_dir=base_dir, progress=False)
-    path = tmp_path / "m" / warm_start.BUILD_RECORD
+    path = tmp_path / "m" / catalog.BUILD_RECORD
     record = json.loads(path.read_text())
     older = {k: v for k, v in json.loads(json.dumps(dataclasses.asdict(TINY_COUNTDOWN))).items() if k != "worked"}
     path.write_text(json.dumps({**record, "spec": {**record["spec"], "countdown": older}}))
-    monkeypatch.setitem(warm_start.WARM_STARTS, tiny_warm_start, dataclasses.replace(SPEC, countdown=TINY_COUNTDOWN))
-    assert is_current_warm_start(tmp_path / "m", tiny_warm_start, base_dir)
+    monkeypatch.setitem(catalog.WARM_STARTS, tiny_warm_start, dataclasses.replace(SPEC, countdown=TINY_COUNTDOWN))
+    assert is_current(tmp_path / "m", tiny_warm_start)
     worked = dataclasses.replace(TINY_COUNTDOWN, worked=True)
-    monkeypatch.setitem(warm_start.WARM_STARTS, tiny_warm_start, dataclasses.replace(SPEC, countdown=worked))
-    assert not is_current_warm_start(tmp_path / "m", tiny_warm_start, base_dir)
+    monkeypatch.setitem(catalog.WARM_STARTS, tiny_warm_start, dataclasses.replace(SPEC, countdown=worked))
+    assert not is_current(tmp_path / "m", tiny_warm_start)
 
 
 def test_every_named_warm_start_has_its_corpus_pinned():
-    assert set(warm_start.CORPORA) == set(warm_start.WARM_STARTS)
+    assert set(catalog.CORPORA) == set(catalog.WARM_STARTS)
 
 
-@pytest.mark.parametrize("name", sorted(warm_start.CORPORA))
+@pytest.mark.parametrize("name", sorted(catalog.CORPORA))
 def test_every_pinned_corpus_is_what_its_recipe_makes(name):
     """The pins are true: each named warm start's recipe makes exactly its pinned SFT examples."""
-    spec = warm_start.WARM_STARTS[name]
+    spec = catalog.WARM_STARTS[name]
     if spec.countdown is not None:
         pytest.importorskip("reasoning_gym", reason='tiny-countdown\'s corpus needs pip install -e ".[reasoning_gym]"')
-    recipe, pinned = warm_start.CORPORA[name]
-    assert warm_start.corpus_recipe(spec) == recipe, f"{name!r}'s recipe changed: pin {warm_start.corpus_recipe(spec)!r}"
+    recipe, pinned = catalog.CORPORA[name]
+    assert catalog.corpus_recipe(spec) == recipe, f"{name!r}'s recipe changed: pin {catalog.corpus_recipe(spec)!r}"
     made = warm_start.corpus_fingerprint(warm_start.training_examples(spec))
-    assert made == pinned, f"the SFT corpus of {name!r} changed: pin {made!r} in warm_start.CORPORA"
+    assert made == pinned, f"the SFT corpus of {name!r} changed: pin {made!r} in catalog.CORPORA"

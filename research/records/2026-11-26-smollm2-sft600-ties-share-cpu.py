@@ -12,13 +12,14 @@ import collections, dataclasses, json, pathlib, sys, time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # research/: reproduce_dph
 from rllib_dph.engines.base import SamplingParams
 from rllib_dph.evaluation import EvalSettings, evaluate_policy
+from rllib_dph.models import catalog
 from rllib_dph.models.build import warm_start
 from rllib_dph.models.hub import resolve_model
 from reproduce_dph import SPLITS
 
 NAME, OUT = "smollm2-135m-sft-600", pathlib.Path("/tmp/smollm2-135m-sft-600")
-warm_start.WARM_STARTS[NAME] = dataclasses.replace(warm_start.WARM_STARTS["smollm2-135m-sft"], sft_steps=600)
-if not (OUT / warm_start.BUILD_RECORD).is_file():
+catalog.WARM_STARTS[NAME] = dataclasses.replace(catalog.WARM_STARTS["smollm2-135m-sft"], sft_steps=600)
+if not (OUT / catalog.BUILD_RECORD).is_file():
     record = warm_start.build_warm_start(NAME, OUT, base_dir=resolve_model("smollm2-135m-instruct"),
                                          checkpoint_dir="/tmp/smollm2-135m-sft-600-ckpt", progress=False)
     print("built", json.dumps(record["sft"])[:400], flush=True)

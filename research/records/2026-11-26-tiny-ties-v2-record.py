@@ -9,7 +9,8 @@ import torch
 torch.set_num_threads(1)
 from rllib_dph.engines.hf import HFEngine
 from rllib_dph.evaluation import base_model
-from rllib_dph.models.hub import SHIPPED_DIR, load_causal_lm, load_tokenizer
+from rllib_dph.models.catalog import SHIPPED_DIR
+from rllib_dph.models.hub import load_causal_lm, load_tokenizer
 path = str(SHIPPED_DIR / "tiny-sql-math")
 model, tok = load_causal_lm(path, dtype="float32").eval(), load_tokenizer(path)
 engine = HFEngine(model, tok, device=model.device)

@@ -394,7 +394,7 @@ def prepare_run(config) -> None:
     trial finds them); a D_pef file that cannot be used is refused here, before Ray starts.
     """
     from rllib_dph.models.hub import resolve_model
-    from rllib_dph.models.build.tiny import TINY_MODELS
+    from rllib_dph.models.catalog import TINY_MODELS
     from rllib_dph.cli.preflight import Problem, search_variants
 
     for name in {config.model_name, getattr(config, "reference_model_name", None)} & set(TINY_MODELS):

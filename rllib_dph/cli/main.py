@@ -71,8 +71,9 @@ def _build_model(args) -> None:
 
     from rllib_dph.evaluation.base_model import evaluate_base_policy
     from rllib_dph.files import home
-    from rllib_dph.models.hub import BUNDLED_MODELS, ModelNotFoundError, build_model, model_fingerprint, resolve_model
-    from rllib_dph.models.build.tiny import BUILD_RECORD, format_record
+    from rllib_dph.models.build.tiny import format_record
+    from rllib_dph.models.catalog import BUILD_RECORD, BUNDLED_MODELS
+    from rllib_dph.models.hub import ModelNotFoundError, build_model, model_fingerprint, resolve_model
 
     if args.name not in BUNDLED_MODELS:
         print(resolve_model(args.name, build=True))

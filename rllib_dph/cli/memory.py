@@ -556,7 +556,7 @@ def built_model(name: str) -> str:
     itself, or a warm start's base model while the warm start is not built yet (an SFT keeps
     both)."""
     from rllib_dph.models.hub import resolve_model
-    from rllib_dph.models.build.warm_start import WARM_STARTS
+    from rllib_dph.models.catalog import WARM_STARTS
 
     try:
         return resolve_model(name, build=False)
@@ -576,7 +576,7 @@ def model_shape(name: str) -> ModelShape:
     """
     from transformers import AutoConfig, Qwen2Config
 
-    from rllib_dph.models.build.tiny import TINY_MODELS
+    from rllib_dph.models.catalog import TINY_MODELS
 
     try:
         path = built_model(name)

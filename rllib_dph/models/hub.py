@@ -30,25 +30,12 @@ from typing import Callable, Optional
 import torch
 from transformers import PreTrainedModel
 
-from rllib_dph.files import atomic_dir, file_lock, home
+from rllib_dph.files import atomic_dir, file_lock
+from rllib_dph.models.build.smollm2 import convert_smollm2
+from rllib_dph.models.build.tiny import BUILD_THREADS, build_tiny_model
+from rllib_dph.models.build.warm_start import build_warm_start
+from rllib_dph.models.catalog import BUILD_RECORD, BUNDLED_MODELS, SMOLLM2_NAME, WARM_STARTS, build_folder, cache_dir, is_current
 from rllib_dph.models.folders import kept_fingerprint, load_model_folder, load_tokenizer_folder
-
-from rllib_dph.models.build.smollm2 import SMOLLM2_NAME, convert_smollm2, is_current_conversion
-from rllib_dph.models.build.tiny import BUILD_RECORD, BUILD_THREADS, TINY_MODELS, build_tiny_model, is_current_build
-from rllib_dph.models.build.warm_start import WARM_STARTS, build_warm_start, is_current_warm_start
-
-#: Names resolved to a folder in the model cache, built or converted there on first use.
-BUNDLED_MODELS = (*sorted(TINY_MODELS), SMOLLM2_NAME, *sorted(WARM_STARTS))
-#: Folder of the tiny-model builds shipped with the package (one sub-folder per name).
-SHIPPED_DIR = Path(__file__).resolve().parent / "bundled"
-def shipped_model_dir(name: str) -> Path | None:
-    """The build of tiny model ``name`` shipped with the package, if present and current.
-
-    A shipped build made by an older recipe (see ``tiny.is_current_build``) is ignored, so a
-    changed recipe falls back to building into the cache instead of using stale weights.
-    """
-    path = SHIPPED_DIR / name
-    return path if is_current_build(path, name) else None
 
 
 class ModelNotFoundError(FileNotFoundError):
@@ -129,20 +116,17 @@ def locate_model(name_or_path: str, *, build: bool = True, force: bool = False) 
         ModelNotFoundError: A bundled name not built (with ``build=False``), or a local path
             that is not a folder.
     """
-    if name_or_path in TINY_MODELS and not force:
-        shipped = shipped_model_dir(name_or_path)
-        if shipped is not None:
-            return ModelRef(name_or_path, "bundled", str(shipped))
     if name_or_path in BUNDLED_MODELS:
-        path = home() / "models" / name_or_path
-        if force or not is_current(path, name_or_path):
+        folder = None if force else build_folder(name_or_path)
+        if folder is None:
+            folder = cache_dir(name_or_path)
             if not build:
                 raise ModelNotFoundError(
-                    name_or_path, "bundled", f"not built at {path} (or built by an older version of rllib_dph)",
+                    name_or_path, "bundled", f"not built at {folder} (or built by an older version of rllib_dph)",
                     f"build it with `rllib build-model {name_or_path}`; training builds it on first use",
                 )
-            build_model(name_or_path, path, force=force)
-        return ModelRef(name_or_path, "bundled", str(path))
+            build_model(name_or_path, folder, force=force)
+        return ModelRef(name_or_path, "bundled", str(folder))
     local = Path(name_or_path).expanduser()
     if local.is_dir():
         return ModelRef(name_or_path, "folder", str(local))
@@ -231,20 +215,6 @@ def build_model(
             else:
                 record = build_tiny_model(name, tmp, num_threads=num_threads, progress=progress, evaluate=evaluate)
     return record
-
-
-def is_current(path: str | os.PathLike, name: str) -> bool:
-    """Whether ``path`` holds a current build of the bundled model ``name`` (tiny, converted or
-    warm start)."""
-    if name == SMOLLM2_NAME:
-        return is_current_conversion(path)
-    if name in WARM_STARTS:
-        try:
-            base_dir = resolve_model(WARM_STARTS[name].base, build=False)
-        except FileNotFoundError:
-            base_dir = None  # a base model not on disk is not checked
-        return is_current_warm_start(path, name, base_dir)
-    return is_current_build(path, name)
 
 
 def load_tokenizer(name_or_path: str):

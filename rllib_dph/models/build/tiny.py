@@ -21,7 +21,7 @@ import hashlib
 import json
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -39,6 +39,7 @@ from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX as QW
 
 from rllib_dph.envs import suites
 from rllib_dph.models.build.sft import encode_example, sft
+from rllib_dph.models.catalog import BUILD_RECORD, TINY_BUILD_VERSION, TINY_MODELS, TinyModelSpec
 
 PAD_TOKEN = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -52,12 +53,6 @@ CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-#: Name of the file in a built model directory that records its build config and metrics.
-BUILD_RECORD = "rllib_dph_build.json"
-#: Version of the build recipe (tokenizer, model, SFT and evaluation code, and the suites' data).
-#: Bump it whenever a change alters what a build writes, so that cached builds made by older code
-#: get rebuilt; ``tests/test_shipped_model.py`` fails when the suites changed under the shipped build.
-BUILD_VERSION = 4
 #: Torch threads of a build. One thread: the same weights on every machine with the same CPU
 #: kernels, whatever its core count, and robust on a busy machine: a second thread makes an
 #: idle build faster but one that shares the CPU with other jobs much slower (threads wait for
@@ -66,68 +61,6 @@ BUILD_VERSION = 4
 BUILD_THREADS = 1
 #: The suites the tiny models are trained on.
 SUITES = ("sql_synth", "math_synth")
-
-
-@dataclass(frozen=True)
-class TinyModelSpec:
-    """How one bundled tiny model is built.
-
-    Args:
-        vocab_size: Target size of the BPE vocabulary (special tokens included).
-        hidden_size: Width of the transformer.
-        num_layers: Number of decoder layers.
-        num_heads: Attention heads (``hidden_size`` must be divisible by it).
-        num_kv_heads: Key/value heads (grouped-query attention when < ``num_heads``).
-        intermediate_size: Width of the SwiGLU MLP.
-        max_position_embeddings: Longest sequence (prompt + response) the model supports.
-        seed: Seed of the weight init, the batch order and the evaluation samples.
-        sft_steps: Optimizer steps of supervised fine-tuning; 0 keeps the random init.
-        batch_size: Sequences per SFT step.
-        lr: Peak AdamW learning rate.
-        warmup_steps: Linear warm-up steps before the cosine decay.
-        min_lr_ratio: Final learning rate as a fraction of ``lr``.
-        weight_decay: AdamW weight decay (on matrices only).
-        grad_clip: Maximum global gradient norm.
-        eval_samples: Samples per SQL test prompt to measure pass@k and style diversity
-            (temperature 1.0); 0 skips the evaluation of the built policy.
-        eval_max_new_tokens: Longest response generated during the evaluation.
-        extra_sft_splits: Splits whose SFT examples (``suites.sft_examples``) are added to the
-            suites' train splits, e.g. ``("sql_synth/train_nulls",)``.
-    """
-
-    vocab_size: int = 2048
-    hidden_size: int = 128
-    num_layers: int = 4
-    num_heads: int = 4
-    num_kv_heads: int = 4
-    intermediate_size: int = 512
-    max_position_embeddings: int = 1024
-    seed: int = 0
-    sft_steps: int = 0
-    batch_size: int = 16
-    lr: float = 5e-3
-    warmup_steps: int = 100
-    min_lr_ratio: float = 0.1
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0
-    eval_samples: int = 0
-    eval_max_new_tokens: int = 160
-    extra_sft_splits: tuple[str, ...] = ()
-
-
-#: The bundled tiny models, by name.
-TINY_MODELS: dict[str, TinyModelSpec] = {
-    # 3000 steps of 16 (2.0 epochs): with the 36 training databases the model has to read the
-    # schema, which takes more steps than six databases did (docs/models.md, "How the
-    # cross-domain split became solvable"; the build's measured quality is in its build record).
-    "tiny-sql-math": TinyModelSpec(sft_steps=3000, eval_samples=8),
-    # tiny-sql-math's recipe with the NULL family's ordinary questions added to its SFT corpus
-    # (4860 examples more; the same 2.0 epochs), so that it writes the family's robust approach,
-    # COUNT(col), as a minority (docs/collapse.md, "The NULL family"). Built on first use, not shipped.
-    "tiny-sql-math-nulls": TinyModelSpec(sft_steps=3608, eval_samples=8,
-                                         extra_sft_splits=("sql_synth/train_nulls",)),
-    "tiny-random": TinyModelSpec(),
-}
 
 
 def sft_corpus(extra_splits: Sequence[str] = ()) -> list[dict]:
@@ -280,8 +213,8 @@ def build_tiny_model(
         model = build_model(tokenizer, spec)
         record = {
             "name": name,
-            "build_version": BUILD_VERSION,
-            "spec": _spec_record(spec),
+            "build_version": TINY_BUILD_VERSION,
+            "spec": json.loads(json.dumps(asdict(spec))),
             "corpus_sha256": corpus_fingerprint(examples),
             "num_parameters": sum(p.numel() for p in model.parameters()),
             "num_threads": torch.get_num_threads(),
@@ -325,28 +258,6 @@ def _run_sft(model, tokenizer, examples: Sequence[dict], spec: TinyModelSpec, pr
         "final_loss": float(np.mean(losses[-20:])),
         "seconds": round(time.perf_counter() - start, 1),
     }
-
-
-def is_current_build(path: str | os.PathLike, name: str) -> bool:
-    """Whether ``path`` holds a complete build of ``name`` made by this recipe and spec.
-
-    Args:
-        path: A model directory.
-        name: A key of :data:`TINY_MODELS`.
-    """
-    record_path = Path(path) / BUILD_RECORD
-    if not record_path.is_file():
-        return False
-    record = json.loads(record_path.read_text())
-    if record.get("build_version") != BUILD_VERSION or "spec" not in record:
-        return False
-    # A spec field added later takes its default in a record written before it existed.
-    return {**_spec_record(TinyModelSpec()), **record["spec"]} == _spec_record(TINY_MODELS[name])
-
-
-def _spec_record(spec: TinyModelSpec) -> dict:
-    """The spec as the build record stores it (JSON types: a tuple is a list)."""
-    return json.loads(json.dumps(asdict(spec)))
 
 
 def format_record(record: dict) -> str:

@@ -428,11 +428,9 @@ def f_divergence(
     f'(1) = 0, so the term is ≥ 0, and 0 with zero gradient where π_θ = π_ref; its gradient is
     an unbiased estimate of ∇D_f because the samples come from the fixed π_ref.
 
-    "nll" is the control that replays D_pef by likelihood: supervised fine-tuning on the
-    reference responses, gradient −∇ log π_θ(a) on every token whatever u is, never 0 at
-    π_θ = π_ref; the term can be negative (where π_θ(a) > π_ref(a)). Its mean under π_ref is
-    KL(π_ref‖π_θ) too, as "forward_kl"'s, whose added u − 1 has mean 0 there: the two differ
-    in the samples, not in expectation ("forward_kl" pulls a token down where u > 1).
+    "nll" is the control that replays D_pef by likelihood (SFT on the reference responses):
+    gradient −∇ log π_θ(a) on every token, never 0 at π_θ = π_ref, and the term can be < 0.
+    Its mean under π_ref is KL(π_ref‖π_θ), as "forward_kl"'s: they differ per sample only.
 
     u is per token, conditioned on the reference prefix, as in the original implementation:
     sequence-level likelihood ratios are products over hundreds of tokens and overflow. The

@@ -86,7 +86,7 @@ def first_line(error: BaseException) -> str:
 
 @scenario
 def env_runner_killed(workdir: str) -> dict:
-    from rllib_dph.async_sampling import NUM_ENV_RUNNER_RESTARTS
+    from rllib_dph.env_runners.async_sampling import NUM_ENV_RUNNER_RESTARTS
 
     algo = base_config().build_algo()
     step = timed_train(algo)

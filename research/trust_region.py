@@ -120,7 +120,7 @@ def mask_cost(model: str | None) -> dict[str, float]:
     from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 
     from rllib_dph import columns as C
-    from rllib_dph.env_runner import LLMEnvRunner
+    from rllib_dph.env_runners.llm_env_runner import LLMEnvRunner
     from rllib_dph.losses import TRUST_REGIONS, group_advantages, trust_region_mask
 
     config = _config({"rollout_top_k": 20}, 0, model)

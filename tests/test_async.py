@@ -10,7 +10,7 @@ import pytest
 from ray.rllib.core import DEFAULT_MODULE_ID
 
 from rllib_dph import columns as C
-from rllib_dph.async_sampling import (
+from rllib_dph.env_runners.async_sampling import (
     NUM_STALE_ROWS_DROPPED,
     STALENESS_MAX,
     STALENESS_MEAN,

@@ -13,7 +13,7 @@ import pytest
 from ray.rllib.core import DEFAULT_MODULE_ID
 
 from rllib_dph import columns as C
-from rllib_dph.async_sampling import NUM_ENV_RUNNER_RESTARTS, STALENESS_MAX
+from rllib_dph.env_runners.async_sampling import NUM_ENV_RUNNER_RESTARTS, STALENESS_MAX
 from rllib_dph.batch import num_minibatches
 
 
@@ -59,7 +59,7 @@ def _on_policy_gap(algo, batch) -> float:
 
 
 def test_killed_env_runner_is_restarted_with_the_current_weights(ray_session, tiny_grpo_config):
-    from rllib_dph.env_runner import LLMEnvRunner
+    from rllib_dph.env_runners.llm_env_runner import LLMEnvRunner
 
     algo = _remote(tiny_grpo_config).training(lr=1e-2).build_algo()
     _on_policy_gap(algo, algo.sample_groups())  # the policy moves away from the initial weights

@@ -130,7 +130,7 @@ def test_flat_trust_region_fields_are_refused_with_the_new_spelling(tiny_grpo_co
 
 @pytest.fixture
 def env_runner(tiny_grpo_config):
-    from rllib_dph.env_runner import LLMEnvRunner
+    from rllib_dph.env_runners.llm_env_runner import LLMEnvRunner
 
     return LLMEnvRunner(config=tiny_grpo_config.copy(copy_frozen=False).training(rollout_top_k=3))
 

@@ -30,7 +30,7 @@ def lora_config(tiny_grpo_config):
 
 @pytest.fixture
 def env_runner(lora_config):
-    from rllib_dph.env_runner import LLMEnvRunner
+    from rllib_dph.env_runners.llm_env_runner import LLMEnvRunner
 
     return LLMEnvRunner(config=lora_config)
 

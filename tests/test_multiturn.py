@@ -309,7 +309,7 @@ def multiturn_config(tiny_grpo_config):
 def test_learner_sees_only_policy_tokens(multiturn_config):
     """Episodes are rows, groups are a prompt's episodes; at step 0 π_θ = μ on every token the
     loss, trust region and KL see: observation tokens (μ 0 in the batch) would break that."""
-    from rllib_dph.env_runner import LLMEnvRunner
+    from rllib_dph.env_runners.llm_env_runner import LLMEnvRunner
 
     runner = LLMEnvRunner(config=multiturn_config)
     batch = runner.sample(num_prompts=3)

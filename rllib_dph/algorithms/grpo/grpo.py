@@ -34,7 +34,7 @@ from ray.rllib.utils.metrics import (
 )
 
 from rllib_dph import columns as C
-from rllib_dph.async_sampling import SamplingRounds
+from rllib_dph.env_runners.async_sampling import SamplingRounds
 from rllib_dph.algorithms.rules import ChoiceRule, CrossRule, NumberRule, first_violation
 from rllib_dph.algorithms.grpo.grpo_torch_learner import GRPOTorchLearner
 from rllib_dph.algorithms.grpo.trust_region import MOVED_FIELDS, TrustRegion, TrustRegionRule, moved_field_message
@@ -144,7 +144,7 @@ class GRPOConfig(AlgorithmConfig):
     def _init_env_runners(self) -> None:
         """Env runners are ``LLMEnvRunner``s; weights reach them through ``sync_weights``, and
         there are no connector states to merge or broadcast."""
-        from rllib_dph.env_runner import LLMEnvRunner
+        from rllib_dph.env_runners.llm_env_runner import LLMEnvRunner
 
         self.merge_env_runner_states = False
         self.broadcast_env_runner_states = False
@@ -152,7 +152,7 @@ class GRPOConfig(AlgorithmConfig):
 
     def _init_sampling_limits(self) -> None:
         """Defaults of asynchronous sampling and of the timeouts of every blocking wait
-        (docs/faults.md: ``rllib_dph.async_sampling``, ``learners.remote_calls``, ``learners.collectives``)."""
+        (docs/faults.md: ``rllib_dph.env_runners.async_sampling``, ``learners.remote_calls``, ``learners.collectives``)."""
         self.max_staleness = 0
         self.sample_timeout_s = 1800.0  # RLlib's field; its default (60 s) is short for LLM rollouts
         self.weight_sync_timeout_s = 600.0
@@ -466,7 +466,7 @@ class GRPOConfig(AlgorithmConfig):
                 None (default) means one optimizer step on the whole batch per epoch. With
                 ``num_epochs > 1`` and ``shuffle_batch_per_epoch`` the groups are reshuffled
                 into new mini-batches every epoch.
-            max_staleness: Asynchronous sampling (``rllib_dph.async_sampling``; docs/async.md).
+            max_staleness: Asynchronous sampling (``rllib_dph.env_runners.async_sampling``; docs/async.md).
                 0 (default): sample, update, then sync the weights (synchronous). k >= 1: the
                 env runners sample up to k steps ahead of the learners with the weights they had
                 when asked, so sampling overlaps the update; every row carries the weight

@@ -40,7 +40,7 @@ from rllib_dph.envs import make_env
 from rllib_dph.rollout import encode_task, rollout
 
 if TYPE_CHECKING:
-    from rllib_dph.async_sampling import PublishedWeights
+    from rllib_dph.env_runners.async_sampling import PublishedWeights
 
 # Metric keys logged under ``env_runners/``.
 REWARD_MEAN = "reward_mean"
@@ -208,7 +208,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         return held_none
 
     def sample_round(self, *, num_prompts: int, weights: "PublishedWeights") -> tuple[dict, ResultDict, dict]:
-        """One env runner's share of a sampling round (``rllib_dph.async_sampling``).
+        """One env runner's share of a sampling round (``rllib_dph.env_runners.async_sampling``).
 
         Loads ``weights`` first when this runner holds another version: a runner that Ray
         restarted after a crash holds the model's initial weights, and in asynchronous mode the

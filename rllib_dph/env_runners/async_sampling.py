@@ -25,7 +25,8 @@ Engine calls are bounded here, from the driver, not inside the env runner: the H
 ``generate`` (and vLLM's in-process one) runs in the runner's own thread, which Python cannot
 interrupt, so ``sample_timeout_s`` and ``weight_sync_timeout_s`` bound the runner's whole call. A
 runner stuck that way stops the run (it is alive: Ray would not restart it). Timeouts of the
-learners' waits: ``rllib_dph.learners.remote_calls`` and ``rllib_dph.learners.collectives`` (docs/faults.md).
+learners' waits: ``rllib_dph.learners.remote_calls`` and ``rllib_dph.learners.collectives``
+(docs/faults.md).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ checkpoints differ by their weights only. Prints and writes (`--out`):
 
 The first evaluation after which pass@k(max) stays below the base model's, with an interval
 that excludes 0, is where GRPO's sharpening costs coverage (the DPH-RL paper's collapse); the
-reproduction's budget comes from that curve (docs/results.md, "The DPH-RL comparison").
+reproduction's budget comes from that curve (docs/results/ordinary-suite.md, "How long GRPO must train to cost pass@k").
 
     python research/grpo_budget.py                         # 200 iterations, every 20, n = 32, 100 prompts
     python research/grpo_budget.py --iterations 40 --every 20 --limit 20 --n 8    # a smoke run

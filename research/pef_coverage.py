@@ -1,5 +1,5 @@
 """What DPH-RL's D_pef holds of the two-approach families' approaches (ties, NULL), and what each method keeps of
-them where both are right (the reading is in docs/collapse.md, "Where the D_pef term acts").
+them where both are right (the reading is in docs/results/pef-styles.md, "Result").
 
 Three measurements, any of them:
 

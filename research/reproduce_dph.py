@@ -207,7 +207,7 @@ BUDGETS = {
     ),
     "ties-quick": dict(seeds=[0], iterations=100, eval_limit=50, n=64, methods=["GRPO", "DPH-JS", "DPH-JS (refine)"],
                        config=TIES_CONFIG, max_new_tokens=96, splits=["in-domain", "ties"]),
-    # The pre-registered comparison on the NULL family (docs/collapse.md, "The NULL family"; fixed
+    # The pre-registered comparison on the NULL family (docs/collapse.md, "The pre-registered readings"; fixed
     # on 2026-11-27 before any run): the ties budget (100 iterations of the tuned examples' batch,
     # 96 tokens, 3 seeds, all prompts, n = 64) on tiny-sql-math-nulls, trained on sql_synth/train
     # with 10 % of the family's ordinary questions mixed in; GRPO, DAPO, DPH-JS (8 of 8, all

@@ -156,7 +156,7 @@ def test_resume_keeps_version_and_bound_and_discards_rows_sampled_before(ray_ses
     resumed.stop()
 
 
-# ---------------------------------------------------------------------- composes (#30 item 6)
+# ---------------------------------------------------------------------- composes
 def _runner_weight_sums(algo) -> list[dict[str, float]]:
     """Each remote env runner's version and engine weights (parameter sums), read after the
     calls queued before this one (an env runner runs one call at a time)."""
@@ -286,7 +286,7 @@ def test_rllib_train_runs_the_async_tuned_examples(tmp_path, example, overrides)
 
 def test_rllib_train_async_run_killed_with_sigkill_resumes_its_version_and_bound(tmp_path):
     """`rllib train` one round ahead (k = 1, one remote env runner), killed with SIGKILL after a
-    checkpoint, then `--resume`d (#30 item 4): the resumed iterations continue the checkpoint's
+    checkpoint, then `--resume`d: the resumed iterations continue the checkpoint's
     weight version, keep the bound (k = 1 again from the second resumed iteration), and the first
     resumed update trains only rows sampled with the restored weights (staleness 0): rows sampled
     before the kill, or with weights the checkpoint never had, are not trained as fresh."""

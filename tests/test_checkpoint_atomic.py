@@ -1,4 +1,4 @@
-"""Checkpoints and pre-sampled files are written atomically (issue #27 item 2): a save that fails or
+"""Checkpoints and pre-sampled files are written atomically: a save that fails or
 is killed with SIGKILL midway leaves the previous checkpoint loadable, and a pre-sampling run killed
 while writing leaves no D_pef file that a later run would trust."""
 

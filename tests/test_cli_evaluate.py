@@ -63,7 +63,7 @@ def test_the_default_output_folder_of_a_checkpoint_is_its_trial_and_checkpoint()
 
 def test_a_slug_never_starts_with_a_dash():
     # The last 80 characters of this Tune path started with "-00-00_GRPO...".
-    path = ("/root/ray_results/GRPO_rllib_dph_SQL-v0_2025-05-01_10-00-00/"
+    path = ("/home/user/ray_results/GRPO_rllib_dph_SQL-v0_2025-05-01_10-00-00/"
             "GRPO_rllib_dph_SQL-v0_3b1c2_00000_0_2025-05-01_10-00-01/checkpoint_000001")
     assert slug(path) == "00-00_GRPO_rllib_dph_SQL-v0_3b1c2_00000_0_2025-05-01_10-00-01_checkpoint_000001"
     assert slug("ab" * 40 + "-" + "c" * 79) == "c" * 79

@@ -1,4 +1,4 @@
-"""Every `rllib` subcommand takes relative paths, as a new user types them (issue 29, item 9).
+"""Every `rllib` subcommand takes relative paths, as a new user types them.
 
 One flow from a fresh folder: `rllib train file exp.py --storage-path runs` (which checkpoints at
 the end by default), `--resume` with a larger stop (refused, naming `--from-checkpoint`),

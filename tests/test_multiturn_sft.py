@@ -1,4 +1,4 @@
-"""SFT traces of the SQLMultiTurn-v0 protocol (issue #26, item 6): the traces are the env's own
+"""SFT traces of the SQLMultiTurn-v0 protocol: the traces are the env's own
 episodes, their encoding is the rollout's token for token with the loss on policy turns only,
 and the ``tiny-sql-math-mt`` warm start built on them resolves by name."""
 

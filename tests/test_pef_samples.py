@@ -1,4 +1,4 @@
-"""D_pef with every trajectory (issue #24 item 1): ``PresampleConfig.pef_samples`` and ``full_data``."""
+"""D_pef with every trajectory: ``PresampleConfig.pef_samples`` and ``full_data``."""
 
 import dataclasses
 import warnings

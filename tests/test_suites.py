@@ -299,7 +299,7 @@ def test_suite_root_default_and_override(monkeypatch, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# The ties family (issue #24): questions where only the ``extremum`` approach is right
+# The ties family: questions where only the ``extremum`` approach is right
 
 
 def _rows(question: sql_suite.SqlQuestion, sql: str) -> list:
@@ -444,7 +444,7 @@ def test_every_ties_question_needs_a_ranking(split):
 
 
 # ---------------------------------------------------------------------------------------------
-# The NULL family (issue #24): "how many X have a recorded Y", where only ``count_col`` is right
+# The NULL family: "how many X have a recorded Y", where only ``count_col`` is right
 # on the databases' NULL copies
 
 

@@ -392,7 +392,7 @@ def test_rllib_train_file_with_vllm_engine(tmp_path):
 
 def test_rllib_train_async_example_with_vllm_engine(tmp_path):
     """`rllib train file` on the asynchronous GRPO example with engine="vllm": vLLM in the remote
-    env runner samples one round ahead, loading each request's weights (#30 item 6)."""
+    env runner samples one round ahead, loading each request's weights."""
     overrides = {
         "engine": "vllm",
         "engine_kwargs": {"max_model_len": 1024, "kv_cache_memory_bytes": 256 << 20},

@@ -1,5 +1,5 @@
 # What SmolLM2's right answers on test_ties (family version 2) are: the base model of the GPU
-# run on the ties family (docs/collapse.md, "On a GPU"), sampled again on CPU in fp32 with the texts
+# run on the ties family (docs/results/smollm2-ties.md, "Base model and GRPO on one H100"), sampled again on CPU in fp32 with the texts
 # kept (the GPU evaluations keep no completions). It ran from the repository root at commit 1ecde13
 # (as docs/collapse_runs/2026-11-26-smollm2-base-ties-v2-completions-cpu.py, its place then); here:
 # python research/records/2026-11-26-smollm2-base-ties-v2-completions-cpu.py

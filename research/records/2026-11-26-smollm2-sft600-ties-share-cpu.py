@@ -1,4 +1,4 @@
-# Exploratory (docs/collapse.md, "On a GPU"): does a longer warm start make SmolLM2 write the ties
+# Exploratory (docs/results/smollm2-ties.md, "Base model and GRPO on one H100"): does a longer warm start make SmolLM2 write the ties
 # family's robust approach (`extremum`, `= (SELECT MAX(...))`) as a minority? The shipped warm start
 # (smollm2-135m-sft: 120 steps x 8 examples, 12 `extremum` answers against 66 `LIMIT 1` among its
 # SQL examples) writes it in 3 of 1,600 samples on test_ties. This builds the same recipe with

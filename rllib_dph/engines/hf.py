@@ -308,7 +308,7 @@ class CompiledDecoder:
     """Decoding with a static KV cache through ``torch.compile`` (CUDA graphs on a GPU).
 
     A decoding step of a small model on a GPU costs Python and kernel launches, not arithmetic
-    (measured on an H100, issue #14: docs/results.md, "On an H100"). Here every step of a chunk
+    (docs/results/gpu.md, "Rollouts: eager and compiled decoding"). Here every step of a chunk
     is the same computation on the same buffers, so ``torch.compile(mode="reduce-overhead")``
     records it once as a CUDA graph and then replays it:
 

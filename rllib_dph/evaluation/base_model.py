@@ -77,8 +77,8 @@ def evaluate_base_policy(
 
 
 def _ties_metrics(run: Callable, samples: int) -> dict:
-    """The ties family (``sql_synth/test_ties``, issue #24 asks the base model to write its
-    ``extremum`` approach in about 10-25 % of its samples), with the family's version
+    """The ties family (``sql_synth/test_ties``; the family asks the base model to write
+    its ``extremum`` approach in about 10-25 % of its samples), with the family's version
     (``sql_suite.TIES_FAMILY_VERSION``): see :func:`_family_metrics`."""
     metrics = _family_metrics(run, samples, "sql_synth/test_ties", "sql_ties")
     return {"sql_ties/family_version": TIES_FAMILY_VERSION, **metrics}

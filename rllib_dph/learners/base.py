@@ -32,8 +32,7 @@ class LLMTorchLearner(ShardedModules, SkipNonFiniteSteps, TokenBudgetSteps, Grou
     runs under autocast to ``config.dtype`` (inside ``LLMRLModule._forward_train``, so every
     caller gets it). The frozen reference model is loaded the same way (float32 weights, the
     same autocast), so π_ref computes exactly what the initial π_θ computes and the KL starts at
-    0; a bf16 copy would differ by bf16 rounding (measured on an H100: docs/results.md, "On an
-    H100").
+    0; a bf16 copy would differ by bf16 rounding (docs/results/gpu.md, "Learners").
 
     With LoRA (``config.lora``) the optimizer holds the adapters alone (the frozen base weights
     get neither gradients nor Adam state), and π_ref is the policy's own base model with its

@@ -100,7 +100,7 @@ TINY_MODELS: dict[str, TinyModelSpec] = {
     "tiny-sql-math": TinyModelSpec(sft_steps=3000, eval_samples=8),
     # tiny-sql-math's recipe with the NULL family's ordinary questions added to its SFT corpus
     # (4860 examples more; the same 2.0 epochs), so that it writes the family's robust approach,
-    # COUNT(col), as a minority (docs/collapse.md, "The NULL family"). Not shipped.
+    # COUNT(col), as a minority (docs/results/nulls.md, "The task"). Not shipped.
     "tiny-sql-math-nulls": TinyModelSpec(sft_steps=3608, eval_samples=8,
                                          extra_sft_splits=("sql_synth/train_nulls",)),
     "tiny-random": TinyModelSpec(),

@@ -18,13 +18,12 @@ How to run (one GPU, bf16 mixed precision):
         "max_response_length": 128, "minibatch_size": 16}' --stop '{"training_iteration": 5}'
 
 Results to expect:
-    Measured on one H100 (docs/gpu.md, "third lease"), 3 iterations on sql_synth/train[:96]:
-    pre-sampling 96 prompts x 8 took 13.9 s (setup 70 s in all); 12.0-14.0 s per iteration after
-    the first (generation 6.8-8.9 s, learner 2.6-2.9 s, weight sync 2.1-2.4 s), about GRPO's on
-    the same card; validation on 48 sql_synth/test prompts unchanged within its intervals after 3
-    iterations (pass@1 0.47 -> 0.50, pass@8 0.90 -> 0.90). A learning run (the full 200
+    On one H100, 3 iterations on sql_synth/train[:96] (docs/results/gpu.md, "End to end"):
+    pre-sampling 96 prompts x 8 in 13.9 s; 12.0-14.0 s per iteration after the first (generation
+    6.8-8.9 s, learner 2.6-2.9 s, weight sync 2.1-2.4 s); validation on 48 sql_synth/test prompts
+    unchanged within its intervals (pass@1 0.47 -> 0.50). A learning run (the full 200
     iterations) has not been measured on a GPU. The base policy is the warm start
-    `smollm2-135m-sft` (docs/models.md, "Warm start"), which pre-sampling finds many near-perfect
+    `smollm2-135m-sft` (docs/models.md, "Warm start: smollm2-135m-sft"), which pre-sampling finds many near-perfect
     prompts for (the zero-shot model solved none, which left D_pef empty).
 """
 

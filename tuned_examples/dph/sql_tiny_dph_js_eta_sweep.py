@@ -17,7 +17,7 @@ exploration rows) = eta/8 relative to the policy loss, and DPH-JS's generator co
 twice (the code's js_low_var). Numbers measured before that normalisation existed (when
 eta weighed the term 8x more, 4x for DPH-JS) are marked as such below.
 
-Why this grid: at 100 iterations (docs/collapse.md, "Where the D_pef term acts") η = 0.2 keeps
+Why this grid: at 100 iterations (docs/results/pef-styles.md, "Result") η = 0.2 keeps
 none of the SQL styles that GRPO drops, η = 2 a little, and η = 10 keeps them near the base
 model's mix (style entropy 2.17 bits against GRPO's 1.69 and the base model's 2.32) with pass@1
 level with GRPO's; smaller values than 0.2 weigh the term even less.

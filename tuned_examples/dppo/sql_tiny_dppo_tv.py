@@ -13,7 +13,7 @@ Results to expect:
     In research/trust_region.py (this off-policy regime, 3 seeds x 40 iterations) Binary-TV's
     training reward stayed flat (10-iteration means 0.385 -> 0.383) against 0.391 -> 0.455 with
     GRPO's ratio clip: no DPPO advantage on the tiny model, whose μ and π_θ agree closely
-    (docs/results.md, "Trust regions").
+    (docs/results/trust-regions.md).
 """
 
 from rllib_dph.algorithms.grpo import GRPOConfig

@@ -12,7 +12,7 @@ How to run (one GPU, bf16 mixed precision):
 
 Results to expect:
     Not yet measured as a learning run (no GPU was available when this example was written).
-    The policy is the warm start `smollm2-135m-sft` (docs/models.md, "Warm start"); on the first 16
+    The policy is the warm start `smollm2-135m-sft` (docs/models.md, "Warm start: smollm2-135m-sft"); on the first 16
     math_synth/test prompts (n=32): greedy 0.125, pass@1 0.037, pass@8 0.153, pass@32 0.312
     (zero-shot SmolLM2: 0 of 512 samples).
 """

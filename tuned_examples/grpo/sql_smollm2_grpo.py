@@ -18,15 +18,13 @@ How to run (one GPU, bf16 mixed precision, the HF engine and the learner on it):
     #     "engine_kwargs": {"gpu_memory_utilization": 0.3}}'
 
 Results to expect:
-    Measured on one H200 (docs/gpu.md, "SmolLM2 tuned example"), 3 iterations on
-    sql_synth/train[:96]: 13.7-15.5 s per iteration after the first (generation 8.5-9.2 s,
-    learner 2.6-2.8 s, weight sync 2.5-3.3 s), 69 s of setup; validation on 48 sql_synth/test
-    prompts unchanged within its intervals after 3 iterations (pass@8 0.88 -> 0.90). On one H100
-    (third lease): 10.9-11.7 s per iteration, weight sync 2.2-2.8 s, pass@1 0.46 -> 0.48. With
-    asynchronous sampling (`{"num_env_runners": 1, "num_gpus_per_env_runner": 0.5,
-    "num_gpus_per_learner": 0.5, "max_staleness": 1}`: both halves of one GPU) the H100 ran 1.92x the iterations/s of the synchronous loop with the same
-    env runner (5.4 s per iteration against 10.3; docs/gpu.md). A
-    learning run (the full 200 iterations) has not been measured.
+    3 iterations on sql_synth/train[:96] (docs/results/gpu.md, "End to end"): 13.7-15.5 s per
+    iteration after the first on one H200 (generation 8.5-9.2 s, learner 2.6-2.8 s, weight sync
+    2.5-3.3 s), 10.9-11.7 s on one H100; validation on 48 sql_synth/test prompts unchanged within
+    its intervals (pass@8 0.88 -> 0.90). With asynchronous sampling (`{"num_env_runners": 1,
+    "num_gpus_per_env_runner": 0.5, "num_gpus_per_learner": 0.5, "max_staleness": 1}`: both
+    halves of one GPU) the H100 ran 1.92x the iterations/s of the synchronous loop
+    (docs/results/async.md, "Throughput"). A learning run (the full 200 iterations) has not been measured.
     The policy is the warm start `smollm2-135m-sft` (SmolLM2 after a 120-step SFT on the suites'
     multi-style solutions, built into the model cache on first use: 29 s on a GPU, ~11 min on 2
     CPU cores); zero-shot SmolLM2 solved none of these prompts. The warm start on the first 48

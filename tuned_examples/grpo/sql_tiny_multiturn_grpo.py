@@ -12,7 +12,7 @@ Each episode is one `sql_synth/train` question in `rllib_dph/SQLMultiTurn-v0`: a
 `<query>...</query>` block runs that query read-only and shows its first rows; a turn with a
 ```sql block is the final answer, scored as in `SQL-v0`; at most 3 policy turns and 96 new
 tokens per turn. The policy is `tiny-sql-math-mt`, the shipped tiny model after an SFT on the
-env's own episodes (docs/models.md, "Warm start: tiny-sql-math-mt"), built into the cache on
+env's own episodes (docs/models.md, "Warm start: tiny-sql-math-mt (the multi-turn protocol)"), built into the cache on
 first use (104 s when the example was measured, 374 s on a busier machine): the shipped `tiny-sql-math` never writes the
 protocol, so every episode would score 0. GRPO groups are a prompt's 8 episodes, one advantage
 per episode; observation tokens carry no loss (docs/multiturn.md).

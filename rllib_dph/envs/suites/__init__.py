@@ -20,7 +20,7 @@ Every question has one reference solution per style (:data:`STYLES`); :func:`sty
 the style of any completion, so that the diversity of a policy's answers can be measured. The
 SQL databases are written under :func:`sql_db_root` on first use.
 
-**The ties family** (issue #24): questions that ask for the row or group with the highest or
+**The ties family**: questions that ask for the row or group with the highest or
 lowest value (``sql_suite.EXTREMUM_TEMPLATES``) can be answered by two approaches,
 ``order_limit`` (``ORDER BY ... LIMIT 1``) and ``extremum`` (``= (SELECT MAX(...) ...)``). On
 the ordinary splits nothing ties and both are right; in ``test_ties`` and ``train_ties`` the top
@@ -34,7 +34,7 @@ Training mixes the family in at a chosen share with ``"sql_synth/train@ties=0.05
 ``train`` questions and ``round(3000 * share / (1 - share))`` ``train_ties`` questions, in a
 fixed shuffled order (so 5 % of the prompts are ties questions).
 
-**The NULL family** (issue #24, docs/collapse.md): questions that count the rows with a known
+**The NULL family** (docs/collapse.md): questions that count the rows with a known
 value of a column ("How many singers have a recorded age?", ``sql_suite.NULL_TEMPLATES``) can be
 answered by two approaches that differ by one token, ``count_star`` (``COUNT(*)``) and
 ``count_col`` (``COUNT(age)``). ``train_nulls`` asks them of the training databases, where no

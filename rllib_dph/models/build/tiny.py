@@ -56,7 +56,7 @@ CHAT_TEMPLATE = (
 #: Torch threads of a build. One thread: the same weights on every machine with the same CPU
 #: kernels, whatever its core count, and robust on a busy machine: a second thread makes an
 #: idle build faster but one that shares the CPU with other jobs much slower (threads wait for
-#: each other at every parallel region; measured: docs/models.md, "Build threads"); pass
+#: each other at every parallel region; measured: docs/models.md, "Build threads, and why the model ships"); pass
 #: ``num_threads`` to choose.
 BUILD_THREADS = 1
 #: The suites the tiny models are trained on.

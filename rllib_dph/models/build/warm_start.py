@@ -12,7 +12,7 @@ completion and its end-of-turn token.
 ``tiny-sql-math-mt`` is the bundled ``tiny-sql-math`` taught the multi-turn protocol of
 ``rllib_dph/SQLMultiTurn-v0`` the same way: half of its SQL examples are replayed as the env's
 episodes (``rllib_dph.envs.sql.multiturn.sft_traces``: an exploratory query, the env's reply, the
-answer; or the answer at once), the loss on the policy turns only (issue #26, item 6).
+answer; or the answer at once), the loss on the policy turns only.
 
 ``model_name="smollm2-135m-sft"`` (or the 5x longer ``"smollm2-135m-sft-600"``, or either with the
 NULL family in its pool: ``"smollm2-135m-sft-nulls"``, ``"smollm2-135m-sft-600-nulls"``) builds it on

@@ -166,7 +166,7 @@ def score_chunk(items: list, db_paths: list[str], threads: int, timeouts: dict) 
     checker subprocesses alive at the end.
     """
     from rllib_dph.envs.math import MathEnv
-    from rllib_dph.envs.math.checker import _POOL
+    from rllib_dph.envs.isolation import _POOL
     from rllib_dph.envs.sql import SQLEnv
 
     sql_tasks, math_tasks = _tasks(db_paths)
@@ -269,7 +269,7 @@ class Sampler(threading.Thread):
         while not self._done.wait(self.period_s):
             workers = set(self.workers)
             children = _children(workers)
-            self.checkers |= {p for p in children if "rllib_dph.envs.math.checker" in _proc(p, "cmdline")}
+            self.checkers |= {p for p in children if "rllib_dph.envs.isolation" in _proc(p, "cmdline")}
             self.peak_memory = max(self.peak_memory, sum(map(_rss, workers | children)))
             files = {path: size for folder in self.folders for path, size in _files(folder).items()}
             new = {path: size for path, size in files.items() if path not in self.initial}

@@ -102,7 +102,7 @@ def test_sft_rows_use_the_envs_prompts_and_name_their_shape():
         task = by_id[row["task_id"]]
         assert row["messages"] == [dict(m) for m in task.messages]
         assert row["completion"].startswith("<answer>") and row["completion"].endswith("</answer>")
-        assert env._verify(row["completion"], task.ground_truth).correct
+        assert env.score(row["completion"], task.ground_truth).correct
         assert row["style"].count(",") == 2
     per_task = {tid: [r["style"] for r in rows if r["task_id"] == tid] for tid in by_id}
     assert all(1 <= len(s) <= 3 and len(set(s)) == len(s) for s in per_task.values())

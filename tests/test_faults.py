@@ -241,7 +241,7 @@ def test_collective_with_a_stuck_learner_raises_naming_it_and_the_timeout():
 def test_math_check_waiting_for_a_busy_pool_raises_naming_it_then_the_pool_works_again():
     from rllib_dph.envs import math as M
     from rllib_dph.envs.arguments import ArgumentError
-    from rllib_dph.envs.math.checker import _POOL
+    from rllib_dph.envs.isolation import _POOL
 
     size, wait_s = _POOL.size, _POOL.wait_s
     M.set_checker_pool(size=1, wait_s=0.5)

@@ -21,7 +21,7 @@ from rllib_dph.envs.math import (
     start_checker,
     verify_math,
 )
-from rllib_dph.envs.math.checker import _POOL
+from rllib_dph.envs.isolation import _POOL
 
 
 @pytest.mark.parametrize(
@@ -226,7 +226,8 @@ def test_bad_pool_bounds(kwargs):
 
 _PARENT = """
 import os, sys, time
-from rllib_dph.envs.math.checker import _POOL, start_checker
+from rllib_dph.envs.isolation import _POOL
+from rllib_dph.envs.math import start_checker
 start_checker()
 print(_POOL._idle[-1][1].proc.pid, flush=True)
 time.sleep(60)

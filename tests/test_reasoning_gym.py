@@ -93,10 +93,11 @@ def test_a_scorer_past_the_time_limit_scores_zero_and_the_next_answer_is_scored(
 
 
 def test_a_scorer_error_scores_zero_with_its_message():
-    from rllib_dph.envs.reasoning_gym import _SCORER
+    from rllib_dph.envs.reasoning_gym import score_completion
 
-    with pytest.raises(ValueError, match="score_answer raised ValueError: Dataset 'no_such' not registered"):
-        _SCORER.score(("no_such", {}, "1", {}), 10.0)
+    verdict = score_completion("<answer>1</answer>", {}, dataset="no_such", scorer_kwargs={}, correct_threshold=1.0)
+    assert (verdict.reward, verdict.correct) == (0.0, False)
+    assert verdict.error.startswith("score_answer raised ValueError: Dataset 'no_such' not registered")
 
 
 def test_train_and_test_splits_share_no_question():

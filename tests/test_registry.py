@@ -1,6 +1,7 @@
 """The env registry: a new task in a few lines, gymnasium.make, Ray Tune names, check_env."""
 
 import math
+import os
 import runpy
 import subprocess
 import sys
@@ -144,22 +145,26 @@ def test_a_hanging_verifier_is_cut_off_scored_0_and_the_env_goes_on(caplog):
         _RELEASE.set()
 
 
+def _where(completion, answer):
+    """A verifier that says where it ran: its process and thread, in ``error``."""
+    return Verdict(1.0, True, f"{os.getpid()} {threading.get_ident()}")
+
+
 def test_verifier_timeout_default_override_and_off():
+    """With a timeout the verifier runs in a checker subprocess of the isolation; with None, in
+    the step's own thread."""
     _register_reverse("test/ReverseTimeout-v0")
     assert gym.make("test/ReverseTimeout-v0").unwrapped.verifier_timeout_s == DEFAULT_VERIFIER_TIMEOUT_S
     assert gym.make("test/ReverseTimeout-v0", verifier_timeout_s=2).unwrapped.verifier_timeout_s == 2.0
-    threads = []
-
-    def verifier(completion, answer):
-        threads.append(threading.current_thread())
-        return True
-
-    for timeout_s, on_this_thread in [(None, True), (5.0, False)]:
-        env = FunctionVerifierEnv([{"q": "x", "answer": "y"}], verifier=verifier, prompt_format="{q}",
+    here = f"{os.getpid()} {threading.get_ident()}"
+    for timeout_s, in_this_thread in [(None, True), (5.0, False)]:
+        env = FunctionVerifierEnv([{"q": "x", "answer": "y"}], verifier=_where, prompt_format="{q}",
                                   verifier_timeout_s=timeout_s)
         env.reset()
-        assert env.step("y")[1] == 1.0
-        assert (threads[-1] is threading.current_thread()) is on_this_thread
+        _, reward, _, _, info = env.step("y")
+        assert reward == 1.0
+        assert (info["error"] == here) is in_this_thread
+        assert (info["error"].split()[0] == str(os.getpid())) is in_this_thread
 
 
 @pytest.mark.parametrize("bad", [0, -1.0, math.inf, math.nan, 7200, "5", True])

@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from rllib_dph.envs import isolation
 from rllib_dph.envs.sql import (
     MAX_COMPLETION_CHARS,
     column_overlap_score,
@@ -266,9 +267,18 @@ def test_gold_cache_follows_a_rewrite_in_place(tmp_path):
     assert sql_reward(fenced("SELECT 3"), gold, str(path)) == 1.0
 
 
-def test_a_query_that_ran_is_answered_from_the_result_cache_unless_it_failed_or_is_random(db, monkeypatch):
+@pytest.fixture
+def in_checker(monkeypatch):
+    """Calls of the isolation run in this process, as they do inside a checker: the sandbox's
+    own parts can be watched and patched here."""
+    monkeypatch.setattr(isolation, "_IN_CHECKER", True)
+
+
+def test_a_query_that_ran_is_answered_from_the_result_cache_unless_it_failed_or_is_random(db, monkeypatch,
+                                                                                          in_checker):
     """The scorer's and ``answer_key``'s run of one query, and a query sampled many times, run
-    once per database file; a failed query and one drawing random numbers run each time."""
+    once per database file (per checker); a failed query and one drawing random numbers run each
+    time."""
     import rllib_dph.envs.sql.sandbox as sql
 
     monkeypatch.setattr(sql, "_results", sql._LRUCache(1 << 20))
@@ -409,7 +419,8 @@ ADVERSARIAL = [
 
 
 class TempFileWatch:
-    """Samples this process's open files (``/proc/self/fd``) for SQLite temporary files."""
+    """Samples the open files of this process and of its checkers (``/proc/<pid>/fd``: the
+    queries run in the checkers of the isolation) for SQLite temporary files."""
 
     def __init__(self):
         self.seen: set[str] = set()
@@ -418,13 +429,19 @@ class TempFileWatch:
 
     def _watch(self):
         while not self._stop.wait(0.005):
-            for fd in os.listdir("/proc/self/fd"):
+            pids = ["self"] + [str(checker.proc.pid) for checker in list(isolation._POOL._live)]
+            for pid in pids:
                 try:
-                    target = os.readlink(f"/proc/self/fd/{fd}")
+                    fds = os.listdir(f"/proc/{pid}/fd")
                 except OSError:
                     continue
-                if "etilqs_" in target:  # the prefix of SQLite's temporary file names
-                    self.seen.add(target)
+                for fd in fds:
+                    try:
+                        target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                    except OSError:
+                        continue
+                    if "etilqs_" in target:  # the prefix of SQLite's temporary file names
+                        self.seen.add(target)
 
     def __enter__(self):
         self._thread.start()
@@ -585,39 +602,32 @@ def test_guarded_functions_agree_with_sqlite(db, call):
     assert execute_sql(f"SELECT {call}", db) == expected
 
 
-def test_watchdog_interrupts_without_the_progress_handler(db, monkeypatch):
-    """The deadline holds from outside SQLite's VM even if no deadline check ever fires."""
-    monkeypatch.setattr("rllib_dph.envs.sql.sandbox._Sandbox._past_deadline", lambda self: False)
-    monkeypatch.setattr("rllib_dph.envs.sql.sandbox.DEADLINE_GRACE_S", 30.0)  # the caller waits for the query itself
+def test_the_deadline_holds_where_the_sandbox_cannot_stop_the_query(db, monkeypatch, in_checker):
+    """In the sandbox, a query that no deadline check stops runs on (the progress handler is
+    what stops it); in a checker the isolation kills it at the deadline plus the grace."""
+    import rllib_dph.envs.sql.sandbox as sql
+
+    cross = fenced("SELECT count(*) FROM numbers a, numbers b, numbers c, numbers d")
     start = time.monotonic()
-    verdict = verify_sql(fenced("SELECT count(*) FROM numbers a, numbers b, numbers c, numbers d"),
-                         "SELECT COUNT(*) FROM singer", db, timeout_s=0.5)
-    assert "timed out" in verdict.error
+    verdict = verify_sql(cross, "SELECT COUNT(*) FROM singer", db, timeout_s=0.5)
+    assert verdict.error == "timed out: the query ran past its time limit"  # the progress handler
     assert time.monotonic() - start < 1.0
-    assert sql_reward(fenced("SELECT 5"), "SELECT COUNT(*) FROM singer", db) == 1.0
-
-
-def test_caller_returns_at_the_deadline_when_sqlite_cannot_stop(db, monkeypatch):
-    """A step SQLite cannot interrupt (an in-memory sort of millions of rows) is not waited for:
-    the caller gets "timed out" at the deadline plus the grace, the query thread ends later."""
-    import rllib_dph.envs.sql.sandbox
-
-    def uninterruptible(self, sql, deadline):
-        time.sleep(3.0)
-        return [(1,)]
-
-    monkeypatch.setattr("rllib_dph.envs.sql.sandbox._Sandbox.run", uninterruptible)
-    monkeypatch.setattr("rllib_dph.envs.sql.sandbox._results", rllib_dph.envs.sql.sandbox._LRUCache(1 << 20))  # SELECT 1 ran before
+    monkeypatch.setattr(isolation, "_IN_CHECKER", False)
     start = time.monotonic()
-    verdict = verify_sql(fenced("SELECT 1"), "SELECT 1", db, timeout_s=0.5)
-    assert verdict.error.endswith("timed out: the query ran past its time limit")  # gold runs first
-    assert time.monotonic() - start < 0.5 + rllib_dph.envs.sql.sandbox.DEADLINE_GRACE_S + 0.5
+    sort = fenced("SELECT a.n, randomblob(100) FROM numbers a, numbers b, numbers c ORDER BY random()")
+    verdict = verify_sql(sort, "SELECT COUNT(*) FROM singer", db, timeout_s=0.5)
+    elapsed = time.monotonic() - start
+    assert "timed out" in verdict.error
+    assert elapsed < 0.5 + sql.DEADLINE_GRACE_S + 0.5
+    assert sql_reward(fenced("SELECT 5"), "SELECT COUNT(*) FROM singer", db) == 1.0
 
 
 _MEMORY_CAP = """
 import resource, sys, time
+import rllib_dph.envs.isolation
 import rllib_dph.envs.sql
 import rllib_dph.envs.sql.sandbox
+rllib_dph.envs.isolation._IN_CHECKER = True  # the sandbox runs here, with this heap limit
 rllib_dph.envs.sql.sandbox.MAX_SQLITE_HEAP_BYTES = 64 << 20
 sql = ("```sql\\nWITH x AS MATERIALIZED (SELECT randomblob(100000) FROM numbers a, numbers b)"
        " SELECT count(*) FROM x\\n```")

@@ -1,4 +1,4 @@
-"""The verifiers under a third round of hostile input (issue 27, item 5), one section per class:
+"""The verifiers under hostile input, one section per class:
 result lengths of the Python-side SQL functions, int/float comparison, open files, numeric
 arguments, Markdown around a math answer. See docs/verifiers.md."""
 
@@ -12,11 +12,16 @@ import time
 
 import pytest
 
-import rllib_dph.envs.sql.sandbox
 from rllib_dph.envs.base import Task
 from rllib_dph.envs.math import MathEnv, extract_answer, set_checker_pool, verify_math
 from rllib_dph.envs.sql import SQLEnv, execute_sql, sql_reward, verify_sql
-from rllib_dph.envs.sql.sandbox import MAX_VALUE_BYTES, _GuardedFunctions, _text_bytes
+from rllib_dph.envs.sql.sandbox import (
+    FILES_PER_CONNECTION,
+    MAX_VALUE_BYTES,
+    SQLExecutionError,
+    _GuardedFunctions,
+    _text_bytes,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -96,7 +101,7 @@ def test_the_limit_is_counted_in_utf8_bytes_as_sqlite_does(db, count):
             expected = None
     try:
         got = execute_sql(sql, db)
-    except rllib_dph.envs.sql.sandbox.SQLExecutionError as error:
+    except SQLExecutionError as error:
         assert "string or blob too big" in str(error)
         got = None
     assert got == expected
@@ -200,8 +205,10 @@ import os, resource, sys, threading
 from concurrent.futures import ThreadPoolExecutor
 limit, folder = int(sys.argv[1]), sys.argv[2]
 resource.setrlimit(resource.RLIMIT_NOFILE, (limit, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+import rllib_dph.envs.isolation
 import rllib_dph.envs.sql
 import rllib_dph.envs.sql.sandbox
+rllib_dph.envs.isolation._IN_CHECKER = True  # the sandboxes open here, as in one checker
 paths = sorted(os.path.join(folder, name) for name in os.listdir(folder))
 peak, lock = [0], threading.Lock()
 
@@ -229,13 +236,15 @@ def test_scoring_many_databases_from_many_threads_stays_under_the_open_file_limi
     correct, calls, peak, open_now = map(int, run_python(_MANY_DATABASES, limit, folder).split())
     assert correct == calls == 900
     assert peak < limit
-    assert open_now <= limit // rllib_dph.envs.sql.sandbox.FILES_PER_CONNECTION
+    assert open_now <= limit // FILES_PER_CONNECTION
 
 
 _NO_FREE_DESCRIPTOR = """
 import os, sys
+import rllib_dph.envs.isolation
 import rllib_dph.envs.sql
 import rllib_dph.envs.sql.sandbox
+rllib_dph.envs.isolation._IN_CHECKER = True  # the sandboxes open here, as in one checker
 paths = sys.argv[1:]
 score = lambda path: rllib_dph.envs.sql.sql_reward("```sql\\nSELECT 3\\n```", "SELECT COUNT(*) FROM t", path)
 print(all(score(path) == 1.0 for path in paths[:-1]))  # leaves idle connections open
@@ -260,7 +269,7 @@ def test_a_new_database_opens_when_the_process_has_no_free_descriptor(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# 4. Numeric arguments are validated; the watchdog thread never dies
+# 4. Numeric arguments are validated
 # ---------------------------------------------------------------------------------------------
 
 BAD_TIMEOUTS = [math.inf, -math.inf, math.nan, 0, -1.0, 1e-9, 1e10, 1e300]
@@ -315,7 +324,7 @@ def test_format_penalty_is_checked(db, penalty):
                                     {"idle_s": 1e12}, {"size": 0}, {"size": True},
                                     {"size": 10**6}, {"size": 2.0}])
 def test_checker_pool_bounds_are_checked(kwargs):
-    from rllib_dph.envs.math.checker import _POOL
+    from rllib_dph.envs.isolation import _POOL
 
     before = (_POOL.size, _POOL.idle_s)
     with pytest.raises(ValueError, match=f"set_checker_pool: {next(iter(kwargs))}="):
@@ -341,36 +350,6 @@ def test_a_registered_verifier_with_a_bad_timeout_raises_instead_of_scoring_0():
     env = gym.make("test/MathInf-v0", timeout_s=2.0)
     env.reset(options={"index": 0})
     assert env.step("\\boxed{2}")[1] == 1.0
-
-
-class _Target:
-    """Stands in for a sandbox in the watchdog's heap; records the interrupts it gets."""
-
-    def __init__(self):
-        self.interrupted = []
-
-    def interrupt(self, run_id):
-        self.interrupted.append(run_id)
-
-
-def test_the_watchdog_survives_far_deadlines_and_still_interrupts(db, monkeypatch):
-    watchdog = rllib_dph.envs.sql.sandbox._WATCHDOG
-    verify_sql(fenced("SELECT 1"), "SELECT 1", db)  # the thread runs
-    far = _Target()
-    watchdog.watch(far, 1, time.monotonic() + 1e12)  # its wait is capped, never overflows
-    with pytest.raises(ValueError, match="deadline=inf must be a finite"):
-        watchdog.watch(far, 2, math.inf)
-    near = _Target()
-    watchdog.watch(near, 3, time.monotonic() + 0.05)
-    time.sleep(0.3)
-    assert watchdog.alive() and near.interrupted == [3] and far.interrupted == []
-    # And it still stops a real query that no deadline check inside SQLite would stop.
-    monkeypatch.setattr("rllib_dph.envs.sql.sandbox._Sandbox._past_deadline", lambda self: False)
-    monkeypatch.setattr("rllib_dph.envs.sql.sandbox.DEADLINE_GRACE_S", 30.0)
-    start = time.monotonic()
-    verdict = verify_sql(fenced("SELECT count(*) FROM t a, t b, t c, t d, t e, t f, t g, t h"),
-                         "SELECT 1", db, timeout_s=0.5)
-    assert "timed out" in verdict.error and time.monotonic() - start < 1.5
 
 
 # ---------------------------------------------------------------------------------------------

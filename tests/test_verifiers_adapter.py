@@ -220,7 +220,7 @@ def test_env_errors_and_hangs_end_the_episode_with_reward_zero():
     assert steps[0][1] == 0.0 and steps[0][2] and "raised RuntimeError: database is gone" in steps[0][4]["error"]
     hangs = VerifiersEnv(Hangs(dataset=data, max_turns=3), verifier_timeout_s=0.5)
     _, steps = play(hangs, ["<guess>1</guess>"])
-    assert steps[0][1] == 0.0 and steps[0][4]["error"] == "the verifiers env did not answer within 0.5 s (verifier_timeout_s)"
+    assert steps[0][1] == 0.0 and steps[0][4]["error"] == "verifiers env timed out after 0.5 s (verifier_timeout_s)"
     env = VerifiersEnv(guess_env())
     assert play(env, ["<guess>7</guess>"])[1][0][1] == 1.0  # the loop still serves other episodes
     timed = VerifiersEnv(guess_env(timeout_seconds=0.2))

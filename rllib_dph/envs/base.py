@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import math
 import numbers
 import string
 from dataclasses import dataclass, field
@@ -39,10 +41,21 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from rllib_dph.envs import isolation
+from rllib_dph.envs.arguments import ArgumentError
+from rllib_dph.envs.isolation import Limits
+
+logger = logging.getLogger(__name__)
+
 #: Characters every env accepts: all printable ASCII. Data-specific characters are added per env.
 BASE_CHARSET = frozenset(string.printable)
 #: Longest completion the action space describes (``step`` accepts any string regardless).
 MAX_COMPLETION_CHARS = 16384
+#: Default wall-clock limit of one verifier call (``verifier_timeout_s``), in seconds: twice the
+#: SQL verifier's default, so a slow but working verifier is not cut off.
+DEFAULT_VERIFIER_TIMEOUT_S = 30.0
+#: The isolation limits of a verifier unless its env sets others (:attr:`VerifierEnv.limits`).
+DEFAULT_LIMITS = Limits(wall_s=DEFAULT_VERIFIER_TIMEOUT_S, setting="verifier_timeout_s")
 
 
 @dataclass(frozen=True)
@@ -107,19 +120,50 @@ class Verdict:
 Verifier = Callable[[str, Any], "Verdict | bool | float"]
 
 
+def _check_unique_ids(tasks: Sequence[Task], name: str) -> None:
+    """Raises ValueError naming the first two tasks that share an id."""
+    seen: dict[str, int] = {}
+    for i, task in enumerate(tasks):
+        first = seen.setdefault(task.id, i)
+        if first != i:
+            raise ValueError(
+                f"{name}: tasks {first} and {i} share the id {task.id!r}; task ids must be unique "
+                "(results, pre-sampled rows and evaluations are stored by id): give each task its own."
+            )
+
+
 def as_verdict(result: Any, env_id: str) -> Verdict:
-    """Turns a verifier's return value (Verdict, bool or number) into a :class:`Verdict`."""
+    """Turns a verifier's return value (Verdict, bool or number) into a :class:`Verdict` whose
+    reward is a finite float, ``correct`` a bool and ``error`` a str or None.
+
+    A NaN or infinite reward (returned, or in a Verdict) never reaches training: it becomes
+    reward 0, not correct, with the reason in ``error``.
+
+    Raises:
+        TypeError: The verifier returned something else, or a Verdict whose reward is not a real
+            number (a bug of the verifier, not a property of the completion).
+    """
     if isinstance(result, Verdict):
-        return result
-    if isinstance(result, (bool, np.bool_)):
-        return Verdict(1.0 if result else 0.0, bool(result))
-    if isinstance(result, numbers.Real):
-        reward = float(result)
-        return Verdict(reward, reward >= 1.0)
-    raise TypeError(
-        f"{env_id}: the verifier returned a {type(result).__name__} ({result!r:.80}); "
-        "return a float reward, a bool or an rllib_dph.envs.base.Verdict."
-    )
+        reward, correct, error = result.reward, result.correct, result.error
+    elif isinstance(result, (bool, np.bool_)):
+        reward, correct, error = (1.0 if result else 0.0), bool(result), None
+    elif isinstance(result, numbers.Real):
+        reward, correct, error = result, None, None
+    else:
+        raise TypeError(
+            f"{env_id}: the verifier returned a {type(result).__name__} ({result!r:.80}); "
+            "return a float reward, a bool or an rllib_dph.envs.base.Verdict."
+        )
+    if isinstance(reward, (bool, np.bool_)) or not isinstance(reward, numbers.Real):
+        raise TypeError(
+            f"{env_id}: the verifier's Verdict has reward={reward!r:.80} (a {type(reward).__name__}); "
+            "a reward is a real number, e.g. Verdict(1.0, True)."
+        )
+    reward = float(reward)
+    if not math.isfinite(reward):
+        return Verdict(0.0, False, f"the verifier returned a non-finite reward ({reward!r}); scored 0")
+    correct = reward >= 1.0 if correct is None else bool(correct)
+    return Verdict(reward, correct, None if error is None else str(error))
 
 
 class VerifierEnv(gym.Env):
@@ -136,17 +180,25 @@ class VerifierEnv(gym.Env):
     ``spaces.Text`` whose charset is printable ASCII plus every character found in the prompts.
 
     ## Rewards
-    Whatever the verifier returns (typically 1.0 for a correct answer, else 0.0).
+    Whatever the verifier returns (typically 1.0 for a correct answer, else 0.0); 0 when it
+    raised, timed out, crashed or returned a NaN or infinite reward (:meth:`score`).
 
     ## Starting State
     A task drawn uniformly with ``self.np_random``, or the one chosen by ``options={"index": i}``.
 
     ## Episode End
-    Always terminated after one step; never truncated.
+    Always terminated after one step; never truncated. A ``step`` after the end is refused
+    (RuntimeError) until the next ``reset``.
 
     ## Info
     ``reset``: ``task_id``, ``data_source``, ``index``, ``messages``.
     ``step``: the same plus ``correct`` (bool) and, when something went wrong, ``error`` (str).
+
+    ## Isolation
+    The verifier runs in the one verifier isolation (``rllib_dph.envs.isolation``) under
+    :attr:`limits` (default :data:`DEFAULT_LIMITS`: a wall clock of
+    :data:`DEFAULT_VERIFIER_TIMEOUT_S`, a memory cap); ``limits=None`` runs it in the step's own
+    thread without limits.
     """
 
     metadata = {"render_modes": []}
@@ -157,12 +209,16 @@ class VerifierEnv(gym.Env):
     #: Chat role of the env's observation messages between turns.
     observation_role: str = "user"
 
-    def __init__(self, tasks: Sequence[Task], verifier: Verifier, *, name: str = "verifier"):
+    def __init__(self, tasks: Sequence[Task], verifier: Verifier, *, name: str = "verifier",
+                 limits: Limits | None = DEFAULT_LIMITS):
         if len(tasks) == 0:
             raise ValueError(f"{name}: the task list is empty; give at least one task.")
         self.tasks = list(tasks)
+        _check_unique_ids(self.tasks, name)
         self.verifier = verifier
         self.name = name
+        #: The isolation limits of every verifier call (None: in the step's thread, no limits).
+        self.limits = limits
         charset = set(BASE_CHARSET)
         longest = 1
         for t in self.tasks:
@@ -174,6 +230,8 @@ class VerifierEnv(gym.Env):
             max_length=MAX_COMPLETION_CHARS, min_length=0, charset="".join(sorted(BASE_CHARSET))
         )
         self._index: int | None = None
+        self._done = False
+        self._warned = False
 
     def __len__(self) -> int:
         return len(self.tasks)
@@ -200,18 +258,56 @@ class VerifierEnv(gym.Env):
         else:
             index = int(self.np_random.integers(len(self.tasks)))
         self._index = index
+        self._done = False
         return self.tasks[index].prompt_text, self._info(index)
 
-    def step(self, action: str):
+    def _check_step(self) -> None:
+        """Refuses a ``step`` before ``reset`` or after the episode's end."""
         if self._index is None:
             raise RuntimeError(f"{self.name}: call reset() before step().")
+        if self._done:
+            raise RuntimeError(f"{self.name}: step() after the episode ended (terminated or truncated); "
+                               "call reset() to start the next episode.")
+
+    def step(self, action: str):
+        self._check_step()
         task = self.tasks[self._index]
-        verdict = as_verdict(self.verifier(str(action), task.ground_truth), self.name)
+        verdict = self.score(str(action), task.ground_truth)
+        self._done = True
         info = self._info(self._index)
-        info["correct"] = bool(verdict.correct)
+        info["correct"] = verdict.correct
         if verdict.error is not None:
             info["error"] = verdict.error
-        return task.prompt_text, float(verdict.reward), True, False, info
+        return task.prompt_text, verdict.reward, True, False, info
+
+    def score(self, completion: str, ground_truth: Any) -> Verdict:
+        """The verifier's verdict on ``completion``, run in the isolation under :attr:`limits`.
+
+        A verifier that raises, calls ``sys.exit``, crashes or runs past a limit gives reward 0
+        with the reason in ``error`` (the first such failure of the env is logged with the task);
+        a NaN or infinite reward gives 0 too (:func:`as_verdict`). Raised instead: an
+        :class:`~rllib_dph.envs.arguments.ArgumentError` (a setting such as ``timeout_s=inf``
+        that would score every step 0), :class:`~rllib_dph.envs.isolation.IsolationSetupError`
+        (a verifier that cannot be sent to a checker), :class:`~rllib_dph.envs.isolation.CheckerPoolTimeout`
+        and a return value of the wrong type.
+        """
+        try:
+            result = isolation.run(self.verifier, completion, ground_truth, limits=self.limits)
+        except (ArgumentError, isolation.IsolationSetupError, isolation.CheckerPoolTimeout):
+            raise
+        except isolation.IsolationFailure as failure:
+            return self._failed(failure.reason, None)
+        except Exception as error:
+            return self._failed(f"verifier raised {isolation.exception_name(error)}: {error}", error)
+        return as_verdict(result, self.name)
+
+    def _failed(self, reason: str, error: Exception | None) -> Verdict:
+        """Reward 0 with ``reason``; the env's first failure is logged in full."""
+        if not self._warned:
+            task_id = self.tasks[self._index].id if self._index is not None else None
+            logger.warning("%s: %s on task %s", self.name, reason, task_id, exc_info=error)
+            self._warned = True
+        return Verdict(0.0, False, reason)
 
     def answer_key(self, index: int, completion: str) -> str | None:
         """The majority-vote key of a completion: completions with equal keys give the same answer.

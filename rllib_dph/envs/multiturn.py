@@ -14,6 +14,8 @@ actions and observations); :class:`MultiTurnEnv` adds turns to any :class:`~rlli
 Per-turn shaping (off by default): every tool turn earns ``tool_reward`` (negative: a cost per
 call), added to the episode's reward; with the default 0.0 the episode's reward is the
 verifier's alone. A tool that raises never ends the rollout: its error message is the observation.
+The tool of :class:`FunctionMultiTurnEnv` runs in the verifier isolation (``rllib_dph.envs.isolation``)
+under the verifier's limits; one that times out or crashes gives the reason as the observation.
 
 :class:`FunctionMultiTurnEnv` is the env that ``rllib_dph.envs.register_multiturn_env`` builds from a tool
 function, a verifier and a prompt format.
@@ -21,12 +23,14 @@ function, a verifier and a prompt format.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 from typing import Any, Callable, Mapping, Sequence
 
 from gymnasium import spaces
 
+from rllib_dph.envs import isolation
 from rllib_dph.envs.base import Task, Verdict
 from rllib_dph.envs.registry import FunctionVerifierEnv
 
@@ -136,12 +140,15 @@ class MultiTurnEnv:
         return self._observe(call), self.tool_reward, False, False, info
 
     def _observe(self, call: str) -> str:
-        """The tool's reply, cut to the observation budget; a tool error is the reply itself."""
+        """The tool's reply, cut to the observation budget; a tool error, or its failure in the
+        isolation, is the reply itself."""
         try:
             reply = str(self.run_tool(call, self.tasks[self._index]))
+        except isolation.IsolationFailure as failure:
+            reply = f"error: {failure.reason}"
         except Exception as e:  # bad model output never ends the rollout
             logger.debug("%s: tool raised on %r", self.name, call[:80], exc_info=True)
-            reply = f"error: {type(e).__name__}: {e}"
+            reply = f"error: {isolation.exception_name(e)}: {e}"
         return truncate_text(reply, self.max_observation_chars)
 
     def _with_turns(self, info: dict) -> dict:
@@ -208,4 +215,6 @@ class FunctionMultiTurnEnv(MultiTurnEnv, FunctionVerifierEnv):
         return self.find_call(text)
 
     def run_tool(self, call: str, task: Task) -> str:
-        return str(self.tool_fn(call, task.ground_truth))
+        """``tool(call, ground_truth)`` in the verifier isolation, under the verifier's limits."""
+        limits = None if self.limits is None else dataclasses.replace(self.limits, label="tool")
+        return str(isolation.run(self.tool_fn, call, task.ground_truth, limits=limits))

@@ -37,17 +37,19 @@ Install the optional extra first: ``pip install -e ".[reasoning_gym]"``.
   reward no answer at all).
 - **Correct** (pass@k, ``info["correct"]``): reward >= ``correct_threshold``, by default 1.0
   (full credit).
-- **Time limit and isolation**: the scorer runs in a separate process (several scorers evaluate
-  the answer as Python: countdown's ``sympy.parse_expr``, ``eval`` in n_queens, spiral_matrix,
-  ...), under the verifier time limit of every registered env, ``verifier_timeout_s`` (default
-  ``rllib_dph.envs.registry.DEFAULT_VERIFIER_TIMEOUT_S``, wall clock). A call past it scores 0
-  with the reason in ``info["error"]`` and the process is killed (an answer like ``9**9**9**9``
-  never returns); a scorer that raises, or a process that dies, scores 0 with the reason. The
-  scoring process caps its memory (:data:`SCORER_MEMORY_BYTES`) and dies with its parent.
-  It isolates hangs and crashes; it is no security sandbox: a scorer that evaluates its answer
-  runs it as Python in that process, with this process's rights. :data:`ANSWER_CHECKS` keeps
-  what is not arithmetic away from countdown's scorer; n_queens, spiral_matrix, binary_matrix
-  and string_insertion ``eval`` their answers, and the integration and polynomial data sets
+- **Time limit and isolation**: the scorer runs in the one verifier isolation
+  (``rllib_dph.envs.isolation``), in a checker subprocess (several scorers evaluate the answer
+  as Python: countdown's ``sympy.parse_expr``, ``eval`` in n_queens, spiral_matrix, ...), under
+  the verifier time limit of every registered env, ``verifier_timeout_s`` (default
+  ``rllib_dph.envs.base.DEFAULT_VERIFIER_TIMEOUT_S``, wall clock; None: no time limit, still
+  isolated), and a memory limit (:data:`SCORER_MEMORY_BYTES`). A call past the time limit
+  scores 0 with the reason in ``info["error"]`` and the checker is killed (an answer like
+  ``9**9**9**9`` never returns); a scorer that raises, or a checker that dies, scores 0 with the
+  reason. Importing reasoning-gym in a checker is not charged to the limit. It isolates hangs
+  and crashes; it is no security sandbox: a scorer that evaluates its answer runs it as Python
+  in that process, with this process's rights. :data:`ANSWER_CHECKS` keeps what is not
+  arithmetic away from countdown's scorer; n_queens, spiral_matrix, binary_matrix and
+  string_insertion ``eval`` their answers, and the integration and polynomial data sets
   ``sympy.parse_expr`` them, unchecked here.
 - **Solution styles**: countdown completions are named by :func:`countdown_style` (operator
   pattern, parentheses, number order); evaluation reports pass@k per style and the number of
@@ -56,25 +58,18 @@ Install the optional extra first: ``pip install -e ".[reasoning_gym]"``.
 
 from __future__ import annotations
 
-import atexit
-import ctypes
+import functools
 import json
 import logging
 import os
-import pickle
 import re
-import select
-import signal
-import struct
-import subprocess
-import sys
-import threading
-import time
+from collections import OrderedDict
 from typing import Any, Callable, Mapping, Sequence
 
 from rllib_dph.envs.arguments import check_real
-from rllib_dph.envs.base import Task, Verdict, VerifierEnv
-from rllib_dph.envs.registry import DEFAULT_VERIFIER_TIMEOUT_S, _check_verifier_timeout
+from rllib_dph.envs.base import DEFAULT_VERIFIER_TIMEOUT_S, Task, Verdict, VerifierEnv
+from rllib_dph.envs.isolation import Limits
+from rllib_dph.envs.registry import _check_verifier_timeout
 
 logger = logging.getLogger(__name__)
 
@@ -88,17 +83,12 @@ TEST_SEED_OFFSET = 2**31
 DEFAULT_SIZE = 1000
 #: Splits of :class:`ReasoningGymEnv`.
 SPLITS = ("train", "test")
-#: Longest time the scoring process may take to start (import reasoning-gym); not charged to
-#: ``verifier_timeout_s``.
-SCORER_START_LIMIT_S = 120.0
-#: Memory the scoring process may allocate beyond what it holds after its imports.
+#: Memory a scorer call may add to its checker (the isolation's memory limit).
 SCORER_MEMORY_BYTES = 2 << 30
 #: The style :func:`countdown_style` gives a completion without a parsable expression (the
 #: evaluation's "no style", counted by no style metric).
 NO_STYLE = "none"
 
-_FRAME = struct.Struct("!Q")  # length prefix of a pickled message between the processes
-_PR_SET_PDEATHSIG = 1
 _ARITHMETIC = re.compile(r"[\d\s+\-*/().]+")
 _INTEGER = re.compile(r"\d+")
 _OPERATOR = re.compile(r"\*\*|//|[+\-*/]")  # "**" (power) and "//" before "*" and "/"
@@ -215,176 +205,42 @@ ANSWER_CHECKS: dict[str, tuple[Callable[[str], bool], str]] = {
 STYLE_FUNCTIONS: dict[str, Callable[[str, Task], str | None]] = {"countdown": countdown_style}
 
 
-# ----------------------------------------------------------------------------- scoring process
-class _ScorerTimeout(Exception):
-    """The scorer had not answered within the time limit (the process was killed)."""
+# ----------------------------------------------------------------------------- scoring
+#: Data sets a checker keeps built for scoring (each holds its items' generator state).
+SCORER_DATASETS = 8
+_datasets: OrderedDict[str, Any] = OrderedDict()
 
 
-class _ScorerDied(Exception):
-    """The scoring process ended without answering (the message says how)."""
-
-
-class _ScorerProcess:
-    """One subprocess (``python -m rllib_dph.envs.reasoning_gym``) that scores answers with
-    reasoning-gym, one request at a time; started on first use, started anew after a timeout
-    or a death. Shared by every env of a process (a lock orders the requests)."""
-
-    def __init__(self):
-        self._proc: subprocess.Popen | None = None
-        self._lock = threading.Lock()
-
-    def _start(self) -> subprocess.Popen:
-        env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "rllib_dph.envs.reasoning_gym", str(os.getpid())],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
-        )
-        try:
-            status, value = self._read(proc, time.monotonic() + SCORER_START_LIMIT_S)
-        except (_ScorerTimeout, _ScorerDied) as e:
-            proc.kill()
-            proc.wait()
-            raise RuntimeError(
-                f"the reasoning-gym scoring process did not start within {SCORER_START_LIMIT_S:g} s "
-                f"({type(e).__name__}: {e}); check that `python -m rllib_dph.envs.reasoning_gym` runs "
-                f"here ({INSTALL_HINT})."
-            ) from None
-        if status != "ready":
-            proc.kill()
-            proc.wait()
-            raise RuntimeError(f"the reasoning-gym scoring process failed to start: {value}")
-        return proc
-
-    @staticmethod
-    def _read(proc: subprocess.Popen, deadline: float | None) -> tuple[str, Any]:
-        fd = proc.stdout.fileno()
-        data = b""
-        need = _FRAME.size
-        header = True
-        while True:
-            while len(data) < need:
-                wait = None if deadline is None else max(0.0, deadline - time.monotonic())
-                ready, _, _ = select.select([fd], [], [], wait)
-                if not ready:
-                    raise _ScorerTimeout()
-                chunk = os.read(fd, need - len(data))
-                if not chunk:
-                    code = proc.wait()
-                    how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
-                    raise _ScorerDied(f"the scoring process ended ({how}); a memory cap of "
-                                      f"{SCORER_MEMORY_BYTES >> 20} MiB above its imports applies")
-                data += chunk
-            if not header:
-                return pickle.loads(data)
-            need, data, header = _FRAME.unpack(data)[0], b"", False
-
-    def score(self, request: tuple, timeout_s: float | None) -> float:
-        """The scorer's value for ``request`` = ``(dataset, kwargs, answer, entry)``.
-
-        Raises:
-            _ScorerTimeout: No answer within ``timeout_s`` (the process was killed).
-            _ScorerDied: The process ended while scoring.
-            ValueError: The scorer raised or returned no number (its message).
-        """
-        try:
-            payload = pickle.dumps(request)
-        except Exception as e:  # an item reasoning-gym made but pickle cannot carry
-            raise ValueError(f"the item cannot be sent to the scoring process: {type(e).__name__}: {e}") from e
-        with self._lock:
-            if self._proc is None or self._proc.poll() is not None:
-                self._proc = self._start()
-            proc = self._proc
-            try:
-                proc.stdin.write(_FRAME.pack(len(payload)) + payload)
-                proc.stdin.flush()
-                deadline = None if timeout_s is None else time.monotonic() + timeout_s
-                status, value = self._read(proc, deadline)
-            except (_ScorerTimeout, _ScorerDied, BrokenPipeError) as e:
-                self._kill()
-                if isinstance(e, BrokenPipeError):
-                    raise _ScorerDied("the scoring process closed its input") from None
-                raise
-        if status != "ok":
-            raise ValueError(value)
-        return value
-
-    def _kill(self) -> None:
-        if self._proc is not None:
-            self._proc.kill()
-            self._proc.wait()
-            self._proc = None
-
-    def close(self) -> None:
-        with self._lock:
-            self._kill()
-
-
-_SCORER = _ScorerProcess()
-atexit.register(_SCORER.close)
-
-
-def _die_with_parent(parent_pid: int) -> None:
-    """Asks Linux to kill this process when its parent dies (elsewhere: a no-op)."""
+def score_completion(completion: str, entry: Mapping[str, Any], *, dataset: str, scorer_kwargs: Mapping[str, Any],
+                     correct_threshold: float) -> Verdict:
+    """The verdict of the data set's own scorer on the completion's ``<answer>`` block (the
+    verifier of :class:`ReasoningGymEnv`, run in a checker of the isolation): 0 with the reason
+    without an answer, for an answer :data:`ANSWER_CHECKS` refuses, or when the scorer raises or
+    returns no number."""
+    answer = extract_answer(completion)
+    if answer is None:
+        return Verdict(0.0, False, "no <answer>...</answer> block in the completion")
+    check, rule = ANSWER_CHECKS.get(dataset, (None, ""))
+    if check is not None and not check(answer):
+        return Verdict(0.0, False, f"the answer {answer[:80]!r} is not {rule}")
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent_pid:  # the parent died before the request was made
-        os._exit(1)
+        key = json.dumps([dataset, scorer_kwargs], sort_keys=True, default=str)
+        if key not in _datasets:
+            _datasets[key] = import_reasoning_gym().create_dataset(dataset, **scorer_kwargs)
+            if len(_datasets) > SCORER_DATASETS:
+                _datasets.popitem(last=False)
+        _datasets.move_to_end(key)
+        score = _datasets[key].score_answer(answer, entry)
+    except Exception as e:  # the answer's fault, or the scorer's: reported, never fatal
+        return Verdict(0.0, False, f"score_answer raised {type(e).__name__}: {str(e)[:300]}")
+    if isinstance(score, bool) or not isinstance(score, (int, float)):
+        return Verdict(0.0, False, f"score_answer returned {score!r:.80}, not a number")
+    return Verdict(float(score), score >= correct_threshold)
 
 
-def _cap_memory() -> None:
-    """Caps this process's address space at its current size plus :data:`SCORER_MEMORY_BYTES`."""
-    try:
-        import resource
-
-        with open("/proc/self/statm") as f:
-            pages = int(f.read().split()[0])
-        limit = pages * os.sysconf("SC_PAGE_SIZE") + SCORER_MEMORY_BYTES
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    except (OSError, ValueError, ImportError):
-        pass
-
-
-def _serve(parent_pid: int) -> None:
-    """The scoring process: reads ``(dataset, kwargs, answer, entry)`` requests on stdin and
-    writes ``("ok", score)`` or ``("error", message)``; its own stdout goes to stderr, so that a
-    scorer's prints cannot mix with the replies."""
-    _die_with_parent(parent_pid)
-    out = os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)
-    requests = sys.stdin.buffer
-
-    def reply(status: str, value: Any) -> None:
-        payload = pickle.dumps((status, value))
-        out.write(_FRAME.pack(len(payload)) + payload)
-        out.flush()
-
-    try:
-        rg = import_reasoning_gym()
-    except ImportError as e:
-        reply("error", str(e))
-        return
-    _cap_memory()
-    datasets: dict[str, Any] = {}
-    reply("ready", None)
-    while True:
-        header = requests.read(_FRAME.size)
-        if len(header) < _FRAME.size:
-            return  # the parent closed the pipe
-        name, kwargs, answer, entry = pickle.loads(requests.read(_FRAME.unpack(header)[0]))
-        try:
-            key = json.dumps([name, kwargs], sort_keys=True, default=str)
-            if key not in datasets:
-                datasets[key] = rg.create_dataset(name, **kwargs)
-            score = datasets[key].score_answer(answer, entry)
-            if isinstance(score, bool) or not isinstance(score, (int, float)):
-                reply("error", f"score_answer returned {score!r}, not a number")
-            else:
-                reply("ok", float(score))
-        except BaseException as e:  # the answer's fault, or the scorer's: reported, never fatal
-            reply("error", f"score_answer raised {type(e).__name__}: {str(e)[:300]}")
+def _load_reasoning_gym() -> None:
+    """The ``prepare`` of a scoring checker: imports reasoning-gym (not charged to the limit)."""
+    import_reasoning_gym()
 
 
 # ----------------------------------------------------------------------------- the env
@@ -571,22 +427,11 @@ class ReasoningGymEnv(VerifierEnv):
         ]
         if data is not None:
             tasks = tasks_named_in(tasks, data, where)
-        super().__init__(tasks, self._verify, name=f"ReasoningGym-{dataset}")
-
-    def _verify(self, completion: str, entry: Mapping[str, Any]) -> Verdict:
-        answer = extract_answer(completion)
-        if answer is None:
-            return Verdict(0.0, False, "no <answer>...</answer> block in the completion")
-        check, rule = ANSWER_CHECKS.get(self.dataset_name, (None, ""))
-        if check is not None and not check(answer):
-            return Verdict(0.0, False, f"the answer {answer[:80]!r} is not {rule}")
-        try:
-            score = _SCORER.score((self.dataset_name, self._scorer_kwargs, answer, entry), self.verifier_timeout_s)
-        except _ScorerTimeout:
-            return Verdict(0.0, False, f"verifier timed out after {self.verifier_timeout_s:g} s (verifier_timeout_s)")
-        except (_ScorerDied, ValueError) as e:
-            return Verdict(0.0, False, str(e))
-        return Verdict(score, score >= self.correct_threshold)
+        verifier = functools.partial(score_completion, dataset=dataset, scorer_kwargs=self._scorer_kwargs,
+                                     correct_threshold=self.correct_threshold)
+        limits = Limits(wall_s=self.verifier_timeout_s, memory_bytes=SCORER_MEMORY_BYTES,
+                        setting="verifier_timeout_s", prepare=_load_reasoning_gym)
+        super().__init__(tasks, verifier, name=f"ReasoningGym-{dataset}", limits=limits)
 
     def answer_key(self, index: int, completion: str) -> str | None:
         """The extracted answer without whitespace (None: no ``<answer>`` block)."""
@@ -605,6 +450,3 @@ class ReasoningGymEnv(VerifierEnv):
             return None
         return style_fn(completion, self.tasks[index]) or NO_STYLE
 
-
-if __name__ == "__main__":
-    _serve(int(sys.argv[1]))

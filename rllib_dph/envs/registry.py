@@ -24,18 +24,20 @@ also works in Ray workers where the registration code never ran.
 
 from __future__ import annotations
 
+import difflib
 import functools
+import inspect
 import logging
 import re
 import sys
-import threading
 from typing import Any, Callable, Mapping, Sequence
 
 import gymnasium as gym
 from gymnasium.envs.registration import load_env_creator
 
-from rllib_dph.envs.arguments import ArgumentError, check_timeout
-from rllib_dph.envs.base import Task, Verdict, VerifierEnv
+from rllib_dph.envs.arguments import check_timeout
+from rllib_dph.envs.base import DEFAULT_VERIFIER_TIMEOUT_S, Task, Verdict, VerifierEnv
+from rllib_dph.envs.isolation import Limits
 from rllib_dph.envs.data.loaders import PromptFormat, check_prompt_format, load_tasks
 
 logger = logging.getLogger(__name__)
@@ -44,10 +46,6 @@ _ENV_ID = re.compile(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+?-v\d+")  # namespace/Name
 
 #: Ids registered through this module, in registration order (builtins first).
 _REGISTERED: dict[str, None] = {}
-
-#: Default wall-clock limit of one call of a registered verifier (``verifier_timeout_s``), in
-#: seconds: twice the SQL verifier's default, so a slow but working verifier is not cut off.
-DEFAULT_VERIFIER_TIMEOUT_S = 30.0
 
 
 def check_env_id(env_id: str) -> None:
@@ -231,37 +229,35 @@ def _check_verifier_timeout(value: Any, where: str) -> float | None:
                          name="verifier_timeout_s")
 
 
-class _TimedOut(Exception):
-    """The verifier was still running at its deadline (not the verifier's own TimeoutError)."""
+def verifier_limits(verifier_timeout_s: float | None, where: str) -> Limits | None:
+    """The isolation limits of a verifier with this ``verifier_timeout_s`` (checked): its wall
+    clock, the default memory cap; None: no isolation (the step's own thread, no limits)."""
+    timeout_s = _check_verifier_timeout(verifier_timeout_s, where)
+    return None if timeout_s is None else Limits(wall_s=timeout_s, setting="verifier_timeout_s")
 
 
-def _call_with_timeout(fn: Callable[[], Any], timeout_s: float | None) -> Any:
-    """``fn()`` on a helper thread, waited for at most ``timeout_s`` wall seconds.
-
-    Returns ``fn``'s value and raises its exception. None: ``fn()`` in this thread, no limit.
-
-    Raises:
-        _TimedOut: ``fn`` had not returned after ``timeout_s``; its daemon thread is left running
-            (a Python thread cannot be stopped) and its result is dropped.
-    """
-    if timeout_s is None:
-        return fn()
-    outcome: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            outcome["value"] = fn()
-        except BaseException as e:  # handed to the caller, raised there
-            outcome["error"] = e
-
-    thread = threading.Thread(target=run, name="verifier", daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    if thread.is_alive():
-        raise _TimedOut()
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
+def check_keywords(fn: Callable, kwargs: Mapping[str, Any], where: str, *, takes: str,
+                   positional: int = 2) -> None:
+    """Raises TypeError when ``fn`` cannot take ``positional`` arguments plus ``kwargs``: a key
+    it does not take, or an argument it needs that is missing (so that a misspelt ``env_config``
+    key fails when the env is built, not at every step). A function without a readable
+    signature is not checked."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(*range(positional), **kwargs)
+    except TypeError as error:
+        names = [p for p in signature.parameters][positional:]
+        unknown = [k for k in kwargs if k not in signature.parameters]
+        hint = "".join(f"; did you mean {close[0]!r} for {k!r}?" for k in unknown
+                       if (close := difflib.get_close_matches(k, names, n=1)))
+        raise TypeError(
+            f"{where}: {getattr(fn, '__qualname__', fn)}{signature} cannot take {takes} "
+            f"{sorted(kwargs)} ({error}){hint}. Pass only the keyword arguments it takes ({names}) "
+            "besides the env's own."
+        ) from None
 
 
 class FunctionVerifierEnv(VerifierEnv):
@@ -279,7 +275,8 @@ class FunctionVerifierEnv(VerifierEnv):
 
     ## Rewards
     The verifier's reward: a bool gives 1.0 / 0.0, a number is used as is, a Verdict's ``reward``;
-    0 when the verifier raised or ran past ``verifier_timeout_s``.
+    0 when the verifier raised, crashed, ran past ``verifier_timeout_s`` or returned a NaN or
+    infinite reward.
 
     ## Starting State
     A row drawn uniformly with ``self.np_random``, or the one given by ``options={"index": i}``.
@@ -292,17 +289,17 @@ class FunctionVerifierEnv(VerifierEnv):
     the verifier said so, raised or timed out, ``error``.
 
     ## Arguments
-    See :func:`register_verifier_env`; extra keyword arguments go to the verifier.
+    See :func:`register_verifier_env`; extra keyword arguments go to the verifier, and one it
+    does not take is refused here (TypeError), not at every step.
 
     ## Verifier timeout
     As the bundled verifiers have a time limit, so does yours: ``verifier_timeout_s`` (default
-    :data:`DEFAULT_VERIFIER_TIMEOUT_S`, wall clock). The verifier runs on a helper thread that
-    the step waits for that long; a call still running then scores 0 with ``info["error"]``
-    "verifier timed out after ... s" and the step returns. Python cannot stop a thread: one that
-    never returns stays behind (a daemon thread, ended with the process). Code that needs the
-    main thread fails there: Math-Verify's own timeouts (``signal.alarm``; pass
-    ``parsing_timeout=None, timeout_seconds=None``, or use :func:`rllib_dph.envs.math.verify_math`).
-    ``verifier_timeout_s=None``: no limit, the verifier runs in the step's thread.
+    :data:`DEFAULT_VERIFIER_TIMEOUT_S`, wall clock) in the one verifier isolation
+    (``rllib_dph.envs.isolation``): the verifier runs in a checker subprocess, with a memory cap;
+    a call still running at the limit is killed and scores 0 with ``info["error"]`` "verifier
+    timed out after ... s (verifier_timeout_s)". The verifier must be picklable (a module-level
+    function, or a lambda or closure without locks, files or connections).
+    ``verifier_timeout_s=None``: no isolation, the verifier runs in the step's thread.
     """
 
     def __init__(
@@ -317,6 +314,8 @@ class FunctionVerifierEnv(VerifierEnv):
         name: str = "custom",
         **verifier_kwargs: Any,
     ):
+        check_keywords(verifier, verifier_kwargs, name, takes="the keyword arguments")
+        limits = verifier_limits(verifier_timeout_s, name)
         tasks = load_tasks(
             data,
             task="generic",
@@ -324,25 +323,7 @@ class FunctionVerifierEnv(VerifierEnv):
             ground_truth_field=ground_truth_field,
             system_prompt=system_prompt,
         )
-        super().__init__(tasks, self._verify, name=name)
+        super().__init__(tasks, functools.partial(verifier, **verifier_kwargs), name=name, limits=limits)
         self.verifier_fn = verifier
         self.verifier_kwargs = verifier_kwargs
-        self.verifier_timeout_s = _check_verifier_timeout(verifier_timeout_s, name)
-        self._warned = False
-
-    def _verify(self, completion: str, ground_truth: Any) -> float | bool | Verdict:
-        call = functools.partial(self.verifier_fn, completion, ground_truth, **self.verifier_kwargs)
-        error = None
-        try:
-            return _call_with_timeout(call, self.verifier_timeout_s)
-        except ArgumentError:  # the env's settings, not the completion: never a silent 0
-            raise
-        except _TimedOut:
-            reason = f"verifier timed out after {self.verifier_timeout_s:g} s (verifier_timeout_s)"
-        except Exception as e:  # a step never raises
-            error, reason = e, f"verifier raised {type(e).__name__}: {e}"
-        if not self._warned:  # the first failure is logged in full
-            task_id = self.tasks[self._index].id
-            logger.warning("%s: %s on task %s", self.name, reason, task_id, exc_info=error)
-            self._warned = True
-        return Verdict(0.0, False, reason)
+        self.verifier_timeout_s = None if limits is None else limits.wall_s

@@ -30,7 +30,11 @@ How it maps:
   own ``pass_threshold`` (verifiers' default 0.5), or ``correct_threshold`` when given.
 - **Time limit**: every wait for the env (its ``setup_state``, ``env_response``, rubric) is
   bounded by ``verifier_timeout_s`` (the registered envs' default); past it the episode ends
-  with reward 0 and the reason in ``info["error"]``.
+  with reward 0 and the reason in ``info["error"]``, worded as the verifier isolation words it
+  (``verifiers env timed out after 30 s (verifier_timeout_s)``). The env does not run in the
+  isolation's checker subprocess (``rllib_dph.envs.isolation``): its rollout is one coroutine
+  that keeps its state across the policy's turns, on this process's event loop, where its
+  client hands it each turn; a call that returns once cannot hold it.
 - **Errors never pass as rewards**: a reward function that raises (the rubric logs it and counts
   0) or a rollout that records an error gives ``correct=False`` and ``info["error"]``; an
   exception out of the env's loop ends the episode with reward 0 and its message.
@@ -55,6 +59,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import queue
 import signal
@@ -66,7 +71,7 @@ from typing import Any, Mapping
 from rllib_dph.envs.arguments import check_real
 from rllib_dph.envs.base import Task, VerifierEnv
 from rllib_dph.envs.multiturn import EPISODE_OVER
-from rllib_dph.envs.registry import DEFAULT_VERIFIER_TIMEOUT_S, _check_verifier_timeout
+from rllib_dph.envs.registry import DEFAULT_VERIFIER_TIMEOUT_S, verifier_limits
 
 logger = logging.getLogger(__name__)
 
@@ -263,7 +268,9 @@ class VerifiersEnv(VerifierEnv):
         _check_features(environment, name, split)
         rows = [dict(r) for r in (environment.get_dataset() if split == "train" else environment.get_eval_dataset())]
         tasks = [_task(row, i, name, environment.env_id or "verifiers", split) for i, row in enumerate(rows)]
-        super().__init__(tasks, _scored_by_rubric, name=name)
+        limits = verifier_limits(verifier_timeout_s, name)
+        super().__init__(tasks, _scored_by_rubric, name=name,
+                         limits=None if limits is None else dataclasses.replace(limits, label="verifiers env"))
         self.rows = rows
         own = getattr(environment, "max_turns", -1)
         self.max_turns = int(max_turns if max_turns is not None else own if own > 0 else DEFAULT_MAX_TURNS)
@@ -272,7 +279,7 @@ class VerifiersEnv(VerifierEnv):
         self.max_episode_tokens = max_episode_tokens
         threshold = environment.pass_threshold if correct_threshold is None else correct_threshold
         self.correct_threshold = check_real(threshold, "correct_threshold", low=-1e9, high=1e9, where=name, default=None)
-        self.verifier_timeout_s = _check_verifier_timeout(verifier_timeout_s, name)
+        self.verifier_timeout_s = None if limits is None else limits.wall_s
         self._episode: _Episode | None = None
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
@@ -326,7 +333,7 @@ class VerifiersEnv(VerifierEnv):
         episode.cancel()
         if kind == "timeout":
             info["correct"] = False
-            info["error"] = f"the verifiers env did not answer within {self.verifier_timeout_s:g} s (verifier_timeout_s)"
+            info["error"] = self.limits.timed_out(cpu=False)
             return EPISODE_OVER, 0.0, True, False, info
         if kind == "error":
             info["correct"] = False

@@ -5,13 +5,18 @@ Two answers are equal when
 1. both are plain numbers (``-3``, ``0.75``, ``3/4``, ``\\frac{3}{4}``) with equal values, or they
    are the same string after removing spacing commands (fast path, no Math-Verify call), or
 2. Math-Verify's ``parse`` + ``verify`` says so (fractions, decimals, percentages, radicals, tuples,
-   sets, LaTeX variants). Two *exact* plain numbers (no decimal point) that differ are unequal
-   without asking Math-Verify.
+   sets, LaTeX variants; :func:`math_verify_equal`). Two *exact* plain numbers (no decimal
+   point) that differ are unequal without asking Math-Verify.
+
+Math-Verify runs in a checker of the verifier isolation (``rllib_dph.envs.isolation``), under a
+CPU-time limit; its own timeouts (``signal.alarm``, main thread only) are switched off.
 """
 
 from __future__ import annotations
 
+import logging
 import re
+from collections import OrderedDict
 from fractions import Fraction
 from typing import Any
 
@@ -61,3 +66,43 @@ def _fast_equal(gold: str, pred: str) -> bool | None:
     if _squash(gold) == _squash(pred):
         return True
     return None
+
+
+#: Parsed gold answers a checker keeps (a gold is parsed once, then compared with many answers).
+GOLD_CACHE_SIZE = 4096
+_gold_cache: OrderedDict[str, list] = OrderedDict()
+
+
+def _parsed(text: str) -> list:
+    from math_verify import parse
+
+    return parse("\\boxed{" + text + "}", parsing_timeout=None)
+
+
+def math_verify_equal(gold: str, pred: str) -> tuple[bool, str | None]:
+    """Whether Math-Verify's ``parse`` + ``verify`` says ``pred`` equals ``gold``: ``(equal,
+    None)``, or ``(False, reason)`` when it cannot parse one of them or fails. Runs in a checker
+    (:func:`rllib_dph.envs.math.env.verify_math` calls it there)."""
+    from math_verify import verify
+
+    try:
+        gold_parsed = _gold_cache.get(gold)
+        if gold_parsed is None:
+            gold_parsed = _gold_cache[gold] = _parsed(gold)
+            if len(_gold_cache) > GOLD_CACHE_SIZE:
+                _gold_cache.popitem(last=False)
+        if not gold_parsed:
+            return False, "Math-Verify cannot parse the gold answer"
+        pred_parsed = _parsed(pred)
+        if not pred_parsed:
+            return False, "Math-Verify cannot parse the answer"
+        return bool(verify(gold_parsed, pred_parsed, timeout_seconds=None)), None
+    except Exception as error:  # RecursionError, MemoryError, SymPy errors, ...
+        return False, f"Math-Verify failed: {type(error).__name__}"
+
+
+def load_math_verify() -> None:
+    """Imports Math-Verify and loads its LaTeX grammar (the ``prepare`` of a math checker: not
+    charged to the first check's time limit); its own logging of timeouts is silenced."""
+    logging.getLogger("math_verify").setLevel(logging.CRITICAL)
+    math_verify_equal("\\frac{1}{2}", "0.5")

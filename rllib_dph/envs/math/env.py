@@ -1,22 +1,35 @@
 """The math verifier (:func:`verify_math`) and the environment ``rllib_dph/Math-v0`` (:class:`MathEnv`).
 
 The final answer (:mod:`~rllib_dph.envs.math.extract`) is compared with the gold one
-(:mod:`~rllib_dph.envs.math.compare`), by Math-Verify in a checker subprocess where the fast
-path cannot decide (:mod:`~rllib_dph.envs.math.checker`).
+(:mod:`~rllib_dph.envs.math.compare`), by Math-Verify where the fast path cannot decide. Math-Verify
+runs in the one verifier isolation (``rllib_dph.envs.isolation``), under :func:`math_limits`:
+
+Time limits count the checker's own **CPU time**, so that a correct answer is not scored 0
+because the machine is busy: an interval timer interrupts a check once it has used
+``timeout_s`` CPU seconds. A check stuck in C code (``9^{9^{9^9}}`` computes a huge integer)
+cannot be interrupted: the isolation, which reads the checker's CPU time, kills it once it has
+used ``CHECKER_KILL_GRACE_S`` more. A checker silent for ``CHECKER_WALL_FACTOR * timeout_s``
+wall seconds without having used its CPU budget (starved, or stopped) is killed too, and the
+pair is checked once more on a fresh checker. Neither waiting for a checker nor its start-up
+and the loading of Math-Verify (:func:`start_checker`) is charged to ``timeout_s``. So a check
+never hangs, from any thread or Ray actor, whatever the input (huge exponents, deep nesting,
+malformed LaTeX). A check may add :data:`CHECKER_MEMORY_BYTES` to its checker's memory.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
 from typing import Any, Mapping, Sequence
 
+from rllib_dph.envs import isolation
 from rllib_dph.envs.arguments import check_timeout
 from rllib_dph.envs.base import Task, Verdict, VerifierEnv
 from rllib_dph.envs.data import load_tasks
-from rllib_dph.envs.math.checker import _POOL, CheckerPoolTimeout
-from rllib_dph.envs.math.compare import _fast_equal, _gold_text
+from rllib_dph.envs.isolation import CHECKER_KILL_GRACE_S, CheckerPoolTimeout, Limits
+from rllib_dph.envs.math.compare import _fast_equal, _gold_text, load_math_verify, math_verify_equal
 from rllib_dph.envs.math.extract import extract_answer
 from rllib_dph.envs.suites import task_style
 
@@ -24,6 +37,32 @@ logger = logging.getLogger(__name__)
 
 #: Default CPU-time limit of one answer check, in seconds.
 DEFAULT_TIMEOUT_S = 5.0
+#: A check silent for ``CHECKER_WALL_FACTOR * timeout_s`` (+ CHECKER_KILL_GRACE_S) wall seconds
+#: without having used its CPU budget (starved by a busy machine, or stopped) is made again on a
+#: fresh checker.
+CHECKER_WALL_FACTOR = 10.0
+#: Address space a check may add to its checker (pathological inputs could otherwise eat all
+#: memory).
+CHECKER_MEMORY_BYTES = 1 << 30
+
+
+def math_limits(timeout_s: float) -> Limits:
+    """The isolation limits of a math check of ``timeout_s`` CPU seconds (module docstring)."""
+    return Limits(cpu_s=timeout_s, wall_s=CHECKER_WALL_FACTOR * timeout_s, grace_s=CHECKER_KILL_GRACE_S,
+                  memory_bytes=CHECKER_MEMORY_BYTES, setting="timeout_s", label="math check",
+                  prepare=load_math_verify)
+
+
+def start_checker() -> None:
+    """Starts a checker now, with Math-Verify loaded, and waits until it is ready (about 0.7 s).
+
+    Optional: the first check that needs Math-Verify does it otherwise (not counted in its
+    ``timeout_s``). Useful before timing checks, or to pay the start-up before training starts.
+
+    Raises:
+        RuntimeError: The checker could not start (e.g. ``math-verify`` is not installed).
+    """
+    isolation.start_checker(prepare=load_math_verify)
 
 
 def verify_math(
@@ -64,10 +103,12 @@ def verify_math(
         equal = _fast_equal(gold, pred)
         error = None
         if equal is None:
-            equal, error = _POOL.check(gold, pred, timeout_s)
+            equal, error = isolation.run(math_verify_equal, gold, pred, limits=math_limits(timeout_s))
         return Verdict(1.0 if equal else 0.0, equal, error)
     except CheckerPoolTimeout:  # a stuck pool, not the completion: the run must see it
         raise
+    except isolation.IsolationFailure as failure:
+        return Verdict(0.0, False, failure.reason)
     except Exception as e:  # the training loop must never see a verifier exception
         logger.warning("verify_math failed", exc_info=True)
         return Verdict(0.0, False, f"math check failed: {type(e).__name__}: {e}")
@@ -123,15 +164,13 @@ class MathEnv(VerifierEnv):
         timeout_s: float = DEFAULT_TIMEOUT_S,
     ):
         self.timeout_s = check_timeout(timeout_s, where="MathEnv", default=DEFAULT_TIMEOUT_S)
-        super().__init__(load_tasks(data, task="math"), self._verify, name="rllib_dph/Math-v0")
+        super().__init__(load_tasks(data, task="math"), functools.partial(verify_math, timeout_s=self.timeout_s),
+                         name="rllib_dph/Math-v0", limits=math_limits(self.timeout_s))
 
     @classmethod
     def from_tasks(cls, tasks: Sequence[Task], **kwargs) -> "MathEnv":
         """Builds the env on already-loaded tasks (``ground_truth`` = the gold answer)."""
         return cls(list(tasks), **kwargs)
-
-    def _verify(self, completion: str, gold_answer: Any) -> Verdict:
-        return verify_math(completion, gold_answer, timeout_s=self.timeout_s)
 
     def answer_key(self, index: int, completion: str) -> str | None:
         """The extracted final answer without whitespace; None when there is none.

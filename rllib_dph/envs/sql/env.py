@@ -9,16 +9,18 @@ reason; the verifier never raises because of the completion or the database.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import time
 from typing import Any, Mapping, Sequence
 
+from rllib_dph.envs import isolation
 from rllib_dph.envs.arguments import ArgumentError, check_real, check_timeout
 from rllib_dph.envs.base import Task, Verdict, VerifierEnv
 from rllib_dph.envs.sql.compare import COMPARATORS, column_overlap_score
 from rllib_dph.envs.sql.extract import MAX_COMPLETION_CHARS, _code_tokens, extract_sql
-from rllib_dph.envs.sql.sandbox import DEFAULT_TIMEOUT_S, SQLExecutionError, _execute, execute_sql
+from rllib_dph.envs.sql.sandbox import DEFAULT_TIMEOUT_S, SQLExecutionError, _execute, execute_sql, sql_limits
 from rllib_dph.envs.suites import task_style
 
 
@@ -57,8 +59,7 @@ def verify_sql(
             ``format_penalty`` is not in [0, 1] (caller errors, raised before any scoring; a
             ValueError). Nothing about the completion or the database ever raises.
     """
-    compare = COMPARATORS.get(cmp_method)
-    if compare is None:
+    if cmp_method not in COMPARATORS:
         raise ArgumentError(
             f"cmp_method={cmp_method!r} is unknown; use one of {sorted(COMPARATORS)}."
         )
@@ -70,24 +71,30 @@ def verify_sql(
     sql = extract_sql(completion)
     if sql is None:
         return Verdict(0.0 - format_penalty, False, "no ```sql block")
-    deadline = time.monotonic() + timeout_s
-    return _run_and_compare(sql, gold_sql, db_path, compare, deadline, partial_credit)
+    try:
+        return isolation.run(_run_and_compare, sql, gold_sql, db_path, cmp_method, timeout_s, partial_credit,
+                             limits=sql_limits(timeout_s))
+    except isolation.IsolationFailure as failure:
+        return Verdict(0.0, False, failure.reason)
 
 
-def _run_and_compare(sql: str, gold_sql: str, db_path: str, compare, deadline: float, partial_credit: bool) -> Verdict:
-    """Runs the gold and the predicted query before ``deadline`` and compares their rows.
+def _run_and_compare(sql: str, gold_sql: str, db_path: str, cmp_method: str, timeout_s: float,
+                     partial_credit: bool) -> Verdict:
+    """Runs the gold and the predicted query within ``timeout_s`` and compares their rows (in a
+    checker of the isolation).
 
     Args:
         sql: The completion's query.
         gold_sql: The reference query.
         db_path: The SQLite database file.
-        compare: A ``COMPARATORS`` function ``(pred_rows, gold_rows, gold_sql) -> bool``.
-        deadline: ``time.monotonic()`` value by which both queries must have finished.
+        cmp_method: A key of ``COMPARATORS``.
+        timeout_s: Seconds by which both queries must have finished.
         partial_credit: Score a differing result by column overlap instead of 0.
 
     Returns:
         The verdict of :func:`verify_sql`; never raises.
     """
+    deadline = time.monotonic() + timeout_s
     try:
         try:
             gold = _execute(gold_sql, db_path, deadline)
@@ -97,7 +104,7 @@ def _run_and_compare(sql: str, gold_sql: str, db_path: str, compare, deadline: f
             pred = _execute(sql, db_path, deadline)
         except SQLExecutionError as error:
             return Verdict(0.0, False, str(error))
-        if compare(pred, gold, gold_sql):
+        if COMPARATORS[cmp_method](pred, gold, gold_sql):
             return Verdict(1.0, True)
         return Verdict(column_overlap_score(pred, gold) if partial_credit else 0.0, False)
     except Exception as error:  # never raise into the training loop
@@ -207,23 +214,14 @@ class SQLEnv(VerifierEnv):
         self.timeout_s = timeout_s
         self.partial_credit = partial_credit
         self.format_penalty = format_penalty
-        super().__init__(tasks, self._verify, name="SQLEnv")
+        verifier = functools.partial(verify_task, cmp_method=cmp_method, timeout_s=timeout_s,
+                                     partial_credit=partial_credit, format_penalty=format_penalty)
+        super().__init__(tasks, verifier, name="SQLEnv", limits=sql_limits(timeout_s))
 
     @classmethod
     def from_tasks(cls, tasks: Sequence[Task], **kwargs) -> "SQLEnv":
         """Builds the env on already-loaded tasks; ``kwargs`` as for ``SQLEnv`` (not ``data``)."""
         return cls(list(tasks), **kwargs)
-
-    def _verify(self, completion: str, truth: Mapping[str, Any]) -> Verdict:
-        return verify_sql(
-            completion,
-            truth["gold_sql"],
-            truth["db_path"],
-            cmp_method=self.cmp_method or truth["cmp_method"],
-            timeout_s=self.timeout_s,
-            partial_credit=self.partial_credit,
-            format_penalty=self.format_penalty,
-        )
 
     def answer_key(self, index: int, completion: str) -> str | None:
         """The query's execution result on the task's database, as a hash of its set of rows.
@@ -267,6 +265,14 @@ class SQLEnv(VerifierEnv):
         while tokens and tokens[-1] == ";":
             tokens.pop()
         return " ".join(tokens) or None
+
+
+def verify_task(completion: str, truth: Mapping[str, Any], *, cmp_method: str | None, timeout_s: float,
+                partial_credit: bool, format_penalty: float) -> Verdict:
+    """:func:`verify_sql` on a task's ground truth (``gold_sql``, ``db_path`` and, when
+    ``cmp_method`` is None, its ``cmp_method``): the verifier of :class:`SQLEnv`."""
+    return verify_sql(completion, truth["gold_sql"], truth["db_path"], cmp_method=cmp_method or truth["cmp_method"],
+                      timeout_s=timeout_s, partial_credit=partial_credit, format_penalty=format_penalty)
 
 
 def _check_ground_truth(task: Task, *, needs_cmp_method: bool) -> None:

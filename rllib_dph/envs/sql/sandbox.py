@@ -1,6 +1,8 @@
 """The read-only sandbox that runs a query of a completion on a SQLite database.
 
-Sandbox. Each query runs on a connection that
+Every query runs in the one verifier isolation (``rllib_dph.envs.isolation``): in a checker
+subprocess that is killed, should the query still run, at its deadline plus
+:data:`DEADLINE_GRACE_S` (:func:`sql_limits`). There each query runs on a connection that
 
 - opens the database file read-only and ``immutable`` (``file:...?mode=ro&immutable=1`` URI) with
   ``PRAGMA query_only``: no lock, journal, ``-wal`` or ``-shm`` file is read or created next to
@@ -8,9 +10,8 @@ Sandbox. Each query runs on a connection that
   file is read as it is; checkpoint a WAL database before training);
 - keeps all temporary storage (sorts, ``DISTINCT``, materialised CTEs) in memory
   (``PRAGMA temp_store = MEMORY``) under SQLite's process-wide hard heap limit
-  (:data:`MAX_SQLITE_HEAP_BYTES`, set by the first sandbox of a process): no temporary file is
-  ever written, and a query that needs more memory fails with "out of memory" (retried
-  :data:`NOMEM_RETRIES` times, as the memory may have been held by another thread's query);
+  (:data:`MAX_SQLITE_HEAP_BYTES`, set by the first sandbox of a checker): no temporary file is
+  ever written, and a query that needs more memory fails with "out of memory";
 - has an authorizer that allows only ``SELECT``, column reads, recursive CTEs and functions, and
   denies everything else: writes, ``CREATE``/``DROP``/``ALTER``, ``ATTACH``/``DETACH`` (hence also
   ``VACUUM INTO``, which attaches its target), every ``PRAGMA``, transactions, ``VACUUM``,
@@ -26,62 +27,56 @@ Sandbox. Each query runs on a connection that
   that check the deadline first, then refuse a result over the length cap before building it
   (each is registered with the size of its result), and compute the same result in linear time
   (:class:`_GuardedFunctions`), so that no single call takes more than a few milliseconds
-  (``LIKE``, kept native, about 0.025 s on maximal values) or builds a value over the cap;
+  (``LIKE``, kept native, about 0.025 s on maximal values) or builds a value over the cap. A
+  Python function cannot take a text that is not valid UTF-8: a query that passes one to a
+  guarded function runs again on a connection with SQLite's own functions (the checker's kill
+  bounds their time);
 - refuses, before running it, a query whose compiled program (read with ``EXPLAIN``) holds more
   than :data:`MAX_FUNCTION_CALLS` function calls or :data:`MAX_COSTLY_CALLS` calls of
   :data:`COSTLY_FUNCTIONS`. SQLite checks its deadline only between loop iterations, so these
   caps bound the work of one straight run of instructions (e.g. 30 ``LIKE`` on 120 KB in one
   row, or a CTE column repeated by the query flattener);
-- stops at the deadline twice over: SQLite's progress handler (checked every
-  :data:`PROGRESS_STEPS` virtual-machine instructions), and a watchdog thread that calls
-  ``Connection.interrupt()`` at the deadline from outside the query's execution;
-- runs on a thread of a small per-process pool (:data:`QUERY_THREADS`) while the caller waits
-  at most until the deadline plus :data:`DEADLINE_GRACE_S`. SQLite sorts an ``ORDER BY`` held
-  in memory in one step that neither the progress handler nor ``interrupt()`` can stop (8M rows
-  take ~9 s); the caller then gets "timed out" at the deadline and the pool thread finishes the
-  interrupted sort in the background (its memory stays under the heap limit);
+- stops at the deadline through SQLite's progress handler (checked every :data:`PROGRESS_STEPS`
+  virtual-machine instructions). What it cannot stop -- SQLite sorts an ``ORDER BY`` held in
+  memory in one step (8M rows take ~9 s) -- ends with the checker, killed by the isolation at
+  the deadline plus :data:`DEADLINE_GRACE_S`;
+- reads text as UTF-8 with invalid bytes kept as lone surrogates (``surrogateescape``), so that
+  two texts are equal exactly when their bytes are;
 - fetches rows one at a time, stopping past :data:`MAX_ROWS` rows or :data:`MAX_RESULT_BYTES`
-  bytes.
+  bytes as Python holds them (``sys.getsizeof`` of each row and value).
 
-Before any parsing, a completion longer than :data:`MAX_COMPLETION_CHARS` or a ```sql block
-longer than :data:`MAX_SQL_BYTES` is refused ("too long"), and extraction runs in linear time.
-Only one statement may run (trailing semicolons and comments are fine). A bad, slow or
-hostile query gets reward 0 and a short reason; the verifier never raises because of the
-completion or the database, and returns within the timeout plus a fraction of a second
-(``bench/verifier_soak.py`` measures it under load).
+A ```sql block longer than :data:`MAX_SQL_BYTES` is refused before any parsing ("too long"),
+and only one statement may run (trailing semicolons and comments are fine).
 
-Caches (per process): the read-only connections, shared by all threads (one thread at a time
-each) and bounded for the whole process -- never more than a quarter of its open-file limit
-(:class:`_ConnectionPool`, :data:`MAX_OPEN_CONNECTIONS`), so that scoring against many databases
-from many threads never runs out of file descriptors -- and the results of the queries that ran
-without error, per (database file identity, statement), so that a gold query, a query that the
-scorer and ``answer_key`` both run, and the same query sampled many times run once (not a
-query that reads the clock or draws random numbers: :data:`UNREPEATABLE`); both are LRU caches.
-The identity is the file's device, inode, size, modification and change times: a database
-replaced or rewritten in place is reopened and its results recomputed. Connections are dropped
-in a forked child.
+Caches (per checker): the read-only connections, at most :func:`_connection_budget` open --
+never more than a quarter of the checker's open-file limit -- and the results of the queries
+that ran without error, per (database file identity, statement), weighed by the bytes Python
+holds for them, so that a gold query, a query that the scorer and ``answer_key`` both run, and
+the same query sampled many times run once (not a query that reads the clock or draws random
+numbers: :data:`UNREPEATABLE`); both are LRU caches. The identity is the file's device, inode,
+size, modification and change times: a database replaced or rewritten in place is reopened and
+its results recomputed. Connections are dropped in a forked child.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import heapq
-import itertools
 import logging
-import math
 import os
 import re
 import resource
 import sqlite3
+import sys
 import threading
 import time
-import weakref
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
+from rllib_dph.envs import isolation
 from rllib_dph.envs.arguments import check_timeout
+from rllib_dph.envs.isolation import Limits
 from rllib_dph.envs.sql.compare import Row, _normalize
 from rllib_dph.envs.sql.extract import _code_tokens
 
@@ -89,8 +84,10 @@ logger = logging.getLogger(__name__)
 
 #: Most rows a query may return; more is an error ("result too large").
 MAX_ROWS = 100_000
-#: Most bytes (strings and blobs by length, other values 8 bytes) a query result may hold.
-MAX_RESULT_BYTES = 32 * 2**20
+#: Most bytes a query result may hold, as Python holds it (``sys.getsizeof`` of each row tuple
+#: and of each value: a short text costs about 50 bytes beyond its characters).
+MAX_RESULT_BYTES = 64 * 2**20
+
 #: Longest string or blob SQLite may build (``SQLITE_LIMIT_LENGTH``).
 MAX_VALUE_BYTES = 128 * 2**10
 #: Longest SQL text (``SQLITE_LIMIT_SQL_LENGTH``); a longer ```sql block is refused before any
@@ -111,34 +108,23 @@ COSTLY_FUNCTIONS = frozenset({"like"})
 #: never raised): sorts, ``DISTINCT``, materialised CTEs and other temporary storage live in
 #: memory, and a query that needs more than this fails with "out of memory".
 MAX_SQLITE_HEAP_BYTES = 1 << 30
-#: Retries of a query that failed for lack of memory (another thread's query may have held it),
-#: after a pause of NOMEM_RETRY_PAUSE_S, while its deadline allows.
-NOMEM_RETRIES = 2
-NOMEM_RETRY_PAUSE_S = 0.05
 #: SQLite virtual-machine instructions between two checks of the deadline.
 PROGRESS_STEPS = 10_000
-#: Threads per process that run queries (each with its own connections); a caller waits for its
-#: query at most until the deadline plus DEADLINE_GRACE_S seconds.
-QUERY_THREADS = 32
+#: Wall seconds past a query's deadline after which the isolation kills its checker (what
+#: SQLite cannot interrupt, e.g. a sort held in memory).
 DEADLINE_GRACE_S = 0.25
 #: Default wall-clock limit of one verification, in seconds.
 DEFAULT_TIMEOUT_S = 15.0
-#: Longest single wait of the watchdog thread, in seconds (it then looks at its deadlines again).
-WATCHDOG_MAX_WAIT_S = 60.0
-#: Bytes of query results kept per process (:func:`_execute`'s cache): each entry counts its
-#: values' bytes (8 per number, the length of a text) plus RESULT_ENTRY_BYTES, and the least
-#: recently used entries leave first.
-RESULT_CACHE_BYTES = 256 * 2**20
+#: Bytes of query results kept per checker (:func:`_execute`'s cache): each entry weighs what
+#: Python holds for its rows (:func:`_held_bytes`) plus its statement plus RESULT_ENTRY_BYTES,
+#: and the least recently used entries leave first.
+RESULT_CACHE_BYTES = 64 * 2**20
 RESULT_ENTRY_BYTES = 256
-#: Most database connections (sandboxes) open at once per process, all threads together; each
-#: holds one file descriptor. Further capped at one per FILES_PER_CONNECTION of the process's
-#: open-file limit (soft ``RLIMIT_NOFILE``, read at each open), leaving the rest of the
-#: descriptors to the rest of the process (sockets, pipes, checkpoints).
+#: Most database connections (sandboxes) open at once per checker; each holds one file
+#: descriptor. Further capped at one per FILES_PER_CONNECTION of the checker's open-file limit
+#: (soft ``RLIMIT_NOFILE``, read at each open).
 MAX_OPEN_CONNECTIONS = 256
 FILES_PER_CONNECTION = 4
-#: Seconds between two tries to open a database while the process has no free file descriptor
-#: and no idle connection to close.
-NOFILE_POLL_S = 0.02
 
 
 class SQLExecutionError(Exception):
@@ -244,79 +230,16 @@ def _printf_may_repeat_too_long(fmt: str, magnitudes: Sequence[float]) -> bool:
 
 
 def _decode_text(data: bytes) -> str:
-    """Text factory: invalid UTF-8 in a database becomes U+FFFD instead of an error."""
-    return data.decode("utf-8", errors="replace")
+    """Text factory: UTF-8, with the bytes of invalid UTF-8 kept as lone surrogates
+    (``surrogateescape``), so that different bytes stay different texts."""
+    return data.decode("utf-8", errors="surrogateescape")
 
 
-def _value_bytes(value: Any) -> int:
-    return len(value) if isinstance(value, (str, bytes)) else 8
+def _held_bytes(row: Row) -> int:
+    """Bytes Python holds for a row: the tuple and each of its values (``sys.getsizeof``)."""
+    return sys.getsizeof(row) + sum(map(sys.getsizeof, row))
 
 
-
-class _Watchdog:
-    """One daemon thread per process that interrupts the queries running past their deadline.
-
-    SQLite checks the progress handler only between loop iterations, so one costly instruction
-    run (a long straight stretch of function calls) can carry a query past its deadline; this
-    thread calls ``Connection.interrupt()`` -- which SQLite allows from another thread -- at the
-    deadline, from outside the query's own execution.
-    """
-
-    def __init__(self):
-        self._cond = threading.Condition()
-        self._heap: list[tuple[float, int, weakref.ref]] = []  # (deadline, run id, sandbox)
-        self._thread: threading.Thread | None = None
-
-    def watch(self, sandbox: "_Sandbox", run_id: int, deadline: float) -> None:
-        """Interrupts ``sandbox``'s run ``run_id`` at ``deadline`` should it still be running.
-
-        Raises:
-            ValueError: ``deadline`` is not finite (a NaN would never come due and hold back
-                every later deadline).
-        """
-        if not math.isfinite(deadline):
-            raise ValueError(f"sql watchdog: deadline={deadline!r} must be a finite "
-                             "time.monotonic() value; check the caller's timeout_s.")
-        with self._cond:
-            heapq.heappush(self._heap, (deadline, run_id, weakref.ref(sandbox)))
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="sql-watchdog", daemon=True)
-                self._thread.start()
-            self._cond.notify()
-
-    def _loop(self) -> None:
-        """Interrupts the due runs, forever. Its waits are capped at WATCHDOG_MAX_WAIT_S, so
-        that no deadline (however far, even one that slipped past the argument checks) can make
-        a wait overflow and end the thread; an error of one interrupt is logged and skipped."""
-        while True:
-            due = []
-            with self._cond:
-                now = time.monotonic()
-                while self._heap and self._heap[0][0] <= now:
-                    due.append(heapq.heappop(self._heap)[1:])
-                if not due:
-                    wait = self._heap[0][0] - now if self._heap else WATCHDOG_MAX_WAIT_S
-                    self._cond.wait(wait if wait < WATCHDOG_MAX_WAIT_S else WATCHDOG_MAX_WAIT_S)
-            for run_id, ref in due:  # outside the lock: interrupt() takes the sandbox's lock
-                sandbox = ref()
-                try:
-                    if sandbox is not None:
-                        sandbox.interrupt(run_id)
-                except Exception:  # e.g. a connection closed meanwhile: nothing to stop
-                    logger.warning("sql watchdog: interrupt failed", exc_info=True)
-
-    def alive(self) -> bool:
-        """Whether the watchdog thread runs (False before the first query of the process)."""
-        return self._thread is not None and self._thread.is_alive()
-
-    def forget(self) -> None:
-        """In a forked child: the parent's thread does not exist here; start afresh."""
-        self.__init__()
-
-
-_WATCHDOG = _Watchdog()
-os.register_at_fork(after_in_child=_WATCHDOG.forget)
-_run_ids = itertools.count(1)
 _heap_limit_set = False
 
 
@@ -504,27 +427,24 @@ class _GuardedFunctions:
 
 
 class _Sandbox:
-    """A read-only connection to one database file, used by one thread.
+    """A read-only connection to one database file.
 
     Args:
         path: Absolute path of the database file.
         identity: The file's :func:`_file_identity` when opened.
+        guarded: Override the costly built-in functions (:class:`_GuardedFunctions`).
     """
 
-    def __init__(self, path: str, identity: tuple[int, ...]):
+    def __init__(self, path: str, identity: tuple[int, ...], guarded: bool = True):
         self.path = path
         self.identity = identity
         self.deadline = 0.0
         self.denied: str | None = None  # what the authorizer refused in the current statement
-        self._lock = threading.Lock()
-        self._run_id = 0  # the run in progress, 0 when none
         # immutable=1: no locking, no journal or WAL read or created next to the file (a hot
         # journal or a WAL database is read as the main file holds it).
         uri = Path(path).as_uri() + "?mode=ro&immutable=1"
         # isolation_level=None: no implicit BEGIN; cached_statements=0: every statement is
         # prepared, hence authorized, anew.
-        # check_same_thread=False: the pool (:class:`_ConnectionPool`) hands a sandbox to one
-        # query thread at a time, not always the same one.
         self.conn = sqlite3.connect(
             uri, uri=True, isolation_level=None, cached_statements=0, check_same_thread=False
         )
@@ -538,18 +458,13 @@ class _Sandbox:
         for category, limit in _LIMITS:
             self.conn.setlimit(category, limit)
         self.functions = _GuardedFunctions(lambda: self.deadline)
-        self.functions.install(self.conn)
+        if guarded:
+            self.functions.install(self.conn)
         self.conn.set_authorizer(self._authorize)
 
     def close(self) -> None:
         self.conn.close()
         self.functions.close()
-
-    def interrupt(self, run_id: int) -> None:
-        """Interrupts the running query if it is still run ``run_id`` (called by the watchdog)."""
-        with self._lock:
-            if self._run_id == run_id:
-                self.conn.interrupt()
 
     def _authorize(self, action: int, arg1, arg2, db_name, source) -> int:
         if action in _ALLOWED_ACTIONS and not (
@@ -567,10 +482,8 @@ class _Sandbox:
         return time.monotonic() > self.deadline  # a true value makes SQLite interrupt the query
 
     def run(self, sql: str, deadline: float) -> list[Row]:
-        """Runs one statement and returns its rows (floats normalized).
-
-        The deadline is enforced twice: by the progress handler, and by the watchdog thread,
-        which interrupts the connection from outside at the deadline.
+        """Runs one statement and returns its rows (floats normalized); stops at the deadline
+        through the progress handler.
 
         Raises:
             SQLExecutionError: The statement was denied, failed, timed out or returned too much.
@@ -578,20 +491,30 @@ class _Sandbox:
         self.deadline = deadline
         self.denied = None
         self.functions.failure = None
-        run_id = next(_run_ids)
-        with self._lock:
-            self._run_id = run_id
-        _WATCHDOG.watch(self, run_id, deadline)
         self.conn.set_progress_handler(self._past_deadline, PROGRESS_STEPS)
         try:
             self._check_program(sql)
             return self._fetch(sql)
         except (sqlite3.Error, sqlite3.Warning, MemoryError) as error:
+            if self._undecodable_argument(error):
+                return self._run_with_builtins(sql, deadline)
             raise SQLExecutionError(self._reason(error)) from None
         finally:
-            with self._lock:
-                self._run_id = 0
             self.conn.set_progress_handler(None, 0)
+
+    def _undecodable_argument(self, error: Exception) -> bool:
+        """Whether a guarded function failed before its code ran: Python cannot take a text
+        that is not valid UTF-8 as an argument."""
+        return (str(error) == "user-defined function raised exception" and self.functions.failure is None
+                and self.denied is None and time.monotonic() <= self.deadline)
+
+    def _run_with_builtins(self, sql: str, deadline: float) -> list[Row]:
+        """Runs ``sql`` again on a connection with SQLite's own functions (module docstring)."""
+        sandbox = _Sandbox(self.path, self.identity, guarded=False)
+        try:
+            return sandbox.run(sql, deadline)
+        finally:
+            sandbox.close()
 
     def _check_program(self, sql: str) -> None:
         """Refuses a statement whose compiled program holds too many function calls.
@@ -623,7 +546,7 @@ class _Sandbox:
             size = 0
             for row in cursor:
                 rows.append(row)
-                size += sum(map(_value_bytes, row))
+                size += _held_bytes(row)
                 if len(rows) > MAX_ROWS:
                     raise SQLExecutionError(f"result too large: more than {MAX_ROWS} rows")
                 if size > MAX_RESULT_BYTES:
@@ -675,114 +598,88 @@ def _out_of_file_handles(path: str) -> bool:
     return False
 
 
-class _ConnectionPool:
-    """The sandboxes (read-only connections, one file descriptor each) of this process, shared
-    by all its threads, at most :func:`_connection_budget` open at once.
-
-    A query takes an idle sandbox of its database file (its own thread's or another's), else
-    opens one; at the budget it first closes the least recently used idle sandbox of any file,
-    and when all are in use it waits for one until its deadline. Should the open fail for lack
-    of a file descriptor (the rest of the process holds them), idle sandboxes are closed, or a
-    busy one awaited, and the open tried again until the deadline: a query is never refused for
-    lack of a file handle while one can be freed. A sandbox whose file changed is closed.
-    """
+class _Connections:
+    """The sandboxes of this process (read-only connections, one file descriptor each), at most
+    :func:`_connection_budget` open: the least recently used idle one closes first. A query
+    takes the idle sandbox of its file (one whose file changed is closed), else opens one;
+    should the open fail for lack of a file descriptor, the idle ones are closed and the open
+    tried once more."""
 
     def __init__(self):
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
         self._idle: OrderedDict[int, _Sandbox] = OrderedDict()  # id -> sandbox, LRU first
-        self._idle_by_path: dict[str, list[_Sandbox]] = {}
-        self._open = 0  # sandboxes open, in use or being opened
+        self._open = 0  # sandboxes open, in use or idle
         self._parents: list = []  # see forget()
 
     @property
     def open_count(self) -> int:
-        """Sandboxes open now (idle, in use, or being opened)."""
+        """Sandboxes open now (idle or in use)."""
         return self._open
 
     @contextlib.contextmanager
-    def sandbox(self, path: str, identity: tuple[int, ...], deadline: float) -> Iterator[_Sandbox]:
-        """A sandbox of ``path`` for this thread's exclusive use until the block ends.
+    def sandbox(self, path: str, identity: tuple[int, ...]) -> Iterator[_Sandbox]:
+        """A sandbox of ``path`` for this thread's use until the block ends.
 
         Raises:
-            SQLExecutionError: No sandbox could be had before ``deadline``, or the file cannot
-                be opened.
+            SQLExecutionError: The file cannot be opened.
         """
-        sandbox = self._reuse_or_reserve(path, identity, deadline)
-        if sandbox is None:
-            sandbox = self._open_reserved(path, identity, deadline)
+        sandbox = self._take(path, identity) or self._open_new(path, identity)
         try:
             yield sandbox
         finally:
-            with self._cond:
+            with self._lock:
                 self._idle[id(sandbox)] = sandbox
-                self._idle_by_path.setdefault(path, []).append(sandbox)
-                self._cond.notify_all()
 
-    def _reuse_or_reserve(self, path: str, identity: tuple, deadline: float) -> _Sandbox | None:
-        """An idle sandbox of ``path``, else None with a slot reserved for a new one."""
-        with self._cond:
-            while True:
-                while self._idle_by_path.get(path):
-                    sandbox = self._idle_by_path[path][-1]  # the most recently used
-                    self._take(sandbox)
-                    if sandbox.identity == identity:
-                        return sandbox
-                    self._close(sandbox)  # the file changed since it was opened
-                if self._open < _connection_budget() or self._close_least_recent():
-                    self._open += 1
-                    return None
-                self._wait(deadline, f"all {self._open} database connections of this process "
-                                     "are in use")
+    def _take(self, path: str, identity: tuple) -> _Sandbox | None:
+        with self._lock:
+            found = next((s for s in reversed(self._idle.values()) if s.path == path), None)
+            if found is not None:
+                del self._idle[id(found)]
+        if found is not None and found.identity != identity:  # the file changed since
+            self._close(found)
+            return None
+        return found
 
-    def _open_reserved(self, path: str, identity: tuple, deadline: float) -> _Sandbox:
-        """Opens a sandbox in the slot reserved by :meth:`_reuse_or_reserve`."""
+    def _open_new(self, path: str, identity: tuple) -> _Sandbox:
+        """Opens a sandbox in a slot reserved first (so that threads opening at once never pass
+        the budget together), closing the least recently used idle ones to make room."""
+        self._reserve()
         try:
-            retried = False
-            while True:
+            for retry in (False, True):
                 try:
                     return _Sandbox(path, identity)
                 except sqlite3.Error as error:
-                    if not _out_of_file_handles(path):
-                        if retried:  # not for lack of a descriptor (or one was freed since)
-                            raise SQLExecutionError(
-                                f"cannot open database {path}: {error}"
-                            ) from None
-                        retried = True
-                        continue
-                with self._cond:
-                    if not self._close_least_recent():
-                        self._wait(deadline, "no file descriptor is free in this process",
-                                   poll_s=NOFILE_POLL_S)
+                    if retry or not _out_of_file_handles(path):
+                        raise SQLExecutionError(f"cannot open database {path}: {error}") from None
+                    while self._close_least_recent():  # free descriptors, then try once more
+                        pass
         except BaseException:
-            with self._cond:
+            with self._lock:
                 self._open -= 1
-                self._cond.notify_all()
             raise
 
-    def _wait(self, deadline: float, why: str, poll_s: float | None = None) -> None:
-        """Waits (lock held) for a release, at most until ``deadline``; raises past it."""
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise SQLExecutionError(f"timed out waiting for a database connection: {why}")
-        self._cond.wait(remaining if poll_s is None else min(remaining, poll_s))
-
-    def _take(self, sandbox: _Sandbox) -> None:
-        del self._idle[id(sandbox)]
-        self._idle_by_path[sandbox.path].remove(sandbox)
-        if not self._idle_by_path[sandbox.path]:
-            del self._idle_by_path[sandbox.path]
+    def _reserve(self) -> None:
+        """Counts a sandbox about to open, once fewer than the budget are open or none is idle
+        to close (all in use: only more threads than the budget can get there)."""
+        while True:
+            with self._lock:
+                if self._open < _connection_budget() or not self._idle:
+                    self._open += 1
+                    return
+                sandbox = self._idle.popitem(last=False)[1]
+            self._close(sandbox)
 
     def _close(self, sandbox: _Sandbox) -> None:
         sandbox.close()
-        self._open -= 1
-        self._cond.notify_all()
+        with self._lock:
+            self._open -= 1
 
     def _close_least_recent(self) -> bool:
         """Closes the least recently used idle sandbox; False when none is idle."""
-        if not self._idle:
-            return False
-        sandbox = next(iter(self._idle.values()))
-        self._take(sandbox)
+        with self._lock:
+            if not self._idle:
+                return False
+            sandbox = self._idle.popitem(last=False)[1]
         self._close(sandbox)
         return True
 
@@ -794,47 +691,8 @@ class _ConnectionPool:
         self._parents = parents
 
 
-_CONNECTIONS = _ConnectionPool()
+_CONNECTIONS = _Connections()
 os.register_at_fork(after_in_child=_CONNECTIONS.forget)
-
-
-class _QueryThreads:
-    """The threads that run queries: a caller waits for its query's result only until the
-    deadline (plus :data:`DEADLINE_GRACE_S`), even when SQLite cannot stop the query then.
-
-    SQLite sorts an in-memory ``ORDER BY`` in one step that checks neither the progress handler
-    nor ``interrupt()``, so a query whose rows all reached the sorter before its deadline can run
-    seconds past it. The caller does not wait for it: it gets "timed out", and the pool thread
-    (whose connection was interrupted at the deadline) returns to the pool once the sort ends.
-    """
-
-    def __init__(self, size: int = QUERY_THREADS):
-        self.size = size
-        self._executor = None
-        self._lock = threading.Lock()
-
-    def run(self, fn: Callable[[], list[Row]], deadline: float) -> list[Row]:
-        """``fn()`` on a pool thread; its result, or "timed out" at the deadline plus grace."""
-        with self._lock:
-            if self._executor is None:
-                from concurrent.futures import ThreadPoolExecutor
-
-                self._executor = ThreadPoolExecutor(self.size, thread_name_prefix="sql-query")
-            future = self._executor.submit(fn)
-        from concurrent.futures import TimeoutError as FutureTimeout
-
-        try:
-            return future.result(timeout=max(0.0, deadline - time.monotonic()) + DEADLINE_GRACE_S)
-        except FutureTimeout:
-            raise SQLExecutionError("timed out: the query ran past its time limit") from None
-
-    def forget(self) -> None:
-        """In a forked child: the parent's threads do not exist here; start afresh."""
-        self.__init__(self.size)
-
-
-_QUERY_THREADS = _QueryThreads()
-os.register_at_fork(after_in_child=_QUERY_THREADS.forget)
 
 
 #: Statements whose result may differ between two runs on the same file (SQLite's random
@@ -847,41 +705,37 @@ UNREPEATABLE = re.compile(
 )
 
 
+def sql_limits(timeout_s: float, label: str = "verifier") -> Limits:
+    """The isolation limits of a SQL call with this ``timeout_s``: the checker is killed at the
+    deadline plus DEADLINE_GRACE_S, should the sandbox not have stopped the query by then."""
+    return Limits(wall_s=timeout_s, grace_s=DEADLINE_GRACE_S, setting="timeout_s", label=label)
+
+
 def _execute(sql: str, db_path: str, deadline: float) -> list[Row]:
-    """Runs ``sql`` on a query thread (:class:`_QueryThreads`) and waits for it at most until
-    ``deadline`` plus :data:`DEADLINE_GRACE_S`; a statement that ran without error on the same
-    file before is answered from the result cache (unless :data:`UNREPEATABLE`). Errors are
-    never cached: a time-out or an out-of-memory failure may not happen again."""
+    """Runs ``sql`` in this process's sandbox of the database file before ``deadline`` (in a
+    checker); a statement that ran without error on the same file before is answered from the
+    result cache (unless :data:`UNREPEATABLE`). Errors are never cached: a time-out or an
+    out-of-memory failure may not happen again."""
     statement = _single_statement(_capped(sql))
     identity = _file_identity(db_path)
     key = (identity, statement)
     rows = _results.get(key)
     if rows is None:
-        rows = tuple(_QUERY_THREADS.run(lambda: _execute_here(statement, identity, deadline), deadline))
+        with _CONNECTIONS.sandbox(*identity) as sandbox:
+            rows = tuple(sandbox.run(statement, deadline))
         if not UNREPEATABLE.search(statement):
-            _results.put(key, rows, RESULT_ENTRY_BYTES + sum(sum(map(_value_bytes, row)) for row in rows))
+            weight = RESULT_ENTRY_BYTES + sys.getsizeof(statement) + sys.getsizeof(rows)
+            _results.put(key, rows, weight + sum(map(_held_bytes, rows)))
     return list(rows)
 
 
-def _execute_here(statement: str, identity: tuple, deadline: float) -> list[Row]:
-    """Runs ``statement`` in this thread's sandbox of the database file; retried (at most
-    NOMEM_RETRIES times, while the deadline allows) when it ran out of memory, which may be the
-    doing of another thread's query: the heap limit is per process."""
-    retries = NOMEM_RETRIES
-    with _CONNECTIONS.sandbox(*identity, deadline) as sandbox:
-        while True:
-            try:
-                return sandbox.run(statement, deadline)
-            except SQLExecutionError as error:
-                late = time.monotonic() + NOMEM_RETRY_PAUSE_S >= deadline
-                if retries == 0 or late or not str(error).startswith(OUT_OF_MEMORY):
-                    raise
-            retries -= 1
-            time.sleep(NOMEM_RETRY_PAUSE_S)
+def _execute_within(sql: str, db_path: str, timeout_s: float) -> list[Row]:
+    """:func:`_execute` with its deadline ``timeout_s`` from now (the call a checker runs)."""
+    return _execute(sql, db_path, time.monotonic() + timeout_s)
 
 
 def execute_sql(sql: str, db_path: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Row]:
-    """Runs one read-only SQL statement in the sandbox and returns its rows.
+    """Runs one read-only SQL statement in the sandbox, in the isolation, and returns its rows.
 
     Args:
         sql: A single statement (trailing semicolons and comments allowed).
@@ -892,13 +746,17 @@ def execute_sql(sql: str, db_path: str, *, timeout_s: float = DEFAULT_TIMEOUT_S)
         The result rows as tuples, floats rounded to FLOAT_DIGITS significant digits.
 
     Raises:
-        SQLExecutionError: The statement is not a single read-only query, failed, timed out or
-            returned more than MAX_ROWS rows or MAX_RESULT_BYTES bytes; ``str(error)`` says which.
+        SQLExecutionError: The statement is not a single read-only query, failed, timed out,
+            stopped its checker, or returned more than MAX_ROWS rows or MAX_RESULT_BYTES bytes;
+            ``str(error)`` says which.
         ArgumentError: ``timeout_s`` is not a number of seconds in [MIN_TIMEOUT_S,
             MAX_TIMEOUT_S] of ``rllib_dph.envs.arguments`` (a caller error).
     """
     timeout_s = check_timeout(timeout_s, where="execute_sql", default=DEFAULT_TIMEOUT_S)
-    return _execute(sql, db_path, time.monotonic() + timeout_s)
+    try:
+        return isolation.run(_execute_within, sql, db_path, timeout_s, limits=sql_limits(timeout_s, "query"))
+    except isolation.IsolationFailure as failure:
+        raise SQLExecutionError(failure.reason) from None
 
 
 class _LRUCache:

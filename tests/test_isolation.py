@@ -1,0 +1,228 @@
+"""The one verifier isolation (rllib_dph.envs.isolation): limits, the one report of a failure,
+the checker's import path, and the envs that run their verifiers in it."""
+
+import ctypes
+import math
+import os
+import sys
+import threading
+import time
+
+import pytest
+
+from rllib_dph.envs import isolation
+from rllib_dph.envs.arguments import ArgumentError
+from rllib_dph.envs.base import Task, Verdict, VerifierEnv
+from rllib_dph.envs.isolation import IsolationFailure, IsolationSetupError, Limits, RemoteError
+
+WALL = Limits(wall_s=20.0, setting="verifier_timeout_s")
+
+
+def _add(a, b, *, c=0):
+    return a + b + c
+
+
+def _pid():
+    return os.getpid()
+
+
+def _sleep(seconds):
+    time.sleep(seconds)
+    return "woke"
+
+
+def _spin():
+    while True:  # Python code: the CPU timer interrupts it
+        pass
+
+
+def _stuck_in_c():
+    return sum(range(10**13))  # one C call: only a kill stops it
+
+
+def _allocate(megabytes):
+    return len(bytearray(megabytes << 20))
+
+
+def _exit(code):
+    sys.exit(code)
+
+
+def _hard_exit():
+    os._exit(7)
+
+
+def _segfault():
+    return ctypes.string_at(0)
+
+
+class _Unpicklable(Exception):
+    def __init__(self, first, second):  # pickle calls cls(*args): two arguments, one given back
+        super().__init__(f"{first} and {second}")
+
+
+def _raise(kind):
+    if kind == "key":
+        raise KeyError("boom")
+    raise _Unpicklable("a", "b")
+
+
+def _nested_pid():
+    return os.getpid(), isolation.run(_pid, limits=WALL)
+
+
+def _nested_cpu_limit():
+    try:
+        isolation.run(_spin, limits=Limits(cpu_s=0.3, wall_s=30.0, setting="inner_s"))
+    except IsolationFailure as failure:
+        return failure.reason
+    return "no limit"
+
+
+def _import_file(name):
+    return __import__(name).__file__
+
+
+def test_a_call_runs_in_a_checker_subprocess_and_its_value_comes_back():
+    assert isolation.run(_add, 1, 2, c=3, limits=WALL) == 6
+    assert isolation.run(_pid, limits=WALL) != os.getpid()
+    assert isolation.run(lambda x: x * 2, 21, limits=WALL) == 42  # a lambda travels by value
+    assert isolation.run(_pid, limits=None) == os.getpid()  # no limits: in this thread
+
+
+def test_the_wall_limit_kills_the_call_and_a_fresh_checker_takes_the_next():
+    start = time.monotonic()
+    with pytest.raises(IsolationFailure) as failure:
+        isolation.run(_sleep, 60, limits=Limits(wall_s=0.3, setting="verifier_timeout_s"))
+    assert failure.value.reason == "verifier timed out after 0.3 s (verifier_timeout_s)"
+    assert time.monotonic() - start < 5.0
+    assert isolation.run(_sleep, 0, limits=WALL) == "woke"
+
+
+@pytest.mark.parametrize("fn", [_spin, _stuck_in_c], ids=["python", "c"])
+def test_the_cpu_limit_counts_the_checkers_own_cpu_time(fn):
+    limits = Limits(cpu_s=0.3, wall_s=30.0, setting="timeout_s", label="math check")
+    with pytest.raises(IsolationFailure) as failure:
+        isolation.run(fn, limits=limits)
+    assert failure.value.reason == "math check timed out after 0.3 s of CPU time (timeout_s)"
+
+
+def test_the_memory_limit_stops_an_allocation_past_it():
+    limits = Limits(wall_s=20.0, memory_bytes=64 << 20)
+    with pytest.raises(IsolationFailure, match=r"verifier ran out of memory \(more than 64 MiB"):
+        isolation.run(_allocate, 512, limits=limits)
+    assert isolation.run(_allocate, 16, limits=limits) == 16 << 20  # the same checker goes on
+
+
+@pytest.mark.parametrize("limits", [WALL, None], ids=["checker", "this thread"])
+def test_sys_exit_is_a_failure_never_an_exit(limits):
+    with pytest.raises(IsolationFailure, match=r"^verifier called sys.exit\(3\)$"):
+        isolation.run(_exit, 3, limits=limits)
+
+
+@pytest.mark.parametrize("fn,how", [(_hard_exit, "exit code 7"), (_segfault, "killed by signal 11, SIGSEGV")])
+def test_a_crashed_checker_is_reported_and_replaced(fn, how):
+    with pytest.raises(IsolationFailure) as failure:
+        isolation.run(fn, limits=WALL)
+    assert failure.value.reason == f"verifier crashed: its process ended ({how})"
+    assert isolation.run(_add, 1, 1, limits=WALL) == 2
+
+
+def test_the_functions_exception_is_raised_here_with_its_type():
+    with pytest.raises(KeyError, match="boom"):
+        isolation.run(_raise, "key", limits=WALL)
+    with pytest.raises(RemoteError) as error:
+        isolation.run(_raise, "unpicklable", limits=WALL)
+    assert isolation.exception_name(error.value) == "_Unpicklable" and str(error.value) == "a and b"
+
+
+def test_what_cannot_be_pickled_is_a_setup_error_of_the_caller():
+    lock = threading.Lock()
+    with pytest.raises(IsolationSetupError, match="function .* cannot be sent to a checker subprocess"):
+        isolation.run(lambda: lock, limits=WALL)
+    with pytest.raises(IsolationSetupError, match="arguments of '_add' cannot be sent"):
+        isolation.run(_add, lock, 1, limits=WALL)
+
+
+def test_in_a_checker_calls_run_in_place_and_a_shorter_cpu_limit_applies():
+    outer, inner = isolation.run(_nested_pid, limits=WALL)
+    assert outer == inner != os.getpid()
+    assert isolation.run(_nested_cpu_limit, limits=WALL) == "verifier timed out after 0.3 s of CPU time (inner_s)"
+
+
+def test_the_checkers_import_path_ends_with_the_working_folder(tmp_path, monkeypatch):
+    """A module in the caller's folder never shadows the standard library or an installed
+    package in a checker; the caller's own modules there still load."""
+    (tmp_path / "colorsys.py").write_text("raise SystemExit('the working folder shadowed colorsys')\n")
+    (tmp_path / "my_verifier_module.py").write_text("def check(completion):\n    return completion == 'ok'\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend("")  # as `python -c` or an interactive session has it
+    isolation._POOL.close()  # checkers start anew, from this folder
+    assert isolation.run(_import_file, "colorsys", limits=WALL).startswith(os.path.dirname(os.__file__))
+    import my_verifier_module
+
+    assert isolation.run(my_verifier_module.check, "ok", limits=WALL) is True
+    isolation._POOL.close()
+
+
+@pytest.mark.parametrize("field,value", [("wall_s", math.inf), ("wall_s", math.nan), ("cpu_s", 0.0),
+                                         ("memory_bytes", 10), ("grace_s", -1.0)])
+def test_limits_are_checked(field, value):
+    with pytest.raises(ArgumentError, match=f"Limits: {field}="):
+        Limits(**{field: value})
+
+
+# ----------------------------------------------------------------------------- a VerifierEnv subclass
+class _Env(VerifierEnv):
+    """A subclass with its own verifier method: it gets the isolation through ``step``."""
+
+    def __init__(self, limits=Limits(wall_s=0.5, setting="verifier_timeout_s")):
+        tasks = [Task("t0", "test", ({"role": "user", "content": "say ok"},), "ok")]
+        super().__init__(tasks, self._verify, name="test/Subclass-v0", limits=limits)
+
+    def _verify(self, completion, truth):
+        if completion == "hang":
+            time.sleep(60)
+        if completion == "exit":
+            sys.exit(0)
+        if completion == "crash":
+            os._exit(1)
+        if completion == "nan":
+            return Verdict(math.nan, True)
+        if completion == "inf":
+            return math.inf
+        return completion == truth
+
+
+@pytest.mark.parametrize(
+    "completion,reward,correct,error",
+    [
+        ("ok", 1.0, True, None),
+        ("no", 0.0, False, None),
+        ("hang", 0.0, False, "verifier timed out after 0.5 s (verifier_timeout_s)"),
+        ("exit", 0.0, False, "verifier called sys.exit(0)"),
+        ("crash", 0.0, False, "verifier crashed: its process ended (exit code 1)"),
+        ("nan", 0.0, False, "the verifier returned a non-finite reward (nan); scored 0"),
+        ("inf", 0.0, False, "the verifier returned a non-finite reward (inf); scored 0"),
+    ],
+)
+def test_a_verifier_env_subclass_runs_its_verifier_in_the_isolation(completion, reward, correct, error):
+    env = _Env()
+    env.reset(options={"index": 0})
+    _, got, terminated, truncated, info = env.step(completion)
+    assert (got, terminated, truncated, info["correct"], info.get("error")) == (reward, True, False, correct, error)
+    assert math.isfinite(got) and isinstance(got, float)
+
+
+def test_a_verifier_env_without_limits_scores_in_this_thread():
+    env = _Env(limits=None)
+    env.reset(options={"index": 0})
+    assert env.step("exit")[4]["error"] == "verifier called sys.exit(0)"  # still never an exit
+
+
+def test_a_verdict_with_a_reward_that_is_no_number_is_a_clear_error():
+    env = VerifierEnv([Task("t0", "test", ({"role": "user", "content": "q"},), "a")],
+                      lambda completion, truth: Verdict("1", True), name="test/Bad-v0")
+    env.reset()
+    with pytest.raises(TypeError, match=r"test/Bad-v0: the verifier's Verdict has reward='1' \(a str\)"):
+        env.step("a")

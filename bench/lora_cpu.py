@@ -59,7 +59,7 @@ def run_mode(args, lora_on: bool) -> dict:
 
     from rllib_dph import columns as C
     from rllib_dph.env_runners.llm_env_runner import LLMEnvRunner
-    from rllib_dph.losses import group_advantages
+    from rllib_dph.losses.advantages import group_advantages
 
     torch.set_num_threads(args.threads)
     config = _config(args, lora_on)

@@ -127,7 +127,7 @@ def _update_batch(rows: int, prompt: int, response: int, vocab: int, group_size:
 def activation_bytes(model, batch: dict, dtype: torch.dtype) -> dict:
     """Saved-tensor bytes of the learner's forward (ResponseLM + token_stats) on ``batch``."""
     from rllib_dph import columns as C
-    from rllib_dph.losses import token_stats
+    from rllib_dph.losses.tokens import token_stats
     from rllib_dph.policy.rl_module import ResponseLM, autocast
 
     tensors = {k: torch.as_tensor(v) for k, v in batch.items()}

@@ -121,7 +121,8 @@ def mask_cost(model: str | None) -> dict[str, float]:
 
     from rllib_dph import columns as C
     from rllib_dph.env_runners.llm_env_runner import LLMEnvRunner
-    from rllib_dph.losses import TRUST_REGIONS, group_advantages, trust_region_mask
+    from rllib_dph.losses.advantages import group_advantages
+    from rllib_dph.losses.trust_regions import TRUST_REGIONS, trust_region_mask
 
     config = _config({"rollout_top_k": 20}, 0, model)
     runner = LLMEnvRunner(config=config)

@@ -165,7 +165,7 @@ def test_env_runner_batch_layout(env_runner):
 
 
 def _learner_batch(config, env_runner):
-    from rllib_dph.losses import group_advantages
+    from rllib_dph.losses.advantages import group_advantages
 
     batch = env_runner.sample(num_prompts=2)
     # Random rewards so that advantages are non-zero.

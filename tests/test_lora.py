@@ -45,7 +45,7 @@ def _randomize_adapters(model, seed=0):
 
 
 def _batch(env_runner, seed=0):
-    from rllib_dph.losses import group_advantages
+    from rllib_dph.losses.advantages import group_advantages
 
     batch = env_runner.sample(num_prompts=2)
     batch[C.REWARDS] = np.random.default_rng(seed).integers(0, 2, len(batch[C.REWARDS])).astype(np.float32)

@@ -5,27 +5,29 @@ import math
 import pytest
 import torch
 
-from rllib_dph.losses import (
-    AGGREGATIONS,
+from rllib_dph.losses.advantages import group_advantages, has_reward_variance, overlong_penalty
+from rllib_dph.losses.divergences import (
     MAX_TERM,
-    TRUST_REGIONS,
-    aggregate_parts,
-    bad_update_fraction,
-    dual_clip_mask,
     f_divergence,
-    group_advantages,
-    has_reward_variance,
     js_mixture_policy_term,
     kl_estimate,
+    pef_loss_weight,
+)
+from rllib_dph.losses.tokens import (
+    AGGREGATIONS,
+    aggregate_parts,
     masked_aggregate,
     masked_mean,
-    overlong_penalty,
-    pef_loss_weight,
+    token_entropy,
+    token_logprobs,
+    token_stats,
+)
+from rllib_dph.losses.trust_regions import (
+    TRUST_REGIONS,
+    bad_update_fraction,
+    dual_clip_mask,
     policy_gradient_loss,
     sequence_mean_log_ratio,
-    token_entropy,
-    token_stats,
-    token_logprobs,
     trust_region_divergence,
     trust_region_mask,
 )

@@ -34,7 +34,7 @@ from rllib_dph.algorithms.dph.pef_rows import PefRowSampler
 from rllib_dph.engines import make_engine
 from rllib_dph.engines.base import SamplingParams
 from rllib_dph.evaluation.runner import EvalSettings, evaluate_engine
-from rllib_dph.losses import group_advantages
+from rllib_dph.losses.advantages import group_advantages
 from rllib_dph.algorithms.dph.presample import PEF_FILE, PresampleConfig, Presampler
 from rllib_dph.rollout import rollout
 

@@ -52,7 +52,7 @@ def _dph_config(pef_path, **dph):
 def _exploration_batch(config, num_prompts, seed=0):
     """Sampled rows of ``num_prompts`` groups with random rewards (non-zero advantages)."""
     from rllib_dph.env_runners.llm_env_runner import LLMEnvRunner
-    from rllib_dph.losses import group_advantages
+    from rllib_dph.losses.advantages import group_advantages
 
     runner = LLMEnvRunner(config=config.copy(copy_frozen=False))
     batch = runner.sample(num_prompts=num_prompts)

@@ -18,7 +18,7 @@ from rllib_dph.policy.lora import adapters_disabled
 from rllib_dph.learners.finite import SkipNonFiniteSteps
 from rllib_dph.learners.microbatches import TokenBudgetSteps
 from rllib_dph.learners.minibatches import GroupMinibatches
-from rllib_dph.losses import token_logprobs
+from rllib_dph.losses.tokens import token_logprobs
 from rllib_dph.policy.rl_module import LOGP, TOPK_LOGP, ResponseLM, autocast, scatter_tokens
 from rllib_dph.learners.sharding import ShardedModules, shard_response_lm
 

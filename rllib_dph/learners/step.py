@@ -12,7 +12,7 @@ import torch.distributed as dist
 from rllib_dph import columns as C
 from rllib_dph.batch import padding_row, trim_padding
 from rllib_dph.learners.collectives import all_reduce, distributed
-from rllib_dph.losses import AGGREGATIONS, aggregate_parts
+from rllib_dph.losses.tokens import AGGREGATIONS, aggregate_parts
 
 
 def row_mask(batch: Dict[str, Any], row_type: int) -> torch.Tensor:

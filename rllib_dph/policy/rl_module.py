@@ -13,7 +13,7 @@ from ray.rllib.utils.typing import StateDict
 
 from rllib_dph import columns as C
 from rllib_dph.policy import lora
-from rllib_dph.losses import token_logprobs, token_stats
+from rllib_dph.losses.tokens import token_logprobs, token_stats
 from rllib_dph.models.transformers_api import cache_kwargs, enable_activation_checkpointing, output_cache
 from rllib_dph.policy.full_state import full_model_state, is_sharded, load_full_model_state
 

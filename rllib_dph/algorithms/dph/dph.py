@@ -20,7 +20,7 @@ from ray.rllib.utils.annotations import override
 from rllib_dph.algorithms.grpo.grpo import GRPO, GRPOConfig
 from rllib_dph.algorithms.rules import ChoiceRule, CrossRule, NumberRule
 from rllib_dph.algorithms.field_names import check_keywords
-from rllib_dph.losses import F_DIVERGENCES, PEF_NORMALIZATIONS, FDivergenceSpec
+from rllib_dph.losses.divergences import F_DIVERGENCES, PEF_NORMALIZATIONS, FDivergenceSpec
 from rllib_dph.algorithms.dph.presample import EXP_FILE, PEF_FILE, TRAINING_FIELDS, PresampleConfig, moved_field_problem, prepare_pef
 from rllib_dph.algorithms.dph.presample import read_metadata
 

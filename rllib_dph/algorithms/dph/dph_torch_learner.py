@@ -15,7 +15,8 @@ from rllib_dph import columns as C
 from rllib_dph.algorithms.grpo.grpo_torch_learner import GRPOTorchLearner
 from rllib_dph.algorithms.dph.pef_rows import AddPefRows
 from rllib_dph.learners.step import Step, row_mask
-from rllib_dph.losses import f_divergence, masked_mean, pef_loss_weight
+from rllib_dph.losses.divergences import f_divergence, pef_loss_weight
+from rllib_dph.losses.tokens import masked_mean
 from rllib_dph.policy.rl_module import LOGP
 
 # Metric keys under ``learners/<module_id>/``.

@@ -46,13 +46,9 @@ from rllib_dph.policy.lora import lora_problem
 from rllib_dph.batch import concat_batches, num_minibatches, select_rows, shard_groups
 from rllib_dph.learners.finite import CONSECUTIVE_SKIPPED_UPDATES
 from rllib_dph.learners.sharding import SHARDINGS, ShardedLearnerGroup
-from rllib_dph.losses import (
-    AGGREGATIONS,
-    KL_ESTIMATORS,
-    group_advantages,
-    has_reward_variance,
-    overlong_penalty,
-)
+from rllib_dph.losses.advantages import group_advantages, has_reward_variance, overlong_penalty
+from rllib_dph.losses.divergences import KL_ESTIMATORS
+from rllib_dph.losses.tokens import AGGREGATIONS
 
 #: Result key of the per-step phase times (seconds of this iteration, not smoothed).
 STEP_TIMES = "step_times"

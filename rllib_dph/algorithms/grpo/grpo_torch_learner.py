@@ -12,11 +12,11 @@ from ray.rllib.utils.typing import ModuleID, TensorType
 from rllib_dph import columns as C
 from rllib_dph.learners.base import LLMTorchLearner
 from rllib_dph.learners.step import STEP, Step, open_step, row_mask
-from rllib_dph.losses import (
+from rllib_dph.losses.divergences import kl_estimate
+from rllib_dph.losses.tokens import masked_mean
+from rllib_dph.losses.trust_regions import (
     bad_update_fraction,
     dual_clip_mask,
-    kl_estimate,
-    masked_mean,
     policy_gradient_loss,
     trust_region_mask,
 )

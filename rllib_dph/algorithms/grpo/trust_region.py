@@ -16,7 +16,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any, Iterator, Optional
 
 from rllib_dph.algorithms.rules import NumberRule
-from rllib_dph.losses import TRUST_REGIONS, Threshold, TrustRegionSpec
+from rllib_dph.losses.trust_regions import TRUST_REGIONS, Threshold, TrustRegionSpec
 
 #: What the trust region and the importance weight are anchored on (``TrustRegion.anchor``).
 ANCHORS = ("behavior", "recompute")

@@ -28,7 +28,7 @@ from rllib_dph.engines import make_engine
 from rllib_dph.engines.base import SamplingParams
 from rllib_dph.envs import make_env
 from rllib_dph.files import write_json_atomic
-from rllib_dph.rollout import rollout
+from rllib_dph.rollout.episodes import rollout
 
 ENVS = {"single": ("rllib_dph/SQL-v0", {}), "multi": ("rllib_dph/SQLMultiTurn-v0", {"max_turns": 3})}
 

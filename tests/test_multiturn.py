@@ -36,7 +36,7 @@ from rllib_dph.engines.base import SamplingParams
 from rllib_dph.evaluation.runner import EvalSettings, evaluate_engine
 from rllib_dph.losses.advantages import group_advantages
 from rllib_dph.algorithms.dph.presample import PEF_FILE, PresampleConfig, Presampler
-from rllib_dph.rollout import rollout
+from rllib_dph.rollout.episodes import rollout
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPTS = [t.messages[0]["content"] for t in load_split("sql_synth/test")[:6]]

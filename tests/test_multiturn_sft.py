@@ -21,7 +21,7 @@ from rllib_dph.models.build.sft import encode_example
 from rllib_dph.models.build.warm_start import training_examples
 from rllib_dph.models.catalog import BUNDLED_MODELS, WarmStartSpec, is_current
 from rllib_dph.models.hub import load_tokenizer, locate_model
-from rllib_dph.rollout import Episode, encode_task, take_turn
+from rllib_dph.rollout.episodes import Episode, encode_task, take_turn
 
 SPLIT = "sql_synth/train"
 TURNS = re.compile(r"You have (\d+) turns in all")

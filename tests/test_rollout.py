@@ -8,7 +8,7 @@ from rllib_dph.chat import encode_prompt
 from rllib_dph.engines.base import SamplingParams
 from rllib_dph.engines import make_engine
 from rllib_dph.envs import make_env
-from rllib_dph.rollout import rollout
+from rllib_dph.rollout.episodes import rollout
 
 
 def test_rollout_equals_engine_and_env_by_hand():

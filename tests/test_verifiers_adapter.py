@@ -21,7 +21,7 @@ from rllib_dph.chat import encode_prompt  # noqa: E402
 from rllib_dph.engines.base import Completion, SamplingParams  # noqa: E402
 from rllib_dph.envs.adapters.verifiers import VerifiersEnv  # noqa: E402
 from rllib_dph.models.hub import load_tokenizer  # noqa: E402
-from rllib_dph.rollout import rollout  # noqa: E402
+from rllib_dph.rollout.episodes import rollout  # noqa: E402
 
 QUESTIONS = [{"question": "What is 2 + 2?", "answer": "4"}, {"question": "What is 3 * 3?", "answer": "9"}]
 

@@ -603,7 +603,7 @@ def longest_prompt(config) -> int:
     """
     from rllib_dph.models.hub import load_tokenizer
     from rllib_dph.envs import make_env
-    from rllib_dph.rollout import encode_task
+    from rllib_dph.rollout.episodes import encode_task
 
     tokenizer = load_tokenizer(built_model(config.model_name))  # nothing is built here
     env = make_env(config.env, config.sampling_env_config)

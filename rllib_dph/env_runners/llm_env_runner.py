@@ -37,7 +37,7 @@ from rllib_dph.engines import build_engine
 from rllib_dph.engines.base import SamplingParams
 from rllib_dph.evaluation.runner import EvalSettings, evaluate_engine
 from rllib_dph.envs import make_env
-from rllib_dph.rollout import encode_task, rollout
+from rllib_dph.rollout.episodes import encode_task, rollout
 
 if TYPE_CHECKING:
     from rllib_dph.env_runners.async_sampling import PublishedWeights

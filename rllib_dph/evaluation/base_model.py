@@ -22,7 +22,7 @@ from rllib_dph.envs.suites.sql_suite import TIES_FAMILY_VERSION
 from rllib_dph.engines.base import SamplingParams
 from rllib_dph.engines.hf import HFEngine
 from rllib_dph.evaluation.metrics import mean_pass_at_k
-from rllib_dph.rollout import ScoredGroup, rollout_chunks
+from rllib_dph.rollout.episodes import ScoredGroup, rollout_chunks
 
 
 def evaluate_base_policy(

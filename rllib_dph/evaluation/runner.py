@@ -23,7 +23,7 @@ from rllib_dph.engines.base import RolloutEngine, SamplingParams
 from rllib_dph.evaluation.metrics import NO_ANSWER_STYLE, default_ks
 from rllib_dph.evaluation.results import EvalResult, PromptRecord
 from rllib_dph.envs import make_env
-from rllib_dph.rollout import ScoredGroup, rollout, rollout_chunks
+from rllib_dph.rollout.episodes import ScoredGroup, rollout, rollout_chunks
 
 #: How evaluation samples unless told otherwise (128 new tokens: GRPOConfig's default).
 DEFAULT_SAMPLING = SamplingParams(n=16, max_new_tokens=128, seed=0)

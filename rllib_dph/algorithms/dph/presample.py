@@ -81,7 +81,7 @@ from rllib_dph.engines.base import SamplingParams
 from rllib_dph.files import atomic_path, file_lock, home, remove_leftovers, write_bytes_atomic, write_json_atomic
 from rllib_dph.models.hub import model_fingerprint, resolve_model
 from rllib_dph.envs import make_env
-from rllib_dph.rollout import encode_task, rollout_chunks
+from rllib_dph.rollout.episodes import encode_task, rollout_chunks
 
 PEF_FILE = "d_pef.parquet"
 EXP_FILE = "d_exp.parquet"

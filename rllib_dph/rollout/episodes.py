@@ -8,7 +8,7 @@ the next turn of every episode still running (the first turn: ``n`` per prompt, 
 prompt), each turn is decoded with ``skip_special_tokens=True`` and stepped; an episode that is
 not over gets the env's observation appended with the chat template
 (:func:`rllib_dph.chat.encode_observation`) and goes on. Finished episodes leave the batch. A
-single-turn env ends every episode at its first step: one ``generate`` call, as before.
+single-turn env ends every episode at its first step: one ``generate`` call.
 
 An episode is one :class:`~rllib_dph.engines.base.Completion`: its turns and observations in
 order, observation tokens with NaN log-probs (holes in the batch's ``RESPONSE_MASK``, see

@@ -1,8 +1,8 @@
 """The shape of the house, checked on the source text (pure AST: nothing of the package is imported).
 
 - No import cycle among our own modules (``rllib_dph.*``), counting the imports
-  inside functions too, nor among our packages (``rllib_dph.<package>``); ``models/``
-  imports nothing above it.
+  inside functions too, nor among our packages (``rllib_dph.<package>``).
+- Every package has a layer (``LAYERS``) and imports only packages of the layers below it.
 - No function or method longer than 60 lines including its docstring (config builder methods
   are allowed a 60-line body after their docstring: their docstrings document every field).
 - Engine names are spelled in one place, ``rllib_dph/engines/``.
@@ -141,22 +141,51 @@ def test_no_import_cycle_between_packages():
     assert not offenders, "import cycles among our packages:\n" + "\n".join(offenders)
 
 
-#: ``models/`` builds and loads weights; it may import only these packages (no engine, rollout,
-#: evaluation or algorithm code: the base model's quality check lives in ``evaluation``).
-MODELS_MAY_IMPORT = {"rllib_dph.envs", "rllib_dph.chat", "rllib_dph.files"}
+#: The package's layers, bottom first. A package (``rllib_dph.<name>``, or a module at the root)
+#: imports only packages of the layers below its own: no upward arrows, and none within a layer.
+#: Every package has a place here; a new one goes where its imports put it.
+LAYERS = (
+    ("rllib_dph.columns", "rllib_dph.files", "rllib_dph.chat"),  # the shared vocabulary
+    ("rllib_dph.envs", "rllib_dph.losses"),  # verifier envs; loss terms as pure tensor functions
+    ("rllib_dph.models",),  # resolving model names; building the bundled models
+    ("rllib_dph.policy",),  # the RL module, LoRA adapters, the full state under FSDP2
+    ("rllib_dph.engines",),  # rollout engines (they serve the policy's LoRA adapters)
+    ("rllib_dph.rollout", "rllib_dph.batch"),  # the one rollout path; the batch layout it feeds
+    ("rllib_dph.evaluation",),  # pass@k & co. over an env split
+    ("rllib_dph.env_runners", "rllib_dph.learners"),  # sampling (with validation) and updates
+    ("rllib_dph.algorithms",),  # the configs and algorithms: GRPO, DPH
+    ("rllib_dph.cli",),  # the rllib command: experiments, preflight, memory, export
+    ("rllib_dph",),  # the face: rllib_dph/__init__.py
+)
 
 
-def test_models_import_nothing_above_them():
-    above = {target: where for target, where in _package_graph()["rllib_dph.models"].items()
-             if target not in MODELS_MAY_IMPORT}
-    assert not above, f"rllib_dph/models imports packages above it: {above}"
+def _arrows_not_down(graph: dict[str, dict[str, str]], layers) -> list[str]:
+    """``"a (layer i) imports b (layer j >= i) at path:line"`` for each import of ``graph`` that does
+    not point down ``layers``; packages without a layer are left to :func:`test_every_package_has_a_layer`."""
+    layer = {package: i for i, names in enumerate(layers) for package in names}
+    return [f"{source} (layer {layer[source]}) imports {target} (layer {layer[target]}) at {where}"
+            for source, targets in sorted(graph.items()) for target, where in sorted(targets.items())
+            if source in layer and target in layer and layer[target] >= layer[source]]
 
 
-def test_envs_import_only_files():
-    """``rllib_dph.envs`` is the bottom layer: the rest of the package imports it, not the reverse."""
-    above = {target: where for target, where in _package_graph()["rllib_dph.envs"].items()
-             if target != "rllib_dph.files"}
-    assert not above, f"rllib_dph/envs imports packages above it: {above}"
+def test_every_package_has_a_layer():
+    placed = [package for names in LAYERS for package in names]
+    assert len(placed) == len(set(placed)), f"packages in more than one layer: {sorted(placed)}"
+    missing = sorted(set(_package_graph()) - set(placed))
+    assert not missing, f"packages without a place in LAYERS (put each where its imports put it): {missing}"
+
+
+def test_imports_point_down_the_layers():
+    offenders = _arrows_not_down(_package_graph(), LAYERS)
+    assert not offenders, "imports that do not point down LAYERS (move the code to its layer):\n" + "\n".join(offenders)
+
+
+def test_the_layer_check_finds_upward_and_sideways_arrows():
+    graph = {"low": {"high": "low.py:3"}, "high": {"low": "high.py:1"}, "mid": {}}
+    assert _arrows_not_down(graph, (("low",), ("mid",), ("high",))) == ["low (layer 0) imports high (layer 2) at low.py:3"]
+    assert _arrows_not_down(graph, (("high",), ("mid",), ("low",))) == ["high (layer 0) imports low (layer 2) at high.py:1"]
+    assert len(_arrows_not_down(graph, (("low", "high"), ("mid",)))) == 2
+    assert _arrows_not_down({"low": {}, "high": {"low": "high.py:1"}}, (("low",), ("high",))) == []
 
 
 def _functions(tree: ast.Module):

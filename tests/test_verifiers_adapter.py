@@ -4,6 +4,7 @@ env_response and stop conditions, and the features that do not map (a clear erro
 silent reward). The environments are defined here. Needs the optional extra."""
 
 import asyncio
+import math
 import time
 
 import numpy as np
@@ -171,6 +172,30 @@ def test_a_lower_turn_cap_truncates_with_the_reason():
     assert len(steps) == 2 and steps[-1][3] and steps[-1][1] == 0.0
     assert steps[-1][4]["error"] == "max_turns=2 reached without the env ending the episode"
     assert VerifiersEnv(guess_env(max_turns=-1)).max_turns == 8
+
+
+def test_a_step_after_the_end_is_refused_until_the_next_reset():
+    env = VerifiersEnv(load_environment())
+    _, steps = play(env, ["<answer>\n4\n</answer>"])
+    assert steps[0][2] and steps[0][1] == pytest.approx(1.2)
+    with pytest.raises(RuntimeError, match="step\\(\\) after the episode ended"):
+        env.step("<answer>\n4\n</answer>")  # the same reward again, after terminated
+    truncated = VerifiersEnv(guess_env(max_turns=-1), max_turns=1)
+    assert play(truncated, ["<guess>1</guess>"])[1][-1][3]
+    with pytest.raises(RuntimeError, match="step\\(\\) after the episode ended"):
+        truncated.step("<guess>7</guess>")
+    assert play(env, ["<answer>\n4\n</answer>"])[1][0][1] == pytest.approx(1.2)
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_a_non_finite_rubric_reward_scores_zero_with_the_reason(bad):
+    def poisoned(completion, answer, **_):
+        return bad
+
+    env = VerifiersEnv(vf.SingleTurnEnv(dataset=Dataset.from_list(QUESTIONS), rubric=vf.Rubric(funcs=[poisoned])))
+    _, steps = play(env, ["4"])
+    assert steps[0][1] == 0.0 and not steps[0][4]["correct"]
+    assert f"the rubric's reward is {bad!r}; scored 0" in steps[0][4]["error"]
 
 
 # ----------------------------------------------------------------------------- what does not map, and failures

@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import re
 from typing import Any, Callable, Mapping, Sequence
 
 from gymnasium import spaces
 
 from rllib_dph.envs import isolation
+from rllib_dph.envs.arguments import check_real
 from rllib_dph.envs.base import Task, Verdict
 from rllib_dph.envs.registry import FunctionVerifierEnv
 
@@ -49,12 +49,16 @@ def truncate_text(text: str, max_chars: int) -> str:
 
 
 def tag_content(tag: str) -> Callable[[str], str | None]:
-    """A tool-call finder: the content of the last ``<tag>...</tag>`` block of a turn, or None."""
-    pattern = re.compile(rf"<{re.escape(tag)}>(.*?)</{re.escape(tag)}>", re.DOTALL)
+    """A tool-call finder: the content of the last complete ``<tag>...</tag>`` block of a turn
+    (the last closing tag and the last opening tag before it), or None. Linear time: a turn of
+    many unclosed ``<tag>`` costs one pass, where a non-greedy regex would rescan the rest of the
+    turn from each of them."""
+    opening, closing = f"<{tag}>", f"</{tag}>"
 
     def find(text: str) -> str | None:
-        calls = pattern.findall(text)
-        return calls[-1].strip() if calls else None
+        end = text.rfind(closing)
+        start = text.rfind(opening, 0, end) if end >= 0 else -1
+        return None if start < 0 else text[start + len(opening):end].strip()
 
     return find
 
@@ -68,7 +72,8 @@ class MultiTurnEnv:
 
     ## Episode End
     Terminated by a turn without a tool call (the final answer); truncated by a tool call in turn
-    ``max_turns``, or by the rollout at ``max_episode_tokens``.
+    ``max_turns``, or by the rollout at ``max_episode_tokens``. A ``step`` after the end is
+    refused (RuntimeError) until the next ``reset``.
 
     ## Info
     As the env's, plus ``turn`` (1-based) and ``tool_calls`` (tool calls run so far) at every step.
@@ -89,7 +94,8 @@ class MultiTurnEnv:
             max_episode_tokens: Most response tokens per episode (policy turns and observations),
                 enforced by the rollout; None: no limit beyond the engine's per-turn limit.
             max_observation_chars: Longest observation, >= 1; longer tool replies are cut.
-            tool_reward: Reward of every tool turn (per-turn shaping; 0.0: off).
+            tool_reward: Reward of every tool turn (per-turn shaping; 0.0: off), a finite number
+                in [-1e6, 1e6] (an ArgumentError otherwise: a NaN would reach training).
         """
         rules = [
             (max_turns >= 1, f"max_turns={max_turns} must be >= 1"),
@@ -103,7 +109,7 @@ class MultiTurnEnv:
         self.max_turns = int(max_turns)
         self.max_episode_tokens = max_episode_tokens
         self.max_observation_chars = int(max_observation_chars)
-        self.tool_reward = float(tool_reward)
+        self.tool_reward = check_real(tool_reward, "tool_reward", low=-1e6, high=1e6, where=self.name, default=0.0)
         longest = max(self.observation_space.max_length, self.max_observation_chars + 40)
         self.observation_space = spaces.Text(max_length=longest, charset=self.observation_space.character_set)
         self._turn = 0
@@ -123,8 +129,7 @@ class MultiTurnEnv:
         return super().reset(seed=seed, options=options)
 
     def step(self, action: str):
-        if self._index is None:
-            raise RuntimeError(f"{self.name}: call reset() before step().")
+        self._check_step()
         self._turn += 1
         call = self.tool_call(str(action))
         if call is None:  # the final answer: the single-turn env's step scores it
@@ -134,6 +139,7 @@ class MultiTurnEnv:
         if self._turn >= self.max_turns:
             info["correct"] = False
             info["error"] = f"max_turns={self.max_turns} reached without a final answer"
+            self._done = True
             return EPISODE_OVER, 0.0, False, True, info
         self._tool_calls += 1
         info["tool_calls"] = self._tool_calls

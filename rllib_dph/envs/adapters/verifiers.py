@@ -61,6 +61,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import math
 import queue
 import signal
 import threading
@@ -223,7 +224,8 @@ class VerifiersEnv(VerifierEnv):
     A row drawn uniformly with ``self.np_random``, or the one given by ``options={"index": i}``.
 
     ## Episode End
-    Terminated when the env's loop ends; truncated when the env wants turn ``max_turns + 1``.
+    Terminated when the env's loop ends; truncated when the env wants turn ``max_turns + 1``. A
+    ``step`` after the end is refused (RuntimeError) until the next ``reset``.
 
     ## Info
     ``task_id``, ``data_source``, ``index``, ``messages``, ``turn``; at the end also ``correct``,
@@ -298,6 +300,7 @@ class VerifiersEnv(VerifierEnv):
     def step(self, action: str):
         if self._episode is None:
             raise RuntimeError(f"{self.name}: call reset() before step().")
+        self._check_step()
         self._turn += 1
         info = self._info(self._index)
         info["turn"] = self._turn
@@ -326,11 +329,13 @@ class VerifiersEnv(VerifierEnv):
             episode.cancel()
             info["correct"] = False
             info["error"] = f"max_turns={self.max_turns} reached without the env ending the episode"
+            self._done = True
             return EPISODE_OVER, 0.0, False, True, info
         return observation, 0.0, False, False, info
 
     def _end(self, kind: str, value: Any, episode: "_Episode", info: dict):
         episode.cancel()
+        self._done = True
         if kind == "timeout":
             info["correct"] = False
             info["error"] = self.limits.timed_out(cpu=False)
@@ -341,6 +346,9 @@ class VerifiersEnv(VerifierEnv):
             return EPISODE_OVER, 0.0, True, False, info
         reward = float(value.get("reward") or 0.0)
         problems = list(episode.errors) + ([f"the rollout recorded {value['error']!r}"] if value.get("error") else [])
+        if not math.isfinite(reward):  # never into training
+            problems.append(f"the rubric's reward is {reward!r}; scored 0")
+            reward = 0.0
         if value.get("stop_condition") == "timeout_reached":  # its wall clock counts the batch's generation too
             problems.append(f"the env's own timeout_seconds={self.vf_env.timeout_seconds} ended the rollout")
         info["metrics"] = dict(value.get("metrics") or {})

@@ -24,7 +24,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Optional
 
 import psutil
 
@@ -39,17 +38,20 @@ HEAD_IP, WORKER_IP = "127.0.0.2", "127.0.0.3"
 
 #: ``rllib train --config`` of a GRPO run on the tiny model (seconds per iteration; the entropy
 #: bonus moves the weights every update, also when every reward of the untrained model is 0) with
-#: its learner on the head node and its env runner on the worker node.
+#: its learner on the head node and its env runner on the worker node; the algorithm's own process
+#: (Tune's trial actor) on the head node too, through the resource Ray gives the head node.
 TRAIN_CONFIG = {
     "model_name": "tiny-random", "max_response_length": 16, "group_size": 4, "prompts_per_step": 4,
     "env_config": {"data": "sql_synth/test"}, "entropy_coeff": 0.01,
-    "num_learners": 1, "num_cpus_per_learner": 1, "custom_resources_per_learner": {HEAD_RESOURCE: 0.5},
-    "num_env_runners": 1, "num_cpus_per_env_runner": 1, "custom_resources_per_env_runner": {WORKER_RESOURCE: 0.5},
+    "num_learners": 1, "num_cpus_per_learner": 1, "custom_resources_per_learner": {HEAD_RESOURCE: 1},
+    "num_env_runners": 1, "num_cpus_per_env_runner": 1, "custom_resources_per_env_runner": {WORKER_RESOURCE: 1},
+    "custom_resources_for_main_process": {"node:__internal_head__": 0.01},
 }
 
 
 def placed_config():
-    """``TRAIN_CONFIG`` through the Python API: the same run and placement."""
+    """``TRAIN_CONFIG`` through the Python API: the same run, learner and env runner placement
+    (the algorithm runs in the script's own process)."""
     from rllib_dph.algorithms.grpo import GRPOConfig
 
     return (
@@ -57,9 +59,9 @@ def placed_config():
         .environment("rllib_dph/SQL-v0", env_config={"data": "sql_synth/test"})
         .llm(model_name="tiny-random", max_response_length=16)
         .training(group_size=4, prompts_per_step=4, entropy_coeff=0.01)
-        .learners(num_learners=1, num_cpus_per_learner=1, custom_resources_per_learner={HEAD_RESOURCE: 0.5})
+        .learners(num_learners=1, num_cpus_per_learner=1, custom_resources_per_learner={HEAD_RESOURCE: 1})
         .env_runners(num_env_runners=1, num_cpus_per_env_runner=1,
-                     custom_resources_per_env_runner={WORKER_RESOURCE: 0.5})
+                     custom_resources_per_env_runner={WORKER_RESOURCE: 1})
     )
 
 
@@ -105,8 +107,8 @@ class TwoNodeCluster:
             f"--node-ip-address={ip}", f"--temp-dir={self.temp_dir}",
             f"--num-cpus={self.num_cpus}", f"--object-store-memory={self.object_store_bytes}",
             "--min-worker-port=0", "--max-worker-port=0",
-            f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
-            f"--metrics-export-port={free_port()}", f"--runtime-env-agent-port={free_port()}",
+            "--dashboard-agent-listen-port=0", "--dashboard-agent-grpc-port=0",
+            "--metrics-export-port=0", "--runtime-env-agent-port=0",
             "--disable-usage-stats",
         ]
         log = self.log_dir / f"{name}.log"
@@ -115,11 +117,23 @@ class TwoNodeCluster:
         if done.returncode:
             raise RuntimeError(f"`{' '.join(command)}` exited {done.returncode}:\n{log.read_text()[-3000:]}")
 
-    def start_head(self) -> None:
-        self._ray_start(
-            "head", HEAD_IP, "--head", f"--dashboard-port={free_port()}", f"--port={self.port}", "--include-dashboard=false",
-            f"--ray-client-server-port={free_port()}", f'--resources={{"{HEAD_RESOURCE}": 1}}',
-        )
+    def start_head(self, attempts: int = 3) -> None:
+        """The head node, offering ``HEAD_RESOURCE``. The GCS port was free when chosen; another
+        program may take it before the GCS binds it, so a failed start is retried on a new port
+        after its processes are killed."""
+        for attempt in range(1, attempts + 1):
+            try:
+                self._ray_start(
+                    "head", HEAD_IP, "--head", f"--port={self.port}", "--include-dashboard=false", "--dashboard-port=0",
+                    f"--ray-client-server-port={free_port()}", f'--resources={{"{HEAD_RESOURCE}": 1}}',
+                )
+                return
+            except RuntimeError:
+                _kill(self.processes())
+                if attempt == attempts:
+                    raise
+                self.port = free_port()
+                self.address = f"{HEAD_IP}:{self.port}"
 
     def start_worker(self) -> None:
         """A worker node joined to the head, offering ``WORKER_RESOURCE``."""
@@ -128,42 +142,54 @@ class TwoNodeCluster:
 
     # ------------------------------------------------------------------ processes
     def processes(self) -> list[psutil.Process]:
-        """This cluster's processes: those whose command line names its temporary folder."""
-        mine = []
+        """This cluster's processes: those whose command line names its temporary folder (Ray
+        gives it to every process of a node it starts: GCS, raylet, monitors), and their
+        descendants (Ray's workers and agents, whose command lines may not name it)."""
         marker = str(self.temp_dir)
-        for proc in psutil.process_iter(["pid", "cmdline"]):
+        found: dict[int, psutil.Process] = {}
+        for proc in psutil.process_iter(["cmdline"]):
             try:
                 if any(marker in part for part in proc.info["cmdline"] or ()):
-                    mine.append(proc)
+                    found.update({p.pid: p for p in [proc, *proc.children(recursive=True)]})
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
-        return mine
+        return list(found.values())
 
-    def raylet(self, resource: str) -> psutil.Process:
-        """The raylet of the node offering ``resource``."""
+    def raylet(self, ip: str) -> psutil.Process:
+        """The running raylet of the node at ``ip``."""
         for proc in self.processes():
-            cmd = " ".join(proc.info["cmdline"] or ())
-            if "/raylet" in cmd.split(" ", 1)[0] and resource in cmd:
-                return proc
-        raise LookupError(f"no raylet offering {resource!r} among this cluster's processes")
+            try:
+                cmdline = proc.cmdline()
+                if cmdline and cmdline[0].endswith("/raylet") and f"--node_ip_address={ip}" in cmdline:
+                    if proc.status() != psutil.STATUS_ZOMBIE:
+                        return proc
+            except psutil.NoSuchProcess:
+                continue
+        raise LookupError(f"no running raylet at {ip} among this cluster's processes")
 
     def worker_alive(self) -> bool:
         """Whether a worker node's raylet is running."""
         try:
-            return self.raylet(WORKER_RESOURCE).is_running()
+            self.raylet(WORKER_IP)
+            return True
         except LookupError:
             return False
 
     def stop(self) -> None:
-        """Kills this cluster's processes (SIGTERM, then SIGKILL after 10 s) and removes its folder."""
-        procs = self.processes()
-        for proc in procs:
-            _signal(proc, signal.SIGTERM)
-        _, alive = psutil.wait_procs(procs, timeout=10)
-        for proc in alive + self.processes():
-            _signal(proc, signal.SIGKILL)
-        psutil.wait_procs(alive, timeout=10)
+        """Kills this cluster's processes and removes its folder."""
+        _kill(self.processes())
+        _kill(self.processes())  # any a dying raylet started meanwhile
         shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+def _kill(procs: list[psutil.Process]) -> None:
+    """SIGTERM to ``procs``, then SIGKILL to those alive after 10 s."""
+    for proc in procs:
+        _signal(proc, signal.SIGTERM)
+    _, alive = psutil.wait_procs(procs, timeout=10)
+    for proc in alive:
+        _signal(proc, signal.SIGKILL)
+    psutil.wait_procs(alive, timeout=10)
 
 
 def _signal(proc: psutil.Process, sig: int) -> None:

@@ -32,7 +32,9 @@ learners' waits: ``rllib_dph.learners.remote_calls`` and ``rllib_dph.learners.co
 from __future__ import annotations
 
 import collections
+import json
 import logging
+import os
 import time
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -71,6 +73,26 @@ class PublishedWeights:
 
     version: int
     state: Any
+
+
+@dataclass(frozen=True)
+class RunnerPlace:
+    """Where an env runner runs: its Ray node and process, read while it is in service.
+
+    Attributes:
+        node_id: Ray node id (hex).
+        ip: The node's address.
+        pid: The env runner's process id.
+    """
+
+    node_id: str
+    ip: str
+    pid: int
+
+
+def runner_place(runner) -> RunnerPlace:
+    """The :class:`RunnerPlace` of ``runner``, called in the env runner's own process."""
+    return RunnerPlace(ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address(), os.getpid())
 
 
 @dataclass
@@ -132,7 +154,7 @@ def as_arrays(tree: Any) -> Any:
     Ray's object store takes numpy arrays as pickle-5 out-of-band buffers (one memory copy in,
     and ``ray.get`` maps them without a copy), but pickles a torch tensor through torch's own
     serialisation: SmolLM2-135M's 538 MB of fp32 weights took 2.3 s to put and 0.56 s to get
-    that way on 2 CPU cores (docs/gpu.md, "weight sync"). bfloat16 tensors, which numpy cannot
+    that way on 2 CPU cores (docs/results/costs.md, "Engines and weight sync"). bfloat16 tensors, which numpy cannot
     hold, stay tensors. The engines' ``update_weights`` take either.
     """
     if isinstance(tree, dict):
@@ -164,6 +186,8 @@ class SamplingRounds:
         self.weights: Optional[PublishedWeights] = None
         self._pending: collections.deque[Round] = collections.deque()
         self._num_rounds = 0
+        self._places: dict[int, RunnerPlace] = {}  # env runner id -> where it ran when it took weights
+        self._failures: dict[int, str] = {}  # out-of-service env runner id -> the error that took it out
 
     # ------------------------------------------------------------------ weights
     def publish(self, state: dict) -> PublishedWeights:
@@ -192,6 +216,7 @@ class SamplingRounds:
         answered = {r.actor_id for r in results}
         for r in results:
             if not r.ok:  # it died: out of service until restored, its share goes elsewhere
+                self._failures[r.actor_id] = _cause(r.get())
                 logger.warning(
                     "env runner %d failed to take weight version %d: %s", r.actor_id, self.weights.version, r.get()
                 )
@@ -203,12 +228,24 @@ class SamplingRounds:
                 "weights: check its log (ray logs), or raise config.env_runners("
                 "weight_sync_timeout_s=...)."
             )
+        self._locate([r.actor_id for r in results if r.ok and r.actor_id not in self._places])
+
+    def _locate(self, ids: list[int]) -> None:
+        """Reads where the env runners ``ids`` run, for an error that names a lost node."""
+        if ids:
+            timeout = self.config.weight_sync_timeout_s
+            for r in self._manager.foreach_actor(runner_place, remote_actor_ids=ids, timeout_seconds=timeout):
+                if r.ok:
+                    self._places[r.actor_id] = r.get()
 
     # ------------------------------------------------------------------ restarts
     def restore(self) -> list[int]:
         """Brings env runners that Ray restarted back into service holding the published weights
         and their version; counts them (``num_env_runner_restarts``)."""
         restored = self.group.probe_unhealthy_env_runners() if self.group.num_remote_env_runners() else []
+        for rid in restored:  # Ray may have placed it on another node
+            self._places.pop(rid, None)
+            self._failures.pop(rid, None)
         if restored and self.weights is not None:
             self.push(sorted(restored))
         self._count_restarts(len(restored))
@@ -219,20 +256,60 @@ class SamplingRounds:
 
     def _await_healthy(self, failures: dict[int, str]) -> list[int]:
         """Healthy env runner ids; with none, probes until Ray restarted one or
-        ``env_runner_restore_timeout_s`` passed (then raises naming the runners and causes)."""
-        deadline = time.monotonic() + self.config.env_runner_restore_timeout_s
+        ``env_runner_restore_timeout_s`` passed, then raises naming the lost runners, the nodes
+        they ran on (and whether Ray marked them dead) and what a node must offer to host one."""
+        self._failures.update(failures)
+        timeout = self.config.env_runner_restore_timeout_s
+        deadline = time.monotonic() + timeout
+        waiting = False
         while not self.group.healthy_env_runner_ids():
+            if not waiting:
+                waiting = True
+                logger.warning("no env runner in service, waiting up to env_runner_restore_timeout_s=%s s for "
+                               "Ray to restart one: %s", timeout, self._describe_lost())
             if time.monotonic() > deadline:
-                failed = _describe(failures) or "none reported, all out of service"
-                raise RuntimeError(
-                    f"no env runner came back within env_runner_restore_timeout_s="
-                    f"{self.config.env_runner_restore_timeout_s} s; failed: {failed}. Ray restarts "
-                    f"a runner at most max_num_env_runner_restarts={self.config.max_num_env_runner_restarts} "
-                    "times; check the runners' logs."
-                )
+                raise RuntimeError(f"no env runner came back within env_runner_restore_timeout_s={timeout} s: "
+                                   f"{self._describe_lost()}. {self._where_to_restart()}")
             if not self.restore():
                 time.sleep(_PROBE_PAUSE_S)
         return sorted(self.group.healthy_env_runner_ids())
+
+    def _describe_lost(self) -> str:
+        """Each out-of-service env runner: its pid and node (id, address, whether Ray marked the
+        node dead and why) when known, and the error that took it out."""
+        nodes = {node["NodeID"]: node for node in ray.nodes()}
+        healthy = set(self.group.healthy_env_runner_ids())
+        parts = []
+        for rid in sorted(set(self._manager.actor_ids()) - healthy):
+            place, text = self._places.get(rid), f"env runner {rid}"
+            if place is not None:
+                node = nodes.get(place.node_id, {})
+                state = ("which Ray marked dead (" + node.get("DeathReasonMessage", "") + ")" if not node.get("Alive", True)
+                         else "which Ray lists alive")
+                text += f" (pid {place.pid}) ran on node {place.node_id} at {place.ip}, {state}"
+            cause = self._failures.get(rid, "no error reported")[:300]
+            parts.append(f"{text}; its error: {cause}")
+        return "; ".join(parts) or "none reported, all out of service"
+
+    def _where_to_restart(self) -> str:
+        """Which live nodes offer what an env runner asks for (its CPUs, GPUs and custom
+        resources), and what to do when none does."""
+        cfg = self.config
+        need = {"CPU": cfg.num_cpus_per_env_runner, "GPU": cfg.num_gpus_per_env_runner, **cfg.custom_resources_per_env_runner}
+        need = {name: amount for name, amount in need.items() if amount}
+        hosts = [node["NodeManagerAddress"] for node in ray.nodes()
+                 if node["Alive"] and all(node["Resources"].get(name, 0) >= amount for name, amount in need.items())]
+        if hosts:
+            return (f"Live nodes offer what an env runner asks for ({need}): {', '.join(hosts)}. Ray restarts a runner "
+                    f"at most max_num_env_runner_restarts={cfg.max_num_env_runner_restarts} times; check the "
+                    "runners' logs (ray logs).")
+        custom = cfg.custom_resources_per_env_runner
+        resources = f" --resources='{json.dumps(custom)}'" if custom else ""
+        return (f"An env runner asks a node for {need}, and no live node offers it. Start a node that does (ray start "
+                f"--address={ray.get_runtime_context().gcs_address}{resources} with enough CPUs and GPUs) "
+                "and continue from the last checkpoint (rllib train --resume, or Algorithm.from_checkpoint); with "
+                "such a node up within env_runner_restore_timeout_s, Ray restarts the env runner there and the run "
+                "goes on.")
 
     # ------------------------------------------------------------------ rounds
     def next_round(self, num_prompts: int) -> tuple[list[dict[str, np.ndarray]], list[dict]]:
@@ -296,7 +373,7 @@ class SamplingRounds:
         manager = self._manager
         results = manager.fetch_ready_async_reqs(tags=[rnd.tag], timeout_seconds=timeout)
         done = {r.actor_id: r.get() for r in results if r.ok}
-        failures = {r.actor_id: repr(r.get()) for r in results if not r.ok}
+        failures = {r.actor_id: _cause(r.get()) for r in results if not r.ok}
         missing = [rid for rid in rnd.shares if rid not in done and rid not in failures]
         # The manager forgets every request of a runner it marks unhealthy (another round's
         # failure): such a request is neither returned nor in flight.
@@ -316,6 +393,7 @@ class SamplingRounds:
         the current weights, by the runners in service (a restarted one included); a second
         failure, or a failure with restarts off, raises naming the runners and the causes."""
         done, failures = self._collect(rnd)
+        self._failures.update(failures)
         if failures:
             if not self.config.restart_failed_env_runners:
                 raise RuntimeError(
@@ -349,6 +427,11 @@ class SamplingRounds:
             self._manager.fetch_ready_async_reqs(tags=[rnd.tag], timeout_seconds=self.config.sample_timeout_s)
         self._pending.clear()
         return num
+
+
+def _cause(error: BaseException) -> str:
+    """``TypeName: message`` of a failed call's error, on one line."""
+    return " ".join(f"{type(error).__name__}: {error}".split())
 
 
 def _describe(failures: dict[int, str]) -> str:

@@ -15,7 +15,7 @@ setup(
     # The shipped build of the tiny base model (weights, tokenizer, build record; ~5 MB).
     package_data={"rllib_dph.models": ["bundled/*/*"]},
     install_requires=[
-        # The learners override private RLlib methods (rllib_dph/learners/, sharding.py), tested
+        # The learners override private RLlib methods (rllib_dph/learners/), tested
         # against this minor version only.
         "ray[rllib]>=2.60,<2.61",
         # On a CPU machine install the CPU build first (`pip install torch==2.13.0` here);
@@ -27,6 +27,7 @@ setup(
         "pyarrow>=14",
         "math-verify[antlr4-13-2]>=0.7",
         "numpy",
+        "cloudpickle",  # the verifier isolation sends a verifier (a lambda or closure too) to its checkers
         "tqdm",
         "tensorboard",  # `tensorboard --logdir ~/ray_results` in the README
         "matplotlib",  # `rllib evaluate` draws pass@k plots

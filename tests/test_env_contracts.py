@@ -4,12 +4,15 @@ observations in the transcript. See docs/verifiers.md."""
 
 from __future__ import annotations
 
+import json
 import math
 import time
 
 import pytest
 
 from rllib_dph.envs.arguments import ArgumentError
+from rllib_dph.envs.data.loaders import load_tasks, number_text
+from rllib_dph.envs.math import extract_answer, verify_math
 from rllib_dph.envs.multiturn import FunctionMultiTurnEnv, tag_content
 
 
@@ -85,3 +88,117 @@ def test_a_step_after_the_final_answer_is_refused():
 def test_a_non_finite_or_ill_typed_tool_reward_is_refused_at_construction(bad):
     with pytest.raises(ArgumentError, match="tool_reward="):
         _multiturn(tool_reward=bad)
+
+
+# ---------------------------------------------------------------------------------------------
+# Gold answers turned to text: floats, None and NaN, in the verifier and in the loaders
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("gold,right,wrong", [
+    (1e-05, "0.00001", "1e-05"),  # str(1e-05) is "1e-05", which Math-Verify reads as 1 * e - 5
+    (2.5e-07, "0.00000025", "2.5"),
+    (42.0, "42", "42.5"),
+    (1.5e20, "150000000000000000000", "1.5"),
+])
+def test_a_float_gold_is_written_positionally(gold, right, wrong):
+    assert verify_math(f"\\boxed{{{right}}}", gold).correct
+    assert not verify_math(f"\\boxed{{{wrong}}}", gold).correct
+
+
+@pytest.mark.parametrize("gold,text", [(None, "None"), (math.nan, "nan"), (math.inf, "inf")])
+def test_a_none_or_nan_gold_never_scores_its_own_text(gold, text):
+    verdict = verify_math(f"\\boxed{{{text}}}", gold)
+    assert (verdict.reward, verdict.correct) == (0.0, False)
+    assert verdict.error.startswith("the gold answer ") and "no answer can equal it" in verdict.error
+
+
+@pytest.mark.parametrize("value,text", [(1e-05, "0.00001"), (42.0, "42"), (7, "7"), (0.1, "0.1"),
+                                        (1.5e300, "15" + "0" * 299), (-2.5, "-2.5")])
+def test_number_text_is_exact_and_never_in_exponent_form(value, text):
+    assert number_text(value) == text
+
+
+@pytest.mark.parametrize("gold", [math.nan, math.inf, None])
+def test_the_loader_refuses_a_nan_or_missing_math_gold_naming_the_row(tmp_path, gold):
+    path = _jsonl(tmp_path / "math.jsonl", [_verl_row("1", "2"), _verl_row("2", gold)])
+    with pytest.raises(ValueError, match=r"math.jsonl: line 2 \(row 1\), field 'reward_model.ground_truth'"):
+        load_tasks(str(path), task="math")
+
+
+def test_the_loader_writes_a_float_gold_positionally(tmp_path):
+    path = _jsonl(tmp_path / "math.jsonl", [_verl_row("1", 1e-05)])
+    assert load_tasks(str(path), task="math")[0].ground_truth == "0.00001"
+
+
+# ---------------------------------------------------------------------------------------------
+# Prefix and brace handling in answer extraction
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("pred,gold", [("\\leftarrow", "\\rightarrow"), ("\\leftarrow", "arrow"),
+                                       ("\\rightharpoonup", "\\leftharpoonup")])
+def test_left_and_right_are_removed_only_as_whole_commands(pred, gold):
+    assert not verify_math(f"\\boxed{{{pred}}}", gold).correct
+    assert verify_math("\\boxed{\\left( 1 \\right)}", "(1)").correct
+
+
+@pytest.mark.parametrize("completion", ["The answer is \\boxed{12", "the answer is {12",
+                                        "the answer is 1}+\\boxed{12"])
+def test_a_cut_off_or_unbalanced_answer_is_never_completed(completion):
+    assert extract_answer(completion) is None
+    assert not verify_math(completion, "12").correct
+
+
+def test_escaped_braces_are_no_braces():
+    assert extract_answer("the answer is \\{1, 2\\}") == "\\{1, 2\\}"
+    assert verify_math("the answer is \\{1, 2\\}", "\\{1,2\\}").correct
+
+
+# ---------------------------------------------------------------------------------------------
+# Data files: duplicate ids, lone surrogates, a folder where a file is expected
+# ---------------------------------------------------------------------------------------------
+
+def test_duplicate_task_ids_are_refused_naming_both_rows(tmp_path):
+    rows = [_verl_row("1", "2", id="a"), _verl_row("2", "3", id="b"), _verl_row("3", "4", id="a")]
+    with pytest.raises(ValueError, match=r"line 3 \(row 2\), field 'id': the task id 'a' is already the id "
+                                         r"of line 1 \(row 0\)"):
+        load_tasks(str(_jsonl(tmp_path / "d.jsonl", rows)), task="math")
+    with pytest.raises(ValueError, match=r"row 1, field 'id': the task id '1' is already the id of row 0"):
+        load_tasks([_verl_row("1", "2", id="1"), _verl_row("2", "3")], task="math")  # row 1 takes id "1"
+
+
+def test_a_lone_surrogate_is_refused_naming_the_row_and_field(tmp_path):
+    path = tmp_path / "s.jsonl"
+    good = json.dumps(_verl_row("1", "2"))
+    bad = json.dumps(_verl_row("1", "2")).replace('"content": "1"', '"content": "x \\ud83d y"')
+    path.write_text(good + "\n" + bad + "\n")
+    with pytest.raises(ValueError, match=r"s.jsonl: line 2 \(row 1\), field 'prompt\[0\].content': a lone "
+                                         r"surrogate \('\\ud83d'\) at character 2"):
+        load_tasks(str(path), task="math")
+    paired = tmp_path / "p.jsonl"
+    paired.write_text(good.replace('"content": "1"', '"content": "\\ud83d\\ude00"') + "\n")
+    assert load_tasks(str(paired), task="math")[0].messages[0]["content"] == "\U0001F600"
+
+
+def test_a_folder_where_a_data_file_is_expected_is_refused_naming_it(tmp_path):
+    folder = tmp_path / "train.parquet"
+    folder.mkdir()
+    (folder / "part-0.parquet").write_bytes(b"")
+    with pytest.raises(ValueError, match=r"train.parquet is a folder, not a file"):
+        load_tasks(str(folder), task="math")
+
+
+def test_a_folder_where_a_database_is_expected_is_refused_naming_it(tmp_path):
+    (tmp_path / "db").mkdir()
+    row = {"data_source": "t", "prompt": "q", "reward_model": {"ground_truth": {"db_id": "db", "gold_sql": "SELECT 1"}}}
+    with pytest.raises(ValueError, match=r"row 0, field 'reward_model.ground_truth.db_id': .*db is a folder"):
+        load_tasks([row], task="sql", db_root=tmp_path)
+
+
+def _verl_row(question, answer, **extra):
+    return {"data_source": "t", "prompt": [{"role": "user", "content": question}],
+            "reward_model": {"style": "rule", "ground_truth": answer}, **extra}
+
+
+def _jsonl(path, rows):
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path

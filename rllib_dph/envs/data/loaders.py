@@ -32,8 +32,10 @@ line of the file (from 1, as editors count) and the row number for jsonl files.
 
 from __future__ import annotations
 
+import decimal
 import importlib
 import json
+import math
 import numbers
 import os
 import re
@@ -184,7 +186,7 @@ def _load_file(path: str, db_root: str | os.PathLike | None, layout: dict[str, A
         **layout,
     )
     _check_columns(ctx, columns)
-    return [_row_to_task(ctx, i, row) for i, row in enumerate(rows)]
+    return _unique_ids(ctx, [_row_to_task(ctx, i, row) for i, row in enumerate(rows)])
 
 
 def _load_list(
@@ -205,7 +207,22 @@ def _load_list(
         default_data_source="custom",
         **layout,
     )
-    return [_item_to_task(ctx, i, item) for i, item in enumerate(data)]
+    return _unique_ids(ctx, [_item_to_task(ctx, i, item) for i, item in enumerate(data)])
+
+
+def _unique_ids(ctx: _Context, tasks: list[Task]) -> list[Task]:
+    """``tasks``, or ValueError naming the first two rows that share an id (results,
+    pre-sampled rows and evaluations are stored by task id)."""
+    seen: dict[str, int] = {}
+    for i, task in enumerate(tasks):
+        first = seen.setdefault(task.id, i)
+        if first != i:
+            raise ValueError(
+                f"{ctx.source}: {ctx.place(i)}, field 'id': the task id {task.id!r} is already the id of "
+                f"{ctx.place(first)}; task ids must be unique (a row without an id takes its row "
+                "number): give each row its own id."
+            )
+    return tasks
 
 
 def check_prompt_format(prompt_format: PromptFormat) -> tuple[str, ...]:
@@ -270,6 +287,11 @@ def _read_file(
         All column names, the rows as dicts (selected columns only; a missing one is None), and
         for a jsonl file the line number of each row (None for parquet).
     """
+    if os.path.isdir(path):
+        raise ValueError(
+            f"data file {path} is a folder, not a file; give one {' or '.join(FILE_SUFFIXES)} file (a "
+            "data set written as a folder of parts: one part, or the parts merged into one file)."
+        )
     if not os.path.isfile(path):
         raise FileNotFoundError(f"data file {path} does not exist.")
     if path.endswith(".parquet"):
@@ -373,7 +395,28 @@ def _required(ctx: _Context, i: int, row: Mapping[str, Any], name: str) -> Any:
     return row[name]
 
 
+def _check_text(ctx: _Context, i: int, column: str, value: Any) -> None:
+    """Raises ValueError naming the row and field of a string that is not text: a lone UTF-16
+    surrogate (a JSON ``\\ud800`` escape of half a pair), which no tokenizer or file can encode."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(
+                f"{ctx.source}: {ctx.place(i)}, field '{column}': a lone surrogate "
+                f"({value[e.start]!r}) at character {e.start}, which is not text (half of a UTF-16 "
+                "pair, e.g. a JSON \\ud83d escape without its partner); write the character whole."
+            ) from None
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            _check_text(ctx, i, f"{column}.{key}" if column else str(key), item)
+    elif isinstance(value, (list, tuple)):
+        for k, item in enumerate(value):
+            _check_text(ctx, i, f"{column}[{k}]", item)
+
+
 def _row_to_task(ctx: _Context, i: int, row: Mapping[str, Any]) -> Task:
+    _check_text(ctx, i, "", row)
     if ctx.prompt_format is None:
         return _verl_row_to_task(ctx, i, row)
     return _flat_row_to_task(ctx, i, row)
@@ -462,13 +505,34 @@ def _messages(ctx: _Context, i: int, column: str, prompt: Any) -> tuple[dict[str
     return tuple(messages)
 
 
-def _math_ground_truth(ctx: _Context, i: int, column: str, value: Any) -> str:
-    """The gold answer as a non-empty string (numbers are accepted: ``42.0`` becomes ``"42"``)."""
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+def number_text(value: numbers.Real) -> str:
+    """A gold number as the text a checker reads back as the same number: an integer's digits,
+    a float's shortest round-trip digits written out positionally, never in exponent form
+    (``1e-05`` gives ``"0.00001"``, which Math-Verify cannot misread as ``1 * e - 5``;
+    ``42.0`` gives ``"42"``; ``1.5e+300`` gives ``"15"`` and 299 zeros).
+
+    Raises:
+        ValueError: ``value`` is NaN or infinite (no answer equals it) or a bool.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is a bool, not a number")
+    if isinstance(value, numbers.Integral):
         return str(int(value))
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"{number!r} is not a finite number; no answer can equal it")
+    text = format(decimal.Decimal(repr(number)), "f")
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def _math_ground_truth(ctx: _Context, i: int, column: str, value: Any) -> str:
+    """The gold answer as a non-empty string; a number is written by :func:`number_text`
+    (``42.0`` becomes ``"42"``, ``1e-05`` ``"0.00001"``); NaN, infinity and None are refused."""
     if isinstance(value, numbers.Real) and not isinstance(value, bool):
-        value = float(value)
-        return str(int(value)) if value.is_integer() else repr(value)
+        try:
+            return number_text(value)
+        except ValueError:
+            raise ctx.error(i, column, "the gold answer as a non-empty string or a finite number", value) from None
     if not isinstance(value, str) or not value.strip():
         raise ctx.error(i, column, "the gold answer as a non-empty string or a number", value)
     return value
@@ -496,6 +560,12 @@ def _sql_ground_truth(ctx: _Context, i: int, column: str, value: Any) -> dict[st
                 f"{ctx.source}: {ctx.place(i)}, field '{column}.db_id': db_id {db_id!r} resolves "
                 f"to {db_path}, outside db_root {ctx.db_root}; a db_id must be a path relative to "
                 "db_root, without '..' leaving it."
+            )
+        if os.path.isdir(db_path):
+            raise ValueError(
+                f"{ctx.source}: {ctx.place(i)}, field '{column}.db_id': {db_path} is a folder, not "
+                f"a SQLite database file (db_id {db_id!r} resolved against db_root {ctx.db_root}); "
+                "give the path of the database file."
             )
         if not os.path.isfile(db_path):
             raise ValueError(

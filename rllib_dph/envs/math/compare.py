@@ -15,22 +15,37 @@ CPU-time limit; its own timeouts (``signal.alarm``, main thread only) are switch
 from __future__ import annotations
 
 import logging
+import numbers
 import re
 from collections import OrderedDict
 from fractions import Fraction
 from typing import Any
 
-from rllib_dph.envs.math.extract import extract_boxed
+from rllib_dph.envs.data.loaders import number_text
+from rllib_dph.envs.math.extract import balanced, extract_boxed
 
 _PLAIN_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:/\d+)?")
 _LATEX_FRACTION = re.compile(r"([+-]?)\\[dt]?frac\{(\d+)\}\{(\d+)\}")
-_SPACING = re.compile(r"\s+|\\[,;:! ]|\\left|\\right")
+_SPACING = re.compile(r"\s+|\\[,;:! ]|\\(?:left|right)(?![A-Za-z])")  # not \leftarrow
 
 
 def _gold_text(gold_answer: Any) -> str:
-    """The gold answer as a string; a boxed gold is unboxed and surrounding ``$`` removed."""
-    if isinstance(gold_answer, (int, float, Fraction)) and not isinstance(gold_answer, bool):
+    """The gold answer as a string; a boxed gold is unboxed and surrounding ``$`` removed; a
+    number written by :func:`~rllib_dph.envs.data.loaders.number_text` (never in exponent form).
+
+    Raises:
+        ValueError: The gold is None, NaN or infinite: no answer can equal it (its text,
+            ``"None"`` or ``"nan"``, must not score 1).
+    """
+    if gold_answer is None:
+        raise ValueError("the gold answer is None; no answer can equal it")
+    if isinstance(gold_answer, Fraction):
         return str(gold_answer)
+    if isinstance(gold_answer, numbers.Real) and not isinstance(gold_answer, bool):
+        try:
+            return number_text(gold_answer)
+        except ValueError as error:
+            raise ValueError(f"the gold answer {error}") from None
     text = str(gold_answer).strip()
     boxed = extract_boxed(text)
     return (boxed if boxed is not None else text).strip().strip("$").strip()
@@ -93,6 +108,8 @@ def math_verify_equal(gold: str, pred: str) -> tuple[bool, str | None]:
                 _gold_cache.popitem(last=False)
         if not gold_parsed:
             return False, "Math-Verify cannot parse the gold answer"
+        if not balanced(pred):  # "1}+\boxed{2" would box a second answer once wrapped
+            return False, "the answer's braces are unbalanced"
         pred_parsed = _parsed(pred)
         if not pred_parsed:
             return False, "Math-Verify cannot parse the answer"

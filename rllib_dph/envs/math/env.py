@@ -94,7 +94,10 @@ def verify_math(
     try:
         if not isinstance(completion, str):
             return Verdict(0.0, False, f"completion is a {type(completion).__name__}, not a str")
-        gold = _gold_text(gold_answer)
+        try:
+            gold = _gold_text(gold_answer)
+        except ValueError as error:  # None, NaN: scored 0, never equal to the text "None"
+            return Verdict(0.0, False, str(error))
         if not gold:
             return Verdict(0.0, False, "the gold answer is empty")
         pred = extract_answer(completion)

@@ -3,7 +3,7 @@
 The answer of a completion is the content of its **last** complete ``\\boxed{...}`` (or
 ``\\fbox{...}``; braces balanced, ``\\{`` and ``\\}`` are not braces); when there is none, the text
 after the last "the answer is" on its line, or the span of a Markdown emphasis opening it ("The
-answer is **5**." gives ``5``). Two answers are equal when
+answer is **5**." gives ``5``), when its braces balance (a cut-off ``\\boxed{12`` is no answer).
 """
 
 from __future__ import annotations
@@ -38,15 +38,30 @@ def extract_boxed(text: str) -> str | None:
     return None if last is None else text[last[0] + 1 : last[1]].strip()
 
 
+def balanced(text: str) -> bool:
+    """Whether the braces of ``text`` balance (``\\{`` and ``\\}`` are not braces)."""
+    depth = 0
+    for token in _BRACE_TOKENS.finditer(text):
+        depth += {"{": 1, "}": -1}.get(token.group(), 0)
+        if depth < 0:
+            return False
+    return depth == 0
+
+
 def extract_answer(completion: str) -> str | None:
-    """The final answer: the last ``\\boxed{}``, else the last "the answer is X", else None."""
+    """The final answer: the last ``\\boxed{}``, else the last "the answer is X", else None.
+
+    An answer after "the answer is" whose braces do not balance is none: a cut-off
+    ``\\boxed{12`` is not completed into ``12``.
+    """
     boxed = extract_boxed(completion)
     if boxed is not None:
         return boxed
     matches = _ANSWER_IS.findall(completion)
     if not matches:
         return None
-    return _unwrap_answer(matches[-1]) or None
+    answer = _unwrap_answer(matches[-1])
+    return answer if answer and balanced(answer) else None
 
 
 def _unwrap_answer(text: str) -> str:

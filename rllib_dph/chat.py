@@ -61,6 +61,10 @@ def observation_markup(tokenizer, role: str = "user") -> tuple[str, str]:
 def encode_observation(tokenizer, content: str, *, role: str = "user", turn_closed: bool) -> list[int]:
     """Token ids that append an env observation to a generated turn and open the next turn.
 
+    The observation stays text whatever it contains: a tool or database result that spells a
+    special token (``<|im_end|>``, ``<|im_start|>assistant``) is tokenized as ordinary text
+    (:func:`control_texts`), so it can neither close the observation nor open a turn.
+
     Args:
         tokenizer: A Hugging Face tokenizer.
         content: The observation text.
@@ -72,4 +76,17 @@ def encode_observation(tokenizer, content: str, *, role: str = "user", turn_clos
     eos = tokenizer.eos_token
     if turn_closed and eos and before.startswith(eos):
         before = before[len(eos):]
-    return list(tokenizer(before + content + after, add_special_tokens=False)["input_ids"])
+    if not any(control in content for control in control_texts(tokenizer)):
+        return list(tokenizer(before + content + after, add_special_tokens=False)["input_ids"])
+    parts = [tokenizer(before, add_special_tokens=False)["input_ids"],
+             tokenizer(content, add_special_tokens=False, split_special_tokens=True)["input_ids"],
+             tokenizer(after, add_special_tokens=False)["input_ids"]]
+    return [token for part in parts for token in part]
+
+
+def control_texts(tokenizer) -> list[str]:
+    """The texts of the tokenizer's special tokens (``<|im_end|>``, ``<|im_start|>``, EOS, ...):
+    in an observation they are spelled out as ordinary text, never turned into the control tokens
+    that end a message or open a turn."""
+    return [token.content for token in getattr(tokenizer, "added_tokens_decoder", {}).values()
+            if token.special and token.content]

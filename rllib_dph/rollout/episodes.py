@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional, Sequence
@@ -157,7 +158,11 @@ def take_turn(tokenizer, episode: Episode, turn: Completion, max_prompt_tokens: 
     episode.text = tokenizer.decode(turn.token_ids, skip_special_tokens=True)
     observation, reward, terminated, truncated, info = episode.env.step(episode.text)
     episode.turns += 1
-    episode.reward += float(reward)
+    reward = float(reward)
+    if not math.isfinite(reward):  # a NaN or infinity never reaches training
+        info = {**info, "correct": False, "error": f"the env's step returned reward {reward!r}; counted 0"}
+        reward = 0.0
+    episode.reward += reward
     episode.tool_calls = int(info.get("tool_calls", 0))
     if terminated or truncated:
         episode.done, episode.correct, episode.reason = True, bool(info.get("correct")), info.get("error")

@@ -227,7 +227,7 @@ def test_validate_messages(presampled, dph, message):
 
 def test_presample_is_one_embedded_presample_config():
     """A dict sets only its keys (also through ``update_from_dict``, as ``--config`` does); the
-    run takes training's model and sampling; the flat fields are refused with the new spelling."""
+    run takes training's model and sampling; a key that is none of its fields is refused."""
     config = DPHConfig().llm(temperature=0.7).dph(presample={"out_dir": "run", "k": 4})
     config.dph(presample={"min_correct": 2})
     config.update_from_dict({"presample": {"pef_samples": "all"}})
@@ -235,7 +235,7 @@ def test_presample_is_one_embedded_presample_config():
     assert (stage.out_dir, stage.k, stage.min_correct, stage.pef_samples) == ("run", 4, 2, "all")
     assert (stage.model_name, stage.sampling.temperature) == (config.model_name, 0.7)
     assert config.presample.sampling == PresampleConfig().sampling
-    with pytest.raises(ValueError, match=r"presample_min_correct=8 is no field any more.*presample=\{'min_correct': 8\}"):
+    with pytest.raises(TypeError, match=r"DPHConfig.dph\(\) got an unexpected keyword argument 'presample_min_correct'"):
         DPHConfig().dph(presample_min_correct=8)
     with pytest.raises(ValueError, match="'kk' is none of them"):
         DPHConfig().dph(presample={"kk": 8})
@@ -243,8 +243,8 @@ def test_presample_is_one_embedded_presample_config():
 
 def test_presample_samples_with_training_sampling_params():
     """Pre-sampling draws with the training config's one SamplingParams (``sampling_params``,
-    n=1: the stage draws k; no top-K); a flat sampling name in ``presample`` is refused with the
-    new spelling, also through ``update_from_dict``; ``sampling.n`` is refused in favour of k."""
+    n=1: the stage draws k; no top-K); a sampling name in ``presample`` is refused (it is none of
+    the stage's keys), also through ``update_from_dict``; ``sampling.n`` is refused in favour of k."""
     config = (DPHConfig().llm(temperature=0.7, top_p=0.9, max_response_length=48)
               .training(group_size=4, rollout_top_k=3).debugging(seed=5).dph(presample={"k": 6}))
     sampling = config.presample_config().sampling
@@ -252,9 +252,9 @@ def test_presample_samples_with_training_sampling_params():
     assert (sampling.n, sampling.temperature, sampling.top_p, sampling.max_new_tokens, sampling.seed,
             sampling.top_k_logprobs) == (1, 0.7, 0.9, 48, 5, 0)
     assert config.sampling_params().n == 4 and config.sampling_params().top_k_logprobs == 3
-    with pytest.raises(ValueError, match=r"presample temperature=0.7 is no field any more.*\.llm\(temperature=\.\.\.\)"):
+    with pytest.raises(ValueError, match="'temperature' is none of them"):
         DPHConfig().dph(presample={"temperature": 0.7})
-    with pytest.raises(ValueError, match=r"max_response_length=64 is no field.*SamplingParams\(max_new_tokens=\.\.\.\)"):
+    with pytest.raises(ValueError, match="'max_response_length' is none of them"):
         DPHConfig().update_from_dict({"presample": {"max_response_length": 64}})
     with pytest.raises(ValueError, match="set k instead of sampling.n"):
         PresampleConfig(model_name="tiny-random", env=TOY_ENV, sampling={"n": 4}).validate()

@@ -61,21 +61,21 @@ def test_unknown_config_keys_are_refused_with_a_suggestion():
     assert "did you mean 'group_size'?" in problems[0].message
 
 
-def test_flat_trust_region_keys_are_refused_with_the_new_spelling_and_the_grouped_one_applies():
+def test_verls_clip_key_is_refused_with_the_trust_region_setting_and_that_one_applies():
     config = grpo()
-    problems = config_key_problems(config, {"clip_eps_high": 0.28, "trust_region": {"kind": "dppo_binary_kl", "low": 0.1}})
-    assert [p.where for p in problems] == ["--config key 'clip_eps_high'"]
-    assert "trust_region={'kind': 'ppo', 'high': 0.28}" in problems[0].message
+    problems = config_key_problems(config, {"clip_ratio_high": 0.28, "trust_region": {"kind": "dppo_binary_kl", "low": 0.1}})
+    assert [p.where for p in problems] == ["--config key 'clip_ratio_high'"]
+    assert "did you mean 'trust_region'? verl's ε_high: trust_region={'kind': 'ppo', 'high': ...}" in problems[0].message
     config.update_from_dict({"trust_region": {"kind": "dppo_binary_kl", "low": 0.1}})
     config.validate()
     region = config.trust_region_setting
     assert (region.kind, region.low, region.high) == ("dppo_binary_kl", 0.1, 0.05)
 
 
-def test_flat_presample_keys_are_refused_with_the_new_spelling():
-    problems = config_key_problems(DPHConfig(), {"presample_dir": "run", "clip_eps_low": 0.1, "presample": {"k": 4}})
-    assert [p.where for p in problems] == ["--config key 'presample_dir'", "--config key 'clip_eps_low'"]
-    assert ".dph(presample={'out_dir': 'run'})" in problems[0].message
+def test_a_key_that_is_no_field_of_dph_gets_the_field_meant():
+    problems = config_key_problems(DPHConfig(), {"presample_dir": "run", "presample": {"k": 4}})
+    assert [p.where for p in problems] == ["--config key 'presample_dir'"]
+    assert "did you mean 'presample'?" in problems[0].message
 
 
 def test_stop_keys_are_checked():

@@ -5,8 +5,7 @@ example run as a script) or as a keyword of a setter (``.training(...)``, ``.dph
 ``.llm(...)``, ...), is refused with the field the user most likely meant: the field that the
 DPH-RL paper or another RLVR library names that way (:data:`FIELD_ALIASES`), else the field
 closest in spelling (:func:`close_match`); for a setter keyword also the setter that
-takes the field. Names that moved into a grouped setting (``trust_region``, DPH's
-``presample``) have their own messages (``moved_field_error`` of the configs).
+takes the field.
 """
 
 from __future__ import annotations
@@ -28,6 +27,10 @@ FIELD_ALIASES: dict[str, tuple[str, str]] = {
     "max_completion_length": ("max_response_length", "TRL's limit of generated tokens"),
     "learning_rate": ("lr", "RLlib's name of the learning rate"),
     "model": ("model_name", "the policy's name or path; RLlib's own `model` field is its legacy model settings"),
+    "clip_ratio_low": ("trust_region", "verl's ε_low: trust_region={'kind': 'ppo', 'low': ...}"),
+    "clip_ratio_high": ("trust_region", "verl's ε_high: trust_region={'kind': 'ppo', 'high': ...}"),
+    "epsilon": ("trust_region", "TRL's ε: trust_region={'kind': 'ppo', 'low': ..., 'high': ...}"),
+    "epsilon_high": ("trust_region", "TRL's ε_high: trust_region={'kind': 'ppo', 'high': ...}"),
 }
 
 

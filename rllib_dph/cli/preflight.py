@@ -5,9 +5,7 @@
 problem it finds, each once, naming what was wrong and where:
 
 - ``--config`` keys that are not fields of the algorithm's config, and ``--stop`` keys that are
-  not result keys (both with a "did you mean"; RLlib and Tune would ignore them silently); the
-  flat fields that became part of a grouped setting (``trust_region``, DPH's ``presample``),
-  with their new spelling;
+  not result keys (both with a "did you mean"; RLlib and Tune would ignore them silently);
 - the env id (registered with Gymnasium or Tune?) and its ``env_config``: the env is built once
   in this process, which checks the data file, its columns and ``db_root`` with the env's own
   error messages;
@@ -107,10 +105,6 @@ def config_key_problems(config, overrides: Mapping[str, Any], where: str = "--co
     """
     problems = []
     for key in overrides:
-        moved = config.moved_field_error(key, overrides[key]) if hasattr(config, "moved_field_error") else None
-        if moved is not None:  # a field that became part of a grouped setting
-            problems.append(Problem(f"{where} key {key!r}", moved))
-            continue
         translated = config._translate_special_keys(key, warn_deprecated=False)
         if translated in vars(config) or translated in ("multiagent", "callbacks_class"):
             continue

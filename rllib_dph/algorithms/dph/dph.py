@@ -19,34 +19,15 @@ from ray.rllib.utils.annotations import override
 
 from rllib_dph.algorithms.grpo.grpo import GRPO, GRPOConfig
 from rllib_dph.algorithms.rules import ChoiceRule, CrossRule, NumberRule
-from rllib_dph.algorithms.field_names import check_keywords
+from rllib_dph.algorithms.field_names import refuses_unknown_keywords
 from rllib_dph.losses.divergences import F_DIVERGENCES, PEF_NORMALIZATIONS, FDivergenceSpec
-from rllib_dph.algorithms.dph.presample import EXP_FILE, PEF_FILE, TRAINING_FIELDS, PresampleConfig, moved_field_problem, prepare_pef
+from rllib_dph.algorithms.dph.presample import EXP_FILE, PEF_FILE, TRAINING_FIELDS, PresampleConfig, prepare_pef
 from rllib_dph.algorithms.dph.presample import read_metadata
-
-#: The flat fields that became fields of the embedded ``DPHConfig.presample``: old name → new.
-MOVED_FIELDS = {
-    "presample_dir": "out_dir",
-    "presample_k": "k",
-    "presample_min_correct": "min_correct",
-    "pef_samples": "pef_samples",
-    "pef_full_data": "full_data",
-}
-
-
-def _moved_error(name: str, value: Any) -> ValueError:
-    """The error for a flat field that moved into ``presample`` (``MOVED_FIELDS``)."""
-    return ValueError(f"{name}={value!r} is no field any more: DPHConfig embeds one PresampleConfig; write "
-                      f".dph(presample={{{MOVED_FIELDS[name]!r}: {value!r}}}) (docs/algorithms.md).")
-
 
 def _merged_presample(current: PresampleConfig, value: Union[PresampleConfig, dict]) -> PresampleConfig:
     """``value`` itself, or ``current`` with the keys of the dict ``value`` set."""
     if isinstance(value, PresampleConfig):
         return value
-    moved = moved_field_problem(value) if isinstance(value, dict) else None
-    if moved is not None:
-        raise ValueError(moved)
     keys = [f.name for f in dataclasses.fields(PresampleConfig) if f.name not in TRAINING_FIELDS]
     unknown = [key for key in value if key not in keys] if isinstance(value, dict) else None
     if unknown is None or unknown:
@@ -56,13 +37,10 @@ def _merged_presample(current: PresampleConfig, value: Union[PresampleConfig, di
 
 
 class PresampleRule:
-    """The embedded ``presample`` (its own rules, ``PresampleConfig.problem``), its fields that
-    training owns, and the flat fields it replaced, as a rule of ``DPHConfig.dph_rules``."""
+    """The embedded ``presample`` (its own rules, ``PresampleConfig.problem``) and its fields
+    that training owns, as a rule of ``DPHConfig.dph_rules``."""
 
     def violation(self, config: Any) -> Optional[str]:
-        moved = [name for name in MOVED_FIELDS if name in vars(config)]
-        if moved:
-            return str(_moved_error(moved[0], getattr(config, moved[0])))
         presample, defaults = config.presample, PresampleConfig()
         if not isinstance(presample, PresampleConfig):
             return f"presample={presample!r} is invalid: it must be a PresampleConfig; set it with .dph(presample=...)."
@@ -133,6 +111,7 @@ class DPHConfig(GRPOConfig):
         ),
     )
 
+    @refuses_unknown_keywords
     def dph(
         self,
         *,
@@ -144,7 +123,6 @@ class DPHConfig(GRPOConfig):
         exp_path: Optional[str] = NotProvided,
         pef_ratio: Optional[float] = NotProvided,
         presample: Optional[Union[PresampleConfig, dict]] = NotProvided,
-        **moved,
     ) -> "DPHConfig":
         """Sets the DPH-RL specific configuration.
 
@@ -177,14 +155,8 @@ class DPHConfig(GRPOConfig):
                 trajectory a D_pef row, counted by ``pef_ratio``), ``full_data`` (Table 4) and
                 ``prompts_per_chunk``. Model, env, sampling and engine are training's
                 (``presample_config``). A ``PresampleConfig`` replaces it; a dict sets only its
-                keys (``{"min_correct": 8}``, also in ``--config``). The flat fields it replaced
-                (``presample_dir``, ``presample_k``, ...) are refused with the new spelling, any
-                other keyword with the field meant (``field_names.check_keywords``).
+                keys (``{"min_correct": 8}``, also in ``--config``).
         """
-        for name, value in moved.items():
-            if name in MOVED_FIELDS:
-                raise _moved_error(name, value)
-        check_keywords(self, "dph", moved)
         self._set_provided(
             divergence=divergence, pef_coeff=pef_coeff, pef_loss_normalization=pef_loss_normalization,
             alpha=alpha, pef_path=pef_path, exp_path=exp_path, pef_ratio=pef_ratio,
@@ -192,11 +164,6 @@ class DPHConfig(GRPOConfig):
         if presample is not NotProvided:
             self.presample = _merged_presample(self.presample, presample)
         return self
-
-    @override(GRPOConfig)
-    def moved_field_error(self, name: str, value: Any) -> Optional[str]:
-        """GRPO's, and the flat pre-sampling fields that moved into ``presample`` (``MOVED_FIELDS``)."""
-        return str(_moved_error(name, value)) if name in MOVED_FIELDS else super().moved_field_error(name, value)
 
     @override(GRPOConfig)
     def update_from_dict(self, config_dict: dict) -> "DPHConfig":

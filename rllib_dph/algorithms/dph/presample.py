@@ -127,7 +127,7 @@ class PresampleConfig:
         full_data: Keep every prompt in D_exp as well (Table 4's "Full Data", with
             ``min_correct=1``); default False: D_exp is the prompts not in D_pef.
         sampling: How every sample is drawn, one ``engines.base.SamplingParams`` (a dict is read
-            as its fields; it replaced the flat fields of :data:`MOVED_FIELDS`): training's
+            as its fields): training's
             (``GRPOConfig.sampling_params``); chunk c uses ``seed + c`` (None counts as 0); ``n``
             stays 1, the stage draws ``k`` per prompt (one per refinement).
         prompts_per_chunk: Prompts per generation call and per resumable part file.
@@ -188,25 +188,6 @@ class PresampleConfig:
 TRAINING_FIELDS = (
     "model_name", "env", "env_config", "sampling", "engine", "engine_kwargs", "dtype", "num_gpus_per_env_runner",
 )
-
-#: The flat sampling fields that became fields of the embedded ``PresampleConfig.sampling``:
-#: old name → the training config's setting that ``DPHConfig`` takes it from (issue #29 item 4).
-MOVED_FIELDS = {
-    "temperature": ".llm(temperature=...)", "top_p": ".llm(top_p=...)",
-    "max_response_length": ".llm(max_response_length=...)", "seed": ".debugging(seed=...)",
-}
-
-
-def moved_field_problem(values: dict) -> Optional[str]:
-    """The error for the first flat sampling field (:data:`MOVED_FIELDS`) among the keys of a
-    ``presample`` dict, naming its new spelling; None when there is none."""
-    name = next((key for key in values if key in MOVED_FIELDS), None)
-    new = "max_new_tokens" if name == "max_response_length" else name
-    return None if name is None else (
-        f"presample {name}={values[name]!r} is no field any more: inside DPHConfig pre-sampling samples with "
-        f"training's GRPOConfig.sampling_params(), set {MOVED_FIELDS[name]}; a lone PresampleConfig takes "
-        f"sampling=SamplingParams({new}=...) (docs/algorithms.md).")
-
 
 def pef_samples_problem(value: Any) -> Optional[str]:
     """The error for a ``pef_samples`` that is not ``"all"``, ``"refine"`` or an integer >= 1, else None."""

@@ -37,7 +37,7 @@ from rllib_dph import columns as C
 from rllib_dph.env_runners.async_sampling import SamplingRounds
 from rllib_dph.algorithms.rules import ChoiceRule, CrossRule, NumberRule, first_violation
 from rllib_dph.algorithms.grpo.grpo_torch_learner import GRPOTorchLearner
-from rllib_dph.algorithms.grpo.trust_region import MOVED_FIELDS, TrustRegion, TrustRegionRule, moved_field_message
+from rllib_dph.algorithms.grpo.trust_region import TrustRegion, TrustRegionRule
 from rllib_dph.engines import DEFAULT_ENGINE, ENGINES, SamplingParams
 from rllib_dph.algorithms.field_names import check_keywords, refuses_unknown_keywords
 from rllib_dph.files import atomic_dir
@@ -216,11 +216,6 @@ class GRPOConfig(AlgorithmConfig):
         """``trust_region`` with the spec's defaults in place of None (``TrustRegion.resolved``):
         the kind, thresholds, truncation and anchor the learner uses."""
         return TrustRegion.of(self.trust_region).resolved()
-
-    def moved_field_error(self, name: str, value) -> Optional[str]:
-        """The error for a flat field that became part of a grouped setting (``trust_region``:
-        ``trust_region.MOVED_FIELDS``), naming its new spelling; None for any other name."""
-        return moved_field_message(name, value) if name in MOVED_FIELDS else None
 
     #: The rules of ``llm()``'s fields (``validate``).
     llm_rules = (
@@ -430,9 +425,7 @@ class GRPOConfig(AlgorithmConfig):
                 ``"dppo_topk_kl"`` mask by the divergence between μ and π_θ; ``"ipo"``,
                 ``"icepop"`` and ``"opsm"`` mask whatever the advantage's sign; ``"tis"`` and
                 ``"cispo"`` mask nothing and truncate the weight at C (2 and 3); ``"none"``
-                masks nothing. The old flat fields (``clip_eps_low/high``,
-                ``trust_region_delta_low/high``, ``is_truncation``, ``trust_region_anchor``)
-                are refused with their new spelling.
+                masks nothing.
             rollout_top_k: K log-probs per generated token returned by the engine (0..20);
                 the top-K DPPO masks need K >= 1.
             loss_agg_mode: ``"token-mean"`` (DAPO; default), ``"seq-mean-token-mean"`` (GRPO),
@@ -470,9 +463,6 @@ class GRPOConfig(AlgorithmConfig):
                 versions old are dropped (``num_stale_rows_dropped``). Needs
                 ``num_env_runners >= 1``. DPH's D_pef rows are added by the learner and never stale.
         """
-        moved = [self.moved_field_error(name, value) for name, value in kwargs.items() if name in MOVED_FIELDS]
-        if moved:
-            raise ValueError(moved[0])
         check_keywords(self, "training", kwargs, AlgorithmConfig.training)
         super().training(**kwargs)
         self._set_provided(

@@ -4,8 +4,7 @@ The setting is a trust region's name (``"dppo_binary_tv"``) or a dict of the key
 :class:`TrustRegion` (``{"kind": "ppo", "high": 0.28}``); a dict replaces the whole setting,
 and every key it leaves out takes its default. ``low``, ``high`` and ``truncation`` left None
 take the registry spec's value (``losses.TRUST_REGIONS[kind]``: ``TrustRegionSpec.delta_low``,
-``delta_high``, ``truncation``), so the spec is the one place a default lives. The flat fields
-this setting replaced (``MOVED_FIELDS``) are refused with the new spelling.
+``delta_high``, ``truncation``), so the spec is the one place a default lives.
 """
 
 from __future__ import annotations
@@ -20,15 +19,6 @@ from rllib_dph.losses.trust_regions import TRUST_REGIONS, Threshold, TrustRegion
 
 #: What the trust region and the importance weight are anchored on (``TrustRegion.anchor``).
 ANCHORS = ("behavior", "recompute")
-#: The flat fields that became keys of ``trust_region``: old name → key.
-MOVED_FIELDS = {
-    "clip_eps_low": "low",
-    "clip_eps_high": "high",
-    "trust_region_delta_low": "low",
-    "trust_region_delta_high": "high",
-    "is_truncation": "truncation",
-    "trust_region_anchor": "anchor",
-}
 #: The rule of ``truncation`` (None: the spec's C, else ∞).
 TRUNCATION_RULE = NumberRule(
     "trust_region['truncation']", low=0, low_open=True, optional=True, allow_inf=True,
@@ -131,22 +121,11 @@ def _threshold_problem(key: str, value: Any, threshold: Optional[Threshold]) -> 
     return None if rule.holds(value) else rule.message(value)
 
 
-def moved_field_message(name: str, value: Any) -> str:
-    """The error for a flat field that became a key of ``trust_region`` (``MOVED_FIELDS``)."""
-    key = MOVED_FIELDS[name]
-    kind = "'ppo'" if name.startswith("clip_eps") else "..."
-    return (f"{name}={value!r} is no field any more: the trust region is one setting; write "
-            f"trust_region={{'kind': {kind}, {key!r}: {value!r}}} (docs/algorithms.md, 'The trust_region setting').")
-
-
 class TrustRegionRule:
-    """``GRPOConfig.trust_region`` and the flat fields it replaced, as a rule of ``GRPOConfig.training_rules``."""
+    """``GRPOConfig.trust_region`` as a rule of ``GRPOConfig.training_rules``."""
 
     def violation(self, config: Any) -> Optional[str]:
         """The first problem of ``config``'s trust region, or None."""
-        moved = [name for name in MOVED_FIELDS if name in vars(config)]
-        if moved:
-            return moved_field_message(moved[0], getattr(config, moved[0]))
         try:
             setting = TrustRegion.of(config.trust_region)
         except (ValueError, TypeError) as error:

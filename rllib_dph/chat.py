@@ -63,7 +63,8 @@ def encode_observation(tokenizer, content: str, *, role: str = "user", turn_clos
 
     The observation stays text whatever it contains: a tool or database result that spells a
     special token (``<|im_end|>``, ``<|im_start|>assistant``) is tokenized as ordinary text
-    (:func:`control_texts`), so it can neither close the observation nor open a turn.
+    (:func:`control_texts`), so it can neither close the observation nor open a turn; lone
+    surrogates (bytes of invalid UTF-8) are written as escapes (:func:`as_text`).
 
     Args:
         tokenizer: A Hugging Face tokenizer.
@@ -72,6 +73,7 @@ def encode_observation(tokenizer, content: str, *, role: str = "user", turn_clos
         turn_closed: The generated turn ended with the EOS token (a stop): its text, when the
             template's turn-closing text starts with it, is not repeated.
     """
+    content = as_text(content)
     before, after = observation_markup(tokenizer, role)
     eos = tokenizer.eos_token
     if turn_closed and eos and before.startswith(eos):
@@ -82,6 +84,19 @@ def encode_observation(tokenizer, content: str, *, role: str = "user", turn_clos
              tokenizer(content, add_special_tokens=False, split_special_tokens=True)["input_ids"],
              tokenizer(after, add_special_tokens=False)["input_ids"]]
     return [token for part in parts for token in part]
+
+
+def as_text(content: str) -> str:
+    """``content`` with what is not text written as escapes (no tokenizer takes a lone
+    surrogate): a byte of invalid UTF-8 kept by ``surrogateescape`` (U+DC80..U+DCFF, e.g. from a
+    database text) as ``\\xff``, any other lone surrogate as ``\\ud800``; other text unchanged."""
+    try:
+        content.encode("utf-8")
+        return content
+    except UnicodeEncodeError:
+        pass
+    return "".join(f"\\x{ord(c) - 0xDC00:02x}" if "\udc80" <= c <= "\udcff"
+                   else f"\\u{ord(c):04x}" if "\ud800" <= c <= "\udfff" else c for c in content)
 
 
 def control_texts(tokenizer) -> list[str]:

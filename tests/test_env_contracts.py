@@ -270,3 +270,102 @@ def test_a_nan_reward_of_any_env_is_counted_0_with_the_reason(tokenizer):
     take_turn(tokenizer, episode, Completion(ids, np.zeros(len(ids), dtype=np.float32)))
     assert episode.done and episode.reward == 0.0 and not episode.correct
     assert episode.reason == "the env's step returned reward nan; counted 0"
+
+
+def test_an_observation_with_bytes_of_invalid_utf8_is_tokenized_as_escapes(tokenizer):
+    from rllib_dph.chat import as_text, encode_observation
+
+    assert as_text("a\udcff b\ud800") == "a\\xff b\\ud800" and as_text("héllo") == "héllo"
+    ids = encode_observation(tokenizer, "rows: a\udcff", turn_closed=False)  # a TypeError before
+    assert "rows: a\\xff" in tokenizer.decode(ids)
+
+
+# ---------------------------------------------------------------------------------------------
+# Lossy decoding: database text that is not valid UTF-8
+# ---------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def bytes_db(tmp_path):
+    import sqlite3
+
+    path = str(tmp_path / "bytes.sqlite")
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE t (id INTEGER, s TEXT)")
+        conn.execute("INSERT INTO t VALUES (1, CAST(X'61ff' AS TEXT)), (2, CAST(X'61fe' AS TEXT)), "
+                     "(3, 'a' || char(65533))")
+    return path
+
+
+@pytest.mark.parametrize("pred,gold,reward", [
+    ("SELECT s FROM t WHERE id = 2", "SELECT s FROM t WHERE id = 1", 0.0),  # different bytes
+    ("SELECT s FROM t WHERE id = 3", "SELECT s FROM t WHERE id = 1", 0.0),  # not U+FFFD either
+    ("SELECT replace(s, 'a', 'b') FROM t WHERE id = 1", "SELECT replace(s, 'a', 'b') FROM t WHERE id = 1", 1.0),
+    ("SELECT replace(s, 'a', 'b') FROM t WHERE id = 2", "SELECT replace(s, 'a', 'b') FROM t WHERE id = 1", 0.0),
+    ("SELECT printf('%s!', s) FROM t WHERE id = 1", "SELECT printf('%s!', s) FROM t WHERE id = 1", 1.0),
+    ("SELECT printf(X'ff')", "SELECT printf(X'ff')", 1.0),  # the guarded printf failed: a false 0
+    ("SELECT printf(X'fe')", "SELECT printf(X'ff')", 0.0),
+])
+def test_text_that_is_not_utf8_keeps_its_bytes_through_functions_and_comparison(bytes_db, pred, gold, reward):
+    from rllib_dph.envs.sql import verify_sql
+
+    verdict = verify_sql(f"```sql\n{pred}\n```", gold, bytes_db)
+    assert (verdict.reward, verdict.error) == (reward, None)
+
+
+# ---------------------------------------------------------------------------------------------
+# Resource accounting: the result cache weighs what Python holds
+# ---------------------------------------------------------------------------------------------
+
+def test_the_result_cache_weighs_many_short_text_cells_as_python_holds_them(tmp_path, monkeypatch):
+    """20,000 distinct 5-character cells: 100 KB of data, about 2 MB held by Python (a tuple and
+    a str object per cell). The cache must count the latter, or it holds 20x its bound."""
+    import sqlite3
+    import tracemalloc
+
+    from rllib_dph.envs import isolation
+    from rllib_dph.envs.sql import sandbox
+
+    path = str(tmp_path / "cells.sqlite")
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE t (s TEXT)")
+        conn.executemany("INSERT INTO t VALUES (?)", [(f"{n:05d}",) for n in range(20_000)])
+    monkeypatch.setattr(isolation, "_IN_CHECKER", True)  # the sandbox and its cache run here
+    monkeypatch.setattr(sandbox, "_results", sandbox._LRUCache(1 << 30))
+    sandbox.execute_sql("SELECT 1", path)  # opens the connection first
+    before = sandbox._results.weight
+    tracemalloc.start()
+    try:
+        sandbox.execute_sql("SELECT s FROM t", path)
+        held = tracemalloc.get_traced_memory()[0]  # what the cache keeps of the call
+    finally:
+        tracemalloc.stop()
+    weight = sandbox._results.weight - before
+    assert held > 1_000_000 and weight >= 0.9 * held
+
+
+# ---------------------------------------------------------------------------------------------
+# Unknown keys: an env_config key the env does not take fails at construction
+# ---------------------------------------------------------------------------------------------
+
+def _strict_verifier(completion, truth, *, strict=False):
+    return completion == truth if strict else completion.strip() == truth
+
+
+def test_a_misspelt_verifier_keyword_fails_at_construction_with_a_suggestion():
+    from rllib_dph.envs.registry import FunctionVerifierEnv
+
+    data = [{"q": "say ok", "answer": "ok"}]
+    with pytest.raises(TypeError, match="did you mean 'strict' for 'strcit'"):
+        FunctionVerifierEnv(data, verifier=_strict_verifier, prompt_format="{q}", strcit=True)
+    env = FunctionVerifierEnv(data, verifier=_strict_verifier, prompt_format="{q}", strict=True)
+    env.reset(options={"index": 0})
+    assert env.step(" ok")[1] == 0.0
+
+
+@pytest.mark.parametrize("env_id", ["rllib_dph/SQL-v0", "rllib_dph/Math-v0", "rllib_dph/SQLMultiTurn-v0"])
+def test_a_bundled_env_refuses_an_unknown_env_config_key_at_construction(env_id):
+    from rllib_dph.envs import make_env
+
+    with pytest.raises(TypeError, match="timout_s"):
+        make_env(env_id, {"data": "sql_synth/test[:2]" if "SQL" in env_id else "math_synth/test[:2]",
+                          "timout_s": 3})

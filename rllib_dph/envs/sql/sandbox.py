@@ -304,6 +304,12 @@ def _built_by_sqlite(*args: Any) -> None:
     return None
 
 
+class _Undecodable(Exception):
+    """A built-in function's result is not valid UTF-8, which a Python function cannot return:
+    the query runs again with SQLite's own functions, as for an argument that is not (the
+    guarded printf of a blob ``X'ff'`` would otherwise fail a correct answer)."""
+
+
 class _ValueTooLong(Exception):
     """Raised by a guarded function whose result would exceed MAX_VALUE_BYTES (not built)."""
 
@@ -384,7 +390,12 @@ class _GuardedFunctions:
 
     def call_builtin(self, name: str, *args: Any) -> Any:
         placeholders = ", ".join("?" * len(args))
-        return self.builtin.execute(f"SELECT {name}({placeholders})", args).fetchone()[0]
+        try:
+            return self.builtin.execute(f"SELECT {name}({placeholders})", args).fetchone()[0]
+        except sqlite3.OperationalError as error:
+            if str(error).startswith("Could not decode to UTF-8"):
+                raise _Undecodable() from None  # not a failure of the query: it runs again
+            raise
 
     def instr(self, haystack: Any, needle: Any) -> Any:
         if type(haystack) is type(needle) and isinstance(haystack, (str, bytes)):
@@ -503,8 +514,9 @@ class _Sandbox:
             self.conn.set_progress_handler(None, 0)
 
     def _undecodable_argument(self, error: Exception) -> bool:
-        """Whether a guarded function failed before its code ran: Python cannot take a text
-        that is not valid UTF-8 as an argument."""
+        """Whether a guarded function failed on text that is not valid UTF-8: Python cannot take
+        it as an argument (the function failed before its code ran), nor return it
+        (:class:`_Undecodable`)."""
         return (str(error) == "user-defined function raised exception" and self.functions.failure is None
                 and self.denied is None and time.monotonic() <= self.deadline)
 

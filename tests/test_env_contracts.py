@@ -369,3 +369,28 @@ def test_a_bundled_env_refuses_an_unknown_env_config_key_at_construction(env_id)
     with pytest.raises(TypeError, match="timout_s"):
         make_env(env_id, {"data": "sql_synth/test[:2]" if "SQL" in env_id else "math_synth/test[:2]",
                           "timout_s": 3})
+
+
+@pytest.mark.parametrize("value,text", [("np.float32(0.1)", "0.1"), ("decimal.Decimal('1E-5')", "0.00001"),
+                                        ("fractions.Fraction(1, 3)", "1/3"), ("np.int64(5)", "5")])
+def test_number_text_of_numpy_decimal_and_fraction_golds(value, text):
+    import decimal  # noqa: F401 - used by the parametrized expressions
+    import fractions  # noqa: F401
+
+    import numpy as np  # noqa: F401
+
+    gold = eval(value)
+    assert number_text(gold) == text
+    assert verify_math(f"\\boxed{{{text}}}", gold).correct
+
+
+@pytest.mark.parametrize("task_id,expected", [("a", "a"), (7, "7"), (3.0, "3"), (None, "0")])
+def test_a_task_id_is_a_string_or_an_integer(task_id, expected):
+    assert load_tasks([_verl_row("1", "2", id=task_id)], task="math")[0].id == expected
+
+
+@pytest.mark.parametrize("task_id", [1.5, True, "", [1], {"a": 1}, math.nan])
+def test_an_ill_typed_task_id_is_refused_naming_the_row(task_id):
+    with pytest.raises(ValueError, match=r"row 0, field 'id': expected the task id as a non-empty string or an "
+                                         r"integer"):
+        load_tasks([_verl_row("1", "2", id=task_id)], task="math")

@@ -442,7 +442,7 @@ def _verl_row_to_task(ctx: _Context, i: int, row: Mapping[str, Any]) -> Task:
     if extra_info is not None:
         meta["extra_info"] = extra_info
     return Task(
-        id=str(i if task_id is None else task_id),
+        id=_task_id(ctx, i, "id" if row.get("id") is not None else "extra_info.index", task_id),
         data_source=data_source,
         messages=messages,
         ground_truth=ground_truth,
@@ -474,11 +474,25 @@ def _flat_row_to_task(ctx: _Context, i: int, row: Mapping[str, Any]) -> Task:
     data_source = row.get("data_source") or ctx.default_data_source
     task_id = row.get("id")
     return Task(
-        id=str(i if task_id is None else task_id),
+        id=_task_id(ctx, i, "id", task_id),
         data_source=str(data_source),
         messages=messages,
         ground_truth=ground_truth,
     )
+
+
+def _task_id(ctx: _Context, i: int, column: str, value: Any) -> str:
+    """The task id of row ``i``: its ``value`` (a non-empty string, or an integer, also one
+    stored as a float by a column with nulls: ``3.0`` is ``"3"``), else the row number."""
+    if value is None:
+        return str(i)
+    if isinstance(value, str) and value.strip():
+        return value
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return str(int(value))
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    raise ctx.error(i, column, "the task id as a non-empty string or an integer", value)
 
 
 def _messages(ctx: _Context, i: int, column: str, prompt: Any) -> tuple[dict[str, str], ...]:
@@ -505,11 +519,12 @@ def _messages(ctx: _Context, i: int, column: str, prompt: Any) -> tuple[dict[str
     return tuple(messages)
 
 
-def number_text(value: numbers.Real) -> str:
+def number_text(value: numbers.Real | decimal.Decimal) -> str:
     """A gold number as the text a checker reads back as the same number: an integer's digits,
-    a float's shortest round-trip digits written out positionally, never in exponent form
-    (``1e-05`` gives ``"0.00001"``, which Math-Verify cannot misread as ``1 * e - 5``;
-    ``42.0`` gives ``"42"``; ``1.5e+300`` gives ``"15"`` and 299 zeros).
+    a fraction as ``p/q``, a float's shortest round-trip digits (of its own precision: a NumPy
+    ``float32`` 0.1 is ``"0.1"``) written out positionally, never in exponent form (``1e-05``
+    gives ``"0.00001"``, which Math-Verify cannot misread as ``1 * e - 5``; ``42.0`` gives
+    ``"42"``; ``1.5e+300`` gives ``"15"`` and 299 zeros); a ``Decimal`` as its exact digits.
 
     Raises:
         ValueError: ``value`` is NaN or infinite (no answer equals it) or a bool.
@@ -518,17 +533,23 @@ def number_text(value: numbers.Real) -> str:
         raise ValueError(f"{value!r} is a bool, not a number")
     if isinstance(value, numbers.Integral):
         return str(int(value))
-    number = float(value)
-    if not math.isfinite(number):
-        raise ValueError(f"{number!r} is not a finite number; no answer can equal it")
-    text = format(decimal.Decimal(repr(number)), "f")
+    if isinstance(value, numbers.Rational):
+        return f"{value.numerator}/{value.denominator}"
+    if isinstance(value, decimal.Decimal):
+        exact = value
+    else:
+        number = float(value)
+        exact = decimal.Decimal(repr(number) if isinstance(value, float) else str(value))
+    if not exact.is_finite():
+        raise ValueError(f"{value} is not a finite number; no answer can equal it")
+    text = format(exact, "f")
     return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 def _math_ground_truth(ctx: _Context, i: int, column: str, value: Any) -> str:
     """The gold answer as a non-empty string; a number is written by :func:`number_text`
     (``42.0`` becomes ``"42"``, ``1e-05`` ``"0.00001"``); NaN, infinity and None are refused."""
-    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+    if isinstance(value, (numbers.Real, decimal.Decimal)) and not isinstance(value, bool):
         try:
             return number_text(value)
         except ValueError:

@@ -14,6 +14,7 @@ CPU-time limit; its own timeouts (``signal.alarm``, main thread only) are switch
 
 from __future__ import annotations
 
+import decimal
 import logging
 import numbers
 import re
@@ -39,9 +40,7 @@ def _gold_text(gold_answer: Any) -> str:
     """
     if gold_answer is None:
         raise ValueError("the gold answer is None; no answer can equal it")
-    if isinstance(gold_answer, Fraction):
-        return str(gold_answer)
-    if isinstance(gold_answer, numbers.Real) and not isinstance(gold_answer, bool):
+    if isinstance(gold_answer, (numbers.Real, decimal.Decimal)) and not isinstance(gold_answer, bool):
         try:
             return number_text(gold_answer)
         except ValueError as error:

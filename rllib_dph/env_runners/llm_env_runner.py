@@ -53,6 +53,9 @@ SCORING_TIME_S = "scoring_time_s"
 TURNS_PER_EPISODE = "turns_per_episode"  # policy turns per episode (1 for single-turn envs)
 TOOL_USE_SHARE = "tool_use_share"  # share of episodes with at least one tool call
 
+#: State key of an env runner's sampling position (:meth:`LLMEnvRunner.sampling_position`).
+SAMPLING_POSITION = "sampling_position"
+
 
 class LLMEnvRunner(EnvRunner, Checkpointable):
     """Samples groups of completions for GRPO-family algorithms.
@@ -82,8 +85,11 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
                 f"for {self.num_workers} env runners; use fewer env runners."
             )
         self._shard = shard
-        self._rng = np.random.default_rng((self.config.seed or 0) + 1000 * self.worker_index)
-        self._queue: list[int] = []
+        # The sampling position: prompts taken and sample calls made so far. The prompt order
+        # and the sampling seeds are functions of it, so a checkpoint that keeps it
+        # (:meth:`sampling_position`) resumes exactly where the run stopped.
+        self._prompts_taken = 0
+        self._order_pass, self._order = -1, shard
         self._prompt_ids: dict[int, list[int]] = {}
         self._eval_envs: dict[str, gym.Env] = {}
 
@@ -113,9 +119,17 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
 
     # ------------------------------------------------------------------ sampling
     def _next_prompts(self, num_prompts: int) -> list[int]:
-        while len(self._queue) < num_prompts:
-            self._queue.extend(self._rng.permutation(self._shard).tolist())
-        chosen, self._queue = self._queue[:num_prompts], self._queue[num_prompts:]
+        """The next ``num_prompts`` task indices of this runner's shard: pass ``p`` over the shard
+        is its permutation by ``default_rng([seed, worker_index, p])``."""
+        chosen: list[int] = []
+        while len(chosen) < num_prompts:
+            num_pass, at = divmod(self._prompts_taken, len(self._shard))
+            if num_pass != self._order_pass:
+                rng = np.random.default_rng([self.config.seed or 0, self.worker_index, num_pass])
+                self._order_pass, self._order = num_pass, rng.permutation(self._shard)
+            take = self._order[at : at + num_prompts - len(chosen)].tolist()
+            chosen += take
+            self._prompts_taken += len(take)
         return chosen
 
     def _encode(self, index: int) -> list[int]:
@@ -259,8 +273,10 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         not_components: Optional[Union[str, Collection[str]]] = None,
         **kwargs,
     ) -> StateDict:
-        """Counters only: the weights always come from the learner group."""
-        return {NUM_ENV_STEPS_SAMPLED_LIFETIME: self.num_env_steps_sampled_lifetime}
+        """Counters only (the weights always come from the learner group): the env steps sampled
+        and the sampling position (:meth:`sampling_position`)."""
+        return {NUM_ENV_STEPS_SAMPLED_LIFETIME: self.num_env_steps_sampled_lifetime,
+                SAMPLING_POSITION: self.sampling_position()}
 
     @override(Checkpointable)
     def set_state(self, state: StateDict) -> None:
@@ -279,6 +295,17 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             self.weights_version = seq_no
         if NUM_ENV_STEPS_SAMPLED_LIFETIME in state:
             self.num_env_steps_sampled_lifetime = state[NUM_ENV_STEPS_SAMPLED_LIFETIME]
+        if SAMPLING_POSITION in state:
+            self.set_sampling_position(state[SAMPLING_POSITION])
+
+    def sampling_position(self) -> dict[str, int]:
+        """Where this runner's sampling stands: ``{"prompts_taken": int, "num_calls": int}``.
+        Its next prompts, sampling seeds and group ids follow from it alone."""
+        return {"prompts_taken": self._prompts_taken, "num_calls": self._num_calls}
+
+    def set_sampling_position(self, position: dict[str, int]) -> None:
+        """Continues sampling from a :meth:`sampling_position` (a restored checkpoint's)."""
+        self._prompts_taken, self._num_calls = int(position["prompts_taken"]), int(position["num_calls"])
 
     def _load_module_state(self, weights) -> None:
         """Loads an ``rl_module`` state (or an object ref of one) into the rollout engine."""

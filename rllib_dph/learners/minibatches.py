@@ -34,8 +34,7 @@ class GroupMinibatches(TorchLearner):
     @override(TorchLearner)
     def build(self) -> None:
         super().build()
-        rank = dist.get_rank() if distributed() else 0
-        self._plan_rng = np.random.default_rng([self.config.seed or 0, rank])  # mini-batch shuffles
+        self._rank = dist.get_rank() if distributed() else 0
 
     @override(TorchLearner)
     def _create_iterator_if_necessary(
@@ -53,7 +52,9 @@ class GroupMinibatches(TorchLearner):
         ``num_minibatches`` comes from the algorithm (the same on every learner, computed from
         the global ``minibatch_size``); a learner updated on its own derives it from its batch.
         Groups and D_pef rows are reshuffled into new mini-batches every epoch when
-        ``shuffle_batch_per_epoch`` is set and there is more than one mini-batch.
+        ``shuffle_batch_per_epoch`` is set and there is more than one mini-batch, by
+        ``default_rng([seed, rank, update count])``: the update count (RLlib's weights sequence
+        number) is in every learner checkpoint, so a resumed run shuffles as the uninterrupted one.
         """
         # Private RLlib hook: the only place RLlib cuts an update's batch into mini-batches.
         batch = self._make_batch_if_necessary(training_data=training_data)
@@ -67,13 +68,15 @@ class GroupMinibatches(TorchLearner):
         if num_minibatches is None:
             num_minibatches = num_minibatches_for(int((row_type != C.ROW_TYPE_PEF).sum()), minibatch_size)
         shuffle = shuffle_batch_per_epoch and num_minibatches > 1
-        return self._minibatches(module_id, dict(columns), group_ids, row_type, num_epochs, num_minibatches, shuffle)
+        rng = np.random.default_rng([self.config.seed or 0, self._rank, self._weights_seq_no]) if shuffle else None
+        return self._minibatches(module_id, dict(columns), group_ids, row_type, num_epochs, num_minibatches, rng)
 
-    def _minibatches(self, module_id, columns, group_ids, row_type, num_epochs, num_minibatches, shuffle):
-        """Yields every epoch's mini-batches, then logs how many D_pef rows they held."""
+    def _minibatches(self, module_id, columns, group_ids, row_type, num_epochs, num_minibatches, rng):
+        """Yields every epoch's mini-batches (shuffled by ``rng``; None keeps the order), then
+        logs how many D_pef rows they held."""
         pef_rows = []  # D_pef rows in each mini-batch
         for _ in range(num_epochs):
-            plan = minibatch_plan(group_ids, row_type, num_minibatches, self._plan_rng if shuffle else None)
+            plan = minibatch_plan(group_ids, row_type, num_minibatches, rng)
             for rows in plan:
                 pef_rows.append(int((row_type[rows] == C.ROW_TYPE_PEF).sum()))
                 part = take_rows(columns, rows, self._device)

@@ -26,6 +26,8 @@ PEF_LOG_RATIO_MEAN = "pef_log_ratio_mean"
 PEF_U_MEAN = "pef_u_mean"
 PEF_WEIGHT = "pef_weight"
 JS_EXPLORATION_LOSS = "js_exploration_loss"
+#: Learner state key of the D_pef rows' position (``AddPefRows.get_state``).
+PEF_ROWS_STATE = "pef_rows"
 
 
 class DPHTorchLearner(GRPOTorchLearner):
@@ -62,6 +64,20 @@ class DPHTorchLearner(GRPOTorchLearner):
             num_pef = pq.read_metadata(cfg.resolved_pef_path).num_rows
             num_exp = pq.read_metadata(cfg.resolved_exp_path).num_rows
             self.js_beta1 = cfg.pef_coeff * num_pef / max(1, num_exp)
+
+    @override(GRPOTorchLearner)
+    def get_state(self, components=None, *, not_components=None, **kwargs) -> dict:
+        """The learner's state plus the position in its D_pef shard (a resume takes the next rows)."""
+        state = super().get_state(components, not_components=not_components, **kwargs)
+        if self._check_component(PEF_ROWS_STATE, components, not_components):
+            state[PEF_ROWS_STATE] = self.pef_connector.get_state()
+        return state
+
+    @override(GRPOTorchLearner)
+    def set_state(self, state: dict) -> None:
+        super().set_state(state)
+        if PEF_ROWS_STATE in state:
+            self.pef_connector.set_state(state[PEF_ROWS_STATE])
 
     @override(GRPOTorchLearner)
     def update(self, *args, training_data: TrainingData = None, batch: MultiAgentBatch = None, **kwargs):

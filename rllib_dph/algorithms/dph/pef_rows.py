@@ -26,6 +26,10 @@ PEF_COLUMNS = ("prompt_ids", "response_ids", "ref_logp")
 class PefRowSampler:
     """Cycles through one shard of a D_pef file, reshuffling it at every pass.
 
+    Pass ``p`` takes the shard's rows in the order ``default_rng([seed, shard_index, p])``
+    permutes them, so the rows taken so far (:attr:`rows_taken`, the sampler's whole state) say
+    which rows come next: a learner checkpoint keeps it and a resumed run continues the order.
+
     Args:
         path: A ``d_pef.parquet`` file of the pre-sampling stage.
         shard_index: This learner's rank.
@@ -58,21 +62,29 @@ class PefRowSampler:
                     f"{path}: row {i}: response_ids has {len(self.response_ids[j])} tokens but "
                     f"ref_logp has {len(self.ref_logp[j])} values; they must match and be non-empty."
                 )
-        self._rng = np.random.default_rng(seed + shard_index)
-        self._order: list[int] = []
-        self.passes = 0
+        self._seed, self._shard_index = seed, shard_index
+        self.rows_taken = 0
+        self._order_pass, self._order = -1, np.arange(len(self.prompt_ids))
 
     def __len__(self) -> int:
         return len(self.prompt_ids)
 
+    @property
+    def passes(self) -> int:
+        """Passes over the shard begun so far."""
+        return -(-self.rows_taken // len(self))
+
     def take(self, n: int) -> dict[str, np.ndarray]:
         """The next ``n`` rows as a batch (``ROW_TYPE_PEF``, ``REF_LOGP`` on response tokens)."""
-        chosen = []
+        chosen: list[int] = []
         while len(chosen) < n:
-            if not self._order:
-                self._order = self._rng.permutation(len(self)).tolist()
-                self.passes += 1
-            chosen.append(self._order.pop())
+            num_pass, at = divmod(self.rows_taken, len(self))
+            if num_pass != self._order_pass:
+                rng = np.random.default_rng([self._seed, self._shard_index, num_pass])
+                self._order_pass, self._order = num_pass, rng.permutation(len(self))
+            take = self._order[at : at + n - len(chosen)].tolist()
+            chosen += take
+            self.rows_taken += len(take)
         batch = sequence_rows(
             [self.prompt_ids[i] for i in chosen],
             [self.response_ids[i] for i in chosen],
@@ -120,6 +132,13 @@ class AddPefRows(ConnectorV2):
 
     def num_pef_rows(self, num_exp_rows: int) -> int:
         return max(1, int(math.floor(num_exp_rows / self.ratio + 0.5)))
+
+    def get_state(self, *args, **kwargs) -> dict:
+        """The D_pef rows taken so far (the position in the shard's order)."""
+        return {"rows_taken": self.sampler.rows_taken}
+
+    def set_state(self, state: dict) -> None:
+        self.sampler.rows_taken = int(state["rows_taken"])
 
     def __call__(
         self,

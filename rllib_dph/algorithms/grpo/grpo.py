@@ -50,6 +50,9 @@ from rllib_dph.losses.advantages import group_advantages, has_reward_variance, o
 from rllib_dph.losses.divergences import KL_ESTIMATORS
 from rllib_dph.losses.tokens import AGGREGATIONS
 
+#: Algorithm state key: each remote env runner's sampling position (``LLMEnvRunner.sampling_position``)
+#: by env runner id; the local env runner's is in its own state.
+SAMPLING_POSITIONS = "env_runner_sampling_positions"
 #: Result key of the per-step phase times (seconds of this iteration, not smoothed).
 STEP_TIMES = "step_times"
 
@@ -906,8 +909,29 @@ class GRPO(Algorithm):
         self._restart_rounds()
 
     @override(Algorithm)
+    def get_state(self, components=None, *, not_components=None, **kwargs) -> dict:
+        """RLlib's state plus where each remote env runner's sampling stands
+        (``SAMPLING_POSITIONS``): a resumed run samples the prompts, with the seeds, that the
+        uninterrupted run would. Exact in synchronous mode; with ``max_staleness > 0`` the
+        positions include the rounds requested ahead, whose rows a restore discards."""
+        state = super().get_state(components, not_components=not_components, **kwargs)
+        if self._check_component(SAMPLING_POSITIONS, components, not_components):
+            state[SAMPLING_POSITIONS] = dict(self.env_runner_group.foreach_env_runner(
+                lambda runner: (runner.worker_index, runner.sampling_position()),
+                local_env_runner=False, timeout_seconds=self.config.weight_sync_timeout_s,
+            ))
+        return state
+
+    @override(Algorithm)
     def set_state(self, state) -> None:
         super().set_state(state)
+        positions = state.get(SAMPLING_POSITIONS)
+        if positions:
+            self.env_runner_group.foreach_env_runner(
+                lambda runner: runner.set_sampling_position(positions[runner.worker_index])
+                if runner.worker_index in positions else None,
+                local_env_runner=False, timeout_seconds=self.config.weight_sync_timeout_s,
+            )
         if COMPONENT_LEARNER_GROUP in state:
             self._restart_rounds()
 

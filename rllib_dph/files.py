@@ -59,7 +59,16 @@ def home() -> Path:
 
 
 class LockTimeout(TimeoutError):
-    """A :func:`file_lock` not acquired in time; the message names the lock, its holder and the timeout."""
+    """A :func:`file_lock` not acquired in time; the message names the lock, its holder and the timeout.
+
+    Attributes:
+        path: The lock file.
+        holder: Who holds it, as its file records it (``pid <pid> on <host> since <time>``).
+    """
+
+    def __init__(self, message: str, *, path: Path, holder: str):
+        super().__init__(message)
+        self.path, self.holder = path, holder
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -228,10 +237,12 @@ def file_lock(path: str | os.PathLike, *, timeout_s: float = LOCK_TIMEOUT_S, wha
                 if e.errno not in (errno.EAGAIN, errno.EACCES):
                     raise
             if time.monotonic() >= deadline:
+                holder = _holder(path)
                 raise LockTimeout(
                     f"waited {timeout_s:g} s for the lock {path}{f' ({what})' if what else ''}, held by "
-                    f"{_holder(path)}; wait for that process to finish, stop it if it is stuck (a dead "
-                    "process releases the lock by itself), or raise the timeout."
+                    f"{holder}; wait for that process to finish, stop it if it is stuck (a dead "
+                    "process releases the lock by itself), or raise the timeout.",
+                    path=path, holder=holder,
                 )
             time.sleep(LOCK_POLL_S)
         handle.seek(0)

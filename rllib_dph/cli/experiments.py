@@ -16,6 +16,7 @@ Benchmarks and tests read a tuned example's ``config`` and ``stop`` with :func:`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -40,6 +41,8 @@ DEFAULT_CHECKPOINT_FREQ = 10
 #: Checkpoints kept per trial, the latest (``--keep-checkpoints-num``): with two, a crash while
 #: one is written still leaves the one before.
 DEFAULT_KEEP_CHECKPOINTS = 2
+#: The lock file in an experiment folder, held by the ``rllib train`` that writes the folder.
+EXPERIMENT_LOCK = ".rllib_train.lock"
 
 
 def exit_on_ctrl_c(run: Callable[[], Any]) -> None:
@@ -114,6 +117,7 @@ def run_experiment(
     callbacks: Optional[list] = None,
     user_modules: tuple = (),
     force: bool = False,
+    hold: bool = True,
 ):
     """Runs ``config`` through Ray Tune until ``stop``; returns Tune's ``ResultGrid``.
 
@@ -129,11 +133,11 @@ def run_experiment(
             verbosity levels (status table, config, results).
         callbacks: More Tune callbacks (e.g. ``rllib_dph.cli.tracking.logger_callbacks``).
         user_modules: Modules that every Ray worker imports first (``--import``).
+        hold: Take the experiment folder for this process (:func:`hold_experiment`) once Ray has
+            started and the resources fit; False where the caller holds it already.
     """
-    from ray import tune
-
     from rllib_dph.cli.console import IterationPrinter
-    from rllib_dph.cli.interrupt import GracefulInterrupt, catching_ctrl_c
+    from rllib_dph.cli.interrupt import GracefulInterrupt
     from rllib_dph.models.hub import absolute_path
 
     _start_ray(verbose, user_modules)
@@ -142,6 +146,22 @@ def run_experiment(
     name = name or default_experiment_name(config)
     callbacks = [*(callbacks or []), *([IterationPrinter()] if verbose == 0 else []), GracefulInterrupt()]
     experiment_dir = os.path.join(storage_path, name)
+    with hold_experiment(experiment_dir) if hold else contextlib.nullcontext():
+        results = _fit(config, stop, experiment_dir, resume=resume, verbose=verbose, callbacks=callbacks,
+                       checkpoint_freq=checkpoint_freq, checkpoint_at_end=checkpoint_at_end,
+                       keep_checkpoints=keep_checkpoints, num_samples=num_samples)
+    _exit_on_failed_trials(results, verbose)
+    return results
+
+
+def _fit(config, stop: dict, experiment_dir: str, *, resume: bool, verbose: int, callbacks: list, checkpoint_freq: int,
+         checkpoint_at_end: bool, keep_checkpoints: Optional[int], num_samples: int):
+    """Tune's ``ResultGrid`` of ``config`` run (or, with ``resume``, continued) in ``experiment_dir``."""
+    from ray import tune
+
+    from rllib_dph.cli.interrupt import catching_ctrl_c
+
+    storage_path, name = os.path.split(experiment_dir)
     if resume:  # the experiment's own stop and callbacks (resume_problems checked that it can)
         print(resume_line(experiment_dir), flush=True)
         tuner = tune.Tuner.restore(experiment_dir, trainable=config.algo_class, resume_errored=True)
@@ -154,9 +174,7 @@ def run_experiment(
                            run_config=run)
     print(f"rllib: experiment folder {experiment_dir} (tensorboard --logdir {experiment_dir})", flush=True)
     with catching_ctrl_c():
-        results = tuner.fit()
-    _exit_on_failed_trials(results, verbose)
-    return results
+        return tuner.fit()
 
 
 def _resource_problems(config) -> list:
@@ -409,6 +427,31 @@ def prepare_run(config) -> None:
                 _refuse([Problem(type(variant).__name__, str(e))])
 
 
+def hold_experiment(folder: str) -> contextlib.ExitStack:
+    """Takes the experiment folder ``folder`` for this process (the ``flock`` of
+    :data:`EXPERIMENT_LOCK` in it, created with the folder); close the returned stack to give it
+    back. A process that dies gives it back by itself, so a killed run never blocks the next one.
+
+    Two runs of one ``--storage-path`` and ``--name``, or a ``--resume`` of a run still training,
+    would write one experiment state and one trial's results from two processes: the second is
+    refused (exit PREFLIGHT_EXIT_CODE), naming the folder and the process that holds it.
+    """
+    from rllib_dph.cli.preflight import Problem
+    from rllib_dph.files import LockTimeout, file_lock
+
+    stack = contextlib.ExitStack()
+    try:
+        stack.enter_context(file_lock(os.path.join(folder, EXPERIMENT_LOCK), timeout_s=0, what="the experiment folder"))
+    except LockTimeout as e:
+        _refuse([Problem("--name", (
+            f"the experiment folder {folder} is in use by another rllib train ({e.holder}): two runs of one "
+            "--storage-path and --name, or a --resume of a run still training, would write one trial from two "
+            "processes. Wait for that run to end (or stop it: Ctrl-C saves a checkpoint, and --resume continues "
+            "it), or give another --name."
+        ))])
+    return stack
+
+
 def experiment_dir(args: argparse.Namespace) -> str:
     """The folder of the experiment that ``--storage-path`` and ``--name`` name."""
     from rllib_dph.models.hub import absolute_path
@@ -431,8 +474,6 @@ def run_from_args(config, stop: dict, args: argparse.Namespace) -> None:
             command that started the run (``["rllib", "train", ...]``), which the printed
             commands repeat.
     """
-    from rllib_dph.cli.tracking import logger_callbacks
-
     from rllib_dph.cli.console import quiet_logging
 
     if args.verbose == 0:
@@ -440,11 +481,23 @@ def run_from_args(config, stop: dict, args: argparse.Namespace) -> None:
     overrides = json_flag(args.config, "--config")
     stop = {**stop, **json_flag(args.stop, "--stop")}
     user_modules = import_user_modules(args.imports)
+    name = args.name or default_experiment_name(config)
+    folder = experiment_dir(argparse.Namespace(storage_path=args.storage_path, name=name))
+    # An existing folder may be another run's, still training: refused before its state is read. A
+    # new one is made (and held) by run_experiment once every check passed, so a refused run leaves none.
+    with hold_experiment(folder) if os.path.isdir(folder) else contextlib.nullcontext() as held:
+        _run_checked(config, stop, args, overrides, name, user_modules, held=held is not None)
+
+
+def _run_checked(config, stop: dict, args: argparse.Namespace, overrides: dict, name: str, user_modules: list,
+                 *, held: bool) -> None:
+    """:func:`run_from_args` from its checks on; ``held``: this process holds the experiment folder."""
+    from rllib_dph.cli.tracking import logger_callbacks
+
     check_run(config, stop, args, overrides)
     prepare_run(config)
     if args.from_checkpoint:
         config = continue_from_checkpoint(config, args.from_checkpoint)
-    name = args.name or default_experiment_name(config)
     callbacks = logger_callbacks(
         name,
         wandb_project=args.wandb_project,
@@ -465,6 +518,7 @@ def run_from_args(config, stop: dict, args: argparse.Namespace) -> None:
         callbacks=callbacks,
         user_modules=tuple(user_modules),
         force=args.force,
+        hold=not held,
     )
     unfinished = unfinished_trials(results)
     if unfinished:

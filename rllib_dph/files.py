@@ -14,6 +14,9 @@ previous content or the new one, never a half-written file that a later run woul
   process then leaves the old folder in ``.<name>.old-*`` beside it, never a partial one);
 - :func:`file_lock`: an exclusive ``flock`` with a timeout whose error names the lock file, the
   process holding it (its pid and host, recorded in the lock file) and the timeout.
+- :func:`write_checksum` / :func:`read_verified`: a data file's sha256 kept in ``<file>.sha256``
+  beside it and checked on every read, so a file corrupted or truncated after it was written is
+  refused, never used.
 
 Temporary files and folders start with ``.<name>.`` next to their destination, so the rename
 never crosses a file system; :func:`remove_leftovers` deletes those of a killed writer.
@@ -26,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -47,6 +51,8 @@ LOCK_POLL_S = 0.1
 TEMP_INFIX = "writing"
 #: Infix of a replaced folder waiting to be deleted by :func:`atomic_dir`.
 OLD_INFIX = "old"
+#: Suffix of the checksum file written beside a data file (:func:`write_checksum`).
+CHECKSUM_SUFFIX = ".sha256"
 
 
 def home() -> Path:
@@ -141,6 +147,61 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
 def write_json_atomic(path: str | os.PathLike, data: Any, *, indent: Optional[int] = 2, **kwargs) -> Path:
     """Writes ``json.dumps(data, indent=indent, **kwargs)`` to ``path`` atomically."""
     return write_text_atomic(path, json.dumps(data, indent=indent, **kwargs))
+
+
+def checksum_path(path: str | os.PathLike) -> Path:
+    """The checksum file of ``path``: ``<path>.sha256`` beside it."""
+    path = Path(path)
+    return path.with_name(path.name + CHECKSUM_SUFFIX)
+
+
+def sha256_of(path: str | os.PathLike) -> str:
+    """The sha256 of the file ``path`` (hex)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_checksum(path: str | os.PathLike, digest: str) -> Path:
+    """Writes ``digest`` (the sha256 of ``path``'s content) to :func:`checksum_path` atomically, in
+    ``sha256sum``'s format (``sha256sum -c`` checks it in the file's folder)."""
+    return write_text_atomic(checksum_path(path), f"{digest}  {Path(path).name}\n")
+
+
+class ChecksumError(ValueError):
+    """A file whose bytes are not those its checksum file recorded, or that has no checksum file.
+
+    Attributes:
+        path: The file.
+    """
+
+    def __init__(self, message: str, *, path: Path):
+        super().__init__(message)
+        self.path = path
+
+
+def read_verified(path: str | os.PathLike) -> bytes:
+    """The bytes of ``path`` after checking them against its checksum file (:func:`write_checksum`).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        ChecksumError: its checksum file is missing or unreadable, or the bytes differ from what it
+            recorded (a corrupted or truncated file); the message names both files and sizes.
+    """
+    path = Path(path)
+    data = path.read_bytes()
+    try:
+        recorded = checksum_path(path).read_text().split()[0]
+    except (OSError, IndexError, UnicodeDecodeError) as e:
+        raise ChecksumError(f"{path} has no readable checksum file {checksum_path(path)} ({e!r}), so whether its "
+                            "bytes are the ones written is unknown", path=path) from None
+    actual = hashlib.sha256(data).hexdigest()
+    if actual != recorded:
+        raise ChecksumError(f"{path} is corrupted or truncated: its {len(data)} bytes have sha256 {actual}, but "
+                            f"{checksum_path(path)} recorded {recorded} when it was written", path=path)
+    return data
 
 
 def _rmtree(path: Path) -> None:

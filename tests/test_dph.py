@@ -14,6 +14,7 @@ import rllib_dph.envs
 from rllib_dph import columns as C
 from rllib_dph.algorithms.dph import DPHConfig
 from rllib_dph.algorithms.dph.pef_rows import AddPefRows, PefRowSampler
+from rllib_dph.files import sha256_of, write_checksum
 from rllib_dph.algorithms.dph.presample import (
     IDENTITY_FILE,
     PefFileError,
@@ -315,6 +316,7 @@ def _pef_folder(presampled, folder, *, rows=None, **identity):
     folder.mkdir()
     table = pq.read_table(out / "d_pef.parquet")
     pq.write_table(table if rows is None else table.slice(0, rows), folder / "d_pef.parquet")
+    write_checksum(folder / "d_pef.parquet", sha256_of(folder / "d_pef.parquet"))
     (folder / IDENTITY_FILE).write_text(json.dumps({**read_identity(out), **identity}))
     return folder / "d_pef.parquet"
 
@@ -329,6 +331,7 @@ def test_prepare_pef_refuses_d_pef_of_another_model_and_empty_files(presampled, 
         prepare_pef(_dph_config(empty))
     moved = tmp_path / "moved.parquet"
     shutil.copy(other, moved)
+    shutil.copy(f"{other}.sha256", f"{moved}.sha256")
     with pytest.raises(PefFileError, match="has no identity.json beside it"):
         prepare_pef(_dph_config(moved))
     assert prepare_pef(_dph_config(presampled[0] / "d_pef.parquet"))[0] == str(presampled[0] / "d_pef.parquet")

@@ -606,7 +606,9 @@ def longest_prompt(config) -> int:
     from rllib_dph.rollout.episodes import encode_task
 
     tokenizer = load_tokenizer(built_model(config.model_name))  # nothing is built here
-    env = make_env(config.env, config.sampling_env_config)
+    from rllib_dph.cli.preflight import planned_env_config
+
+    env = make_env(config.env, planned_env_config(config))
     try:
         return max(len(encode_task(tokenizer, task)) for task in env.tasks[:PROMPT_SAMPLE])
     finally:

@@ -22,7 +22,7 @@ from rllib_dph.algorithms.rules import ChoiceRule, CrossRule, NumberRule
 from rllib_dph.algorithms.field_names import refuses_unknown_keywords
 from rllib_dph.losses.divergences import F_DIVERGENCES, PEF_NORMALIZATIONS, FDivergenceSpec
 from rllib_dph.algorithms.dph.presample import EXP_FILE, PEF_FILE, TRAINING_FIELDS, PresampleConfig, prepare_pef
-from rllib_dph.algorithms.dph.presample import read_metadata
+from rllib_dph.algorithms.dph.presample import read_metadata, read_presampled
 
 def _merged_presample(current: PresampleConfig, value: Union[PresampleConfig, dict]) -> PresampleConfig:
     """``value`` itself, or ``current`` with the keys of the dict ``value`` set."""
@@ -205,10 +205,18 @@ class DPHConfig(GRPOConfig):
 
     @property
     def sampling_env_config(self) -> dict:
-        """Exploration prompts come from D_exp (and SQL databases from its ``db_root``)."""
+        """Exploration prompts come from D_exp (and SQL databases from its ``db_root``).
+
+        Raises:
+            PefFileError: the D_exp file is missing or not the bytes written
+                (``presample.read_presampled``): the env runners (a restarted one too) never
+                fall back to the whole split, D_pef prompts included. Checks before pre-sampling
+                read ``preflight.planned_env_config``.
+        """
         env_config = dict(self.env_config)
         exp = self.resolved_exp_path
-        if exp is not None and os.path.exists(exp):
+        if exp is not None:
+            read_presampled(exp)
             env_config["data"] = exp
             db_root = read_metadata(exp).get("db_root")
             if db_root is not None:

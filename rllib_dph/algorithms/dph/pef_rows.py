@@ -14,10 +14,10 @@ import math
 from typing import Any, Optional
 
 import numpy as np
-import pyarrow.parquet as pq
 from ray.rllib.connectors.connector_v2 import ConnectorV2
 
 from rllib_dph import columns as C
+from rllib_dph.algorithms.dph.presample import read_presampled_table
 from rllib_dph.batch import concat_batches, sequence_rows
 
 PEF_COLUMNS = ("prompt_ids", "response_ids", "ref_logp")
@@ -38,14 +38,14 @@ class PefRowSampler:
     """
 
     def __init__(self, path: str, *, shard_index: int = 0, num_shards: int = 1, seed: int = 0):
-        schema = pq.read_schema(path)
-        missing = [c for c in PEF_COLUMNS if c not in schema.names]
+        table = read_presampled_table(path)  # checked against its checksum: never a corrupted file
+        missing = [c for c in PEF_COLUMNS if c not in table.schema.names]
         if missing:
             raise ValueError(
                 f"{path}: D_pef file lacks column(s) {missing}; it must come from "
                 "`rllib presample` (columns prompt_ids, response_ids, ref_logp)."
             )
-        table = pq.read_table(path, columns=list(PEF_COLUMNS))
+        table = table.select(list(PEF_COLUMNS))
         rows = np.arange(table.num_rows)[shard_index::num_shards]
         if len(rows) == 0:
             raise ValueError(

@@ -38,7 +38,9 @@ of the tokenizer's chat template, "none" without one), ``rllib_dph.k``, ``rllib_
 per trajectory) and, for SQL, ``rllib_dph.db_root``. A run holds ``out_dir/.lock``
 (:func:`presample_lock`), so two processes (e.g. Tune trials) never sample one directory at once.
 Every file is written atomically (``rllib_dph.files``), and ``d_pef.parquet`` last: a run killed
-at any point leaves no D_pef file that a later run would take for a finished one.
+at any point leaves no D_pef file that a later run would take for a finished one. Each parquet
+file has its sha256 in ``<file>.sha256`` beside it, and every read checks it
+(:func:`read_presampled`): a corrupted or truncated file is refused naming the fix, never trained on.
 Intermediate results live in ``out_dir/parts/`` one file per chunk of prompts: an interrupted
 run resumes at the first missing chunk
 and never duplicates rows; chunk seeds depend only on the chunk, so a resumed run gives the same
@@ -78,7 +80,19 @@ import pyarrow.parquet as pq
 
 from rllib_dph.engines import DEFAULT_ENGINE, build_engine
 from rllib_dph.engines.base import SamplingParams
-from rllib_dph.files import atomic_path, file_lock, home, remove_leftovers, write_bytes_atomic, write_json_atomic
+from rllib_dph.files import (
+    ChecksumError,
+    atomic_path,
+    checksum_path,
+    file_lock,
+    home,
+    read_verified,
+    remove_leftovers,
+    sha256_of,
+    write_bytes_atomic,
+    write_checksum,
+    write_json_atomic,
+)
 from rllib_dph.models.hub import model_fingerprint, resolve_model
 from rllib_dph.envs import make_env
 from rllib_dph.rollout.episodes import encode_task, rollout_chunks
@@ -219,10 +233,42 @@ def _db_root(tasks) -> Optional[str]:
 
 
 def _write_parquet(table: pa.Table, path: pathlib.Path, metadata: dict[str, str]) -> None:
-    """Writes ``table`` with ``metadata`` to ``path`` atomically (``files.atomic_path``)."""
+    """Writes ``table`` with ``metadata`` to ``path`` atomically (``files.atomic_path``), its
+    checksum file (``<path>.sha256``) just before the file itself."""
     meta = {**(table.schema.metadata or {}), **{k.encode(): str(v).encode() for k, v in metadata.items()}}
     with atomic_path(path) as tmp:
         pq.write_table(table.replace_schema_metadata(meta), tmp)
+        write_checksum(path, sha256_of(tmp))
+
+
+def read_presampled(path: str | os.PathLike) -> bytes:
+    """The bytes of a pre-sampled file (``d_pef.parquet``, ``d_exp.parquet``), checked against the
+    checksum written beside it (``files.read_verified``): every reader, in the driver, the
+    learners and the env runners, goes through here, so a corrupted, truncated or missing file is
+    refused, never trained on.
+
+    Raises:
+        PefFileError: the file is missing, or its bytes are not those written (or it has no
+            checksum file); the message names the file and the fix.
+    """
+    path = pathlib.Path(path)
+    fix = (f"delete {path} and {checksum_path(path).name} beside it, and the next run (or `rllib presample` "
+           f"--out {path.parent}) pre-samples the folder again")
+    try:
+        return read_verified(path)
+    except FileNotFoundError:
+        raise PefFileError(f"pre-sampled file {path} does not exist (deleted or moved after pre-sampling?): "
+                           f"DPH cannot train without it; {fix}.") from None
+    except ChecksumError as e:
+        raise PefFileError(f"pre-sampled file {e}; it is not trained on. {fix[0].upper()}{fix[1:]}.") from None
+
+
+def read_presampled_table(path: str | os.PathLike, columns: Optional[list[str]] = None) -> pa.Table:
+    """The table of a pre-sampled parquet file, read from its checked bytes (:func:`read_presampled`)."""
+    try:
+        return pq.read_table(pa.BufferReader(read_presampled(path)), columns=columns)
+    except (pa.ArrowInvalid, OSError) as e:  # checked bytes that pyarrow cannot read: not a pre-sampling file
+        raise PefFileError(f"{path} is not a readable parquet file ({e}); give a file of `rllib presample`.") from None
 
 
 def read_metadata(path: str | os.PathLike) -> dict[str, str]:
@@ -463,6 +509,7 @@ class Presampler:
         set_aside_stale(self.out, self.identity)
         for name in (PEF_FILE, EXP_FILE, SUMMARY_FILE, IDENTITY_FILE):  # a killed run's temporary files
             remove_leftovers(self.out / name)
+            remove_leftovers(checksum_path(self.out / name))
         (self.out / "parts").mkdir(parents=True, exist_ok=True)
         write_json_atomic(self.out / IDENTITY_FILE, self.identity)
         pass_count, candidates, reference = self._reference_responses(progress)
@@ -545,9 +592,10 @@ def _pef_table(rows: list[dict]) -> pa.Table:
 def presample_once(config: PresampleConfig, *, progress: bool = True, fingerprint: Optional[str] = None) -> bool:
     """Runs pre-sampling into ``config.out_dir`` unless it holds this run's files; True if it ran.
 
-    The directory is reused when its D_pef file exists and its :data:`IDENTITY_FILE` matches
-    this run (same model fingerprint, prompts and sampling settings); otherwise its files are set
-    aside (:func:`set_aside_stale`) and the stage runs. Holds :func:`presample_lock` while it
+    The directory is reused when its D_pef and D_exp files and their checksum files exist and its
+    :data:`IDENTITY_FILE` matches this run (same model fingerprint, prompts and sampling
+    settings); otherwise files made for another run are set aside (:func:`set_aside_stale`) and
+    the stage runs (a deleted file of this run is made again from the kept sample parts). Holds :func:`presample_lock` while it
     looks and samples, so when several processes (Tune trials of one sweep) need the same
     directory, one samples and the others wait, then reuse its files. ``fingerprint``: the
     policy model's (``hub.model_fingerprint``), when the caller has computed it already.
@@ -556,7 +604,9 @@ def presample_once(config: PresampleConfig, *, progress: bool = True, fingerprin
         env = make_env(config.env, dict(config.env_config))
         fingerprint = fingerprint or model_fingerprint(resolve_model(config.model_name))
         identity = run_identity(config, fingerprint, env.tasks)
-        if (pathlib.Path(config.out_dir) / PEF_FILE).exists() and read_identity(config.out_dir) == identity:
+        out = pathlib.Path(config.out_dir)
+        complete = all(path.exists() for name in (PEF_FILE, EXP_FILE) for path in (out / name, checksum_path(out / name)))
+        if complete and read_identity(config.out_dir) == identity:
             return False
         Presampler(config, env=env, fingerprint=fingerprint).run(progress=progress)
         return True
@@ -592,13 +642,16 @@ def prepare_pef(config, *, progress: bool = True) -> tuple[str, Optional[str]]:
 
     Raises:
         PefFileError: The D_pef file is missing or empty, or was made for another model or with
-            other sampling settings (the message names both values and the fix).
+            other sampling settings (the message names both values and the fix); the D_pef or the
+            D_exp file is missing or not the bytes written (:func:`read_presampled`).
     """
     fingerprint = model_fingerprint(resolve_model(config.model_name))
     stage = config.presample_config()
     if stage.out_dir:  # one pre-sampling per directory, also for parallel trials
         presample_once(stage, progress=progress, fingerprint=fingerprint)
     check_pef_file(config.resolved_pef_path, config, fingerprint=fingerprint)
+    if config.resolved_exp_path is not None:
+        read_presampled(config.resolved_exp_path)  # DPH samples D_exp: a missing file is no whole split
     return config.resolved_pef_path, config.resolved_exp_path
 
 
@@ -609,7 +662,7 @@ def check_pef_file(path: str, config, *, fingerprint: str) -> None:
     model fingerprint other than ``fingerprint`` (the policy's); see :func:`prepare_pef`."""
     if not os.path.exists(path):
         raise PefFileError(f"pef_path={path!r} does not exist; run `rllib presample` first or fix the path.")
-    if pq.read_metadata(path).num_rows == 0:
+    if pq.read_metadata(pa.BufferReader(read_presampled(path))).num_rows == 0:
         raise PefFileError(
             f"D_pef file {path!r} is empty: no training prompt reached {config.presample.min_correct} correct "
             "samples; lower presample's min_correct or use a stronger base model."

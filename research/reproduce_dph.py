@@ -36,6 +36,8 @@ greedy accuracy, pass@k (n samples), keep / exploration rates against the base m
     python research/reproduce_dph.py --budget smollm2-nulls-cpu   # the real model on the NULL family, 2 CPU cores
     python research/reproduce_dph.py --budget smollm2-nulls-gpu --out /tmp/r   # and on one GPU
     python research/reproduce_dph.py --budget smollm2-600-nulls-cpu   # the same on the 5x longer warm start
+    python research/reproduce_dph.py --budget countdown-collapse   # reasoning-gym's countdown: does GRPO lose pass@64?
+    python research/reproduce_dph.py --budget countdown            # its pre-registered comparison (docs/collapse.md)
 
 The `ties` budgets (docs/collapse.md) add `sql_synth/test_ties`, where only the base
 model's minority approach is right, and two DPH-JS variants: "DPH-JS" (8 of 8, all trajectories,
@@ -249,16 +251,19 @@ for _name in ("smollm2-ties-gpu", "smollm2-ties-cpu", "smollm2-nulls-gpu", "smol
 # alone, test_nulls only. One seed of three: a check that the effect is there, not the endpoint.
 BUDGETS["nulls-quick"] = dict(BUDGETS["nulls"], seeds=[0], methods=["GRPO", "DPH-JS (η=10)"], splits=["nulls"])
 # Countdown (reasoning-gym), a task not built for the test (docs/collapse.md, "Countdown"; fixed
-# before any trained policy was evaluated). The collapse search: GRPO as tuned and its positive
-# control (4 updates per batch at lr 1e-3), seed 0, against the base model on all 300 test
-# puzzles, n = 64. The comparison: GRPO against DPH-JS (8 of 8, all trajectories, eta = 10),
-# 3 seeds, 100 iterations of the tuned examples' batch, all 300 test puzzles, n = 64; primary
-# endpoint countdown pass@64, DPH-JS (eta = 10) - GRPO; its secondary arms
-# (COUNTDOWN_SECONDARY) run with --methods on the same folder.
+# on 2026-11-28 before any trained policy was evaluated, and run only on a base model that passes
+# the gate written there). The collapse search: GRPO as tuned and its positive control (4
+# updates per batch at lr 1e-3), seed 0, against the base model on all 300 test puzzles, n = 64
+# (about 15 minutes on 2 cores). The comparison: GRPO against DPH-JS (8 of 8, all trajectories,
+# eta = 10), 3 seeds, 100 iterations of the tuned examples' batch, all 300 test puzzles, n = 64
+# (about 40 minutes); primary endpoint countdown pass@64, DPH-JS (eta = 10) - GRPO; its
+# secondary arms (COUNTDOWN_SECONDARY) run with --methods on the same folder. The quick mode:
+# seed 0, 60 iterations, the first 100 puzzles (about 9 minutes; pre-sampling's 2,000 x 8 samples
+# are a third of its critical path), exploratory.
 _COUNTDOWN = dict(iterations=100, eval_limit=None, n=64, max_new_tokens=48, splits=["countdown"], config=COUNTDOWN_RUNS)
 BUDGETS["countdown-collapse"] = dict(_COUNTDOWN, seeds=[0], methods=["GRPO", "GRPO (4 updates, lr 1e-3)"])
 BUDGETS["countdown"] = dict(_COUNTDOWN, seeds=[0, 1, 2], methods=["GRPO", "DPH-JS (η=10)"])
-BUDGETS["countdown-quick"] = dict(_COUNTDOWN, seeds=[0], eval_limit=100, methods=["GRPO", "DPH-JS (η=10)"])
+BUDGETS["countdown-quick"] = dict(_COUNTDOWN, seeds=[0], iterations=60, eval_limit=100, methods=["GRPO", "DPH-JS (η=10)"])
 
 
 def eval_path(out: pathlib.Path, split: str) -> pathlib.Path:
@@ -961,7 +966,9 @@ def main() -> None:
                         "smollm2-lora-cpu (GRPO and DPH-JS with LoRA on the real model), smollm2-ties-gpu (the real model "
                         "on the ties family on one GPU), smollm2-600-ties-gpu / -cpu (the same on the 5x longer warm start), "
                         "nulls (the pre-registered comparison on the NULL family, ~45 min), smollm2-nulls-cpu / -gpu "
-                        "(the real model on the NULL family), smollm2-600-nulls-cpu / -gpu (on the 5x longer warm start); "
+                        "(the real model on the NULL family), smollm2-600-nulls-cpu / -gpu (on the 5x longer warm start), "
+                        "countdown-collapse / countdown / countdown-quick (reasoning-gym's countdown: the collapse search, "
+                        "the pre-registered comparison and its quick mode); "
                         "the flags below override any budget's values")
     parser.add_argument("--quick", action="store_true", help="the same as --budget quick")
     parser.add_argument("--seeds", type=int, nargs="+")

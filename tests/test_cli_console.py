@@ -38,6 +38,25 @@ def test_error_summary_is_the_users_exception_line():
     assert error_summary(RuntimeError()) == "RuntimeError"
 
 
+def test_error_summary_of_a_dead_learner_names_its_index_actor_and_pid():
+    """A trial's error as Tune reports it (Ray's task error around the traceback): the learner's
+    error spans lines (its worker log, what to do), and its first line names the learner."""
+    import traceback
+
+    from ray.exceptions import RayTaskError
+
+    from rllib_dph.learners.remote_calls import LearnerActor, _failure
+
+    actor = LearnerActor(index=0, actor_id="ab12", pid=4242)
+    try:
+        raise _failure(actor, 1, RuntimeError("The actor died unexpectedly"), "the learner update")
+    except Exception as e:
+        error = RayTaskError("GRPO.train", traceback.format_exc(), e)
+    summary = error_summary(error)
+    assert summary.startswith("rllib_dph.learners.remote_calls.LearnerFailed: learner 0 (actor ab12, pid 4242) "
+                              "failed during the learner update: RuntimeError: The actor died unexpectedly"), summary
+
+
 def test_experiment_folders_are_unique_per_run():
     name = default_experiment_name(GRPOConfig().environment("rllib_dph/SQL-v0"))
     assert re.fullmatch(r"GRPO_rllib_dph_SQL-v0_\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d", name), name

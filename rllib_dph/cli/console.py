@@ -84,7 +84,14 @@ def quiet_logging() -> None:
 
 
 def error_summary(error: BaseException) -> str:
-    """The last line of a trial's error (``RuntimeError: boom``): the exception the user's code
-    raised, without Ray's wrapping tracebacks."""
-    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
-    return lines[-1] if lines else type(error).__name__
+    """The first line of the exception a trial's error ends with (``RuntimeError: boom``), without
+    Ray's wrapping tracebacks: the line after the traceback's last frame, so an error whose
+    message spans lines (a dead learner's: its name, index and pid, then its worker log and what
+    to do) is summed up by the line that names it; without a traceback, the last line."""
+    lines = [line for line in str(error).strip().splitlines() if line.strip()]
+    frames = [i for i, line in enumerate(lines) if line.lstrip().startswith('File "')]
+    if frames:
+        after = [line for line in lines[frames[-1] + 1 :] if not line[:1].isspace()]  # past the frame's source line
+        if after:
+            return after[0].strip()
+    return lines[-1].strip() if lines else type(error).__name__

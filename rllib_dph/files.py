@@ -34,10 +34,11 @@ import json
 import os
 import shutil
 import socket
+import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 #: Environment variable naming the cache root of rllib_dph.
 HOME_ENV_VAR = "RLLIB_DPH_HOME"
@@ -47,6 +48,8 @@ HOME_ENV_VAR = "RLLIB_DPH_HOME"
 LOCK_TIMEOUT_S = 6 * 3600.0
 #: How often a waiting :func:`file_lock` tries again, in seconds.
 LOCK_POLL_S = 0.1
+#: How often a waiting :func:`file_lock` says what it waits for, in seconds (and once at once).
+LOCK_REPORT_S = 300.0
 #: Infix of temporary files and folders (``.<name>.<infix>-<random>``).
 TEMP_INFIX = "writing"
 #: Infix of a replaced folder waiting to be deleted by :func:`atomic_dir`.
@@ -267,18 +270,28 @@ def _holder(lock_path: Path) -> str:
     return text or "unknown (no holder recorded)"
 
 
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
 @contextlib.contextmanager
-def file_lock(path: str | os.PathLike, *, timeout_s: float = LOCK_TIMEOUT_S, what: str = "") -> Iterator[Path]:
+def file_lock(path: str | os.PathLike, *, timeout_s: float = LOCK_TIMEOUT_S, what: str = "",
+              report: Optional[Callable[[str], None]] = _to_stderr, report_every_s: float = LOCK_REPORT_S) -> Iterator[Path]:
     """Holds an exclusive ``flock`` on the file ``path`` (created with its parents) for the block.
 
-    The holder writes its pid, host and start time into the file, so a waiter that times out can
-    say who holds it. The lock is released when the block ends or the process dies (the kernel
-    drops ``flock`` locks of dead processes), so a killed holder never blocks the next run.
+    The holder writes its pid, host and start time into the file, so a waiter can say who holds
+    it: at once and every ``report_every_s`` while it waits, and in the error when it times out.
+    The lock is released when the block ends or the process dies (the kernel drops ``flock``
+    locks of dead processes), so a killed holder never blocks the next run.
 
     Args:
         path: The lock file.
         timeout_s: How long to wait for another holder, in seconds (>= 0; ``math.inf`` waits forever).
-        what: What the lock protects, for the error message (e.g. "the model build of tiny-random").
+        what: What the lock protects, for the messages (e.g. "the model build of tiny-random").
+        report: Called with a line saying what this process waits for (the lock, what it
+            protects, its holder, the time waited), at once and every ``report_every_s``;
+            ``rllib_dph: waiting ...`` on stderr by default, None says nothing.
+        report_every_s: Seconds between those lines (default :data:`LOCK_REPORT_S`).
 
     Raises:
         LockTimeout: not acquired within ``timeout_s``; names the lock file, its holder and the timeout.
@@ -288,7 +301,8 @@ def file_lock(path: str | os.PathLike, *, timeout_s: float = LOCK_TIMEOUT_S, wha
         raise ValueError(f"file_lock timeout_s={timeout_s!r} must be >= 0 (seconds; math.inf waits forever).")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    deadline = time.monotonic() + timeout_s
+    started = time.monotonic()
+    deadline, next_report = started + timeout_s, started
     with open(path, "a+") as handle:
         while True:
             try:
@@ -297,7 +311,12 @@ def file_lock(path: str | os.PathLike, *, timeout_s: float = LOCK_TIMEOUT_S, wha
             except OSError as e:
                 if e.errno not in (errno.EAGAIN, errno.EACCES):
                     raise
-            if time.monotonic() >= deadline:
+            now = time.monotonic()
+            if report is not None and timeout_s > 0 and now >= next_report:
+                report(f"rllib_dph: waiting for the lock {path}{f' ({what})' if what else ''}, held by {_holder(path)}; "
+                       f"waited {now - started:.0f} s of {timeout_s:g} s")
+                next_report = now + report_every_s
+            if now >= deadline:
                 holder = _holder(path)
                 raise LockTimeout(
                     f"waited {timeout_s:g} s for the lock {path}{f' ({what})' if what else ''}, held by "

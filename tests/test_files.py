@@ -126,6 +126,34 @@ def test_lock_timeout_names_the_lock_the_holder_and_the_timeout(tmp_path):
         assert "pid" in lock.read_text() and str(os.getpid()) in lock.read_text()
 
 
+def test_a_waiting_lock_says_at_once_and_every_few_minutes_what_it_waits_for(tmp_path, capsys):
+    lock, ready = tmp_path / "x.lock", tmp_path / "ready"
+    proc = _start(f"""
+        import time
+        from pathlib import Path
+        from rllib_dph.files import file_lock
+        with file_lock({str(lock)!r}):
+            Path({str(ready)!r}).touch()
+            time.sleep(120)
+    """, ready)
+    try:
+        reports = []
+        with pytest.raises(files.LockTimeout):
+            with files.file_lock(lock, timeout_s=1.0, what="a pre-sampling run", report=reports.append,
+                                 report_every_s=0.3):
+                pass
+        assert 3 <= len(reports) <= 5, reports
+        for report in reports:
+            assert f"waiting for the lock {lock} (a pre-sampling run), held by pid {proc.pid} on " in report
+        assert "waited 0 s of 1 s" in reports[0]
+        with pytest.raises(files.LockTimeout):  # by default on stderr, at once
+            with files.file_lock(lock, timeout_s=0.2):
+                pass
+        assert f"rllib_dph: waiting for the lock {lock}, held by pid {proc.pid} on " in capsys.readouterr().err
+    finally:
+        _kill(proc)
+
+
 @pytest.mark.parametrize("bad", [-1.0, math.nan])
 def test_lock_refuses_a_bad_timeout(tmp_path, bad):
     with pytest.raises(ValueError, match="timeout_s"):

@@ -1,0 +1,40 @@
+"""The countdown tuned examples are the arms of research/reproduce_dph.py's countdown budgets:
+GRPO's and DPH-JS (eta = 10)'s settings are the budget's, so the budget's runs measure them."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from rllib_dph.cli.experiments import load_tuned_example
+
+#: Where an example and its arm may differ: the pre-sampling folder (the budget gives every seed
+#: its own) and ``env_config["data"]`` (the budget sets it to None; DPH sets it to D_exp).
+FREE = ("presample", "env_config")
+#: Fields read from neither side (bookkeeping that says nothing about the run's settings).
+IGNORED = ("_is_frozen", "algo_class", "_tune_trial_id")
+
+
+@pytest.fixture(scope="module")
+def reproduce(load_script):
+    return load_script("research/reproduce_dph")
+
+
+def settings(config) -> dict:
+    return {k: v for k, v in config.to_dict().items() if k not in FREE + IGNORED}
+
+
+@pytest.mark.parametrize("method, path", [
+    ("GRPO", "tuned_examples/grpo/countdown_tiny_grpo.py"),
+    ("DPH-JS (η=10)", "tuned_examples/dph/countdown_tiny_dph_js.py"),
+])
+def test_each_countdown_example_is_its_budget_arm(reproduce, method, path):
+    budget = reproduce.BUDGETS["countdown"]
+    arm = reproduce.run_config(method, SimpleNamespace(overrides=budget["config"]), 0)
+    example, stop = load_tuned_example(str(reproduce.REPO / path))
+    assert stop["training_iteration"] == budget["iterations"]
+    mine, theirs = settings(example), settings(arm)
+    assert {k for k in mine if mine[k] != theirs.get(k)} == set()
+    assert {**example.env_config, "data": None} == arm.env_config
+    if method.startswith("DPH"):
+        a, b = example.presample, arm.presample
+        assert (a.k, a.min_correct, a.pef_samples) == (b.k, b.min_correct, b.pef_samples)

@@ -1,0 +1,57 @@
+"""DPH-JS (eta = 10) on reasoning-gym's countdown with the tiny model's countdown warm start.
+
+How to run:
+    pip install -e ".[reasoning_gym]"
+    rllib train file tuned_examples/dph/countdown_tiny_dph_js.py
+    python tuned_examples/dph/countdown_tiny_dph_js.py --stop '{"training_iteration": 5}'
+
+The first run pre-samples the 2,000 train puzzles (k = 8 each) into
+$RLLIB_DPH_HOME/presample/countdown_tiny_k8_all: D_pef is the puzzles solved 8 of 8, all 8
+trajectories kept (the paper's recommended recipe), D_exp the rest. Then GRPO on D_exp with the
+Jensen-Shannon term to the base model on the D_pef trajectories, 1 D_pef row per 8 exploration
+rows, at eta = 10 (50 times the paper's 0.2; the NULL family's headline strength), with DAPO's
+clip-higher and dynamic sampling as in the SQL DPH examples. This is the DPH-JS (eta = 10) arm of
+`research/reproduce_dph.py --budget countdown` (which pre-samples into its own folder per seed),
+with the same settings (tests/test_countdown_examples.py); same warm start, puzzles and batch as
+tuned_examples/grpo/countdown_tiny_grpo.py.
+
+Results to expect:
+    Not measured as a learning run yet. The warm start fails the gate that docs/collapse.md
+    ("Countdown") sets before any RL run: on the 300 test puzzles its pass@1 is 0.49 %
+    [0.32, 0.71] and pass@64 17.3 % [13.3, 21.7] (docs/results/countdown.md). DPH needs
+    training puzzles that it solves 8 times of 8 (D_pef); with none, training stops after
+    pre-sampling with an error that says so.
+"""
+
+from rllib_dph.algorithms.dph import DPHConfig
+from rllib_dph.envs.countdown import TINY_COUNTDOWN
+from rllib_dph.files import home
+
+config = (
+    DPHConfig()
+    .environment("rllib_dph/ReasoningGym-v0", env_config=TINY_COUNTDOWN.env_config())
+    .llm(model_name="tiny-countdown", temperature=1.0, max_response_length=48)
+    .training(
+        group_size=8,
+        prompts_per_step=16,
+        lr=3e-4,
+        loss_agg_mode="token-mean",
+        trust_region={"kind": "ppo", "high": 0.28},
+        dynamic_sampling=True,
+    )
+    .dph(
+        divergence="js",
+        pef_coeff=10.0,
+        pef_loss_normalization="original",
+        pef_ratio=8,
+        presample={"out_dir": str(home() / "presample" / "countdown_tiny_k8_all"), "min_correct": 8, "pef_samples": "all"},
+    )
+    .debugging(seed=0)
+)
+
+stop = {"training_iteration": 100, "time_total_s": 1800}
+
+if __name__ == "__main__":
+    from rllib_dph.cli.experiments import run_tuned_example
+
+    run_tuned_example(config, stop)

@@ -17,6 +17,9 @@ Three parts:
   DDP and FSDP2, float32: the bytes each learner holds after one real update
   (``rllib_dph.learners.sharding.held_bytes``) next to the estimate's, and the activation bytes autograd
   saves in a real forward pass next to the estimate's;
+- ``--ray-overhead``: the RSS of the ``rllib train`` driver (Tune and the algorithms imported) and of
+  Ray's own processes (GCS, raylet, agents) once ``ray.init`` has started them, with nothing
+  trained: ``memory.DRIVER_AND_RAY_BYTES``, which the memory check adds to every run's RAM;
 - ``--rss``: the peak RSS of a learner process (``resource.getrusage(...).ru_maxrss`` of a fresh
   subprocess that builds one local learner and runs two updates on one batch; the second is the
   steady state, with Adam's state allocated) next to the estimated peak, with the error; "built"
@@ -25,6 +28,7 @@ Three parts:
 
     python bench/memory.py                       # table only
     python bench/memory.py --measured            # table + held bytes with 2 learners (~3 min)
+    python bench/memory.py --ray-overhead        # RSS of the driver and Ray's own processes
     python bench/memory.py --rss tiny-sql-math:64:64:128:8 100m:16:64:128:8:bfloat16
         # MODEL:ROWS:PROMPT:RESPONSE:GROUP[:DTYPE][:ckpt][:kl][:lora]; MODEL is a model name or
         # folder, or 100m (a random-weight ~100M Qwen2, written to a temporary folder); lora: the
@@ -369,6 +373,46 @@ def _spaces():
     return (gym.spaces.Text(1), gym.spaces.Text(1))
 
 
+def ray_overhead_child() -> None:
+    """Prints as JSON the RSS of the ``rllib train`` driver and of Ray's own processes, as the
+    command starts them (``ray.init`` with 2 CPUs, no dashboard) with nothing trained yet."""
+    import json
+    import time
+
+    import psutil
+    import ray
+    from ray import tune  # noqa: F401  (the driver runs Tune)
+
+    import rllib_dph.algorithms  # noqa: F401  (and imports the algorithms)
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    time.sleep(10)  # Ray's agents start after ray.init returns
+    me = psutil.Process()
+    rss = {"driver": me.memory_info().rss}
+    for child in me.children(recursive=True):
+        try:
+            name = " ".join(child.cmdline()[:2])[:80] or child.name()
+            if not child.name().startswith("ray::"):  # idle workers become the run's actors (counted there)
+                rss[f"{child.pid} {name}"] = child.memory_info().rss
+        except psutil.Error:
+            continue
+    ray.shutdown()
+    print(json.dumps(rss))
+
+
+def ray_overhead() -> None:
+    """The driver's and Ray's own RSS (``memory.DRIVER_AND_RAY_BYTES``), measured in a fresh process."""
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, __file__, "--ray-overhead-child"], capture_output=True, text=True, check=True)
+    rss = json.loads(out.stdout.strip().splitlines()[-1])
+    for name, value in sorted(rss.items(), key=lambda kv: -kv[1]):
+        print(f"{value / GB:6.3f} GB  {name}")
+    print(f"{sum(rss.values()) / GB:6.3f} GB  driver and Ray's own processes")
+
+
 def main() -> None:
     import json
 
@@ -379,10 +423,16 @@ def main() -> None:
     parser.add_argument("--rss", nargs="+", metavar="SPEC",
                         help="peak RSS runs, MODEL:ROWS:PROMPT:RESPONSE:GROUP[:DTYPE][:ckpt][:kl][:lora]")
     parser.add_argument("--rss-child", help=argparse.SUPPRESS)
+    parser.add_argument("--ray-overhead", action="store_true", help="RSS of the driver and Ray's own processes")
+    parser.add_argument("--ray-overhead-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(2)
     if args.rss_child:
         return rss_child(json.loads(args.rss_child))
+    if args.ray_overhead_child:
+        return ray_overhead_child()
+    if args.ray_overhead:
+        return ray_overhead()
     if args.rss:
         return rss_check(args.rss)
     print_table(args)

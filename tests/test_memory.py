@@ -19,6 +19,7 @@ from rllib_dph.cli.memory import (
     LearnerSetup,
     MicroBatch,
     ModelShape,
+    DRIVER_AND_RAY_BYTES,
     Process,
     activation_bytes,
     adapter_params,
@@ -158,7 +159,40 @@ def test_a_config_that_does_not_fit_gets_fixes(tiny):
     label, worst = check.fixes[0]
     assert label.startswith("max_tokens_per_microbatch=") and worst.fits
     assert any(label == "gradient_checkpointing=True" for label, _ in check.fixes)
-    assert check_config(config, tiny, 64, Budget(ram=need * 1.01)).fits
+    assert not check_config(config, tiny, 64, Budget(ram=need * 1.05)).fits  # within the 10 % margin
+    assert check_config(config, tiny, 64, Budget(ram=need * 1.11)).fits
+
+
+def test_the_driver_and_rays_own_processes_count_on_ram(tiny):
+    config = GRPOConfig().training(prompts_per_step=4, group_size=2)
+    check = check_config(config, tiny, 32, Budget(ram=1e12))
+    (ram,) = [load for load in check.loads if load.device == "RAM"]
+    assert "driver and Ray's own processes" in [p.name for p in ram.processes]
+    models = sum(p.estimate.total for p in run_processes(config, tiny, 32))
+    assert ram.demand == pytest.approx(models + DRIVER_AND_RAY_BYTES)
+
+
+def test_available_ram_is_bounded_by_the_containers_cgroup(tmp_path):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       24000000 kB\nMemAvailable:   12000000 kB\n")
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "memory.max").write_text("4000000000\n")
+    (v2 / "memory.current").write_text("1000000000\n")
+    assert available_ram(str(meminfo), str(v2)) == 3e9  # the container's limit less its usage
+    (v2 / "memory.max").write_text("max\n")
+    assert available_ram(str(meminfo), str(v2)) == 12000000 * 1024  # no limit: the machine's
+    v1 = tmp_path / "v1"
+    (v1 / "memory").mkdir(parents=True)
+    (v1 / "memory" / "memory.limit_in_bytes").write_text("2000000000\n")
+    (v1 / "memory" / "memory.usage_in_bytes").write_text("500000000\n")
+    assert available_ram(str(meminfo), str(v1)) == 1.5e9
+    (v1 / "memory" / "memory.limit_in_bytes").write_text("9223372036854771712\n")  # v1's "unlimited"
+    assert available_ram(str(meminfo), str(v1)) == 12000000 * 1024
+    (v2 / "memory.max").write_text("4000000000\n")
+    (v2 / "memory.current").write_text("3900000000\n")
+    assert available_ram(str(meminfo), str(v2)) == 1e8
+    assert available_ram(str(meminfo), str(tmp_path / "none")) == 12000000 * 1024  # no cgroup files
 
 
 def test_vllm_on_a_gpu_counts_its_reserved_share(tiny):

@@ -36,6 +36,7 @@ base keeps its fp32 weights and its activations (the gradient still flows throug
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Optional
@@ -46,6 +47,16 @@ GB = 1e9
 #: ``python bench/memory.py --rss tiny-random:4:16:16:2``, "built"; docs/memory.md). Not counted
 #: on a GPU (tensors only there).
 RUNTIME_BYTES_CPU = 0.56e9
+#: Bytes of the processes of a run that hold no model, on this machine's RAM: the ``rllib train``
+#: driver (Tune and the algorithms imported) and Ray's own processes (GCS, raylet, agents):
+#: 0.91 GB RSS measured on CPU with ``ray.init(num_cpus=2)`` (``python bench/memory.py
+#: --ray-overhead``; docs/memory.md). Ray's idle workers become the run's actors, counted there.
+DRIVER_AND_RAY_BYTES = 0.92e9
+#: The memory check's margin: a run fits when its estimated peak times (1 + margin) is within
+#: the budget. A choice: it covers the fp32 learner estimate's error against the measured peak
+#: RSS (within -6 % / +6 %, docs/memory.md) and what other processes take while the run starts,
+#: not all of bf16's or gradient checkpointing's underestimate (docs/memory.md).
+MEMORY_MARGIN = 0.10
 #: Saved-activation bytes per decoder token per layer, as coefficients of (H, I):
 #: counted from the tensors autograd keeps in a Qwen2/Llama decoder layer (transformers 5):
 #: fp32: 3 norm tensors before attention and 3 before the MLP, q, k, v after RoPE (k, v
@@ -486,13 +497,37 @@ class Budget:
     gpu_total: float = 0.0
 
 
-def available_ram(meminfo: str = "/proc/meminfo") -> float:
-    """``MemAvailable`` of this machine in bytes (RAM that new processes can take)."""
+def available_ram(meminfo: str = "/proc/meminfo", cgroup: str = "/sys/fs/cgroup") -> float:
+    """RAM that new processes can take, in bytes: ``MemAvailable`` of this machine, or less when
+    this process's control group (a container) has a memory limit: the limit less the group's
+    usage (cgroup v2 ``memory.max`` and ``memory.current``; v1 ``memory/memory.limit_in_bytes``
+    and ``memory/memory.usage_in_bytes``). A limit of ``max`` (v2) or one above the machine's
+    RAM (v1's "unlimited") is no limit."""
     with open(meminfo) as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return float(line.split()[1]) * 1024
-    raise RuntimeError(f"{meminfo} has no MemAvailable line")
+        fields = {line.split(":")[0]: float(line.split()[1]) * 1024 for line in f if ":" in line and len(line.split()) > 1}
+    if "MemAvailable" not in fields:
+        raise RuntimeError(f"{meminfo} has no MemAvailable line")
+    available = fields["MemAvailable"]
+    limit = cgroup_limit(cgroup)
+    if limit is not None and limit[0] < fields.get("MemTotal", float("inf")):
+        available = min(available, max(0.0, limit[0] - limit[1]))
+    return available
+
+
+def cgroup_limit(cgroup: str = "/sys/fs/cgroup") -> Optional[tuple[float, float]]:
+    """(memory limit, memory usage) in bytes of the control group mounted at ``cgroup`` (v2, else
+    v1), or None without a limit (``max``) or without the files."""
+    for limit_file, usage_file in (("memory.max", "memory.current"),
+                                   ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):
+        try:
+            with open(os.path.join(cgroup, limit_file)) as f:
+                limit = f.read().strip()
+            with open(os.path.join(cgroup, usage_file)) as f:
+                usage = float(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        return None if limit == "max" else (float(limit), usage)
+    return None
 
 
 def gpu_memory() -> tuple[tuple, float]:
@@ -529,7 +564,8 @@ class Load:
 
     @property
     def fits(self) -> bool:
-        return self.demand <= self.budget
+        """The demand with its margin (:data:`MEMORY_MARGIN`) is within the budget."""
+        return self.demand * (1 + MEMORY_MARGIN) <= self.budget
 
 
 def device_loads(processes: list[Process], budget: Budget) -> list[Load]:
@@ -633,9 +669,15 @@ class MemoryCheck:
         return max(self.loads, key=lambda load: load.demand / max(load.budget, 1.0))
 
 
+def driver_and_ray() -> Process:
+    """The processes of a run that hold no model: the driver and Ray's own (:data:`DRIVER_AND_RAY_BYTES`)."""
+    return Process("driver and Ray's own processes", Estimate({"runtime": DRIVER_AND_RAY_BYTES}))
+
+
 def config_loads(config, shape: ModelShape, prompt: int, budget: Budget) -> list[Load]:
-    """The loads of ``config``'s processes on this machine's RAM and its GPUs."""
-    return device_loads(run_processes(config, shape, prompt, budget.gpu_total), budget)
+    """The loads of ``config``'s processes, the driver's and Ray's included, on this machine's
+    RAM and its GPUs."""
+    return device_loads(run_processes(config, shape, prompt, budget.gpu_total) + [driver_and_ray()], budget)
 
 
 def candidate_fixes(config, shape: ModelShape, prompt: int) -> list[tuple[str, dict]]:
@@ -668,7 +710,7 @@ def check_config(config, shape: ModelShape, prompt: int, budget: Budget) -> Memo
     each candidate fix (alone) is re-estimated: the first micro-batch size that fits (or the
     smallest), and every other fix that lowers the worst load, with its worst load."""
     loads = config_loads(config, shape, prompt, budget)
-    check = MemoryCheck(run_processes(config, shape, prompt, budget.gpu_total), loads, [])
+    check = MemoryCheck(run_processes(config, shape, prompt, budget.gpu_total) + [driver_and_ray()], loads, [])
     if check.fits:
         return check
     fixes, token_fix = [], None
@@ -705,7 +747,8 @@ def refusal_message(check: MemoryCheck) -> str:
     """Why a run will not fit (the estimate, the budget, per process) and the cheapest fixes,
     each with its estimated effect."""
     over = [load for load in check.loads if not load.fits]
-    lines = [f"the estimated peak memory exceeds the budget on {', '.join(load.device for load in over)}:"]
+    lines = [f"the estimated peak memory exceeds the budget on {', '.join(load.device for load in over)} "
+             f"(with a {MEMORY_MARGIN:.0%} margin):"]
     lines += [f"    {_load_text(load)}" for load in over]
     lines.append("    Cheapest fixes, each alone (estimated peak on the fullest device):")
     for label, worst in check.fixes:

@@ -639,6 +639,23 @@ def primary_reading(diff: dict) -> str:
     return "DPH-JS worse than GRPO" if high < 0 else "cannot tell"
 
 
+def primary_endpoints(numbers: dict, k_max: int) -> list[str]:
+    """One line per pre-registered primary endpoint (:data:`PRIMARY_ENDPOINTS`) that ``numbers``
+    holds: the split (its data file, or the env's test split for reasoning-gym's), the difference
+    to GRPO with its interval, and the reading."""
+    lines = []
+    for method, family in PRIMARY_ENDPOINTS:
+        primary = numbers["differences"].get(method, {}).get(f"{family} pass@{k_max} − GRPO")
+        if primary is not None:
+            low, high = (100 * x for x in primary["ci95"])
+            env_config = SPLITS[family][1]
+            where = env_config.get("data") or f"{env_config['dataset']}'s {env_config['size']} test puzzles"
+            lines.append(f"**Primary endpoint** (pre-registered, docs/collapse.md): pass@{k_max} on {where}, "
+                         f"{method} − GRPO = {100 * primary['mean']:+.1f} [{low:+.1f}, {high:+.1f}] points: "
+                         f"{primary_reading(primary)}.")
+    return lines
+
+
 def claims(numbers: dict, k_max: int, methods=DPH_VARIANTS) -> str:
     """One row per claim of the DPH-RL paper, one column per DPH variant: verdict and numbers.
 
@@ -1016,13 +1033,8 @@ def main() -> None:
     runs = {method: [load_results(run_dir, args.splits) for m, _, run_dir in jobs if m == method]
             for method in args.methods}
     table, numbers = tables(base, runs, args)
-    for method, family in PRIMARY_ENDPOINTS:
-        primary = numbers["differences"].get(method, {}).get(f"{family} pass@{args.n} − GRPO")
-        if primary is not None:
-            low, high = (100 * x for x in primary["ci95"])
-            table = (f"**Primary endpoint** (pre-registered, docs/collapse.md): pass@{args.n} on "
-                     f"{SPLITS[family][1]['data']}, {method} − GRPO = {100 * primary['mean']:+.1f} "
-                     f"[{low:+.1f}, {high:+.1f}] points: {primary_reading(primary)}.\n\n{table}")
+    for line in primary_endpoints(numbers, args.n):
+        table = f"{line}\n\n{table}"
     shape = run_config(args.methods[0], args)
     budget = (
         f"Budget ({args.budget}): {shape.model_name}, {args.iterations} iterations x {shape.prompts_per_step} "

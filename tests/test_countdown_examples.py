@@ -1,5 +1,6 @@
 """The countdown tuned examples are the arms of research/reproduce_dph.py's countdown budgets:
-GRPO's and DPH-JS (eta = 10)'s settings are the budget's, so the budget's runs measure them."""
+GRPO's and DPH-JS (eta = 10)'s settings are the budget's, so the budget's runs measure them; and
+the budget's primary endpoint names its split."""
 
 from types import SimpleNamespace
 
@@ -38,3 +39,17 @@ def test_each_countdown_example_is_its_budget_arm(reproduce, method, path):
     if method.startswith("DPH"):
         a, b = example.presample, arm.presample
         assert (a.k, a.min_correct, a.pef_samples) == (b.k, b.min_correct, b.pef_samples)
+
+
+def test_the_primary_endpoints_name_their_split_for_a_data_file_and_for_reasoning_gym(reproduce):
+    numbers = {"differences": {"DPH-JS (η=10)": {
+        "countdown pass@64 − GRPO": {"mean": 0.05, "ci95": [-0.01, 0.11]},
+        "nulls pass@64 − GRPO": {"mean": 0.3, "ci95": [0.2, 0.4]},
+    }}}
+    lines = reproduce.primary_endpoints(numbers, 64)
+    assert lines == [
+        "**Primary endpoint** (pre-registered, docs/collapse.md): pass@64 on sql_synth/test_nulls, "
+        "DPH-JS (η=10) − GRPO = +30.0 [+20.0, +40.0] points: DPH-JS better than GRPO.",
+        "**Primary endpoint** (pre-registered, docs/collapse.md): pass@64 on countdown's 300 test puzzles, "
+        "DPH-JS (η=10) − GRPO = +5.0 [-1.0, +11.0] points: cannot tell.",
+    ]

@@ -394,3 +394,12 @@ def test_an_ill_typed_task_id_is_refused_naming_the_row(task_id):
     with pytest.raises(ValueError, match=r"row 0, field 'id': expected the task id as a non-empty string or an "
                                          r"integer"):
         load_tasks([_verl_row("1", "2", id=task_id)], task="math")
+
+
+@pytest.mark.parametrize("bad", ["false", 0, None])
+def test_partial_credit_must_be_a_bool(bad):
+    from rllib_dph.envs.sql import SQLEnv
+
+    with pytest.raises(ArgumentError, match=f"SQLEnv: partial_credit={bad!r}"):
+        SQLEnv("sql_synth/test[:2]", partial_credit=bad)
+    assert SQLEnv("sql_synth/test[:2]", partial_credit=True).partial_credit is True

@@ -117,8 +117,17 @@ def math_verify_equal(gold: str, pred: str) -> tuple[bool, str | None]:
         return False, f"Math-Verify failed: {type(error).__name__}"
 
 
+#: Pairs a math checker compares once before its first check (:func:`load_math_verify`): each
+#: kind loads SymPy code lazily on first use (a first ``x^2`` costs 0.15 s of CPU, most of a
+#: small ``timeout_s``), which must not be charged to a model's answer.
+WARM_UP_PAIRS = (("\\frac{1}{2}", "0.5"), ("x^2", "x^{2}"), ("2\\sqrt{2}", "\\sqrt{8}"),
+                 ("\\{1,2\\}", "\\{2,1\\}"), ("(1,2)", "(1, 2)"))
+
+
 def load_math_verify() -> None:
-    """Imports Math-Verify and loads its LaTeX grammar (the ``prepare`` of a math checker: not
-    charged to the first check's time limit); its own logging of timeouts is silenced."""
+    """Imports Math-Verify, loads its LaTeX grammar and compares :data:`WARM_UP_PAIRS` (the
+    ``prepare`` of a math checker: not charged to the first check's time limit); its own logging
+    of timeouts is silenced."""
     logging.getLogger("math_verify").setLevel(logging.CRITICAL)
-    math_verify_equal("\\frac{1}{2}", "0.5")
+    for gold, pred in WARM_UP_PAIRS:
+        math_verify_equal(gold, pred)

@@ -54,7 +54,8 @@ def math_limits(timeout_s: float) -> Limits:
 
 
 def start_checker() -> None:
-    """Starts a checker now, with Math-Verify loaded, and waits until it is ready (about 0.7 s).
+    """Starts a checker now, with Math-Verify loaded and warmed up, and waits until it is ready
+    (about a second of CPU).
 
     Optional: the first check that needs Math-Verify does it otherwise (not counted in its
     ``timeout_s``). Useful before timing checks, or to pay the start-up before training starts.

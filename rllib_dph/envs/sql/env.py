@@ -15,6 +15,8 @@ import os
 import time
 from typing import Any, Mapping, Sequence
 
+import numpy as np
+
 from rllib_dph.envs import isolation
 from rllib_dph.envs.arguments import ArgumentError, check_real, check_timeout
 from rllib_dph.envs.base import Task, Verdict, VerifierEnv
@@ -208,6 +210,11 @@ class SQLEnv(VerifierEnv):
             )
         timeout_s = check_timeout(timeout_s, where="SQLEnv", default=DEFAULT_TIMEOUT_S)
         format_penalty = _check_format_penalty(format_penalty, "SQLEnv")
+        if not isinstance(partial_credit, (bool, np.bool_)):  # "false" from a config file is truthy
+            raise ArgumentError(
+                f"SQLEnv: partial_credit={partial_credit!r} is a {type(partial_credit).__name__}; pass "
+                "True or False (default False)."
+            )
         for task in tasks:
             _check_ground_truth(task, needs_cmp_method=cmp_method is None)
         self.cmp_method = cmp_method

@@ -116,7 +116,7 @@ def run_case(case: dict, folder: str, pef_path: str, args) -> dict:
 
     from memory import _spaces  # bench/memory.py
     from rllib_dph import columns as C
-    from rllib_dph.batch import shard_groups
+    from rllib_dph.learners.splits import shard_groups
     from rllib_dph.cli.memory import learner_estimate, learner_microbatch, learner_setup, model_shape
 
     config = case_config(case, folder, pef_path, args)

@@ -248,7 +248,7 @@ def measured_check(args) -> None:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from rllib_dph import columns as C
-    from rllib_dph.batch import shard_groups
+    from rllib_dph.learners.splits import shard_groups
     from rllib_dph.cli.memory import LearnerSetup, MicroBatch, activation_bytes as estimated_activations, state_bytes
     from rllib_dph.learners.sharding import held_bytes
 

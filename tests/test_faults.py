@@ -14,7 +14,7 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 
 from rllib_dph import columns as C
 from rllib_dph.env_runners.async_sampling import NUM_ENV_RUNNER_RESTARTS, STALENESS_MAX
-from rllib_dph.batch import num_minibatches
+from rllib_dph.learners.splits import num_minibatches
 
 
 def _remote(config, **fault_tolerance):

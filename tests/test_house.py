@@ -150,7 +150,7 @@ LAYERS = (
     ("rllib_dph.models",),  # resolving model names; building the bundled models
     ("rllib_dph.policy",),  # the RL module, LoRA adapters, the full state under FSDP2
     ("rllib_dph.engines",),  # rollout engines (they serve the policy's LoRA adapters)
-    ("rllib_dph.rollout", "rllib_dph.batch"),  # the one rollout path; the batch layout it feeds
+    ("rllib_dph.rollout",),  # the one rollout path, and the rows of a rollout batch
     ("rllib_dph.evaluation",),  # pass@k & co. over an env split
     ("rllib_dph.env_runners", "rllib_dph.learners"),  # sampling (with validation) and updates
     ("rllib_dph.algorithms",),  # the configs and algorithms: GRPO, DPH

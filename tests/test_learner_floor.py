@@ -7,7 +7,7 @@ import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 
 from rllib_dph import columns as C
-from rllib_dph.batch import token_budget_microbatches, trim_padding
+from rllib_dph.learners.splits import token_budget_microbatches, trim_padding
 from rllib_dph.losses.tokens import AGGREGATIONS, token_entropy
 from rllib_dph.policy.rl_module import ENTROPY, LOGP, TOPK_LOGP, next_token_logits, sequence_logprobs
 

@@ -28,7 +28,7 @@ from rllib_dph.envs.sql import verify_sql
 from rllib_dph.envs.sql.multiturn import SQLMultiTurnEnv
 from rllib_dph.envs.suites import load_split
 from rllib_dph import columns as C
-from rllib_dph.batch import sequence_rows
+from rllib_dph.rollout.batch import sequence_rows
 from rllib_dph.chat import encode_prompt
 from rllib_dph.algorithms.dph.pef_rows import PefRowSampler
 from rllib_dph.engines import make_engine

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from rllib_dph import columns as C
-from rllib_dph.batch import sequence_rows
+from rllib_dph.rollout.batch import sequence_rows
 from rllib_dph.engines.base import Completion
 from rllib_dph.envs.sql.multiturn import SQLMultiTurnEnv, sft_trace, sft_traces
 from rllib_dph.envs.suites import sft_examples

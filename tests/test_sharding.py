@@ -14,7 +14,7 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 
 from rllib_dph.policy import lora
 from rllib_dph.algorithms.grpo import GRPOConfig
-from rllib_dph.batch import shard_groups
+from rllib_dph.learners.splits import shard_groups
 from rllib_dph.models.hub import load_causal_lm
 from rllib_dph.learners.sharding import held_bytes
 

@@ -15,7 +15,7 @@ from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from rllib_dph import columns as C
 from rllib_dph.algorithms.dph import DPHConfig
 from rllib_dph.algorithms.grpo import GRPOConfig
-from rllib_dph.batch import minibatch_plan, shard_groups
+from rllib_dph.learners.splits import minibatch_plan, shard_groups
 from rllib_dph.algorithms.dph.presample import PefFileError, PresampleConfig, prepare_pef, presample_once
 from rllib_dph.policy.rl_module import LOGP
 

@@ -420,7 +420,7 @@ def learner_microbatch(config, prompt: int) -> MicroBatch:
     """The largest micro-batch one learner runs: the step's rows (plus DPH's D_pef share) split
     into mini-batches (``minibatch_size``) and over the learners, then cut to
     ``max_tokens_per_microbatch`` padded tokens; every row counted at its longest."""
-    from rllib_dph.batch import num_minibatches
+    from rllib_dph.learners.splits import num_minibatches
 
     rows = config.prompts_per_step * config.group_size
     pef_ratio = getattr(config, "pef_ratio", None)

@@ -46,7 +46,7 @@ from ray.rllib.core import COMPONENT_RL_MODULE
 from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
 
 from rllib_dph import columns as C
-from rllib_dph.batch import select_rows
+from rllib_dph.rollout.batch import select_rows
 
 logger = logging.getLogger(__name__)
 

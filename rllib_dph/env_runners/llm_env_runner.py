@@ -32,7 +32,7 @@ from ray.rllib.utils.metrics import (
 from ray.rllib.utils.typing import ResultDict, StateDict
 
 from rllib_dph import columns as C
-from rllib_dph.batch import sequence_rows
+from rllib_dph.rollout.batch import sequence_rows
 from rllib_dph.engines import build_engine
 from rllib_dph.engines.base import SamplingParams
 from rllib_dph.evaluation.runner import EvalSettings, evaluate_engine

@@ -1,5 +1,7 @@
 """The machinery under the GRPO-family learners, one concern per module.
 
+- :mod:`.splits` — a rollout batch split for the learners: shards of whole groups, mini-batch plans,
+  token-budget micro-batches, padding rows;
 - :mod:`.step` — one optimizer step's shared state (:class:`~.step.Step`), handed to its loss calls;
 - :mod:`.minibatches` — mini-batches of whole GRPO groups with D_pef rows in each;
 - :mod:`.microbatches` — the optimizer step, in one pass or over token-budget micro-batches;

@@ -11,7 +11,7 @@ from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.utils.annotations import override
 
 from rllib_dph import columns as C
-from rllib_dph.batch import token_budget_microbatches
+from rllib_dph.learners.splits import token_budget_microbatches
 from rllib_dph.learners.collectives import distributed
 from rllib_dph.learners.step import STEP, open_step, take_rows
 

@@ -12,8 +12,8 @@ from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils.annotations import override
 
 from rllib_dph import columns as C
-from rllib_dph.batch import minibatch_plan
-from rllib_dph.batch import num_minibatches as num_minibatches_for
+from rllib_dph.learners.splits import minibatch_plan
+from rllib_dph.learners.splits import num_minibatches as num_minibatches_for
 from rllib_dph.learners.collectives import distributed
 from rllib_dph.learners.step import take_rows
 
@@ -26,7 +26,7 @@ class GroupMinibatches(TorchLearner):
     """Mini-batches of whole GRPO groups with D_pef rows in each (RLlib cuts rows in order).
 
     Each epoch deals whole groups into ``num_minibatches`` mini-batches and spreads the D_pef
-    rows of DPH over all of them (``batch.minibatch_plan``; ``batch.deal_pef_rows`` deals the
+    rows of DPH over all of them (``splits.minibatch_plan``; ``splits.deal_pef_rows`` deals the
     D_pef rows); when the batch has D_pef rows, the smallest and largest number of them in a
     mini-batch are logged per update (``pef_rows_min``, ``pef_rows_max``).
     """

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from rllib_dph import columns as C
-from rllib_dph.batch import padding_row, trim_padding
+from rllib_dph.learners.splits import padding_row, trim_padding
 from rllib_dph.learners.collectives import all_reduce, distributed
 from rllib_dph.losses.tokens import AGGREGATIONS, aggregate_parts
 
@@ -22,7 +22,7 @@ def row_mask(batch: Dict[str, Any], row_type: int) -> torch.Tensor:
 
 def take_rows(columns: Dict[str, Any], rows, device) -> Dict[str, Any]:
     """Rows ``rows`` of a tensor batch cut to their longest row; with no rows, one padding row
-    (``batch.padding_row``), which keeps this learner in the step's collectives."""
+    (``splits.padding_row``), which keeps this learner in the step's collectives."""
     if not len(rows):
         return padding_row(columns)
     return trim_padding({k: v[torch.as_tensor(rows, device=device)] for k, v in columns.items()})

@@ -12,7 +12,7 @@ single-turn env ends every episode at its first step: one ``generate`` call.
 
 An episode is one :class:`~rllib_dph.engines.base.Completion`: its turns and observations in
 order, observation tokens with NaN log-probs (holes in the batch's ``RESPONSE_MASK``, see
-``batch.sequence_rows``). The rollout knows nothing of tools or answer formats: the env owns
+``rllib_dph.rollout.batch.sequence_rows``). The rollout knows nothing of tools or answer formats: the env owns
 the protocol. ``rllib_dph.envs.make_env`` builds the env named in a config.
 """
 

@@ -18,7 +18,7 @@ from ray.rllib.connectors.connector_v2 import ConnectorV2
 
 from rllib_dph import columns as C
 from rllib_dph.algorithms.dph.presample import read_presampled_table
-from rllib_dph.batch import concat_batches, sequence_rows
+from rllib_dph.rollout.batch import concat_batches, sequence_rows
 
 PEF_COLUMNS = ("prompt_ids", "response_ids", "ref_logp")
 

@@ -43,7 +43,8 @@ from rllib_dph.algorithms.field_names import check_keywords, refuses_unknown_key
 from rllib_dph.files import atomic_dir
 from rllib_dph.learners.remote_calls import BoundedLearnerGroup, read_learner_weights, update_remote_learners
 from rllib_dph.policy.lora import lora_problem
-from rllib_dph.batch import concat_batches, num_minibatches, select_rows, shard_groups
+from rllib_dph.rollout.batch import concat_batches, select_rows
+from rllib_dph.learners.splits import num_minibatches, shard_groups
 from rllib_dph.learners.finite import CONSECUTIVE_SKIPPED_UPDATES
 from rllib_dph.learners.sharding import SHARDINGS, ShardedLearnerGroup
 from rllib_dph.losses.advantages import group_advantages, has_reward_variance, overlong_penalty

@@ -218,6 +218,75 @@ def disk_full(workdir: str) -> dict:
     }
 
 
+def _rllib_train(storage: str, *extra: str) -> subprocess.CompletedProcess:
+    """``rllib train`` of the base config's GRPO to 6 iterations, a checkpoint every iteration."""
+    import json
+    import sys
+
+    config = {"model_name": "tiny-random", "max_response_length": 16, "group_size": 4, "prompts_per_step": 4,
+              "env_config": {"data": "sql_synth/test"}}
+    command = [sys.executable, "-m", "rllib_dph.cli", "train", "--algo", "GRPO", "--env", "rllib_dph/SQL-v0",
+               "--config", json.dumps(config), "--stop", json.dumps({"training_iteration": 6}), "--storage-path",
+               storage, "--name", "exp", "--checkpoint-freq", "1", *extra]
+    return subprocess.run(command, capture_output=True, text=True, timeout=900)
+
+
+@scenario
+def storage_full_in_a_run(workdir: str) -> dict:
+    """``rllib train --storage-path`` on a tmpfs that holds two checkpoints (the ones Tune keeps)
+    but not a third beside them: Tune's copy of checkpoint 3 fills it. Then the tmpfs grows and
+    ``rllib train --resume`` continues from the newest intact checkpoint."""
+    import json
+
+    from rllib_dph.algorithms.checkpoints import newest_intact
+
+    probe = os.path.join(workdir, "probe")
+    algo = base_config().build_algo()
+    algo.train()
+    size = _tree_bytes(algo.save_to_path(probe))
+    algo.stop()
+    mount = os.path.join(workdir, "storage_tmpfs")
+    os.makedirs(mount)
+    try:
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={int(size * 2.6)}", "tmpfs", mount], check=True,
+                       capture_output=True)
+    except (OSError, subprocess.CalledProcessError) as e:
+        return {"injected": f"skipped: cannot mount a tmpfs ({e}); needs root", "detected": "-", "survived": "-",
+                "lost": "-", "recovered": "-"}
+    try:
+        t0 = time.perf_counter()
+        full = _rllib_train(mount)
+        detected = time.perf_counter() - t0
+        error = [line for line in (full.stdout + full.stderr).splitlines() if "saving a checkpoint" in line]
+        print(full.stdout[-3000:], full.stderr[-3000:], sep="\n", flush=True)
+        intact = newest_intact(os.path.join(mount, "exp"))
+        subprocess.run(["mount", "-o", f"remount,size={int(size * 8)}", mount], check=True)
+        t1 = time.perf_counter()
+        resumed = _rllib_train(mount, "--resume")
+        recovered = time.perf_counter() - t1
+        print(resumed.stdout[-3000:], resumed.stderr[-6000:], sep="\n", flush=True)
+        (trial,) = [os.path.join(mount, "exp", d) for d in os.listdir(os.path.join(mount, "exp")) if d.startswith("GRPO_")]
+        with open(os.path.join(trial, "result.json")) as f:
+            rows = [line for line in f if line.strip()]
+        iterations = []
+        for line in rows:  # a row cut short by the full disk is counted, not parsed
+            try:
+                iterations.append(json.loads(line)["training_iteration"])
+            except json.JSONDecodeError:
+                iterations.append("cut short")
+    finally:
+        subprocess.run(["umount", mount], check=False)
+    return {
+        "injected": f"rllib train --checkpoint-freq 1 onto a {size * 2.6 / 2**20:.1f} MiB tmpfs (one checkpoint "
+                    f"{size / 2**20:.1f} MiB)",
+        "detected": f"{detected:.1f} (the whole first run, exit {full.returncode})",
+        "error": error[0][:300] if error else f"no 'saving a checkpoint' line; exit {full.returncode}",
+        "survived": f"newest intact checkpoint {os.path.basename(intact) if intact else None}",
+        "lost": f"--resume (exit {resumed.returncode}) trained iterations {iterations}",
+        "recovered": f"{recovered:.1f} (--resume to iteration 6)",
+    }
+
+
 def _tree_bytes(path: str) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
 

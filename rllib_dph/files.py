@@ -17,6 +17,9 @@ previous content or the new one, never a half-written file that a later run woul
 - :func:`write_checksum` / :func:`read_verified`: a data file's sha256 kept in ``<file>.sha256``
   beside it and checked on every read, so a file corrupted or truncated after it was written is
   refused, never used.
+- :func:`write_manifest` / :func:`manifest_problem`: the same for a folder (a checkpoint): the
+  sha256 of each of its files, written last, so a partial copy or a changed file is told apart
+  from a complete folder.
 
 Temporary files and folders start with ``.<name>.`` next to their destination, so the rename
 never crosses a file system; :func:`remove_leftovers` deletes those of a killed writer.
@@ -56,6 +59,8 @@ TEMP_INFIX = "writing"
 OLD_INFIX = "old"
 #: Suffix of the checksum file written beside a data file (:func:`write_checksum`).
 CHECKSUM_SUFFIX = ".sha256"
+#: The list of a folder's files and their sha256, written last into it (:func:`write_manifest`).
+MANIFEST_FILE = "manifest.sha256"
 
 
 def home() -> Path:
@@ -205,6 +210,34 @@ def read_verified(path: str | os.PathLike) -> bytes:
         raise ChecksumError(f"{path} is corrupted or truncated: its {len(data)} bytes have sha256 {actual}, but "
                             f"{checksum_path(path)} recorded {recorded} when it was written", path=path)
     return data
+
+
+def write_manifest(folder: str | os.PathLike) -> Path:
+    """Writes the sha256 of every file under ``folder`` (paths relative to it, sorted) to
+    ``folder/MANIFEST_FILE``, in ``sha256sum``'s format. Write it last: a copy of the folder
+    that stopped midway (a full disk) lacks it or files it lists, which :func:`manifest_problem` tells."""
+    folder = Path(folder)
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST_FILE)
+    lines = [f"{sha256_of(p)}  {p.relative_to(folder).as_posix()}\n" for p in files]
+    return write_text_atomic(folder / MANIFEST_FILE, "".join(lines))
+
+
+def manifest_problem(folder: str | os.PathLike) -> Optional[str]:
+    """What is wrong with ``folder`` against its :func:`write_manifest` (None: every file it lists
+    is there with the bytes written): no manifest, or a file missing, truncated or changed."""
+    folder = Path(folder)
+    try:
+        lines = (folder / MANIFEST_FILE).read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        return f"it has no readable {MANIFEST_FILE} ({type(e).__name__}), the list of its files written last"
+    for line in lines:
+        digest, _, name = line.partition("  ")
+        path = folder / name
+        if not path.is_file():
+            return f"{path} is missing"
+        if sha256_of(path) != digest:
+            return f"{path} is truncated or changed ({path.stat().st_size} bytes, not the sha256 recorded)"
+    return None
 
 
 def _rmtree(path: Path) -> None:

@@ -164,6 +164,7 @@ def _fit(config, stop: dict, experiment_dir: str, *, resume: bool, verbose: int,
     storage_path, name = os.path.split(experiment_dir)
     if resume:  # the experiment's own stop and callbacks (resume_problems checked that it can)
         print(resume_line(experiment_dir), flush=True)
+        drop_stale_decisions(experiment_dir)
         tuner = tune.Tuner.restore(experiment_dir, trainable=config.algo_class, resume_errored=True)
     else:
         checkpoints = tune.CheckpointConfig(checkpoint_frequency=checkpoint_freq, checkpoint_at_end=checkpoint_at_end,
@@ -175,6 +176,33 @@ def _fit(config, stop: dict, experiment_dir: str, *, resume: bool, verbose: int,
     print(f"rllib: experiment folder {experiment_dir} (tensorboard --logdir {experiment_dir})", flush=True)
     with catching_ctrl_c():
         return tuner.fit()
+
+
+def drop_stale_decisions(experiment_dir: str) -> list[str]:
+    """Empties the trial decisions that Tune's experiment state in ``experiment_dir`` kept from the
+    process that wrote it; returns the trial ids that had one.
+
+    Tune 2.60 caches a STOP for a trial that stops while it saves a checkpoint and applies it once
+    that save resolves; a trial that fails in the save (a full disk, a kill) never resolves it, so
+    the STOP stays in the saved state, and ``Tuner.restore`` would stop the resumed trial after
+    its first checkpoint, short of its stop criteria. A resumed trial continues from its
+    checkpoint, so no decision of the earlier process applies to it.
+    """
+    import glob
+
+    from rllib_dph.files import write_json_atomic
+
+    dropped = []
+    for path in glob.glob(os.path.join(experiment_dir, "experiment_state-*.json")):
+        with open(path) as f:
+            state = json.load(f)
+        runner = state.get("runner_data", {})
+        stale = {**runner.get("_cached_trial_decisions", {}), **runner.get("_queued_trial_decisions", {})}
+        if stale:
+            runner["_cached_trial_decisions"], runner["_queued_trial_decisions"] = {}, {}
+            write_json_atomic(path, state, indent=None)
+            dropped += sorted(stale)
+    return dropped
 
 
 def _resource_problems(config) -> list:
@@ -204,12 +232,21 @@ def resume_problems(experiment_dir: str, stop: dict) -> list:
     """
     from ray import tune
 
+    from rllib_dph.algorithms.checkpoints import CheckpointError, intact_checkpoint, newest_intact
     from rllib_dph.cli.preflight import Problem
 
     if not tune.Tuner.can_restore(experiment_dir):
         return [Problem("--resume", f"{experiment_dir} holds no Tune experiment to continue (no experiment state); "
                                     "give the --name and --storage-path the run was started with, or start it without --resume.")]
-    trials = _trials(experiment_dir)
+    try:
+        trials = _trials(experiment_dir)
+    except Exception as e:  # a state file cut short (a full disk) fails in json, pickle or Tune's own code
+        newest = newest_intact(experiment_dir)
+        return [Problem("--resume", (
+            f"the experiment state in {experiment_dir} cannot be read ({type(e).__name__}: {e}), so Tune cannot "
+            "continue it; " + (f"start a new run from its newest intact checkpoint: rllib train ... --from-checkpoint "
+                               f"{newest} --name <new name>" if newest else "it holds no intact checkpoint either")
+        ))]
     started_with = _stop_of(trials)
     problems = []
     if stop and stop != started_with:
@@ -222,6 +259,11 @@ def resume_problems(experiment_dir: str, stop: dict) -> list:
         )))
     for trial in trials:
         trained = _result_rows(trial.path)
+        if trial.status != "TERMINATED" and trial.checkpoint is not None:
+            try:  # the trial falls back the same way (GRPO.load_checkpoint); said here, in the driver
+                intact_checkpoint(trial.checkpoint.path, warn=_warn)
+            except CheckpointError as e:
+                problems.append(Problem("--resume", f"trial {trial.path}: {e}"))
         if trial.status != "TERMINATED" and trial.checkpoint is None and trained:
             problems.append(Problem("--resume", (
                 f"trial {trial.path} trained {trained} iteration(s) but saved no checkpoint, so --resume would train it "
@@ -229,6 +271,10 @@ def resume_problems(experiment_dir: str, stop: dict) -> list:
                 "checkpoints every N iterations)."
             )))
     return problems
+
+
+def _warn(message: str) -> None:
+    print(f"rllib: warning: {message}", file=sys.stderr, flush=True)
 
 
 def _result_rows(trial_dir: str) -> int:
@@ -380,7 +426,9 @@ def _refuse(problems: list) -> None:
 def check_run(config, stop: dict, args, overrides: dict) -> None:
     """Preflight of a run (applies ``overrides`` to ``config``): every problem of the config, stop,
     paths and trackers, printed once, then the memory estimate (refused unless ``--force``);
-    exits with PREFLIGHT_EXIT_CODE on any problem."""
+    exits with PREFLIGHT_EXIT_CODE on any problem. A ``--from-checkpoint`` that is incomplete or
+    damaged is replaced in ``args`` by the newest intact checkpoint of its trial, with a warning
+    (``algorithms.checkpoints.intact_checkpoint``)."""
     from rllib_dph.cli.preflight import Problem, memory_problems, preflight
     from rllib_dph.cli.tracking import tracking_problems
 
@@ -399,6 +447,13 @@ def check_run(config, stop: dict, args, overrides: dict) -> None:
             f"{args.from_checkpoint} is not an Algorithm checkpoint (no rllib_checkpoint.json); give a "
             "trial's checkpoint_00000N folder.",
         ))
+    elif args.from_checkpoint:
+        from rllib_dph.algorithms.checkpoints import CheckpointError, intact_checkpoint
+
+        try:  # a damaged one is replaced by the newest intact one of its trial, with a warning
+            args.from_checkpoint = intact_checkpoint(args.from_checkpoint, warn=_warn)
+        except CheckpointError as e:
+            problems.append(Problem("--from-checkpoint", str(e)))
     _refuse(problems)
     _refuse(memory_problems(config, force=args.force))
 

@@ -10,7 +10,9 @@ regions (``trust_region="dppo_*"``, Qi et al. 2025) in place of ratio clipping.
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 import time
 from typing import Optional, Type, Union
 
@@ -40,7 +42,8 @@ from rllib_dph.algorithms.grpo.grpo_torch_learner import GRPOTorchLearner
 from rllib_dph.algorithms.grpo.trust_region import TrustRegion, TrustRegionRule
 from rllib_dph.engines import DEFAULT_ENGINE, ENGINES, SamplingParams
 from rllib_dph.algorithms.field_names import check_keywords, refuses_unknown_keywords
-from rllib_dph.files import atomic_dir
+from rllib_dph.algorithms.checkpoints import CheckpointError, checkpoint_problem, intact_checkpoint
+from rllib_dph.files import atomic_dir, write_manifest
 from rllib_dph.learners.remote_calls import BoundedLearnerGroup, read_learner_weights, update_remote_learners
 from rllib_dph.policy.lora import lora_problem
 from rllib_dph.rollout.batch import concat_batches, select_rows
@@ -50,6 +53,17 @@ from rllib_dph.learners.sharding import SHARDINGS, ShardedLearnerGroup
 from rllib_dph.losses.advantages import group_advantages, has_reward_variance, overlong_penalty
 from rllib_dph.losses.divergences import KL_ESTIMATORS
 from rllib_dph.losses.tokens import AGGREGATIONS
+
+def _free_space(path: str) -> str:
+    """``"<n> MiB free on <path>"`` (of its nearest existing folder), or why it is unknown."""
+    folder = path
+    while folder and not os.path.isdir(folder):
+        folder = os.path.dirname(folder)
+    try:
+        return f"{shutil.disk_usage(folder or '.').free / 2**20:.1f} MiB free on {folder or '.'}"
+    except OSError as e:
+        return f"the free space of {path} is unknown ({e})"
+
 
 #: Algorithm state key: each remote env runner's sampling position (``LLMEnvRunner.sampling_position``)
 #: by env runner id; the local env runner's is in its own state.
@@ -724,7 +738,38 @@ class GRPO(Algorithm):
         path = os.path.abspath(path)
         with atomic_dir(path) as tmp:
             super().save_to_path(str(tmp), state=state, use_msgpack=use_msgpack)
+            write_manifest(tmp)  # last: a copy cut short lacks it or a file it lists (algorithms.checkpoints)
         return str(path)
+
+    @override(Algorithm)
+    def save(self, *args, **kwargs):
+        """Tune's save (a checkpoint into a temporary folder, then copied into the trial folder under
+        ``--storage-path``). When the copy fails (a full disk: ``OSError``, or ``EOFError`` from
+        pyarrow), the partial copy is deleted at once, which frees its space for what Tune writes
+        next (the experiment state that ``--resume`` reads, the trial's error), and one error names
+        the folder, its free space and how to continue."""
+        try:
+            return super().save(*args, **kwargs)
+        except (OSError, EOFError) as e:
+            storage = getattr(self, "_storage", None)
+            where = getattr(storage, "trial_fs_path", None) or os.getcwd()
+            partial = getattr(storage, "checkpoint_fs_path", None)
+            local = getattr(getattr(storage, "storage_filesystem", None), "type_name", None) == "local"
+            if partial and local and os.path.isdir(partial):
+                shutil.rmtree(partial, ignore_errors=True)
+            raise OSError(
+                getattr(e, "errno", None) or errno.EIO,
+                f"saving a checkpoint of iteration {self.iteration} into {where} failed ({type(e).__name__}: {e}); "
+                f"{_free_space(where)} after deleting the partial copy. Free space there (or give another "
+                "--storage-path) and continue the run with rllib train --resume, which starts from the newest "
+                "intact checkpoint.",
+            ) from e
+
+    @override(Algorithm)
+    def load_checkpoint(self, checkpoint_dir: str) -> None:
+        """Tune's restore (``rllib train --resume``): the checkpoint, or, when it is incomplete or
+        damaged, the newest intact earlier one of the trial (``checkpoints.intact_checkpoint``)."""
+        super().load_checkpoint(intact_checkpoint(checkpoint_dir))
 
     # ------------------------------------------------------------------ sampling
     def _sample_round(self, num_prompts: int) -> dict[str, np.ndarray]:
@@ -905,7 +950,16 @@ class GRPO(Algorithm):
 
     @override(Algorithm)
     def restore_from_path(self, path, *args, **kwargs) -> None:
-        """RLlib's restore, then a fresh start of the sampling rounds (see :meth:`_restart_rounds`)."""
+        """RLlib's restore, then a fresh start of the sampling rounds (see :meth:`_restart_rounds`).
+        A whole local checkpoint that is incomplete or damaged (``checkpoints.checkpoint_problem``)
+        is refused (:class:`~rllib_dph.algorithms.checkpoints.CheckpointError`) before anything is loaded."""
+        filesystem = kwargs.get("filesystem")
+        local = filesystem is None or getattr(filesystem, "type_name", None) == "local"
+        local = local and kwargs.get("component") is None and "://" not in str(path)
+        problem = checkpoint_problem(path) if local else None
+        if problem:
+            raise CheckpointError(f"{problem}; it is not restored (a partial or damaged checkpoint is never "
+                                  "trusted). Restore an earlier checkpoint of the trial.")
         super().restore_from_path(path, *args, **kwargs)
         self._restart_rounds()
 

@@ -303,6 +303,12 @@ def _holder(lock_path: Path) -> str:
     return text or "unknown (no holder recorded)"
 
 
+def _waiting(path: Path, what: str, waited_s: float, timeout_s: float) -> str:
+    """The line a waiting :func:`file_lock` reports: the lock, what it protects, its holder, the wait."""
+    return (f"rllib_dph: waiting for the lock {path}{f' ({what})' if what else ''}, held by {_holder(path)}; "
+            f"waited {waited_s:.0f} s of {timeout_s:g} s")
+
+
 def _to_stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
@@ -346,8 +352,7 @@ def file_lock(path: str | os.PathLike, *, timeout_s: float = LOCK_TIMEOUT_S, wha
                     raise
             now = time.monotonic()
             if report is not None and timeout_s > 0 and now >= next_report:
-                report(f"rllib_dph: waiting for the lock {path}{f' ({what})' if what else ''}, held by {_holder(path)}; "
-                       f"waited {now - started:.0f} s of {timeout_s:g} s")
+                report(_waiting(path, what, now - started, timeout_s))
                 next_report = now + report_every_s
             if now >= deadline:
                 holder = _holder(path)

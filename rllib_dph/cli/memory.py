@@ -630,6 +630,18 @@ def model_shape(name: str) -> ModelShape:
         raise FileNotFoundError(f"no config of {name!r} on this machine ({e})") from e
 
 
+def planned_env_config(config) -> dict:
+    """The env config the env runners of ``config`` will sample: its ``sampling_env_config`` (DPH:
+    the D_exp file), or, while DPH's pre-sampling has yet to write D_exp (``rllib train`` checks
+    before it pre-samples), the ``env_config`` that D_exp is drawn from, a superset of its prompts."""
+    from rllib_dph.algorithms.dph.presample import PefFileError
+
+    try:
+        return getattr(config, "sampling_env_config", config.env_config)
+    except PefFileError:  # prepare_pef writes it, or refuses a file it cannot use, before training
+        return dict(config.env_config)
+
+
 def longest_prompt(config) -> int:
     """Tokens of the longest of the env's first ``PROMPT_SAMPLE`` prompts (chat template applied),
     read as the env runners read them.
@@ -642,8 +654,6 @@ def longest_prompt(config) -> int:
     from rllib_dph.rollout.episodes import encode_task
 
     tokenizer = load_tokenizer(built_model(config.model_name))  # nothing is built here
-    from rllib_dph.cli.preflight import planned_env_config
-
     env = make_env(config.env, planned_env_config(config))
     try:
         return max(len(encode_task(tokenizer, task)) for task in env.tasks[:PROMPT_SAMPLE])

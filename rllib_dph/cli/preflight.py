@@ -374,20 +374,9 @@ def search_variants(config) -> list:
     return variants
 
 
-def planned_env_config(config) -> dict:
-    """The env config the env runners of ``config`` will sample: its ``sampling_env_config`` (DPH:
-    the D_exp file), or, while DPH's pre-sampling has yet to write D_exp (``rllib train`` checks
-    before it pre-samples), the ``env_config`` that D_exp is drawn from, a superset of its prompts."""
-    from rllib_dph.algorithms.dph.presample import PefFileError
-
-    try:
-        return getattr(config, "sampling_env_config", config.env_config)
-    except PefFileError:  # prepare_pef writes it, or refuses a file it cannot use, before training
-        return dict(config.env_config)
-
-
 def variant_problems(config) -> list[Problem]:
     """Env, model, package and ``validate()`` problems of one concrete config."""
+    from rllib_dph.cli.memory import planned_env_config
     from rllib_dph.policy.lora import peft_problem
 
     env_config = planned_env_config(config)

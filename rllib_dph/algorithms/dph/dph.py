@@ -211,7 +211,7 @@ class DPHConfig(GRPOConfig):
             PefFileError: the D_exp file is missing or not the bytes written
                 (``presample.read_presampled``): the env runners (a restarted one too) never
                 fall back to the whole split, D_pef prompts included. Checks before pre-sampling
-                read ``preflight.planned_env_config``.
+                read ``cli.memory.planned_env_config``.
         """
         env_config = dict(self.env_config)
         exp = self.resolved_exp_path

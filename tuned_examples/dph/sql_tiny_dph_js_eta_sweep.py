@@ -4,27 +4,18 @@ How to run:
     rllib train file tuned_examples/dph/sql_tiny_dph_js_eta_sweep.py
     python tuned_examples/dph/sql_tiny_dph_js_eta_sweep.py --stop '{"training_iteration": 3}'
 
-Three trials (η = 0.2, the paper's value, and 10 and 50 times it) run one after another on 2 CPU
-cores (each trial takes the whole machine); all share one pre-sampling directory. Every 5
-iterations each trial measures pass@k on the first 50 prompts of the held-out split (n = 8); at
-the end the best trial by validation pass@8 (the largest k) of its last evaluation is printed,
-and trials that tie with it; each trial's line also shows its validation style entropy, what a
-larger η keeps.
+Three trials (η = 0.2, the paper's value, and 10 and 50 times it; η as in the paper's code,
+docs/algorithms.md, "DPH-RL") run one after another on 2 CPU cores and share one pre-sampling
+folder. Every 5 iterations each trial measures pass@k on the first 50 prompts of the held-out
+split (n = 8); at the end the best trial by the last validation pass@8 is printed, with the
+trials that tie with it and each trial's validation style entropy (what a larger η keeps).
 
-The swept eta values mean what it meant in the original code: with
-pef_loss_normalization="original" (the default) the D_pef term weighs eta x (D_pef rows /
-exploration rows) = eta/8 relative to the policy loss, and DPH-JS's generator counts
-twice (the code's js_low_var). Numbers measured before that normalisation existed (when
-eta weighed the term 8x more, 4x for DPH-JS) are marked as such below.
-
-Why this grid: at 100 iterations (docs/results/pef-styles.md, "Result") η = 0.2 keeps
-none of the SQL styles that GRPO drops, η = 2 a little, and η = 10 keeps them near the base
-model's mix (style entropy 2.17 bits against GRPO's 1.69 and the base model's 2.32) with pass@1
-level with GRPO's; smaller values than 0.2 weigh the term even less.
+Why this grid: at 100 iterations η = 0.2 keeps none of the SQL styles that GRPO drops, η = 2 a
+little, and η = 10 keeps them near the base model's mix (style entropy 2.17 bits, GRPO 1.69,
+base 2.32) with pass@1 level with GRPO's (docs/results/pef-styles.md, "Result").
 
 Results to expect:
-    This sweep's own 20-iteration output has not been measured; the 100-iteration numbers above
-    come from research/reproduce_dph.py (3 seeds each).
+    This sweep's own 20-iteration output has not been measured.
 """
 
 

@@ -10,10 +10,10 @@ How to run:
     python tuned_examples/dppo/math_tiny_dppo_tv.py --stop '{"training_iteration": 5}'
 
 Results to expect:
-    Not measured as a learning curve: the tiny model solves few math problems (greedy 11 %,
-    pass@1 4 %, pass@16 24 % on the 300 prompts of math_synth/test), so most groups have
-    all-zero rewards and no advantage signal. The example shows the DPPO mask on the math env;
-    use a stronger model (`--config '{"model_name": ...}'`) to see it learn.
+    Not measured as a learning curve: the tiny model rarely solves the math suite (greedy 3.3 %
+    on math_synth/test, docs/models.md), so most groups have all-zero rewards and no advantage.
+    The example shows the DPPO mask on the math env; use a stronger model
+    (`--config '{"model_name": ...}'`) to see it learn.
 """
 
 from rllib_dph.algorithms.grpo import GRPOConfig

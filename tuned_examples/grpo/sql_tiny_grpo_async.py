@@ -11,12 +11,10 @@ binary-TV trust region, anchored on the rollout policy μ, bounds the update aga
 that sampled it. `num_stale_rows_dropped` counts rows older than the bound (0 at steady state).
 
 Results to expect:
-    Speed (docs/results/async.md, "Throughput"; `python bench/async_rollouts.py --iterations 5
-    --learner-threads 1`, the one-thread learner that `rllib train` gives): 0.91 iterations/s
-    against the synchronous loop's 0.61 with one env runner on 2 CPU cores (1.51x, the overlap
-    bound is 1.54x); on one H100 with SmolLM2 1.92x. Validation pass@1 at staleness 1 stays
-    within noise of the synchronous control (0.527-0.542 against 0.520, 20 iterations, 3 seeds;
-    docs/async.md). This example's own learning curve with its DPPO trust region was not measured.
+    0.91 iterations/s against the synchronous loop's 0.61 with one env runner on 2 CPU cores
+    (1.51x; `python bench/async_rollouts.py --iterations 5 --learner-threads 1`); validation
+    pass@1 at staleness 1 within noise of the synchronous control (docs/results/async.md). This
+    example's own learning curve with its DPPO trust region has not been measured.
 """
 
 from rllib_dph.algorithms.grpo import GRPOConfig

@@ -5,31 +5,24 @@ How to run:
     python tuned_examples/grpo/sql_tiny_multiturn_grpo.py --stop '{"training_iteration": 5}'
 
     # Evaluate a checkpoint on held-out questions, with the same protocol and turn budget:
-    rllib evaluate <the run's last checkpoint_00000N> --env rllib_dph/SQLMultiTurn-v0 \
+    rllib evaluate <the run's last checkpoint_00000N> --env rllib_dph/SQLMultiTurn-v0 \\
         --env-config '{"data": "sql_synth/test", "max_turns": 3}' --n 8 --max-new-tokens 96 --limit 100
 
 Each episode is one `sql_synth/train` question in `rllib_dph/SQLMultiTurn-v0`: a turn with a
 `<query>...</query>` block runs that query read-only and shows its first rows; a turn with a
 ```sql block is the final answer, scored as in `SQL-v0`; at most 3 policy turns and 96 new
 tokens per turn. The policy is `tiny-sql-math-mt`, the shipped tiny model after an SFT on the
-env's own episodes (docs/models.md, "Warm start: tiny-sql-math-mt (the multi-turn protocol)"), built into the cache on
-first use (104 s when the example was measured, 374 s on a busier machine): the shipped `tiny-sql-math` never writes the
-protocol, so every episode would score 0. GRPO groups are a prompt's 8 episodes, one advantage
-per episode; observation tokens carry no loss (docs/multiturn.md).
+env's own episodes (docs/models.md, "Warm start: tiny-sql-math-mt (the multi-turn protocol)"),
+built into the cache on first use: the shipped `tiny-sql-math` never writes the protocol, so
+every episode would score 0. GRPO groups are a prompt's 8 episodes, one advantage per episode;
+observation tokens carry no loss (docs/multiturn.md).
 
 Results to expect:
-    294 s of training for the 40 iterations on 2 shared CPU cores (the first about 27 s; about
-    14 s each in iterations 1-5, 4 s in 31-40, as episodes get shorter), after the warm start's
-    build (fingerprint bd0208c9ba8141b3).
-    The training reward (`env_runners/reward_mean`, mean over iterations) goes 0.43 (1-5),
-    0.40 (6-10), 0.52 (11-20), 0.53 (21-30), 0.56 (31-40), and GRPO gets there by dropping
-    the protocol: the share of episodes with a query (`env_runners/tool_use_share`) goes 0.56,
-    0.26, 0.06, 0.01, 0.00. The last checkpoint on the first 100 prompts of sql_synth/test
-    (the `rllib evaluate` line above with `--no-greedy`): pass@1 0.52 [0.44, 0.60], pass@8
-    0.73 [0.64, 0.82], 1.005 turns per episode, 0.5 % of episodes with a query; the warm start
-    before training scores pass@1 0.34 and queries in 67 % of its episodes, and the same
-    checkpoint's `SQL-v0` pass@1 is 0.60 (docs/multiturn.md, "RL on SQLMultiTurn-v0 from the
-    warm start", where the same curve was measured before). One run, one seed.
+    About 5 minutes of training for the 40 iterations on 2 CPU cores. The training reward rises
+    0.43 -> 0.56 while the share of episodes with a query (`env_runners/tool_use_share`) falls
+    0.56 -> 0.00: GRPO drops the protocol. The last checkpoint on the first 100 prompts of
+    sql_synth/test (the `rllib evaluate` line above with `--no-greedy`): pass@1 0.52 [0.44, 0.60],
+    pass@8 0.73 [0.64, 0.82], against the warm start's pass@1 0.34 (docs/results/multiturn.md).
 """
 
 from rllib_dph.algorithms.grpo import GRPOConfig

@@ -112,3 +112,54 @@ def test_no_page_speaks_of_the_workshop(path: Path):
 def test_the_workshop_check_finds_its_words():
     text = "Measured in the third lease (issue #24, item 7; see #28).\nThe Ray session's logs; &#8212;.\n"
     assert workshop_words(text) == ["1: lease", "1: issue #24", "1: item 7", "1: #28"]
+
+
+# ---------------------------------------------------------------------- the code's own words
+#: Where code lives: the package, its examples, benchmarks, research scripts, tools and tests.
+CODE_FOLDERS = ("rllib_dph", "envs", "tuned_examples", "bench", "research", "tools", "tests", ".ci")
+#: What a docstring or comment may not say: tracker references ("issue #24", "#30 item 6"), the
+#: workplace's words and paths of the machines the package was developed on.
+CODE_WORKSHOP = re.compile(
+    r"\bleases?\b|\bissues? #?\d+|#\d+,? items? \d+|\(#\d+\)|\bwave \d+\b|\bsessions? \d+\b|/work/|/root/", re.I)
+#: A reference from code into the user guide: ``docs/<page>.md`` and, when quoted after it, a heading.
+DOCS_REFERENCE = re.compile(r"(docs/[\w/.-]+\.md)(?:[,:]?\s*\"([^\"]+)\")?")
+
+
+def _code_files() -> list[Path]:
+    files = [p for folder in CODE_FOLDERS for p in (REPO / folder).rglob("*")
+             if p.is_file() and p.suffix in (".py", ".md", "") and "__pycache__" not in p.parts]
+    return [p for p in files if p != Path(__file__).resolve()]
+
+
+def code_workshop_words(text: str) -> list[str]:
+    return [f"{number}: {match.group(0)}" for number, line in enumerate(text.splitlines(), start=1)
+            for match in CODE_WORKSHOP.finditer(line)]
+
+
+def test_no_code_speaks_of_the_workshop():
+    found = {p.relative_to(REPO).as_posix(): words for p in _code_files()
+             if (words := code_workshop_words(p.read_text(encoding="utf-8", errors="replace")))}
+    assert not found, "\n".join(f"{path}:{word}" for path, words in found.items() for word in words)
+
+
+def test_the_code_workshop_check_finds_its_words():
+    text = "(issue #24, item 7) composes (#30 item 6); see (#28); the third lease; /work/main/x.py\nhelper(x) # 1\n"
+    assert code_workshop_words(text) == ["1: issue #24", "1: #30 item 6", "1: (#28)", "1: lease", "1: /work/"]
+
+
+def _headings(page: Path) -> set[str]:
+    return {" ".join(h.replace("`", "").split()) for h in HEADING.findall(page.read_text(encoding="utf-8"))}
+
+
+def test_every_docs_reference_in_the_code_names_a_page_and_heading_that_exist():
+    missing = []
+    for path in _code_files():
+        for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), start=1):
+            for match in DOCS_REFERENCE.finditer(line):
+                page, heading = REPO / match.group(1), match.group(2)
+                where = f"{path.relative_to(REPO).as_posix()}:{number}"
+                if not page.is_file():
+                    missing.append(f"{where}: no page {match.group(1)}")
+                elif heading and " ".join(heading.replace("`", "").split()) not in _headings(page):
+                    missing.append(f"{where}: no heading {heading!r} in {match.group(1)}")
+    assert not missing, "\n".join(missing)

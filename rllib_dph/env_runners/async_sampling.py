@@ -1,32 +1,24 @@
 """Sampling rounds on the env runners: synchronous, or up to ``max_staleness`` rounds ahead of
 the learner; weight versions, the staleness bound, timeouts and restarts of dead env runners.
 
-What RLlib 2.60 offers, and what is reused: IMPALA and APPO sample asynchronously through the env
-runner group's ``FaultTolerantActorManager`` (``foreach_env_runner_async`` /
-``fetch_ready_async_reqs``), broadcast weights every ``broadcast_interval`` steps and correct the
-lag with V-trace. Their ``training_step`` does not fit LLM rollouts: it moves episode lists
-through aggregator actors and learner queues, cuts train batches by env steps (a GRPO group must
-stay whole, and DPH's D_pef rows are added by the learner), and has no bound on how many weight
-versions old a sample may be, only on requests in flight. So this module keeps GRPO's own
-``training_step`` and reuses RLlib's parts: the actor manager's asynchronous requests and health
-tracking; Ray's actor restarts behind ``fault_tolerance(restart_failed_env_runners=...,
-max_num_env_runner_restarts=...)``; ``env_runners(sample_timeout_s=...)`` and
-``fault_tolerance(env_runner_restore_timeout_s=...)``; and RLlib's weight sequence number
-(``WEIGHTS_SEQ_NO``: the learner's update count, saved in its checkpoint) as the weight version.
+RLlib's asynchronous algorithms (IMPALA, APPO) do not fit LLM rollouts: they cut train batches by
+env steps (a GRPO group must stay whole, and DPH adds its D_pef rows in the learner) and bound
+requests in flight, not the weight versions a sample may be behind. So GRPO keeps its own
+``training_step`` and reuses RLlib's parts: the env runner group's ``FaultTolerantActorManager``
+(asynchronous requests, health tracking), Ray's actor restarts
+(``fault_tolerance(restart_failed_env_runners=..., max_num_env_runner_restarts=...)``),
+``env_runners(sample_timeout_s=...)``, ``fault_tolerance(env_runner_restore_timeout_s=...)``, and
+``WEIGHTS_SEQ_NO`` (the learner's update count, in its checkpoint) as the weight version.
 
-What LLM env runners need beyond RLlib's defaults: RLlib restores a restarted runner with the
-learner's weights but without their version, and its sampling calls drop a runner that times out
-instead of naming it. Here every sampling request carries the published weights (a version and an
-object ref; the runner loads them first if it holds another version), every row carries the
-version it was sampled with (``columns.WEIGHT_VERSION``), and every blocking wait raises an error
-naming the env runner, the weight version and the timeout.
-
-Engine calls are bounded here, from the driver, not inside the env runner: the HF engine's
-``generate`` (and vLLM's in-process one) runs in the runner's own thread, which Python cannot
-interrupt, so ``sample_timeout_s`` and ``weight_sync_timeout_s`` bound the runner's whole call. A
-runner stuck that way stops the run (it is alive: Ray would not restart it). Timeouts of the
-learners' waits: ``rllib_dph.learners.remote_calls`` and ``rllib_dph.learners.collectives``
-(docs/faults.md).
+Contract: every sampling request carries the published weights (a version and an object ref; a
+runner holding another version loads them first, so a restarted runner never samples with its
+initial weights), every row carries the version it was sampled with (``columns.WEIGHT_VERSION``),
+and every blocking wait raises an error naming the env runner, the weight version and the
+timeout. The bounds are taken from the driver: an engine's ``generate`` runs in the runner's own
+thread, which Python cannot interrupt, so ``sample_timeout_s`` and ``weight_sync_timeout_s``
+bound the runner's whole call, and a runner stuck that way stops the run (alive, so Ray would not
+restart it). The learners' timeouts: ``rllib_dph.learners.remote_calls`` and
+``rllib_dph.learners.collectives`` (docs/faults.md).
 """
 
 from __future__ import annotations
@@ -152,10 +144,9 @@ def as_arrays(tree: Any) -> Any:
     """``tree`` (nested dicts) with its CPU torch tensors as numpy arrays sharing their memory.
 
     Ray's object store takes numpy arrays as pickle-5 out-of-band buffers (one memory copy in,
-    and ``ray.get`` maps them without a copy), but pickles a torch tensor through torch's own
-    serialisation: SmolLM2-135M's 538 MB of fp32 weights took 2.3 s to put and 0.56 s to get
-    that way on 2 CPU cores (docs/results/costs.md, "Engines and weight sync"). bfloat16 tensors, which numpy cannot
-    hold, stay tensors. The engines' ``update_weights`` take either.
+    none out) but pickles a torch tensor through torch's own serialisation, about 4x slower for
+    a weight sync (docs/results/costs.md, "Engines and weight sync"). bfloat16 tensors, which
+    numpy cannot hold, stay tensors. The engines' ``update_weights`` take either.
     """
     if isinstance(tree, dict):
         return {key: as_arrays(value) for key, value in tree.items()}
@@ -168,7 +159,7 @@ class SamplingRounds:
     """The env runners' sampling rounds and weights for one algorithm.
 
     ``max_staleness = 0``: a round is requested when the step needs it and waited for, and the
-    new weights are pushed to every env runner after each update (today's synchronous loop).
+    new weights are pushed to every env runner after each update (the synchronous loop).
     ``max_staleness = k > 0``: ``k`` rounds stay requested ahead, each with the weights current
     when it was requested, so the env runners sample while the learners update; rows older than
     ``k`` versions are dropped. Remote env runners only (``num_env_runners >= 1``); with

@@ -39,9 +39,8 @@ class EvalSettings:
 
     Attributes:
         sampling: How each prompt's samples are drawn, one ``engines.base.SamplingParams``
-            (default :data:`DEFAULT_SAMPLING`; it replaced the flat ``n``, ``temperature``,
-            ``top_p``, ``max_new_tokens``, ``seed``): ``n`` >= 1, ``temperature`` > 0; prompt
-            chunk j is sampled with seed ``seed + j`` (None counts as 0), so the same seed,
+            (default :data:`DEFAULT_SAMPLING`): ``n`` >= 1, ``temperature`` > 0; prompt chunk j
+            is sampled with seed ``seed + j`` (None counts as 0), so the same seed,
             ``batch_prompts`` and weights give the same samples.
         ks: The k of pass@k and maj@k, each in [1, n]; None (default) becomes 1, 2, 4, ... <= n
             and n (:func:`~rllib_dph.evaluation.metrics.default_ks`).

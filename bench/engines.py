@@ -11,7 +11,7 @@ How to run::
     # .ci/vllm, by default ~/.cache/rllib_dph/vllm-venv):
     ~/.cache/rllib_dph/vllm-venv/bin/python bench/engines.py --engines hf,vllm
     # On a CPU shared with other jobs, one thread per engine avoids OpenMP threads waiting on
-    # each other (measured here: 10-30x slower and erratic with 2 threads under load):
+    # each other (docs/results/costs.md, "Engines and weight sync"):
     ~/.cache/rllib_dph/vllm-venv/bin/python bench/engines.py --engines hf,vllm --threads 1
 
 By default each model is a Qwen2 with random weights, saved to a temporary directory that every

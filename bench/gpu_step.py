@@ -30,11 +30,9 @@ Nothing is asserted; the tables are the output.
         --iters 1 --gen-rows 16 --max-new-tokens 8 --dtypes float32
     python bench/gpu_step.py --json out.json --ray-init          # also start a local Ray first
 
-On a GPU, RLlib finds the local learner's device through ``ray.air``'s device manager, which
-starts a local Ray instance just to read this process's accelerator ids (and then, outside a
-Ray actor, uses ``local_gpu_idx`` anyway). Unless ``--ray-init`` is given, that lookup is
-answered with ``cuda:0`` directly so no Ray processes are needed; the learner itself is built
-and updated exactly as without the shortcut.
+On a GPU, RLlib's device lookup for a local learner (``ray.air``'s device manager) starts a
+local Ray instance; unless ``--ray-init`` is given it is answered with ``cuda:0`` directly, and
+the learner is built and updated as without the shortcut.
 """
 
 from __future__ import annotations
@@ -371,7 +369,7 @@ def main() -> None:
     parser.add_argument("--parts", default="learner,generation")
     parser.add_argument(
         "--shapes", default="64x48+64,128x64+192",
-        help="learner batches ROWSxPROMPT+RESPONSE (100m fp32 at 128x64+448 ran out of an H100's 80 GB)",
+        help="learner batches ROWSxPROMPT+RESPONSE (bench/memory.py estimates what fits)",
     )
     parser.add_argument("--iters", type=int, default=5, help="timed learner updates after 1 warm-up")
     parser.add_argument("--gen-rows", type=int, default=128)

@@ -4,9 +4,8 @@ How to run::
 
     nice -n 15 python bench/multiturn_speed.py --out docs/multiturn_runs/2026-11-26-tiny-speed.json
 
-On a machine shared with other jobs, tokens/s of one evaluation swings by 2-4x with the load
-(``research/multiturn_eval.py``'s rows). Here the two kinds of rollout alternate in short rounds, so
-both see the same load, and the ratio per round is reported. The budget, fixed before the run:
+On a machine shared with other jobs, tokens/s swings with the load, so the two kinds of rollout
+alternate in short rounds, both see the same load, and the ratio per round is reported. The budget, fixed before the run:
 ``tiny-sql-math-mt``, the first 16 prompts of ``sql_synth/test``, n = 8 episodes per prompt,
 temperature 1.0, 96 new tokens per turn, seed 0 + round, HF engine on the CPU, one torch thread;
 10 rounds, each one ``rollout`` on ``rllib_dph/SQL-v0`` and one on ``rllib_dph/SQLMultiTurn-v0``

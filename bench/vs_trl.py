@@ -1,56 +1,35 @@
 """Seconds per GRPO training step: ours against TRL's `GRPOTrainer`, on the same work.
 
-Both sides train the same local model folder (default: the bundled `tiny-sql-math`, resolved by
-`rllib_dph.models.hub.resolve_model`; `--model` takes another name or folder) on the same prompts,
-in the same order, step for step: `--prompts-per-step` prompts (default 8) of the bundled
-`sql_synth/train` split, drawn once with `--seed`, times `--group-size` sampled completions
-(default 8) of at most `--max-response-length` new tokens (default 64) at temperature 1.0
-(top-p 1, no top-k), fp32, one optimizer step per batch of 64 rows (one forward/backward over
-all of them, no gradient accumulation, no epochs over the batch), no reference model (KL
-coefficient / beta 0), no vLLM, token-mean loss with the PPO clip 0.2, advantages normalised by
-the group's std, Adam without weight decay, global grad-norm clip 1.0, constant learning rate
-`--lr` (3e-4), no gradient checkpointing, `torch.set_num_threads(--threads)` in both processes.
-The reward is our SQL verifier on both sides: `rllib_dph.envs.sql.verify_sql` (the function `SQLEnv`
-calls) on the completion text decoded with `skip_special_tokens=True`, with the task's gold
-query, database and comparison method; TRL calls it as its python reward function.
+Both sides train the same local model folder (default: the bundled `tiny-sql-math`; `--model`
+takes another name or folder) on the same prompts in the same order, step for step:
+`--prompts-per-step` prompts (8) of `sql_synth/train`, drawn once with `--seed`, times
+`--group-size` completions (8) of at most `--max-response-length` new tokens (64) at temperature
+1.0 (top-p 1, no top-k); fp32; one optimizer step per batch (one forward/backward over all rows,
+no gradient accumulation, no epochs); no reference model; no vLLM; token-mean loss with the PPO
+clip 0.2; advantages normalised by the group's std; Adam without weight decay, grad-norm clip
+1.0, constant `--lr` (3e-4); no gradient checkpointing; `torch.set_num_threads(--threads)` on
+both sides. The reward on both sides is `rllib_dph.envs.sql.verify_sql` (what `SQLEnv` calls) on
+the completion decoded with `skip_special_tokens=True`.
 
-Ours runs in this process: the algorithm of `tuned_examples/grpo/sql_tiny_grpo.py` with the
-overrides above (`config.update_from_dict`, `num_env_runners=0`, `num_learners=0`), after
-`ray.init(num_cpus=2)`; a step is one `algo.train()`. TRL runs in its own virtual environment
-(`--venv`, default `$XDG_CACHE_HOME/rllib_dph/trl-venv`, `~/.cache/rllib_dph/trl-venv` without
-`XDG_CACHE_HOME`) as a subprocess that this script drives over a pipe: TRL's
-`Trainer.train()` with `max_steps` = all steps of the run and a callback that pauses it at the
-end of each round. Its prompts are a `datasets.Dataset` whose "prompt" column holds the same chat
-messages (TRL applies the model's chat template, as we do; the script checks that both sides
-get the same prompt token ids), read in order (`shuffle_dataset=False`); our env runner is
-handed the same prompts in the same order. A TRL step is the time between two `on_step_end`
-callbacks (generation, reward, advantages, forward/backward, clip, optimizer step, and its
-per-step logging).
+Ours: `tuned_examples/grpo/sql_tiny_grpo.py` with those overrides (`num_env_runners=0`,
+`num_learners=0`) in this process; a step is one `algo.train()`. TRL: `Trainer.train()` in its
+own virtual environment (`--venv`, default `$XDG_CACHE_HOME/rllib_dph/trl-venv`), a subprocess
+driven over a pipe and paused by a callback after each round; its data set holds the same chat
+messages (the script checks that both sides get the same prompt token ids), read in order; a
+step is the time between two `on_step_end` callbacks.
 
-Measured: `--warmup` steps per side first (not counted), then `--rounds` rounds of `--steps`
-steps per side, alternated ours, TRL, ours, TRL, ...; only one side runs at a time (the other
-waits: TRL blocked on a pipe read, ours idle in this process). Printed: the median seconds per
-step of each side, the ratio ours/TRL, the median of the per-round ratios, and the medians of
-the phases: generation, reward (scoring), update (forward + backward + clip + optimizer step;
-ours: the learner update), other (step minus those three: batch building, advantages, weight
-sync, metrics, logging), mean completion length and mean reward.
+`--warmup` steps per side (not counted), then `--rounds` rounds of `--steps` steps per side,
+alternated, one side at a time. Printed: the median seconds per step of each side, ours/TRL and
+the median of the per-round ratios, the medians of the phases (generation, reward, update,
+other), mean completion length and mean reward. Results: docs/results/costs.md, "Against TRL".
 
-Set up the TRL environment once (about 30 s from the local package files and registry):
+Set up the TRL environment once (`python -m venv`, then torch pinned to this environment's CPU
+build so that pip never pulls CUDA, then trl==1.13.0 datasets==5.0.1 accelerate==1.15.0 and this
+environment's transformers and gymnasium):
 
     python bench/vs_trl.py --setup
 
-which runs exactly:
-
-    python -m venv <venv>
-    <venv>/bin/python -m pip install torch==<this env's torch, e.g. 2.13.0+cpu>
-    <venv>/bin/python -m pip install trl==1.13.0 datasets==5.0.1 accelerate==1.15.0 \
-        transformers==<this env's> gymnasium==<this env's> torch==<same>
-
-(torch first and pinned to this environment's CPU build, the wheel in pip's find-links, so that
-pip never pulls CUDA packages; gymnasium because `rllib_dph.envs.sql` imports `rllib_dph.envs.base`). Only packages
-that rllib_dph itself requires (torch, transformers, gymnasium) are pinned to this environment's
-versions; TRL's own dependencies (datasets, accelerate) have fixed pins here, so the launching
-environment needs none of them. Then:
+Then:
 
     python bench/vs_trl.py --threads 1
     python bench/vs_trl.py --threads 2

@@ -1,18 +1,22 @@
-"""The rollout-engine interface shared by the HF ``transformers`` and vLLM engines.
+"""The rollout-engine contract: :class:`RolloutEngine`, its inputs and outputs, and its argument check.
 
 An engine turns token-id prompts into groups of sampled completions and reports, for every
 sampled token, its log-prob μ under the rollout policy softmax(logits / temperature): the
 behaviour policy that DPPO's trust region and importance ratios are anchored on, and (in
-pre-sampling) the stored π_ref of DPH's reference responses.
+pre-sampling) the stored π_ref of DPH's reference responses. ``rllib_dph.engines.check``
+checks an engine against this contract.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Mapping, Optional, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 import torch
+
+#: Most top log-probs an engine reports per token (``SamplingParams.top_k_logprobs``).
+MAX_TOP_K_LOGPROBS = 20
 
 
 @dataclass(frozen=True)
@@ -83,9 +87,55 @@ class Completion:
 
 @runtime_checkable
 class RolloutEngine(Protocol):
-    """What the env runner and the pre-sampling stage need from an engine."""
+    """What the env runners, evaluation and pre-sampling need from an engine.
 
-    tokenizer: object  # a Hugging Face tokenizer (``decode``, ``eos_token_id``, chat template)
+    Every engine in ``rllib_dph.engines.ENGINES`` has these members, and ``generate`` starts
+    with :func:`check_generate_args`. Beyond the signatures, an engine promises (and
+    ``rllib_dph.engines.check.check_engine`` checks):
+
+    - ``generate`` returns one list of ``params.n`` :class:`Completion` per prompt, in prompt
+      order; token ids are int64 in the tokenizer's vocabulary, μ float32, finite and <= 0;
+    - μ is the log-prob of the sampled token under the full tempered softmax (a teacher-forced
+      recompute on the same weights gives it), and greedy decoding (temperature 0) picks the
+      argmax with μ = 0;
+    - a completion ends at the first stop token (EOS of the tokenizer or of the model's
+      generation config, kept in the output, ``finish_reason="stop"``) or after exactly
+      ``max_new_tokens`` tokens (``"length"``);
+    - the same ``seed``, prompts and weights give the same completions; the ``n`` completions
+      of a prompt, and equal prompts of one call, are independent samples;
+    - ``top_k_logprobs=K`` gives (T, K) top-K ids and log-probs of μ with the sampled token
+      among them (see :class:`SamplingParams`);
+    - ``top_p < 1`` either samples in the nucleus and reports μ of the full tempered softmax
+      (``EngineSpec.full_softmax_logprobs``) or is refused with ``ValueError``;
+    - ``update_weights`` changes what is sampled from the next ``generate`` on, and loading
+      the old state back restores the old completions.
+    """
+
+    tokenizer: Any  # the model's Hugging Face tokenizer (``decode``, ``eos_token_id``, chat template)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        model: str,
+        *,
+        dtype: Any = None,
+        device: str | torch.device = "cpu",
+        lora: Optional[Mapping[str, Any]] = None,
+        **engine_kwargs,
+    ) -> "RolloutEngine":
+        """Starts the engine on a model folder or Hugging Face id (``engines.make_engine``
+        resolves bundled model names first).
+
+        Args:
+            model: A ``save_pretrained`` folder (weights, config, tokenizer) or a Hugging Face id.
+            dtype: Weight dtype (``"float32"``, ``"bfloat16"``, ``"float16"`` or a torch.dtype);
+                None keeps the checkpoint's.
+            device: Where to run (``"cpu"``, ``"cuda"``).
+            lora: The LoRA settings (``GRPOConfig.lora``) of the policy whose adapter states
+                ``update_weights`` will get; None for full state dicts only.
+            **engine_kwargs: The engine's own settings (``GRPOConfig.engine_kwargs``).
+        """
+        ...
 
     def generate(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams
@@ -93,12 +143,46 @@ class RolloutEngine(Protocol):
         """Samples ``params.n`` completions for each prompt (token ids, no padding).
 
         Returns one list of ``n`` completions per prompt, in prompt order.
+
+        Raises:
+            ValueError: :func:`check_generate_args` refuses the arguments, or the engine cannot
+                honour them (its message names the value and the fix).
         """
         ...
 
-    def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        """Loads new policy weights: a full state dict of the HF causal LM (tied weights
-        included), or a LoRA policy's adapter state (``rllib_dph.policy.lora.adapter_state``), which the
-        engine serves on its base model from then on; ``from_pretrained(..., lora=settings)``
-        starts an engine ready for it."""
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor | np.ndarray]) -> None:
+        """Loads new policy weights (torch tensors or numpy arrays, cast to the engine's dtype):
+        a full state dict of the HF causal LM (tied weights included), or a LoRA policy's
+        adapter state (``rllib_dph.policy.lora.adapter_state``), which the engine serves on its
+        base model from then on; ``from_pretrained(..., lora=settings)`` starts an engine ready
+        for it. Called between ``generate`` calls."""
         ...
+
+
+def check_generate_args(prompts: Sequence[Sequence[int]], params: SamplingParams) -> None:
+    """The argument check every engine's ``generate`` starts with: valid params, no empty prompt.
+
+    Raises:
+        ValueError: Naming the first field of ``params`` out of range, or the first empty prompt.
+    """
+    check_sampling_params(params)
+    for i, prompt in enumerate(prompts):
+        if len(prompt) == 0:
+            raise ValueError(f"prompt {i} is empty; every prompt needs at least one token.")
+
+
+def check_sampling_params(params: SamplingParams) -> None:
+    """Raises ``ValueError`` naming the first field of ``params`` outside its range."""
+    rules = [
+        (params.n >= 1, f"n={params.n} must be >= 1"),
+        (params.temperature >= 0, f"temperature={params.temperature} must be >= 0 (0 = greedy)"),
+        (0 < params.top_p <= 1, f"top_p={params.top_p} must be in (0, 1] (1 disables it)"),
+        (params.max_new_tokens >= 1, f"max_new_tokens={params.max_new_tokens} must be >= 1"),
+        (
+            0 <= params.top_k_logprobs <= MAX_TOP_K_LOGPROBS,
+            f"top_k_logprobs={params.top_k_logprobs} must be in [0, {MAX_TOP_K_LOGPROBS}]",
+        ),
+    ]
+    for ok, message in rules:
+        if not ok:
+            raise ValueError(f"SamplingParams: {message}; fix the value passed to SamplingParams.")

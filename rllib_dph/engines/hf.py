@@ -27,12 +27,11 @@ import numpy as np
 import torch
 from transformers.cache_utils import Cache, DynamicLayer, StaticCache
 
-from rllib_dph.engines.base import Completion, SamplingParams
+from rllib_dph.engines.base import Completion, SamplingParams, check_generate_args
 from rllib_dph.policy.lora import add_adapters, has_adapters, is_lora_state, load_into
 from rllib_dph.models.folders import load_model_folder, load_tokenizer_folder
 from rllib_dph.models.transformers_api import cache_kwargs
 
-MAX_TOP_K_LOGPROBS = 20
 # Stopped rows leave the batch (a copy of the KV cache) once they are this share of it.
 COMPACT_FRACTION = 0.25
 #: The compiled decoder pads a chunk's rows and its prompt + response length up to multiples of
@@ -419,31 +418,6 @@ def _completions(tokens, logprobs, topk_ids, topk_logprobs, lengths, stopped, *,
         )
         for row, (length, is_stopped) in enumerate(zip(lengths, stopped.tolist()))
     ]
-
-
-def check_generate_args(prompts: Sequence[Sequence[int]], params: SamplingParams) -> None:
-    """The argument checks every engine's ``generate`` shares: valid params, no empty prompt."""
-    check_sampling_params(params)
-    for i, prompt in enumerate(prompts):
-        if len(prompt) == 0:
-            raise ValueError(f"prompt {i} is empty; every prompt needs at least one token.")
-
-
-def check_sampling_params(params: SamplingParams) -> None:
-    """Raises ``ValueError`` naming the first field of ``params`` outside its range."""
-    rules = [
-        (params.n >= 1, f"n={params.n} must be >= 1"),
-        (params.temperature >= 0, f"temperature={params.temperature} must be >= 0 (0 = greedy)"),
-        (0 < params.top_p <= 1, f"top_p={params.top_p} must be in (0, 1] (1 disables it)"),
-        (params.max_new_tokens >= 1, f"max_new_tokens={params.max_new_tokens} must be >= 1"),
-        (
-            0 <= params.top_k_logprobs <= MAX_TOP_K_LOGPROBS,
-            f"top_k_logprobs={params.top_k_logprobs} must be in [0, {MAX_TOP_K_LOGPROBS}]",
-        ),
-    ]
-    for ok, message in rules:
-        if not ok:
-            raise ValueError(f"SamplingParams: {message}; fix the value passed to SamplingParams.")
 
 
 def sample_next(

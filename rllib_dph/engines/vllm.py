@@ -71,8 +71,7 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 import torch
 
-from rllib_dph.engines.base import Completion, SamplingParams
-from rllib_dph.engines.hf import check_generate_args
+from rllib_dph.engines.base import Completion, SamplingParams, check_generate_args
 from rllib_dph.policy.lora import is_lora_state, lora_settings, write_peft_folder
 from rllib_dph.models.folders import as_dtype, load_tokenizer_folder
 

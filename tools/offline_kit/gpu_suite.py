@@ -15,8 +15,8 @@ command, exit status, seconds and parsed results), one ``suite.md`` (the tables)
   one GPU each, DDP and FSDP2, with and without gradient checkpointing, on a random-weight
   Qwen2-0.5B: seconds per update and peak memory per learner against the preflight's
   prediction (``bench/gpu_learners.py``). Two learners cannot share one GPU: NCCL refuses two
-  ranks on one device ("Duplicate GPU detected", measured on the H200), and the config now
-  refuses ``num_gpus_per_learner < 1`` with several learners;
+  ranks on one device ("Duplicate GPU detected"), and the config refuses
+  ``num_gpus_per_learner < 1`` with several learners;
 - ``learners-1``: GRPO with and without checkpointing, DPH-JS, and both with LoRA (the defaults,
   r 16 on every linear layer), on one learner holding the whole GPU: the same measurements;
 - ``e2e``: ``rllib train file tuned_examples/grpo/sql_tiny_grpo.py`` on the GPU (learner and HF

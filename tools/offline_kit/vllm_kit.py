@@ -9,10 +9,9 @@ backend loads (:data:`DROP`: the FlashAttention 2 and 3 kernels, the MoE kernels
 QuTLASS, the Rust front end, the DeepGEMM and SM100 attention sources and the server's static
 files go; each is imported only where guarded): 64 MiB. Beside it go the wheels of
 :data:`IMPORTED`, the packages vLLM imports for offline generation and neither torch nor
-transformers brings: found on 2026-11-26 by importing vLLM's LLM entry point, engine core, GPU
-worker and model runner, Llama model, Triton attention backend, sampler, loader and LoRA request
-in an environment that held only torch and transformers, installing what each import missed
-(versions within vLLM's own requirements): 29 MiB. ``prepare`` splits the trimmed wheel in two
+transformers brings (what importing vLLM's LLM entry point, engine core, GPU worker and model
+runner, Llama model, Triton attention backend, sampler, loader and LoRA request misses in an
+environment of torch and transformers alone; versions within vLLM's own requirements): 29 MiB. ``prepare`` splits the trimmed wheel in two
 and deals the files into one folder per call, ``.vllm/call1/``, ``call2/``, ... (:func:`carry_plan`;
 a call's ``carry`` names its folder; the first is the one that also carries the last SmolLM2
 part, so it is smaller; ``plan.py`` lays out the calls).

@@ -291,7 +291,7 @@ def test_rllib_train_refuses_a_trial_the_cluster_cannot_hold(tmp_path):
 
 def test_a_sweep_whose_trials_would_share_a_presample_folder_with_other_seeds_is_refused(tmp_path):
     """Trials of different seeds need different D_pef files; sharing one folder makes them set
-    each other's aside (found in research/reproduce_dph.py's seeds). Sweeping eta shares it safely."""
+    each other's aside. Sweeping eta shares it safely."""
     from rllib_dph.cli.preflight import shared_presample_problems
 
     def dph():

@@ -105,8 +105,8 @@ def test_fsdp2_needs_two_learners_and_global_norm():
 
 @pytest.mark.parametrize("sharding", ["ddp", "fsdp2"])
 def test_gpu_learners_do_not_share_a_gpu(sharding):
-    """Two NCCL ranks on one GPU fail at the first collective ('Duplicate GPU detected', H200
-    run of tools/offline_kit/gpu_suite.py): the config refuses fractional GPUs for several learners."""
+    """Two NCCL ranks on one GPU fail at the first collective ('Duplicate GPU detected'): the
+    config refuses fractional GPUs for several learners."""
     with pytest.raises(ValueError, match=r"num_gpus_per_learner=0.5 with num_learners=2 .*whole GPU"):
         _config().learners(sharding=sharding, num_learners=2, num_gpus_per_learner=0.5).validate()
     _config().learners(sharding=sharding, num_learners=2, num_gpus_per_learner=1).validate()
@@ -264,7 +264,7 @@ def test_fsdp2_lora_learners_take_the_step_of_one(ray_session, tmp_path):
         assert set(gathered) == set(alone["model"])
         for name, value in alone["model"].items():
             # Adam's first step moves each adapter weight by ~lr = 1e-4 (B leaves 0 by that);
-            # summing the gradient in two shards instead of one changes it by ~2e-7 (measured).
+            # summing the gradient in two shards instead of one changes it by ~2e-7 (float rounding).
             torch.testing.assert_close(gathered[name], value, atol=1e-6, rtol=0)
             if not lora.is_adapter_key(name):
                 assert torch.equal(gathered[name], before["model"][name]), name  # the base stays frozen

@@ -1,20 +1,17 @@
 """The learner update and HF-engine generation on one device (GPU or CPU), in bf16 and fp32.
 
-Part 1, learner: builds the real GRPO learner (``GRPOConfig.build_learner``, as the tests do,
-with ``.learners(num_gpus_per_learner=1)`` on a GPU) on a synthetic batch of exploration rows
-whose μ is the model's own teacher-forced log-prob (an on-policy first epoch), then reports per
-model, dtype and batch shape: whether the loss is finite, which parameter tensors and which
-share of their elements the first update changed (at lr 1e-5), the master-weight and Adam-state
-dtypes and the parameters' device, the compute dtype (the dtype of the logits the forward pass
-produced, bfloat16 under ``dtype="bfloat16"``'s autocast), whether the module's weights survive
-``get_state``/``set_state`` in their dtype, whether the learner's full ``get_state()``
-(optimizer included) works, and seconds per update (median of ``--iters`` after one warm-up),
-tokens/s and peak GPU memory. ``--dtypes`` are ``GRPOConfig.llm(dtype=...)`` values: with
-``bfloat16`` the learner trains in mixed precision (float32 master weights and Adam state, the
-forward pass under bf16 autocast); the rollout engine of part 2 holds pure bf16 weights.
+Part 1, learner: the real GRPO learner (``GRPOConfig.build_learner``; on a GPU with
+``.learners(num_gpus_per_learner=1)``) on a synthetic batch whose μ is the model's own
+teacher-forced log-prob (an on-policy first epoch). Per model, dtype and batch shape: a finite
+loss; which parameter tensors, and which share of their elements, the first update (lr 1e-5)
+changed; the master-weight, Adam-state and compute dtypes (``--dtypes`` are
+``GRPOConfig.llm(dtype=...)`` values: ``bfloat16`` is mixed precision, float32 master weights and
+Adam state under bf16 autocast); the parameters' device; whether the module's weights survive
+``get_state``/``set_state`` in their dtype and the learner's full ``get_state()`` works; seconds
+per update (median of ``--iters`` after one warm-up), tokens/s and peak GPU memory.
 
 Part 2, generation: a rollout engine (``engines.make_engine``; ``--modes``: the HF engine eager
-or compiled, or the vLLM engine in-process) samples
+or compiled, or the vLLM engine in-process; pure bf16 weights under ``bfloat16``) samples
 ``--gen-rows`` rows (prompts × ``--n``) of ``--max-new-tokens`` tokens; it reports generated
 tokens/s (median of ``--gen-iters`` calls after a warm-up) and the gap between the engine's μ
 and a teacher-forced recompute of the same tokens by the learner's code path

@@ -20,13 +20,13 @@ questions in training. Every setting that was run stays in the table; none is dr
     python research/collapse_search.py --curve --family nulls   # the same on the NULL family (+ DPH-JS at eta 10)
 
 Writes `research/out/collapse/<setting>/curve.json` (`grpo_budget.py`'s output) and
-`research/out/collapse/summary.md`. `--curve` trains the `grpo` and `dph-js`
-settings for the comparison's budget (100 iterations), evaluates every 20 iterations into
-`research/out/collapse/curves/<setting>/`, and plots pass@64 against iterations for both into
-`docs/results/figures/collapse_curve.png`. `--family nulls` does it on the NULL family instead (docs/collapse.md,
-"The NULL family"): its budget's model and training mix, `sql_synth/test_nulls`, the settings
-`grpo`, `dph-js` and `dph-js-eta10`, into `research/out/collapse/nulls/` and
-`docs/results/figures/collapse_nulls_curve.png`.
+`research/out/collapse/summary.md`. `--curve` trains the `grpo` and `dph-js` settings for the
+comparison's budget (100 iterations), evaluates every 20 iterations
+(`research/out/collapse/curves/<setting>/`) and plots pass@64 against iterations
+(`docs/results/figures/collapse_curve.png`). `--family nulls` does the same on the NULL family
+(docs/results/nulls.md: its budget's model and training mix, `sql_synth/test_nulls`, the settings
+`grpo`, `dph-js` and `dph-js-eta10`; `research/out/collapse/nulls/`,
+`docs/results/figures/collapse_nulls_curve.png`).
 """
 
 import argparse

@@ -1,4 +1,6 @@
-"""The HF rollout engine: μ log-probs, top-p, top-K, seeding, stopping, grouping and weight updates."""
+"""What is particular to the HF rollout engine: rows leaving the batch, extra stop tokens, chunking,
+bfloat16 weights, the model types it refuses, and compiled decoding. The engine contract (μ,
+top-K, top-p, seeding, EOS, weight updates, LoRA) is checked in tests/test_engine_conformance.py."""
 
 import copy
 from types import SimpleNamespace
@@ -9,8 +11,9 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from rllib_dph.engines import RolloutEngine, build_engine
+from rllib_dph.engines import build_engine
 from rllib_dph.engines.base import SamplingParams
+from rllib_dph.engines.check import recompute_logp
 from rllib_dph.engines.hf import HFEngine
 from rllib_dph.models.hub import resolve_model
 
@@ -73,117 +76,8 @@ def eos_biased_model(model, eos_id: int, bias: float) -> Qwen2ForCausalLM:
     return biased
 
 
-def recompute_logp(model, prompt, response, temperature):
-    """Teacher-forced log_softmax(logits / T) at each response position: (T, V) fp32."""
-    ids = torch.tensor([list(prompt) + list(response)])
-    with torch.no_grad():
-        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()  # (T, V)
-    return torch.log_softmax(logits / temperature, dim=-1)
-
-
-def nucleus(logp, top_p):
-    """Bool (T, V): the smallest set of most likely tokens with mass >= top_p, per row."""
-    p = logp.exp()
-    inside = torch.zeros_like(p, dtype=torch.bool)
-    for t in range(p.shape[0]):
-        order = p[t].argsort(descending=True)
-        mass = 0.0
-        for token in order.tolist():
-            inside[t, token] = True
-            mass += p[t, token].item()
-            if mass >= top_p:
-                break
-    return inside
-
-
 def all_completions(groups):
     return [(PROMPTS[i], c) for i, group in enumerate(groups) for c in group]
-
-
-def test_engine_satisfies_protocol(engine):
-    assert isinstance(engine, RolloutEngine)
-
-
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_logprobs_equal_teacher_forced_recompute(engine, model, temperature):
-    params = SamplingParams(n=3, temperature=temperature, max_new_tokens=12, seed=0)
-    groups = engine.generate(PROMPTS, params)
-    for prompt, c in all_completions(groups):
-        assert c.token_ids.dtype == np.int64 and c.logprobs.dtype == np.float32
-        logp = recompute_logp(model, prompt, c.token_ids, temperature)
-        expected = logp.gather(1, torch.from_numpy(c.token_ids)[:, None]).squeeze(1)
-        np.testing.assert_allclose(c.logprobs, expected.numpy(), atol=1e-4)
-
-
-def test_top_p_samples_inside_nucleus_and_reports_full_softmax_logprobs(engine, model):
-    """top_p filters the draw; μ stays the log-prob of the full tempered softmax (engines.base)."""
-    top_p, temperature = 0.6, 0.8
-    params = SamplingParams(n=4, temperature=temperature, top_p=top_p, max_new_tokens=10, seed=1)
-    num_outside_full_support = 0
-    for prompt, c in all_completions(engine.generate(PROMPTS, params)):
-        logp = recompute_logp(model, prompt, c.token_ids, temperature)
-        inside = nucleus(logp, top_p)
-        positions = torch.arange(len(c.token_ids))
-        tokens = torch.from_numpy(c.token_ids)
-        assert inside[positions, tokens].all()
-        np.testing.assert_allclose(c.logprobs, logp[positions, tokens].numpy(), atol=1e-4)
-        num_outside_full_support += int((~inside).any(-1).sum())
-    assert num_outside_full_support > 0  # the nucleus really excluded tokens
-
-
-def test_top_k_logprobs(engine, model):
-    K, temperature = 3, 0.7
-    params = SamplingParams(n=4, temperature=temperature, max_new_tokens=10, seed=2, top_k_logprobs=K)
-    num_replaced = 0
-    for prompt, c in all_completions(engine.generate(PROMPTS, params)):
-        T = len(c.token_ids)
-        assert c.topk_ids.shape == (T, K) and c.topk_logprobs.shape == (T, K)
-        assert c.topk_ids.dtype == np.int64 and c.topk_logprobs.dtype == np.float32
-        assert (np.diff(c.topk_logprobs, axis=1) <= 0).all()  # sorted descending
-        assert (c.topk_logprobs <= 0).all()
-        assert (c.topk_ids == c.token_ids[:, None]).any(1).all()  # sampled token included
-        logp = recompute_logp(model, prompt, c.token_ids, temperature)
-        expected = logp.gather(1, torch.from_numpy(c.topk_ids))  # (T, K)
-        np.testing.assert_allclose(c.topk_logprobs, expected.numpy(), atol=1e-4)
-        true_topk = logp.topk(K, dim=-1).indices.numpy()  # (T, K)
-        in_true_topk = (true_topk == c.token_ids[:, None]).any(1)
-        np.testing.assert_array_equal(c.topk_ids[in_true_topk], true_topk[in_true_topk])
-        # Outside the true top-K the sampled token replaces the K-th entry.
-        np.testing.assert_array_equal(c.topk_ids[~in_true_topk, -1], c.token_ids[~in_true_topk])
-        np.testing.assert_array_equal(c.topk_ids[~in_true_topk, :-1], true_topk[~in_true_topk, :-1])
-        num_replaced += int((~in_true_topk).sum())
-    assert num_replaced > 0  # the replacement rule was exercised
-
-
-def test_same_seed_same_samples(engine):
-    params = SamplingParams(n=2, max_new_tokens=8, seed=7, top_k_logprobs=2)
-    first, again = engine.generate(PROMPTS, params), engine.generate(PROMPTS, params)
-    other = engine.generate(PROMPTS, SamplingParams(n=2, max_new_tokens=8, seed=8))
-    for (_, a), (_, b) in zip(all_completions(first), all_completions(again)):
-        np.testing.assert_array_equal(a.token_ids, b.token_ids)
-        np.testing.assert_array_equal(a.logprobs, b.logprobs)
-        np.testing.assert_array_equal(a.topk_ids, b.topk_ids)
-    assert any(
-        not np.array_equal(a.token_ids, b.token_ids)
-        for (_, a), (_, b) in zip(all_completions(first), all_completions(other))
-    )
-
-
-def test_greedy_equals_model_generate(model, tokenizer):
-    biased = eos_biased_model(model, tokenizer.eos_token_id, bias=0.5)  # some rows stop early
-    engine = HFEngine(biased, tokenizer)
-    params = SamplingParams(n=2, temperature=0.0, max_new_tokens=10, top_k_logprobs=2)
-    groups = engine.generate(PROMPTS, params)
-    for prompt, group in zip(PROMPTS, groups):
-        expected = biased.generate(
-            torch.tensor([prompt]), do_sample=False, max_new_tokens=10, pad_token_id=0
-        )[0, len(prompt) :].numpy()
-        for c in group:
-            np.testing.assert_array_equal(c.token_ids, expected)
-            np.testing.assert_array_equal(c.logprobs, np.zeros(len(expected)))  # point mass
-            np.testing.assert_array_equal(c.topk_ids[:, 0], c.token_ids)
-            assert (c.topk_logprobs[:, 1] == -np.inf).all()
-    assert {c.finish_reason for _, c in all_completions(groups)} == {"stop", "length"}
 
 
 def test_stops_on_eos_and_reports_finish_reason(model, tokenizer):
@@ -228,27 +122,6 @@ def test_n_completions_grouped_by_prompt_across_chunks(model, tokenizer):
             np.testing.assert_array_equal(a.token_ids, b.token_ids)
 
 
-def test_update_weights_changes_output_and_round_trips(model, tokenizer):
-    engine = HFEngine(copy.deepcopy(model), tokenizer)
-    params = SamplingParams(temperature=0.0, max_new_tokens=8)
-    before = engine.generate(PROMPTS, params)
-    original = {k: v.clone() for k, v in engine.model.state_dict().items()}
-    generator = torch.Generator().manual_seed(0)
-    modified = {k: (v + torch.randn(v.shape, generator=generator)).numpy() for k, v in original.items()}
-
-    engine.update_weights(modified)  # numpy arrays, tied lm_head.weight included
-    after = engine.generate(PROMPTS, params)
-    assert any(
-        not np.array_equal(a[0].token_ids, b[0].token_ids) for a, b in zip(before, after)
-    )
-    assert engine.model.lm_head.weight is engine.model.model.embed_tokens.weight  # still tied
-
-    engine.update_weights(original)  # torch tensors
-    restored = engine.generate(PROMPTS, params)
-    for a, b in zip(before, restored):
-        np.testing.assert_array_equal(a[0].token_ids, b[0].token_ids)
-
-
 def test_bfloat16_model(model, tokenizer):
     bf16 = copy.deepcopy(model).to(torch.bfloat16)
     engine = HFEngine(bf16, tokenizer)
@@ -260,28 +133,9 @@ def test_bfloat16_model(model, tokenizer):
         np.testing.assert_allclose(c.logprobs, expected.numpy(), atol=0.05)
     fp32 = {k: v + 0.01 for k, v in model.state_dict().items()}  # a mixed-precision learner's weights
     engine.update_weights(fp32)
+    assert engine.model.lm_head.weight is engine.model.model.embed_tokens.weight  # still tied
     assert engine.model.model.embed_tokens.weight.dtype == torch.bfloat16
     assert torch.equal(engine.model.model.embed_tokens.weight, fp32["model.embed_tokens.weight"].bfloat16())
-
-
-@pytest.mark.parametrize(
-    "params, match",
-    [
-        (SamplingParams(n=0), "n=0"),
-        (SamplingParams(temperature=-1.0), "temperature=-1.0"),
-        (SamplingParams(top_p=0.0), "top_p=0.0"),
-        (SamplingParams(max_new_tokens=0), "max_new_tokens=0"),
-        (SamplingParams(top_k_logprobs=21), "top_k_logprobs=21"),
-    ],
-)
-def test_invalid_sampling_params_are_named(engine, params, match):
-    with pytest.raises(ValueError, match=match):
-        engine.generate(PROMPTS, params)
-
-
-def test_empty_prompt_is_named(engine):
-    with pytest.raises(ValueError, match="prompt 1 is empty"):
-        engine.generate([[3], []], SamplingParams())
 
 
 def test_sliding_window_model_is_refused(tokenizer):

@@ -1,4 +1,20 @@
-"""Rollout engines: the :class:`RolloutEngine` interface and the one registry of engines by name."""
+"""Rollout engines: the :class:`RolloutEngine` contract (``base.py``) and the one registry of engines by name.
+
+Adding an engine:
+
+1. One file here, e.g. ``engines/sglang.py``, with a class that has the members of
+   :class:`RolloutEngine` (``from_pretrained``, ``generate``, ``update_weights``,
+   ``tokenizer``) and keeps its promises; its ``generate`` starts with
+   ``base.check_generate_args``. Import an optional dependency inside its methods, not at
+   the top of the module, so that the package imports without it.
+2. One row of :data:`ENGINES`: its name, ``"module:Class"`` path, whether it reports μ of the
+   full tempered softmax under ``top_p < 1`` (or refuses ``top_p < 1``), a description and its
+   GPU memory share.
+3. Run the conformance test, ``python -m pytest tests/test_engine_conformance.py``: it checks
+   every row of :data:`ENGINES` with ``check.check_engine``. An engine with an optional
+   dependency runs there under the pytest marker of its name, registered in ``pytest.ini``
+   (deselected by default, like ``vllm``), in a CI step that installs the dependency.
+"""
 
 from __future__ import annotations
 

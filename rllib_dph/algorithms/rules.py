@@ -7,16 +7,26 @@ then the others in order (``ChoiceRule``: a name from a registry;
 ``grpo.trust_region.TrustRegionRule``: the grouped trust-region setting; ``CrossRule``: rules
 across fields). Every message states the field, the value, the rule and a fix. NaN never passes a number
 rule (every bound is checked with a comparison that NaN fails), and neither does a string or a
-bool where a number is due.
+bool where a number is due, nor a number beyond what a later wait or tensor can hold
+(:data:`MAX_INT`, :data:`MAX_REAL`). ``BoolRule`` takes ``True`` or ``False`` alone: the string
+``"false"`` of a config file is refused, not read as true.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Collection, Iterable, Iterator, Optional
 
+#: The largest int any numeric field takes: sizes and counts beyond it overflow the int32 and
+#: int64 arithmetic of tensors built from them.
+MAX_INT = 2**31 - 1
+#: The largest finite real any numeric field takes: the longest wait Python can make
+#: (``threading.TIMEOUT_MAX``, about 292 years in seconds); a timeout beyond it fails when the
+#: wait starts, hours into a run.
+MAX_REAL = threading.TIMEOUT_MAX
 
 
 @dataclass(frozen=True)
@@ -68,6 +78,8 @@ class NumberRule:
             return False
         if math.isnan(value) or (math.isinf(value) and not (self.allow_inf and value > 0)):
             return False
+        if not math.isinf(value) and abs(value) > (MAX_INT if self.integer else MAX_REAL):
+            return False
         above = self.low is None or (value > self.low if self.low_open else value >= self.low)
         below = self.high is None or (value < self.high if self.high_open else value <= self.high)
         return above and below
@@ -76,7 +88,14 @@ class NumberRule:
         """The error for a value that breaks the rule: field, value, rule and fix."""
         typed = f" ({type(value).__name__})" if isinstance(value, (str, bool)) else ""
         fix = f"; {self.fix}" if self.fix else ""
-        return f"{self.field}={value!r}{typed} is invalid: it must be {self.describe()}{fix}."
+        return f"{self.field}={value!r}{typed} is invalid: it must be {self.describe()}{self._ceiling(value)}{fix}."
+
+    def _ceiling(self, value: Any) -> str:
+        """``", at most <MAX_INT or MAX_REAL>"`` for a number beyond it, else ``""``."""
+        ceiling = MAX_INT if self.integer else MAX_REAL
+        beyond = (isinstance(value, numbers.Real) and not isinstance(value, bool) and not math.isnan(value)
+                  and not math.isinf(value) and abs(value) > ceiling)
+        return f", at most {ceiling:.3g}" if beyond and not self.integer else (f", at most {ceiling}" if beyond else "")
 
     def violation(self, config: Any) -> Optional[str]:
         """The message when ``config``'s field breaks the rule, else None."""
@@ -97,11 +116,31 @@ class ChoiceRule:
     choices: Collection[str]
 
     def violation(self, config: Any) -> Optional[str]:
-        """The message when ``config``'s field is not one of ``choices``, else None."""
+        """The message when ``config``'s field is not one of ``choices``, else None (a value of
+        another type, e.g. a list holding a choice, is refused like any other)."""
         value = getattr(config, self.field)
-        if value in self.choices:
+        if isinstance(value, str) and value in self.choices:
             return None
-        return f"{self.field}={value!r} is not one of {list(self.choices)}; pick one of those."
+        typed = "" if isinstance(value, str) else f" ({type(value).__name__})"
+        return f"{self.field}={value!r}{typed} is not one of {list(self.choices)}; pick one of those."
+
+
+@dataclass(frozen=True)
+class BoolRule:
+    """A field that is ``True`` or ``False``: a string ("false", "0"), a number or None is refused.
+
+    Attributes:
+        field: The config attribute.
+    """
+
+    field: str
+
+    def violation(self, config: Any) -> Optional[str]:
+        """The message when ``config``'s field is not a bool, else None."""
+        value = getattr(config, self.field)
+        if isinstance(value, bool):
+            return None
+        return f"{self.field}={value!r} ({type(value).__name__}) is invalid: it must be True or False."
 
 
 @dataclass(frozen=True)

@@ -78,6 +78,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from rllib_dph.algorithms.rules import BoolRule, NumberRule, first_violation
 from rllib_dph.engines import DEFAULT_ENGINE, build_engine
 from rllib_dph.engines.base import SamplingParams
 from rllib_dph.files import (
@@ -175,13 +176,12 @@ class PresampleConfig:
 
     def problem(self) -> Optional[str]:
         """The first broken rule of the stage's own fields (``k``, ``min_correct`` and
-        ``prompts_per_chunk`` ints >= 1, ``min_correct <= k``, ``pef_samples``, ``sampling.n`` 1),
-        or None; each message states the value, the rule and the fix."""
-        for name, fix in (("k", "paper: 8 samples per prompt"), ("min_correct", "paper: 7 of 8"),
-                          ("prompts_per_chunk", "e.g. 64")):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                return f"{name}={value!r} is invalid: it must be an int >= 1; {fix}."
+        ``prompts_per_chunk`` ints >= 1, ``full_data`` a bool, ``min_correct <= k``,
+        ``pef_samples``, ``sampling.n`` 1), or None; each message states the value, the rule and
+        the fix."""
+        problem = first_violation(self, PRESAMPLE_RULES)
+        if problem is not None:
+            return problem
         if self.min_correct > self.k:
             return f"min_correct={self.min_correct} must be <= k={self.k} (paper: 7 of 8)."
         if not isinstance(self.sampling, SamplingParams) or self.sampling.n != 1:
@@ -197,6 +197,14 @@ class PresampleConfig:
         if problem is not None:
             raise ValueError(problem)
 
+
+#: The rules of :class:`PresampleConfig`'s own numeric and bool fields (``rules.py``).
+PRESAMPLE_RULES = (
+    NumberRule("k", integer=True, low=1, fix="paper: 8 samples per prompt"),
+    NumberRule("min_correct", integer=True, low=1, fix="paper: 7 of 8"),
+    NumberRule("prompts_per_chunk", integer=True, low=1, fix="e.g. 64"),
+    BoolRule("full_data"),
+)
 
 #: The fields of :class:`PresampleConfig` that a ``DPHConfig`` takes from its training settings.
 TRAINING_FIELDS = (

@@ -37,7 +37,7 @@ from ray.rllib.utils.metrics import (
 
 from rllib_dph import columns as C
 from rllib_dph.env_runners.async_sampling import SamplingRounds
-from rllib_dph.algorithms.rules import ChoiceRule, CrossRule, NumberRule, first_violation
+from rllib_dph.algorithms.rules import BoolRule, ChoiceRule, CrossRule, NumberRule, first_violation
 from rllib_dph.algorithms.grpo.grpo_torch_learner import GRPOTorchLearner
 from rllib_dph.algorithms.grpo.trust_region import TrustRegion, TrustRegionRule
 from rllib_dph.engines import DEFAULT_ENGINE, ENGINES, SamplingParams
@@ -676,8 +676,13 @@ class GRPOConfig(AlgorithmConfig):
         """Rows (completions) per training iteration."""
         return self.prompts_per_step * self.group_size
 
+    #: The fields that are True or False (RLlib's shuffle_batch_per_epoch and
+    #: torch_skip_nan_gradients among them).
+    bool_rules = tuple(BoolRule(field) for field in (
+        "gradient_checkpointing", "dynamic_sampling", "normalize_advantage_std", "shuffle_batch_per_epoch",
+        "torch_skip_nan_gradients"))
     #: Every field rule, each table beside its setter (``rules.py``: the kinds of rule).
-    rules = (*llm_rules, *training_rules, *env_runner_rules, *learner_rules, *held_out_rules)
+    rules = (*llm_rules, *training_rules, *env_runner_rules, *learner_rules, *held_out_rules, *bool_rules)
 
     @override(AlgorithmConfig)
     def validate(self) -> None:

@@ -14,6 +14,15 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def tiny_random_built():
+    """``tiny-random``, which many tests load by name, built once (seconds) when it is not: resolving
+    a name never builds (``rllib_dph.models.hub``), a run's preparation step does."""
+    from rllib_dph.models.build.prepare import prepare_model
+
+    prepare_model("tiny-random", progress=False)
+
+
 @pytest.fixture(scope="session")
 def ray_session():
     import ray

@@ -170,7 +170,7 @@ def test_one_cache_root_for_models_suites_and_fingerprints(monkeypatch, tmp_path
     assert files.home() == tmp_path
     assert suites.suite_root() == tmp_path / "suites" / "v1"
     with pytest.raises(FileNotFoundError, match=re.escape(str(tmp_path / "models" / "tiny-random"))):
-        hub.resolve_model("tiny-random", build=False, force=True)
+        hub.resolve_model("tiny-random")
     monkeypatch.delenv(files.HOME_ENV_VAR)
     assert files.home() == Path.home() / ".cache" / "rllib_dph"
 

@@ -16,8 +16,8 @@ from rllib_dph.cli import main as cli
 from rllib_dph.models import catalog, hub
 from rllib_dph.chat import encode_prompt
 from rllib_dph.evaluation.metrics import pass_at_k
+from rllib_dph.models.build.prepare import build_model, prepare_model
 from rllib_dph.models.hub import (
-    build_model,
     load_causal_lm,
     load_tokenizer,
     model_fingerprint,
@@ -40,7 +40,7 @@ def home(tmp_path_factory):
 @pytest.fixture(scope="module")
 def tiny_random(home):
     """Path of the ``tiny-random`` model built into the temporary home."""
-    return resolve_model("tiny-random")
+    return prepare_model("tiny-random", progress=False).location
 
 
 @pytest.fixture(scope="module")
@@ -240,12 +240,16 @@ def test_resolve_model(home, tiny_random, tmp_path, monkeypatch):
     assert record["name"] == "tiny-random" and record["spec"]["sft_steps"] == 0 and "metrics" not in record
     stamp = (home / "models" / "tiny-random" / "model.safetensors").stat().st_mtime_ns
     assert resolve_model("tiny-random") == tiny_random  # cached: not rebuilt
+    assert prepare_model("tiny-random").location == tiny_random
     assert (home / "models" / "tiny-random" / "model.safetensors").stat().st_mtime_ns == stamp
     assert not [p for p in (home / "models").iterdir() if p.name.startswith(".") and p.is_dir()]
 
-    record["build_version"] -= 1  # a build made by older code is rebuilt on the next resolve
+    record["build_version"] -= 1  # a build made by older code: not resolved, rebuilt by the next preparation
     (home / "models" / "tiny-random" / BUILD_RECORD).write_text(json.dumps(record))
-    assert resolve_model("tiny-random") == tiny_random
+    with pytest.raises(hub.ModelNotFoundError, match="rllib build-model tiny-random"):
+        resolve_model("tiny-random")
+    assert (home / "models" / "tiny-random" / "model.safetensors").stat().st_mtime_ns == stamp  # resolving never builds
+    assert prepare_model("tiny-random", progress=False).location == tiny_random
     assert (home / "models" / "tiny-random" / "model.safetensors").stat().st_mtime_ns != stamp
     rebuilt = json.loads((home / "models" / "tiny-random" / BUILD_RECORD).read_text())
     assert rebuilt["build_version"] == TINY_BUILD_VERSION
@@ -254,7 +258,7 @@ def test_resolve_model(home, tiny_random, tmp_path, monkeypatch):
     assert resolve_model("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"  # an HF id, unchanged
     monkeypatch.setattr(catalog, "SHIPPED_DIR", tmp_path / "nothing_shipped")  # shipped builds: tests/test_shipped_model.py
     with pytest.raises(FileNotFoundError, match="rllib build-model tiny-sql-math"):
-        resolve_model("tiny-sql-math", build=False)
+        resolve_model("tiny-sql-math")
     with pytest.raises(FileNotFoundError, match="no such model folder"):
         resolve_model(str(tmp_path / "missing"))
 
@@ -269,7 +273,7 @@ def test_locate_model_gives_kind_location_fingerprint_and_typed_errors(home, tin
 
     monkeypatch.setattr(catalog, "SHIPPED_DIR", tmp_path / "nothing_shipped")
     with pytest.raises(hub.ModelNotFoundError) as unbuilt:
-        hub.locate_model("tiny-sql-math", build=False)
+        hub.locate_model("tiny-sql-math")
     assert (unbuilt.value.kind, unbuilt.value.name) == ("bundled", "tiny-sql-math")
     assert "not built at" in unbuilt.value.reason and "rllib build-model tiny-sql-math" in unbuilt.value.fix
     monkeypatch.chdir(tmp_path)

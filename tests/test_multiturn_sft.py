@@ -20,6 +20,7 @@ from rllib_dph.models.build import warm_start
 from rllib_dph.models.build.sft import encode_example
 from rllib_dph.models.build.warm_start import training_examples
 from rllib_dph.models.catalog import BUNDLED_MODELS, WarmStartSpec, is_current
+from rllib_dph.models.build.prepare import prepare_model
 from rllib_dph.models.hub import load_tokenizer, locate_model
 from rllib_dph.rollout.episodes import Episode, encode_task, take_turn
 
@@ -111,8 +112,8 @@ def test_multi_turn_share_replaces_sql_examples_by_traces():
 
 
 def test_tiny_mt_warm_start_builds_and_resolves_by_name(tmp_path, monkeypatch):
-    """``tiny-sql-math-mt`` (its spec cut to a few steps) builds from the shipped tiny model on
-    first use and resolves by name; its record counts the traces it trained on."""
+    """``tiny-sql-math-mt`` (its spec cut to a few steps) is built from the shipped tiny model by
+    the preparation step and then resolves by name; its record counts the traces it trained on."""
     assert "tiny-sql-math-mt" in BUNDLED_MODELS
     shipped = catalog.WARM_STARTS["tiny-sql-math-mt"]
     assert shipped.base == "tiny-sql-math" and 0 < shipped.multi_turn_share < 1
@@ -120,7 +121,8 @@ def test_tiny_mt_warm_start_builds_and_resolves_by_name(tmp_path, monkeypatch):
     monkeypatch.setenv("RLLIB_DPH_HOME", str(tmp_path))
     small = WarmStartSpec(**{**shipped.__dict__, "sft_steps": 3, "batch_size": 8, "warmup_steps": 1})
     monkeypatch.setitem(catalog.WARM_STARTS, "tiny-sql-math-mt", small)
-    ref = locate_model("tiny-sql-math-mt")
+    ref = prepare_model("tiny-sql-math-mt", progress=False)
+    assert locate_model("tiny-sql-math-mt") == ref
     assert ref.kind == "bundled" and ref.location == str(tmp_path / "models" / "tiny-sql-math-mt")
     record = json.loads((tmp_path / "models" / "tiny-sql-math-mt" / catalog.BUILD_RECORD).read_text())
     assert record["sft"]["examples"] == 24 and sum(record["sft"]["multi_turn"].values()) > 0
@@ -134,7 +136,7 @@ def test_a_record_from_before_multi_turn_share_is_current(tmp_path, monkeypatch)
     single-turn only, which is what the field's default 0.0 means: no rebuild."""
     spec = WarmStartSpec(base="tiny-random", splits=(SPLIT,), sft_steps=2, batch_size=2, warmup_steps=1)
     monkeypatch.setitem(catalog.WARM_STARTS, "tiny-old", spec)
-    base = locate_model("tiny-random").location
+    base = prepare_model("tiny-random", progress=False).location
     warm_start.build_warm_start("tiny-old", tmp_path / "m", base_dir=base, progress=False)
     path = tmp_path / "m" / catalog.BUILD_RECORD
     record = json.loads(path.read_text())

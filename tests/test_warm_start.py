@@ -11,7 +11,8 @@ from rllib_dph.models import catalog
 from rllib_dph.models.build import warm_start
 from rllib_dph.models.build.warm_start import build_warm_start
 from rllib_dph.models.catalog import BUNDLED_MODELS, WarmStartSpec, is_current
-from rllib_dph.models.hub import load_causal_lm, resolve_model
+from rllib_dph.models.build.prepare import prepare_model
+from rllib_dph.models.hub import load_causal_lm
 
 SPEC = WarmStartSpec(base="tiny-random", sft_steps=4, batch_size=2, warmup_steps=1, lr=1e-3, checkpoint_every=2)
 
@@ -24,7 +25,7 @@ def tiny_warm_start(monkeypatch):
 
 @pytest.fixture
 def base_dir():
-    return resolve_model("tiny-random")
+    return prepare_model("tiny-random", progress=False).location
 
 
 def _weights(folder):

@@ -5,7 +5,7 @@
 share the flags of a run (:func:`add_run_flags`) and :func:`run_from_args`, which
 
 1. checks every setting before Ray starts (:func:`check_run`, ``rllib_dph.cli.preflight``);
-2. builds missing tiny models and runs DPH pre-sampling in this process (:func:`prepare_run`);
+2. builds the bundled models it needs and runs DPH pre-sampling in this process (:func:`prepare_run`);
 3. runs the experiment through Ray Tune (:func:`run_experiment`), so results, checkpoints and
    TensorBoard files land in the usual Tune output directory (``--storage-path``, default
    ``~/ray_results``), one folder per run.
@@ -461,18 +461,18 @@ def check_run(config, stop: dict, args, overrides: dict) -> None:
 def prepare_run(config) -> None:
     """Work that must not happen inside a Tune trial, done here with in-place progress bars.
 
-    Builds a bundled tiny model that is neither shipped nor cached, and makes each DPH variant's
-    D_pef file ready as ``DPH.setup`` would (``presample.prepare_pef``: pre-samples
+    Builds each bundled model the variants name (policy and reference) that has no current build
+    yet, saying so on stderr (``models.build.prepare.prepare_models``), and makes each DPH
+    variant's D_pef file ready as ``DPH.setup`` would (``presample.prepare_pef``: pre-samples
     ``presample.out_dir`` when it has no files for this model, data and sampling settings, so the
     trial finds them); a D_pef file that cannot be used is refused here, before Ray starts.
     """
-    from rllib_dph.models.hub import resolve_model
-    from rllib_dph.models.catalog import TINY_MODELS
+    from rllib_dph.models.build.prepare import prepare_models
     from rllib_dph.cli.preflight import Problem, search_variants
 
-    for name in {config.model_name, getattr(config, "reference_model_name", None)} & set(TINY_MODELS):
-        resolve_model(name)
-    for variant in search_variants(config):
+    variants = search_variants(config)
+    prepare_models(name for variant in variants for name in (variant.model_name, variant.reference_model_name))
+    for variant in variants:
         if getattr(variant, "resolved_pef_path", None):  # DPH
             from rllib_dph.algorithms.dph.presample import PefFileError, prepare_pef
 

@@ -64,38 +64,24 @@ def _train(args) -> None:
 
 
 def _build_model(args) -> None:
-    """A bundled model: its shipped or cached build, or a new one (``--force``) with the base
-    model's quality check (``evaluation.base_model``) in its build record, which is printed. Any
-    other name: resolved (a folder, or a Hugging Face id) and printed."""
-    from pathlib import Path
-
+    """A bundled model: its current build (shipped or cached), else a new one in the model cache
+    (also with ``--force``) with the base model's quality check (``evaluation.base_model``) in its
+    build record, which is printed with the fingerprint and the folder. Any other name: resolved
+    (a folder, or a Hugging Face id) and printed."""
     from rllib_dph.evaluation.base_model import evaluate_base_policy
-    from rllib_dph.files import home
-    from rllib_dph.models.build.tiny import format_record
-    from rllib_dph.models.catalog import BUILD_RECORD, BUNDLED_MODELS
-    from rllib_dph.models.hub import ModelNotFoundError, build_model, model_fingerprint, resolve_model
+    from rllib_dph.models.build.prepare import build_report, prepare_model
 
-    if args.name not in BUNDLED_MODELS:
-        print(resolve_model(args.name, build=True))
-        return
-    try:
-        path = None if args.force else resolve_model(args.name, build=False)
-    except ModelNotFoundError:  # not built yet (the resolver's typed error)
-        path = None
-    if path is None:
-        path = str(home() / "models" / args.name)
-        build_model(args.name, path, force=args.force, num_threads=args.threads, evaluate=evaluate_base_policy)
-    record = json.loads((Path(path) / BUILD_RECORD).read_text())
-    print(format_record(record) if "num_parameters" in record else json.dumps(record, indent=2))
-    print(f"fingerprint {model_fingerprint(path)}")
-    print(path)
+    print(build_report(prepare_model(args.name, force=args.force, num_threads=args.threads, evaluate=evaluate_base_policy)))
 
 
 def _presample(args) -> None:
     from rllib_dph.engines.base import SamplingParams
     from rllib_dph.algorithms.dph.presample import PresampleConfig, presample
 
+    from rllib_dph.models.build.prepare import prepare_model
+
     import_user_modules(args.imports)
+    prepare_model(args.model)  # the preparation step: builds a bundled model not built yet, saying so
     config = PresampleConfig(
         model_name=args.model,
         env=args.env,
@@ -177,9 +163,11 @@ def _evaluate(args) -> None:
         plot_style_pass_at_k,
     )
 
+    from rllib_dph.models.build.prepare import prepare_model
     from rllib_dph.models.hub import absolute_if_path, absolute_path
 
     _refuse_unloadable(args.policy)
+    prepare_model(absolute_if_path(args.policy))  # the preparation step: builds a bundled model not built yet, saying so
     import_user_modules(args.imports)
     env_config = json_flag(args.env_config, "--env-config")
     baseline = EvalResult.from_json(args.baseline) if args.baseline else None  # fail before evaluating

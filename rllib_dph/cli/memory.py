@@ -587,47 +587,17 @@ def device_loads(processes: list[Process], budget: Budget) -> list[Load]:
 
 
 # ---------------------------------------------------------------------- a config's verdict
-def built_model(name: str) -> str:
-    """A folder or id of ``name``'s architecture and tokenizer that needs no build: ``name``
-    itself, or a warm start's base model while the warm start is not built yet (an SFT keeps
-    both)."""
-    from rllib_dph.models.hub import resolve_model
-    from rllib_dph.models.catalog import WARM_STARTS
-
-    try:
-        return resolve_model(name, build=False)
-    except FileNotFoundError:
-        if name not in WARM_STARTS:
-            raise
-        return resolve_model(WARM_STARTS[name].base, build=False)
-
-
 def model_shape(name: str) -> ModelShape:
-    """The :class:`ModelShape` of a model name (bundled, folder or HF id in the local cache);
-    a bundled tiny model that is not built yet is read from its build spec, a warm start from
-    its base (:func:`built_model`).
+    """The :class:`ModelShape` of a model name (bundled, folder or HF id in the local cache), read
+    without building it (``models.hub.architecture``: a bundled model not built yet from its spec
+    or its base).
 
     Raises:
         FileNotFoundError: the model's config is not on this machine yet.
     """
-    from transformers import AutoConfig, Qwen2Config
+    from rllib_dph.models.hub import architecture
 
-    from rllib_dph.models.catalog import TINY_MODELS
-
-    try:
-        path = built_model(name)
-    except FileNotFoundError:
-        if name not in TINY_MODELS:
-            raise
-        spec = TINY_MODELS[name]
-        return ModelShape.from_config(Qwen2Config(
-            vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
-            num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads,
-            num_key_value_heads=spec.num_kv_heads, tie_word_embeddings=True))
-    try:
-        return ModelShape.from_config(AutoConfig.from_pretrained(path, local_files_only=True))
-    except OSError as e:
-        raise FileNotFoundError(f"no config of {name!r} on this machine ({e})") from e
+    return ModelShape.from_config(architecture(name))
 
 
 def planned_env_config(config) -> dict:
@@ -649,11 +619,11 @@ def longest_prompt(config) -> int:
     Raises:
         FileNotFoundError: the model (its tokenizer) is not built or cached yet.
     """
-    from rllib_dph.models.hub import load_tokenizer
+    from rllib_dph.models.hub import config_source, load_tokenizer
     from rllib_dph.envs import make_env
     from rllib_dph.rollout.episodes import encode_task
 
-    tokenizer = load_tokenizer(built_model(config.model_name))  # nothing is built here
+    tokenizer = load_tokenizer(config_source(config.model_name))  # nothing is built here
     env = make_env(config.env, planned_env_config(config))
     try:
         return max(len(encode_task(tokenizer, task)) for task in env.tasks[:PROMPT_SAMPLE])

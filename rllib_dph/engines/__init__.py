@@ -69,7 +69,7 @@ def engine_class(name: str) -> type:
 
 
 def make_engine(name: str, model: str, **kwargs) -> RolloutEngine:
-    """Engine ``name`` on ``model``: a bundled model name (built on first use), folder or HF id.
+    """Engine ``name`` on ``model``: a bundled model name (built), folder or HF id.
 
     Args:
         name: A key of :data:`ENGINES`.

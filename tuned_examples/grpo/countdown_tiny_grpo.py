@@ -11,7 +11,7 @@ How to run:
         "max_target": 100}, "size": 300, "seed": 0, "split": "test", "train_size": 2000}' --n 64 --max-new-tokens 48
 
 `tiny-countdown` is the bundled tiny model taught countdown by SFT on solver-written solutions
-of several shapes per puzzle (rllib_dph.models.warm_start; built on first use,
+of several shapes per puzzle (rllib_dph.models.build.warm_start; built on first use,
 `rllib build-model tiny-countdown`). The puzzles, prompts and scorer are reasoning-gym's
 (rllib_dph.envs.countdown.TINY_COUNTDOWN: 3 numbers of 1-20, targets 1-100, the 2,000 train
 puzzles of seed 0). This is the GRPO arm of `research/reproduce_dph.py --budget countdown` and

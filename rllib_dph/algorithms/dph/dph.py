@@ -263,5 +263,8 @@ class DPH(GRPO):
 
     @override(GRPO)
     def setup(self, config) -> None:
+        from rllib_dph.models.build.prepare import prepare_models
+
+        prepare_models((config.model_name, config.reference_model_name))  # as GRPO.setup, before pre-sampling
         prepare_pef(config)  # pre-samples or reuses presample.out_dir, refuses a D_pef file made for another run
         super().setup(config)

@@ -292,9 +292,9 @@ class GRPOConfig(AlgorithmConfig):
         """Sets the policy model and how rollouts are generated.
 
         Args:
-            model_name: The policy: a bundled tiny model name (``"tiny-sql-math"``, built offline on
-                first use), a local directory, or a Hugging Face id (``"Qwen/Qwen2.5-3B"``,
-                loaded from the local HF cache). Default ``"tiny-sql-math"``.
+            model_name: The policy: a bundled model name (``"tiny-sql-math"``; the run's preparation
+                step builds one not built yet), a local directory, or a Hugging Face id
+                (``"Qwen/Qwen2.5-3B"``, loaded from the local HF cache). Default ``"tiny-sql-math"``.
             dtype: Compute dtype: ``"float32"`` (default) or ``"bfloat16"``. With
                 ``"bfloat16"`` the learner trains in mixed precision (as FSDP, verl and TRL do):
                 parameters and Adam state stay float32 (master weights; checkpoints hold them)
@@ -714,7 +714,11 @@ class GRPO(Algorithm):
     @override(Algorithm)
     def setup(self, config) -> None:
         import rllib_dph.envs
+        from rllib_dph.models.build.prepare import prepare_models
 
+        # The preparation step of a run made in Python (``build_algo()``): a bundled model not built
+        # yet is built here, saying so on stderr, before the env runners and learners load it.
+        prepare_models((config.model_name, config.reference_model_name))
         # Verifier envs registered in this (driver) process reach remote env runners through
         # Ray Tune's registry.
         rllib_dph.envs.register_tune_envs()

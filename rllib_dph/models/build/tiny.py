@@ -12,7 +12,7 @@ tokenizer and architecture with untrained weights, for fast tests.
 
 Usage::
 
-    rllib build-model tiny-sql-math --force   # with the quality check; or let resolve_model() build it on first use
+    rllib build-model tiny-sql-math --force   # with the quality check; a run's preparation step builds one without
 """
 
 from __future__ import annotations

@@ -15,9 +15,9 @@ episodes (``rllib_dph.envs.sql.multiturn.sft_traces``: an exploratory query, the
 answer; or the answer at once), the loss on the policy turns only.
 
 ``model_name="smollm2-135m-sft"`` (or the 5x longer ``"smollm2-135m-sft-600"``, or either with the
-NULL family in its pool: ``"smollm2-135m-sft-nulls"``, ``"smollm2-135m-sft-600-nulls"``) builds it on
-first use into the model cache (or ahead of time: ``rllib build-model smollm2-135m-sft``), with a
-progress bar; an interrupted build resumes from its last checkpoint (every ``checkpoint_every``
+NULL family in its pool: ``"smollm2-135m-sft-nulls"``, ``"smollm2-135m-sft-600-nulls"``) is built
+into the model cache by the run's preparation step (``build.prepare``; or ahead of time:
+``rllib build-model smollm2-135m-sft``), with a progress bar; an interrupted build resumes from its last checkpoint (every ``checkpoint_every``
 steps). The folder's build record holds the spec, the base model's fingerprint, the loss curve's
 ends and the folder's own fingerprint; a changed spec, base model or SFT corpus (the suites'
 solutions change when the suites do) makes it rebuild.

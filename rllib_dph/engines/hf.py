@@ -57,10 +57,10 @@ class HFEngine:
         stop_token_ids: Extra token ids that end a completion, besides the tokenizer's EOS and
             the model's ``generation_config.eos_token_id`` (e.g. a chat end-of-turn token).
         compile_decode: Decode through :class:`CompiledDecoder` (static KV cache,
-            ``torch.compile``; CUDA graphs on a GPU). Off by default: 2.7-5.1x the eager
-            path's tokens/s on an H200 (docs/gpu.md), short of the 10x set for a CUDA default;
-            on CPU the eager path, which drops finished rows, is faster. The first chunk of
-            each (rows, length) bucket pays the compilation (6-12 s on the H200).
+            ``torch.compile``; CUDA graphs on a GPU). Off by default (its measured speed-ups:
+            docs/engines.md, "Compiled decoding for GPUs"); on CPU the eager path, which drops
+            finished rows, is faster. The first chunk of each (rows, length) bucket pays the
+            compilation.
     """
 
     def __init__(

@@ -20,9 +20,9 @@ Process modes:
     ``multiprocessing=False`` (default): the vLLM engine core runs in the calling process
     (``VLLM_ENABLE_V1_MULTIPROCESSING=0``); it starts in seconds and suits Ray actors and tests.
     ``multiprocessing=True``: the engine core runs in a spawned child process, which overlaps
-    scheduling with model execution on GPUs; it starts in 25-45 s on 2 CPU cores, and a script
-    that builds the engine at import time needs an ``if __name__ == "__main__":`` guard
-    (spawned children re-import the main module). vLLM reads the mode from the environment
+    scheduling with model execution on GPUs; it starts slower (docs/engines.md, "vLLM on
+    CPU"), and a script that builds the engine at import time needs an ``if __name__ ==
+    "__main__":`` guard (spawned children re-import the main module). vLLM reads the mode from the environment
     variable ``VLLM_ENABLE_V1_MULTIPROCESSING``, which it caches while an in-process engine
     runs; a new engine whose mode differs from the cached one is refused.
 
@@ -37,27 +37,16 @@ Weight sync (:meth:`VLLMEngine.update_weights`):
     kwargs={"weights_iterator": ...})`` with the full HF state dict, tied ``lm_head.weight``
     included (vLLM keeps the old output layer when it is missing), then
     ``llm.reset_prefix_cache()``: the prefix cache holds KV blocks computed with the old weights
-    and would otherwise be reused for prompts seen before (measured: wrong greedy tokens for a
-    300-token prompt). Each tensor-parallel worker receives the full state dict and keeps its
+    and would otherwise be reused for prompts seen before (wrong tokens for a prompt longer
+    than a KV block). Each tensor-parallel worker receives the full state dict and keeps its
     shard. The weights travel through Ray's object store to the env runner (RLlib's
     ``sync_weights``), then by memory copy into vLLM. In multi-process mode vLLM's RPC cannot
     carry tensors in ``reload_weights``' untyped arguments (they arrive as lists), so the
     weights go through a temporary safetensors file (``reload_weights(weights_path=...)``),
     which costs a disk write and read per update.
 
-    GPU clusters, not done here: vLLM 0.32's weight-transfer API broadcasts the weights over NCCL
-    from the learner to the engines' GPUs without the object store. It needs (1) the engine built
-    with ``weight_transfer_config={"backend": "nccl"}``; (2) one NCCL group spanning learner rank
-    0 (the sender, NCCL rank 0) and every vLLM worker: the trainer side builds
-    ``NCCLTrainerWeightTransferEngine`` with ``NCCLTrainerInitInfo(master_address, master_port,
-    world_size)`` and the engines join through ``llm.collective_rpc("init_weight_transfer_engine",
-    kwargs={"init_info": ...})``, both at once; (3) per update, ``start_weight_update``,
-    ``update_weights`` with the names, dtypes and shapes (``NCCLWeightTransferUpdateInfo``) while
-    the learner broadcasts the tensors, then ``finish_weight_update``, plus a prefix-cache reset;
-    (4) with several learners (DDP/FSDP), a full state gathered on rank 0 first. Wiring this into
-    RLlib means replacing ``EnvRunnerGroup.sync_weights`` for the vLLM engine with a collective
-    between the learner actors and the env-runner actors; it needs GPUs to build and test, and
-    this package has none in CI.
+    Between machines (GPU clusters): not implemented; docs/engines.md, "Weight sync between
+    machines", says what vLLM's NCCL weight transfer would need.
 """
 
 from __future__ import annotations

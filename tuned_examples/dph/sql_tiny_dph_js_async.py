@@ -13,9 +13,8 @@ Results to expect:
     Not measured; compare with the synchronous example over the same budget.
 """
 
-import os
-
 from rllib_dph.algorithms.dph import DPHConfig
+from rllib_dph.files import home
 
 config = (
     DPHConfig()
@@ -37,7 +36,7 @@ config = (
         pef_loss_normalization="original",
         pef_ratio=8,
         presample={
-            "out_dir": os.path.expanduser("~/.cache/rllib_dph/presample/sql_tiny_k8_all"),
+            "out_dir": str(home() / "presample" / "sql_tiny_k8_all"),
             "min_correct": 8,
             "pef_samples": "all",
         },

@@ -471,7 +471,8 @@ def prepare_run(config) -> None:
     from rllib_dph.cli.preflight import Problem, search_variants
 
     variants = search_variants(config)
-    prepare_models(name for variant in variants for name in (variant.model_name, variant.reference_model_name))
+    for variant in variants:
+        prepare_models((variant.model_name, variant.reference_model_name))
     for variant in variants:
         if getattr(variant, "resolved_pef_path", None):  # DPH
             from rllib_dph.algorithms.dph.presample import PefFileError, prepare_pef

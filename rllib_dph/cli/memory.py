@@ -619,11 +619,12 @@ def longest_prompt(config) -> int:
     Raises:
         FileNotFoundError: the model (its tokenizer) is not built or cached yet.
     """
-    from rllib_dph.models.hub import config_source, load_tokenizer
+    from rllib_dph.models.folders import load_tokenizer_folder
+    from rllib_dph.models.hub import config_source
     from rllib_dph.envs import make_env
     from rllib_dph.rollout.episodes import encode_task
 
-    tokenizer = load_tokenizer(config_source(config.model_name))  # nothing is built here
+    tokenizer = load_tokenizer_folder(config_source(config.model_name))  # nothing is built here
     env = make_env(config.env, planned_env_config(config))
     try:
         return max(len(encode_task(tokenizer, task)) for task in env.tasks[:PROMPT_SAMPLE])

@@ -280,7 +280,7 @@ def build_folder(name: str) -> Optional[Path]:
     build in the cache instead of stale weights.
     """
     shipped = SHIPPED_DIR / name
-    if name in TINY_MODELS and is_current(shipped, name):
+    if shipped.is_dir() and is_current(shipped, name):
         return shipped
     cached = cache_dir(name)
     return cached if is_current(cached, name) else None

@@ -134,11 +134,11 @@ def config_source(name_or_path: str) -> str:
         ModelNotFoundError: As :func:`locate_model`, for the name or the warm start's base.
     """
     try:
-        return resolve_model(name_or_path)
+        return locate_model(name_or_path).location
     except ModelNotFoundError:
         if name_or_path not in WARM_STARTS:
             raise
-        return resolve_model(WARM_STARTS[name_or_path].base)
+        return locate_model(WARM_STARTS[name_or_path].base).location
 
 
 def architecture(name_or_path: str):
@@ -195,7 +195,7 @@ def absolute_if_path(name_or_path: str) -> str:
 
 def load_tokenizer(name_or_path: str):
     """Loads the tokenizer of a model (see ``resolve_model``), with a pad token set (EOS when it has none)."""
-    return load_tokenizer_folder(resolve_model(name_or_path))
+    return load_tokenizer_folder(locate_model(name_or_path).location)
 
 
 def load_causal_lm(
@@ -209,7 +209,7 @@ def load_causal_lm(
             ``None`` keeps the dtype stored in the checkpoint.
         device: Where to put the model.
     """
-    return load_model_folder(resolve_model(name_or_path), dtype=dtype, device=device)
+    return load_model_folder(locate_model(name_or_path).location, dtype=dtype, device=device)
 
 
 def model_fingerprint(name_or_path: str) -> str:

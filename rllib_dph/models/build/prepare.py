@@ -59,8 +59,9 @@ def prepare_model(
 
 def prepare_models(names: Iterable[Optional[str]]) -> None:
     """:func:`prepare_model` of each name given (None and repeats skipped), in order."""
-    for name in dict.fromkeys(name for name in names if name):
-        prepare_model(name)
+    for name in dict.fromkeys(names):
+        if name:
+            prepare_model(name)
 
 
 def build_model(

@@ -51,8 +51,8 @@ def prepare_model(
             if e.kind != "bundled":
                 raise
     folder = cache_dir(name)
-    print(f"rllib_dph: building model {name!r} into {folder} (the preparation step of this run; "
-          f"`rllib build-model {name}` does it ahead)", file=sys.stderr, flush=True)
+    print(f"rllib_dph: building model {name!r} into {folder} (not built yet; later runs reuse it)",
+          file=sys.stderr, flush=True)
     build_model(name, folder, force=force, num_threads=num_threads, progress=progress, evaluate=evaluate)
     return ModelRef(name, "bundled", str(folder))
 

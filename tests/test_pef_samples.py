@@ -144,7 +144,10 @@ def test_table_4s_rows_of_one_seed_sample_once_and_choose_among_the_same_samples
     import rllib_dph.algorithms.dph.presample as presample_module
     from rllib_dph.engines import build_engine
 
+    from rllib_dph.models.build.prepare import prepare_model
+
     monkeypatch.setenv("RLLIB_DPH_HOME", str(tmp_path / "home"))
+    prepare_model("tiny-random", progress=False)  # presample() resolves its model, never builds it
     drawn = []
     real_chunks = presample_module.rollout_chunks
 

@@ -152,7 +152,7 @@ def learner_case(model: str, dtype: str, shape: tuple[int, int, int], device: to
 
     from rllib_dph import columns as C
     from rllib_dph.algorithms.grpo import GRPOConfig
-    from rllib_dph.models.hub import resolve_model
+    from rllib_dph.models.build.prepare import prepare_model
 
     rows, prompt, response = shape
     config = (
@@ -167,7 +167,7 @@ def learner_case(model: str, dtype: str, shape: tuple[int, int, int], device: to
     learner = config.build_learner(env=env)
     module = learner.module[DEFAULT_MODULE_ID]
     hf = module.model
-    vocab = AutoConfig.from_pretrained(resolve_model(model)).vocab_size
+    vocab = AutoConfig.from_pretrained(prepare_model(model).location).vocab_size
     first = next(hf.parameters())
     r = {
         "model": model, "dtype": dtype, "rows": rows, "prompt": prompt, "response": response,
@@ -288,11 +288,11 @@ def generation_engine(model: str, dtype: str, device: torch.device, mode: str, a
         return engine, engine.model
     from transformers import AutoModelForCausalLM
 
-    from rllib_dph.models.hub import resolve_model
+    from rllib_dph.models.build.prepare import prepare_model
 
     engine = make_engine("vllm", model, dtype=dtype, device=device.type, max_num_seqs=args.gen_rows,
                          **json.loads(args.vllm_kwargs))
-    hf = AutoModelForCausalLM.from_pretrained(resolve_model(model), dtype=getattr(torch, dtype)).to(device)
+    hf = AutoModelForCausalLM.from_pretrained(prepare_model(model).location, dtype=getattr(torch, dtype)).to(device)
     return engine, hf
 
 

@@ -77,8 +77,10 @@ def main() -> None:
     from rllib_dph.policy import lora
     from rllib_dph.chat import encode_prompt
     from rllib_dph.engines import SamplingParams, make_engine
+    from rllib_dph.models.build.prepare import prepare_model
     from rllib_dph.models.hub import load_tokenizer
 
+    prepare_model(args.model)  # a bundled model not built yet is built first (one line on stderr)
     tokenizer = load_tokenizer(args.model)
     prompts = [encode_prompt(tokenizer, [{"role": "user", "content": f"List the names of the singers older than {20 + i}."}])
                for i in range(args.prompts)]

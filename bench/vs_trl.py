@@ -424,9 +424,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from rllib_dph.envs.data import load_tasks
     from rllib_dph.chat import encode_prompt
-    from rllib_dph.models.hub import load_tokenizer, resolve_model
+    from rllib_dph.models.hub import load_tokenizer
+    from rllib_dph.models.build.prepare import prepare_model
 
-    model_dir = str(pathlib.Path(resolve_model(args.model)).resolve())
+    model_dir = str(pathlib.Path(prepare_model(args.model).location).resolve())
     if not pathlib.Path(model_dir).is_dir():
         raise SystemExit(f"vs_trl: {args.model!r} is not a local model folder ({model_dir}); "
                          "TRL and ours must load the same files.")

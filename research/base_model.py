@@ -14,6 +14,7 @@ import time
 
 import torch
 
+from rllib_dph.models.build.prepare import prepare_model
 from rllib_dph.models.hub import load_causal_lm, load_tokenizer, model_fingerprint
 from rllib_dph.evaluation.base_model import evaluate_base_policy
 
@@ -29,6 +30,7 @@ def main() -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    prepare_model(args.model)  # a bundled model not built yet is built first (one line on stderr)
     tokenizer = load_tokenizer(args.model)
     model = load_causal_lm(args.model, dtype="float32")
     start = time.perf_counter()

@@ -97,10 +97,11 @@ def base_result(algo, env, settings, args, config):
     """The base model's evaluation: read from ``--base-cache`` when made with the same settings."""
     from rllib_dph.evaluation import EvalResult
     from rllib_dph.files import write_json_atomic
-    from rllib_dph.models.hub import model_fingerprint, resolve_model
+    from rllib_dph.models.hub import model_fingerprint
+    from rllib_dph.models.build.prepare import prepare_model
 
     # The fingerprint, not the name: a rebuilt model of the same name is another base model.
-    key = json.dumps([model_fingerprint(resolve_model(config.model_name)), args.split, args.n, args.limit,
+    key = json.dumps([model_fingerprint(prepare_model(config.model_name).location), args.split, args.n, args.limit,
                       settings.sampling.seed, settings.sampling.max_new_tokens], sort_keys=True)
     name = f"base-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
     cache = pathlib.Path(args.base_cache) / name if args.base_cache else None

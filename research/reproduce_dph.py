@@ -275,11 +275,11 @@ def evaluate(method: str | None, seed: int, out: str, split: str, args) -> str:
     ``out``; returns what it did. A run's policy is its checkpoint (:func:`train` made it)."""
     from rllib_dph.engines.base import SamplingParams
     from rllib_dph.evaluation import EvalSettings, evaluate_policy
-    from rllib_dph.models.hub import resolve_model
+    from rllib_dph.models.build.prepare import prepare_model
 
     out = pathlib.Path(out)
     if method is None:
-        policy, name = resolve_model(args.overrides.get("model_name", "tiny-sql-math")), "Base model"
+        policy, name = prepare_model(args.overrides.get("model_name", "tiny-sql-math")).location, "Base model"
     else:
         policy, name = out / "checkpoint", method
     settings = EvalSettings(sampling=SamplingParams(n=args.n, temperature=1.0, max_new_tokens=args.max_new_tokens,

@@ -107,9 +107,10 @@ class Subject:
     def build(cls, engine: str | RolloutEngine, model: str = DEFAULT_MODEL, engine_kwargs=None) -> "Subject":
         """Builds the subject of :func:`check_engine` (same arguments)."""
         from rllib_dph.engines import make_engine
-        from rllib_dph.models.hub import load_causal_lm, resolve_model
+        from rllib_dph.models.hub import load_causal_lm
+        from rllib_dph.models.build.prepare import prepare_model
 
-        folder = resolve_model(model)
+        folder = prepare_model(model).location
         engine_kwargs = dict(engine_kwargs or {})
         if isinstance(engine, str):
             name, spec = engine, ENGINES.get(engine)

@@ -107,6 +107,7 @@ def _two_steps(config):
     return results, pending
 
 
+@pytest.mark.slow
 def test_async_samples_ahead_with_older_weights_and_k0_is_synchronous(ray_session, tiny_grpo_config):
     base = tiny_grpo_config.copy(copy_frozen=False).env_runners(num_env_runners=1, num_cpus_per_env_runner=0.5)
     sync, sync_pending = _two_steps(base.copy(copy_frozen=False).training(max_staleness=0))
@@ -128,6 +129,7 @@ def test_async_samples_ahead_with_older_weights_and_k0_is_synchronous(ray_sessio
     assert asyn[1]["env_runners"]["num_env_steps_sampled"] == base.train_rows_per_step
 
 
+@pytest.mark.slow
 def test_resume_keeps_version_and_bound_and_discards_rows_sampled_before(ray_session, tiny_grpo_config, tmp_path):
     from ray.rllib.algorithms.algorithm import Algorithm
 
@@ -257,6 +259,7 @@ def test_async_sampling_runs_each_round_on_the_weights_it_was_requested_with(ray
     ],
     ids=["grpo", "dph_js", "grpo_2_runners"],
 )
+@pytest.mark.slow
 def test_rllib_train_runs_the_async_tuned_examples(tmp_path, example, overrides):
     """`rllib train file` on the asynchronous tuned examples, through Tune, on a smaller budget:
     the second iteration trains rows at most one version old and drops none."""
@@ -284,6 +287,7 @@ def test_rllib_train_runs_the_async_tuned_examples(tmp_path, example, overrides)
         assert all(r["learners"][DEFAULT_MODULE_ID]["pef_rows_max"] > 0 for r in results)
 
 
+@pytest.mark.slow
 def test_rllib_train_async_run_killed_with_sigkill_resumes_its_version_and_bound(tmp_path):
     """`rllib train` one round ahead (k = 1, one remote env runner), killed with SIGKILL after a
     checkpoint, then `--resume`d: the resumed iterations continue the checkpoint's

@@ -78,6 +78,7 @@ def test_import_errors_name_the_module(tmp_path):
         import_user_modules(["no_such_module_xyz"], str(tmp_path))
 
 
+@pytest.mark.slow
 def test_rllib_train_with_a_user_env_from_a_project_with_its_own_envs_folder(user_project):
     """The issue's `--env myorg/Reverse-v0` case, run from a folder with an `envs/` package of its
     own (first on sys.path in the driver and in Ray workers; it is never imported)."""

@@ -88,6 +88,7 @@ def test_killed_env_runner_without_restarts_stops_the_run_naming_it(ray_session,
     algo.stop()
 
 
+@pytest.mark.slow
 def test_asynchronous_round_of_a_killed_env_runner_is_sampled_again(ray_session, tiny_grpo_config):
     """A round requested ahead dies with its runner; its share is sampled once more."""
     algo = _remote(tiny_grpo_config).training(max_staleness=1).build_algo()
@@ -139,6 +140,7 @@ def test_learner_killed_mid_update_is_named_with_its_log_and_the_run_resumes(ray
     resumed.stop()
 
 
+@pytest.mark.slow
 def test_stalled_learner_update_raises_naming_learner_and_timeout(ray_session, tiny_grpo_config):
     algo = _remote_learner(tiny_grpo_config, learner_update_timeout_s=2.0).build_algo()
     _replace_loss(algo, lambda **_: time.sleep(30))
@@ -151,6 +153,7 @@ def test_stalled_learner_update_raises_naming_learner_and_timeout(ray_session, t
     algo.stop()
 
 
+@pytest.mark.slow
 def test_stalled_weight_read_raises_naming_learner_and_timeout(ray_session, tiny_grpo_config):
     """Reading the learner's new weights after its update is bounded by weight_sync_timeout_s."""
     algo = _remote_learner(tiny_grpo_config).env_runners(weight_sync_timeout_s=3.0).build_algo()
@@ -169,6 +172,7 @@ def test_stalled_weight_read_raises_naming_learner_and_timeout(ray_session, tiny
     algo.stop()
 
 
+@pytest.mark.slow
 def test_stalled_checkpoint_read_raises_naming_learner_and_timeout(ray_session, tiny_grpo_config, tmp_path):
     """A checkpoint reads the learner's state within learner_update_timeout_s (RLlib's own read
     waits forever); the checkpoint that was there before stays."""

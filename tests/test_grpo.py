@@ -415,6 +415,7 @@ def test_validation_during_training_reports_pass_at_k(ray_session, tiny_grpo_con
     algo.stop()
 
 
+@pytest.mark.slow
 def test_rllib_train_resumes_an_interrupted_experiment(tmp_path):
     """Kill `rllib train` after its first checkpoint; `--resume` continues to the stop criterion."""
     import signal

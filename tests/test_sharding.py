@@ -142,6 +142,7 @@ def test_fsdp2_algorithm_syncs_full_weights_and_restores(ray_session, tmp_path, 
         algo.stop()
 
 
+@pytest.mark.slow
 def test_rllib_train_with_fsdp2_learners(tmp_path):
     """The command line of docs/scaling.md with two FSDP2 learners, two iterations."""
     overrides = (

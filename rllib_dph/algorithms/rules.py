@@ -78,7 +78,7 @@ class NumberRule:
             return False
         if math.isnan(value) or (math.isinf(value) and not (self.allow_inf and value > 0)):
             return False
-        if not math.isinf(value) and abs(value) > (MAX_INT if self.integer else MAX_REAL):
+        if not math.isinf(value) and abs(value) > self.ceiling:
             return False
         above = self.low is None or (value > self.low if self.low_open else value >= self.low)
         below = self.high is None or (value < self.high if self.high_open else value <= self.high)
@@ -90,12 +90,18 @@ class NumberRule:
         fix = f"; {self.fix}" if self.fix else ""
         return f"{self.field}={value!r}{typed} is invalid: it must be {self.describe()}{self._ceiling(value)}{fix}."
 
+    @property
+    def ceiling(self) -> float:
+        """The largest magnitude the field takes: :data:`MAX_INT` for an int, else :data:`MAX_REAL`."""
+        return MAX_INT if self.integer else MAX_REAL
+
     def _ceiling(self, value: Any) -> str:
-        """``", at most <MAX_INT or MAX_REAL>"`` for a number beyond it, else ``""``."""
-        ceiling = MAX_INT if self.integer else MAX_REAL
-        beyond = (isinstance(value, numbers.Real) and not isinstance(value, bool) and not math.isnan(value)
-                  and not math.isinf(value) and abs(value) > ceiling)
-        return f", at most {ceiling:.3g}" if beyond and not self.integer else (f", at most {ceiling}" if beyond else "")
+        """``", at most <ceiling>"`` for a finite number beyond :attr:`ceiling`, else ``""``."""
+        beyond = (isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+                  and abs(value) > self.ceiling)
+        if not beyond:
+            return ""
+        return f", at most {self.ceiling}" if self.integer else f", at most {self.ceiling:.3g}"
 
     def violation(self, config: Any) -> Optional[str]:
         """The message when ``config``'s field breaks the rule, else None."""

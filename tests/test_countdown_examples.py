@@ -1,6 +1,6 @@
 """The countdown tuned examples are the arms of research/reproduce_dph.py's countdown budgets:
-GRPO's and DPH-JS (eta = 10)'s settings are the budget's, so the budget's runs measure them; and
-the budget's primary endpoint names its split."""
+GRPO's and DPH-JS (eta = 10)'s settings are the budget's, so the budget's runs measure them; both
+validate on the budget's evaluation split; and the budget's primary endpoint names its split."""
 
 from types import SimpleNamespace
 
@@ -13,6 +13,10 @@ from rllib_dph.cli.experiments import load_tuned_example
 FREE = ("presample", "env_config")
 #: Fields read from neither side (bookkeeping that says nothing about the run's settings).
 IGNORED = ("_is_frozen", "algo_class", "_tune_trial_id")
+#: The examples' validation during training (``held_out``), which the budget leaves to its own
+#: evaluation after training: validation samples with its own seed, and the training run is the
+#: same with and without it.
+VALIDATION = ("val_interval", "val_env_config", "val_n", "val_limit")
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +25,7 @@ def reproduce(load_script):
 
 
 def settings(config) -> dict:
-    return {k: v for k, v in config.to_dict().items() if k not in FREE + IGNORED}
+    return {k: v for k, v in config.to_dict().items() if k not in FREE + IGNORED + VALIDATION}
 
 
 @pytest.mark.parametrize("method, path", [
@@ -36,6 +40,8 @@ def test_each_countdown_example_is_its_budget_arm(reproduce, method, path):
     mine, theirs = settings(example), settings(arm)
     assert {k for k in mine if mine[k] != theirs.get(k)} == set()
     assert {**example.env_config, "data": None} == arm.env_config
+    assert example.val_env_config == {**reproduce.SPLITS["countdown"][1], "data": None}
+    assert (example.val_interval, example.val_n, example.val_limit) == (20, 8, 100)
     if method.startswith("DPH"):
         a, b = example.presample, arm.presample
         assert (a.k, a.min_correct, a.pef_samples) == (b.k, b.min_correct, b.pef_samples)

@@ -27,6 +27,10 @@ from rllib_dph.algorithms.dph import DPHConfig
 from rllib_dph.envs.countdown import TINY_COUNTDOWN
 from rllib_dph.files import home
 
+#: The held-out puzzles: the env's 300 test puzzles, none a training question (``data`` None:
+#: the whole split, not a training subset such as DPH's D_exp file).
+VALIDATION = TINY_COUNTDOWN.env_config(split="test", size=300, train_size=TINY_COUNTDOWN.size, data=None)
+
 config = (
     DPHConfig()
     .environment("rllib_dph/ReasoningGym-v0", env_config=TINY_COUNTDOWN.env_config())
@@ -39,6 +43,7 @@ config = (
         trust_region={"kind": "ppo", "high": 0.28},
         dynamic_sampling=True,
     )
+    .held_out(val_interval=20, val_env_config=VALIDATION, val_n=8, val_limit=100)
     .dph(
         divergence="js",
         pef_coeff=10.0,

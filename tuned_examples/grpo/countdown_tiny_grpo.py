@@ -30,6 +30,10 @@ Results to expect:
 from rllib_dph.algorithms.grpo import GRPOConfig
 from rllib_dph.envs.countdown import TINY_COUNTDOWN
 
+#: The held-out puzzles: the env's 300 test puzzles, none a training question (``data`` None:
+#: the whole split, not a training subset such as DPH's D_exp file).
+VALIDATION = TINY_COUNTDOWN.env_config(split="test", size=300, train_size=TINY_COUNTDOWN.size, data=None)
+
 config = (
     GRPOConfig()
     .environment("rllib_dph/ReasoningGym-v0", env_config=TINY_COUNTDOWN.env_config())
@@ -45,6 +49,7 @@ config = (
         loss_agg_mode="token-mean",
         kl_coeff=0.0,
     )
+    .held_out(val_interval=20, val_env_config=VALIDATION, val_n=8, val_limit=100)
     .debugging(seed=0)
 )
 

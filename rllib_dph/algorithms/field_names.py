@@ -87,19 +87,6 @@ def setter_of(config_class: type, field: str) -> Optional[str]:
     return None
 
 
-def refuses_unknown_keywords(setter: Callable) -> Callable:
-    """Decorates a setter that takes no ``**kwargs``: a keyword it does not take is refused by
-    :func:`check_keywords` (with the field meant) instead of Python's bare ``TypeError``."""
-    parameters = inspect.signature(setter).parameters
-
-    @functools.wraps(setter)
-    def checked(self, **kwargs):
-        check_keywords(self, setter.__name__, [name for name in kwargs if name not in parameters])
-        return setter(self, **kwargs)
-
-    return checked
-
-
 def check_keywords(config: Any, setter: str, names: Iterable[str], *accepted_by: Callable) -> None:
     """Refuses keywords of ``config.<setter>(...)`` that none of ``accepted_by`` takes.
 

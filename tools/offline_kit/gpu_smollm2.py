@@ -160,7 +160,7 @@ def main() -> None:
             from rllib_dph.models.hub import resolve_model
 
             try:
-                record["results"] = json.loads((pathlib.Path(resolve_model(args.model, build=False))
+                record["results"] = json.loads((pathlib.Path(resolve_model(args.model))
                                                 / "rllib_dph_build.json").read_text())
             except Exception as err:  # noqa: BLE001 - the build's failure is in its rc and log
                 record["results"] = {"error": str(err)[:300]}

@@ -14,12 +14,12 @@ import dataclasses
 import os
 from typing import Any, Optional, Type, Union
 
-from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
+from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.utils.annotations import override
 
 from rllib_dph.algorithms.grpo.grpo import GRPO, GRPOConfig
 from rllib_dph.algorithms.rules import ChoiceRule, CrossRule, NumberRule
-from rllib_dph.algorithms.field_names import refuses_unknown_keywords
+from rllib_dph.algorithms.setters import setter
 from rllib_dph.losses.divergences import F_DIVERGENCES, PEF_NORMALIZATIONS, FDivergenceSpec
 from rllib_dph.algorithms.dph.presample import EXP_FILE, PEF_FILE, TRAINING_FIELDS, PresampleConfig, prepare_pef
 from rllib_dph.algorithms.dph.presample import read_metadata, read_presampled
@@ -111,19 +111,8 @@ class DPHConfig(GRPOConfig):
         ),
     )
 
-    @refuses_unknown_keywords
-    def dph(
-        self,
-        *,
-        divergence: Optional[str] = NotProvided,
-        pef_coeff: Optional[float] = NotProvided,
-        pef_loss_normalization: Optional[str] = NotProvided,
-        alpha: Optional[float] = NotProvided,
-        pef_path: Optional[str] = NotProvided,
-        exp_path: Optional[str] = NotProvided,
-        pef_ratio: Optional[float] = NotProvided,
-        presample: Optional[Union[PresampleConfig, dict]] = NotProvided,
-    ) -> "DPHConfig":
+    @setter
+    def dph(self, given: dict) -> None:
         """Sets the DPH-RL specific configuration.
 
         Args:
@@ -157,13 +146,8 @@ class DPHConfig(GRPOConfig):
                 (``presample_config``). A ``PresampleConfig`` replaces it; a dict sets only its
                 keys (``{"min_correct": 8}``, also in ``--config``).
         """
-        self._set_provided(
-            divergence=divergence, pef_coeff=pef_coeff, pef_loss_normalization=pef_loss_normalization,
-            alpha=alpha, pef_path=pef_path, exp_path=exp_path, pef_ratio=pef_ratio,
-        )
-        if presample is not NotProvided:
-            self.presample = _merged_presample(self.presample, presample)
-        return self
+        if "presample" in given:
+            given["presample"] = _merged_presample(self.presample, given["presample"])
 
     @override(GRPOConfig)
     def update_from_dict(self, config_dict: dict) -> "DPHConfig":

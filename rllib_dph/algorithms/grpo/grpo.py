@@ -19,7 +19,7 @@ from typing import Optional, Type, Union
 import numpy as np
 import torch
 from ray.rllib.algorithms.algorithm import Algorithm
-from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
+from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.core import COMPONENT_LEARNER_GROUP, DEFAULT_MODULE_ID
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
@@ -41,7 +41,7 @@ from rllib_dph.algorithms.rules import BoolRule, ChoiceRule, CrossRule, NumberRu
 from rllib_dph.algorithms.grpo.grpo_torch_learner import GRPOTorchLearner
 from rllib_dph.algorithms.grpo.trust_region import TrustRegion, TrustRegionRule
 from rllib_dph.engines import DEFAULT_ENGINE, ENGINES, SamplingParams
-from rllib_dph.algorithms.field_names import check_keywords, refuses_unknown_keywords
+from rllib_dph.algorithms.setters import setter
 from rllib_dph.algorithms.checkpoints import CheckpointError, checkpoint_problem, intact_checkpoint
 from rllib_dph.files import atomic_dir, write_manifest
 from rllib_dph.learners.remote_calls import BoundedLearnerGroup, read_learner_weights, update_remote_learners
@@ -173,12 +173,6 @@ class GRPOConfig(AlgorithmConfig):
         self.learner_update_timeout_s = 1800.0
         self.collective_timeout_s = 1800.0
 
-    def _set_provided(self, **values) -> None:
-        """Sets the builder arguments that were given (not ``NotProvided``)."""
-        for name, value in values.items():
-            if value is not NotProvided:
-                setattr(self, name, value)
-
     @override(AlgorithmConfig)
     def get_default_learner_class(self) -> Union[Type, str]:
         return GRPOTorchLearner
@@ -274,21 +268,8 @@ class GRPOConfig(AlgorithmConfig):
         *LORA_RULES,
     )
 
-    @refuses_unknown_keywords
-    def llm(
-        self,
-        *,
-        model_name: Optional[str] = NotProvided,
-        dtype: Optional[str] = NotProvided,
-        engine: Optional[str] = NotProvided,
-        engine_kwargs: Optional[dict] = NotProvided,
-        temperature: Optional[float] = NotProvided,
-        top_p: Optional[float] = NotProvided,
-        max_response_length: Optional[int] = NotProvided,
-        gradient_checkpointing: Optional[bool] = NotProvided,
-        reference_model: Optional[str] = NotProvided,
-        lora: Optional[dict] = NotProvided,
-    ) -> "GRPOConfig":
+    @setter
+    def llm(self, given: dict) -> None:
         """Sets the policy model and how rollouts are generated.
 
         Args:
@@ -322,19 +303,6 @@ class GRPOConfig(AlgorithmConfig):
                 "target_modules": "all-linear", "dropout": 0.0}`` train adapters on the frozen
                 base instead (HF engine; π_ref is the base, no second model): ``docs/lora.md``.
         """
-        self._set_provided(
-            model_name=model_name,
-            dtype=dtype,
-            engine=engine,
-            engine_kwargs=engine_kwargs,
-            temperature=temperature,
-            top_p=top_p,
-            max_response_length=max_response_length,
-            gradient_checkpointing=gradient_checkpointing,
-            reference_model=reference_model,
-            lora=lora,
-        )
-        return self
 
     #: The rules of ``training()``'s fields, RLlib's among them (``validate``).
     training_rules = (
@@ -397,27 +365,8 @@ class GRPOConfig(AlgorithmConfig):
     )
 
     @override(AlgorithmConfig)
-    def training(
-        self,
-        *,
-        group_size: Optional[int] = NotProvided,
-        prompts_per_step: Optional[int] = NotProvided,
-        dynamic_sampling: Optional[bool] = NotProvided,
-        max_dynamic_sampling_rounds: Optional[int] = NotProvided,
-        normalize_advantage_std: Optional[bool] = NotProvided,
-        overlong_buffer_length: Optional[int] = NotProvided,
-        trust_region: Optional[Union[str, dict]] = NotProvided,
-        rollout_top_k: Optional[int] = NotProvided,
-        loss_agg_mode: Optional[str] = NotProvided,
-        kl_coeff: Optional[float] = NotProvided,
-        kl_estimator: Optional[str] = NotProvided,
-        entropy_coeff: Optional[float] = NotProvided,
-        clip_ratio_c: Optional[float] = NotProvided,
-        max_consecutive_skipped_updates: Optional[int] = NotProvided,
-        max_tokens_per_microbatch: Optional[int] = NotProvided,
-        max_staleness: Optional[int] = NotProvided,
-        **kwargs,
-    ) -> "GRPOConfig":
+    @setter
+    def training(self, given: dict) -> None:
         """Sets the training related configuration.
 
         Args:
@@ -481,27 +430,6 @@ class GRPOConfig(AlgorithmConfig):
                 versions old are dropped (``num_stale_rows_dropped``). Needs
                 ``num_env_runners >= 1``. DPH's D_pef rows are added by the learner and never stale.
         """
-        check_keywords(self, "training", kwargs, AlgorithmConfig.training)
-        super().training(**kwargs)
-        self._set_provided(
-            group_size=group_size,
-            prompts_per_step=prompts_per_step,
-            dynamic_sampling=dynamic_sampling,
-            max_dynamic_sampling_rounds=max_dynamic_sampling_rounds,
-            normalize_advantage_std=normalize_advantage_std,
-            overlong_buffer_length=overlong_buffer_length,
-            trust_region=trust_region,
-            rollout_top_k=rollout_top_k,
-            loss_agg_mode=loss_agg_mode,
-            kl_coeff=kl_coeff,
-            kl_estimator=kl_estimator,
-            entropy_coeff=entropy_coeff,
-            clip_ratio_c=clip_ratio_c,
-            max_consecutive_skipped_updates=max_consecutive_skipped_updates,
-            max_tokens_per_microbatch=max_tokens_per_microbatch,
-            max_staleness=max_staleness,
-        )
-        return self
 
     #: The rules of ``env_runners()``'s fields (``validate``).
     env_runner_rules = (
@@ -510,7 +438,8 @@ class GRPOConfig(AlgorithmConfig):
     )
 
     @override(AlgorithmConfig)
-    def env_runners(self, *, weight_sync_timeout_s: Optional[float] = NotProvided, **kwargs) -> "GRPOConfig":
+    @setter
+    def env_runners(self, given: dict) -> None:
         """RLlib's env runner settings, plus how long a weight sync may take.
 
         Args:
@@ -523,10 +452,6 @@ class GRPOConfig(AlgorithmConfig):
                 the run stops with an error naming the env runner, the weight version and the
                 timeout (RLlib would drop the runner's samples silently).
         """
-        check_keywords(self, "env_runners", kwargs, AlgorithmConfig.env_runners)
-        super().env_runners(**kwargs)
-        self._set_provided(weight_sync_timeout_s=weight_sync_timeout_s)
-        return self
 
     #: The rules of ``learners()``'s fields (``validate``).
     learner_rules = (
@@ -565,14 +490,8 @@ class GRPOConfig(AlgorithmConfig):
     )
 
     @override(AlgorithmConfig)
-    def learners(
-        self,
-        *,
-        sharding: Optional[str] = NotProvided,
-        learner_update_timeout_s: Optional[float] = NotProvided,
-        collective_timeout_s: Optional[float] = NotProvided,
-        **kwargs,
-    ) -> "GRPOConfig":
+    @setter
+    def learners(self, given: dict) -> None:
         """RLlib's learner settings, plus how the policy is spread over the learners and how long
         their waits may take (docs/faults.md).
 
@@ -599,12 +518,6 @@ class GRPOConfig(AlgorithmConfig):
             **kwargs: ``AlgorithmConfig.learners`` arguments (``num_learners``,
                 ``num_gpus_per_learner``, ...).
         """
-        check_keywords(self, "learners", kwargs, AlgorithmConfig.learners)
-        super().learners(**kwargs)
-        self._set_provided(
-            sharding=sharding, learner_update_timeout_s=learner_update_timeout_s, collective_timeout_s=collective_timeout_s
-        )
-        return self
 
     @override(AlgorithmConfig)
     def build_learner_group(self, *, env=None, spaces=None, rl_module_spec=None, placement_group=None):
@@ -631,15 +544,8 @@ class GRPOConfig(AlgorithmConfig):
         ),
     )
 
-    @refuses_unknown_keywords
-    def held_out(
-        self,
-        *,
-        val_interval: Optional[int] = NotProvided,
-        val_env_config: Optional[dict] = NotProvided,
-        val_n: Optional[int] = NotProvided,
-        val_limit: Optional[int] = NotProvided,
-    ) -> "GRPOConfig":
+    @setter
+    def held_out(self, given: dict) -> None:
         """Sets the pass@k evaluation on a validation split during training.
 
         Every ``val_interval`` iterations (after the weight sync) one env runner samples
@@ -663,13 +569,6 @@ class GRPOConfig(AlgorithmConfig):
             val_n: Samples per validation prompt (default 8); pass@k for k = 1, 2, 4, ... ≤ n.
             val_limit: Evaluate only the first N validation prompts (None: all).
         """
-        self._set_provided(
-            val_interval=val_interval,
-            val_env_config=val_env_config,
-            val_n=val_n,
-            val_limit=val_limit,
-        )
-        return self
 
     @property
     def train_rows_per_step(self) -> int:

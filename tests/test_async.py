@@ -139,14 +139,15 @@ def test_resume_keeps_version_and_bound_and_discards_rows_sampled_before(ray_ses
     algo = config.build_algo()
     algo.train()
     algo.train()
-    algo.save_to_path(str(tmp_path))  # version 2; one round requested ahead with version 1
+    algo.save_to_path(str(tmp_path))  # version 2; the round ahead (version 1) is saved with it
     algo.train()  # version 3; the round ahead now carries version 2
-    algo.restore_from_path(str(tmp_path))  # back to version 2: the round ahead is discarded
-    assert not algo._rounds._pending and algo._rounds.weights.version == 2
+    algo.restore_from_path(str(tmp_path))  # back to version 2: that round ahead is discarded
+    (kept,) = algo._rounds._pending  # the checkpoint's round ahead comes next
+    assert kept.results is not None and algo._rounds.weights.version == 2
     result = algo.train()
-    # The restored run trains on rows sampled with the restored weights (version 2), not on the
-    # round requested before the restore, though it carried the same version number.
-    assert result[STALENESS_MAX] == 0 and result[WEIGHTS_VERSION] == 3
+    # The restored run trains on the checkpoint's round (version 1, one update behind), as the
+    # run that saved it did, not on the round requested before the restore (version 2).
+    assert result[STALENESS_MAX] == 1 and result[WEIGHTS_VERSION] == 3
     algo.stop()
 
     resumed = Algorithm.from_checkpoint(str(tmp_path))
@@ -154,7 +155,7 @@ def test_resume_keeps_version_and_bound_and_discards_rows_sampled_before(ray_ses
     versions = resumed.env_runner_group.foreach_env_runner(lambda r: r.weights_version, local_env_runner=False)
     assert versions == [2]
     result = resumed.train()
-    assert result[WEIGHTS_VERSION] == 3 and result[STALENESS_MAX] == 0
+    assert result[WEIGHTS_VERSION] == 3 and result[STALENESS_MAX] == 1
     resumed.stop()
 
 

@@ -1,9 +1,15 @@
 """Resume is exact: a run stopped after k iterations and resumed from its checkpoint trains
 iterations k+1..N exactly as an uninterrupted run of N iterations does (CPU runs are
 deterministic): the same prompts in the same order, the same sampling seeds, the same mini-batch
-shuffles, the same D_pef rows, hence the same rewards, losses and final weights."""
+shuffles, the same D_pef rows, hence the same rewards, losses and final weights. The same holds
+with rounds sampled ahead (``max_staleness > 0``), and for a run whose env runner was killed and
+restarted by Ray."""
+
+import os
+import signal
 
 import numpy as np
+import pytest
 import ray
 import torch
 from ray.rllib.algorithms.algorithm import Algorithm
@@ -36,15 +42,17 @@ def _weights(algo) -> dict:
     return {k: torch.as_tensor(v).clone() for k, v in state.items()}
 
 
-def _straight_and_resumed(config, tmp_path):
-    """(traces of ITERATIONS iterations in one run, traces of STOP_AT + a resume to ITERATIONS,
-    both runs' final weights)."""
+def _straight(config, iterations=ITERATIONS):
+    """(traces of ``iterations`` iterations in one run, its final weights)."""
     algo = config.build_algo()
     try:
-        straight = [_trace(algo.train()) for _ in range(ITERATIONS)]
-        straight_weights = _weights(algo)
+        return [_trace(algo.train()) for _ in range(iterations)], _weights(algo)
     finally:
         algo.stop()
+
+
+def _resumed(config, tmp_path, iterations=ITERATIONS):
+    """(traces of STOP_AT iterations + a resume from their checkpoint to ``iterations``, the final weights)."""
     algo = config.build_algo()
     try:
         resumed = [_trace(algo.train()) for _ in range(STOP_AT)]
@@ -54,10 +62,16 @@ def _straight_and_resumed(config, tmp_path):
     algo = Algorithm.from_checkpoint(checkpoint)
     try:
         assert algo.iteration == STOP_AT
-        resumed += [_trace(algo.train()) for _ in range(ITERATIONS - STOP_AT)]
-        resumed_weights = _weights(algo)
+        resumed += [_trace(algo.train()) for _ in range(iterations - STOP_AT)]
+        return resumed, _weights(algo)
     finally:
         algo.stop()
+
+
+def _straight_and_resumed(config, tmp_path):
+    """(traces of ITERATIONS iterations in one run, traces of STOP_AT + a resume to ITERATIONS,
+    both runs' final weights)."""
+    (straight, straight_weights), (resumed, resumed_weights) = _straight(config), _resumed(config, tmp_path)
     return straight, resumed, straight_weights, resumed_weights
 
 
@@ -82,8 +96,49 @@ def _toy_grpo_config():
     )
 
 
-def test_grpo_resume_on_a_remote_env_runner_equals_an_uninterrupted_run(ray_session, tmp_path):
-    _assert_same(*_straight_and_resumed(_toy_grpo_config(), tmp_path))
+@pytest.fixture(scope="module")
+def straight_grpo(ray_session):
+    """The uninterrupted run of ``_toy_grpo_config``: (traces, final weights)."""
+    return _straight(_toy_grpo_config())
+
+
+def test_grpo_resume_on_a_remote_env_runner_equals_an_uninterrupted_run(straight_grpo, tmp_path):
+    straight, straight_weights = straight_grpo
+    resumed, resumed_weights = _resumed(_toy_grpo_config(), tmp_path)
+    _assert_same(straight, resumed, straight_weights, resumed_weights)
+
+
+@pytest.mark.slow
+def test_asynchronous_resume_equals_an_uninterrupted_run(ray_session, tmp_path):
+    # One round is sampled ahead: the checkpoint after iteration 1 holds round 2, sampled with
+    # the weights before update 1 (which the checkpoint no longer holds); iteration 3 trains on a
+    # round the resumed run requests itself, from the positions after round 2.
+    config = _toy_grpo_config().training(max_staleness=1)
+    straight, straight_weights = _straight(config, iterations=3)
+    resumed, resumed_weights = _resumed(config, tmp_path, iterations=3)
+    _assert_same(straight, resumed, straight_weights, resumed_weights)
+
+
+@pytest.mark.slow
+def test_a_killed_env_runner_continues_from_its_sampling_position(straight_grpo):
+    """Ray restarts a killed env runner at its first prompts; the driver's requests carry the
+    position it stood at, so the run samples the prompts and seeds of the uninterrupted run."""
+    from rllib_dph.env_runners.async_sampling import NUM_ENV_RUNNER_RESTARTS
+
+    straight, straight_weights = straight_grpo
+    algo = _toy_grpo_config().fault_tolerance(delay_between_env_runner_restarts_s=0.0).build_algo()
+    try:
+        killed = [_trace(algo.train())]
+        (pid,) = algo.env_runner_group.foreach_env_runner(lambda r: os.getpid(), local_env_runner=False)
+        os.kill(pid, signal.SIGKILL)
+        result = algo.train()
+        killed.append(_trace(result))
+        assert result[NUM_ENV_RUNNER_RESTARTS] >= 1
+        (position,) = algo.env_runner_group.foreach_env_runner(lambda r: r.sampling_position(), local_env_runner=False)
+        assert position == algo._rounds.positions[1] == {"prompts_taken": 8, "num_calls": 2}
+        _assert_same(straight, killed, straight_weights, _weights(algo))
+    finally:
+        algo.stop()
 
 
 def test_dph_resume_equals_an_uninterrupted_run(ray_session, presampled, tmp_path):  # noqa: F811
@@ -94,6 +149,20 @@ def test_dph_resume_equals_an_uninterrupted_run(ray_session, presampled, tmp_pat
     config = _dph_config(out / "d_pef.parquet", divergence="js", pef_coeff=0.2, pef_ratio=1).training(
         prompts_per_step=12, num_epochs=2, minibatch_size=16
     )
+    straight, resumed, *weights = _straight_and_resumed(config, tmp_path)
+    assert straight[0]["pef_rows_max"] > 0
+    _assert_same(straight, resumed, *weights)
+
+
+@pytest.mark.slow
+def test_dph_resume_with_two_learners_equals_an_uninterrupted_run(ray_session, presampled, tmp_path):  # noqa: F811
+    # Three groups over two DDP learners (gloo on CPU): learner 0 trains on two, learner 1 on one,
+    # so they take different numbers of D_pef rows; the checkpoint holds learner 0's state, which
+    # lists every learner's position in its D_pef shard.
+    out, _ = presampled
+    config = _dph_config(out / "d_pef.parquet", divergence="js", pef_coeff=0.2, pef_ratio=2).training(
+        prompts_per_step=3, num_epochs=2, minibatch_size=4
+    ).learners(num_learners=2, num_cpus_per_learner=0.5)
     straight, resumed, *weights = _straight_and_resumed(config, tmp_path)
     assert straight[0]["pef_rows_max"] > 0
     _assert_same(straight, resumed, *weights)

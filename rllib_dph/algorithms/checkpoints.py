@@ -50,6 +50,35 @@ def checkpoint_problem(path: str | os.PathLike) -> Optional[str]:
     return None if problem is None else f"{path} is incomplete or damaged: {problem}"
 
 
+def earlier_intact(path: str | os.PathLike) -> Optional[str]:
+    """The newest intact checkpoint of ``path``'s trial numbered below it (``checkpoint_<n>``
+    folders beside it), or None (none intact, or ``path`` is not in a trial folder)."""
+    path = Path(path)
+    match = CHECKPOINT_NAME.fullmatch(path.name)
+    if not match:
+        return None
+    earlier = sorted(
+        (p for p in path.parent.glob("checkpoint_*")
+         if CHECKPOINT_NAME.fullmatch(p.name) and int(p.name.split("_")[1]) < int(match.group(1))),
+        key=lambda p: int(p.name.split("_")[1]), reverse=True,
+    )
+    return next((str(p) for p in earlier if checkpoint_problem(p) is None), None)
+
+
+def refuse_damaged(path: str | os.PathLike) -> None:
+    """Raises :class:`CheckpointError` when the checkpoint folder ``path`` is incomplete or damaged,
+    naming the file and the newest intact checkpoint of its trial to restore instead."""
+    problem = checkpoint_problem(path)
+    if problem is None:
+        return
+    fallback = earlier_intact(path)
+    raise CheckpointError(
+        f"{problem}; it is not restored (a partial or damaged checkpoint is never trusted). "
+        + (f"Restore the newest intact checkpoint of its trial instead: {fallback}" if fallback
+           else "No earlier checkpoint of its trial is intact: start the run again without it.")
+    )
+
+
 def intact_checkpoint(path: str | os.PathLike, *, warn: Callable[[str], None] = logger.warning) -> str:
     """``path`` when it is intact, else the newest intact earlier checkpoint of the same trial.
 
@@ -63,19 +92,12 @@ def intact_checkpoint(path: str | os.PathLike, *, warn: Callable[[str], None] = 
     problem = checkpoint_problem(path)
     if problem is None:
         return str(path)
+    candidate = earlier_intact(path)
+    if candidate is not None:
+        warn(f"checkpoint {path} is not used: {problem}. Restoring the newest intact checkpoint of its trial, "
+             f"{candidate}, instead; the iterations after it are trained again.")
+        return candidate
     match = CHECKPOINT_NAME.fullmatch(path.name)
-    earlier = []
-    if match:
-        earlier = sorted(
-            (p for p in path.parent.glob("checkpoint_*")
-             if CHECKPOINT_NAME.fullmatch(p.name) and int(p.name.split("_")[1]) < int(match.group(1))),
-            key=lambda p: int(p.name.split("_")[1]), reverse=True,
-        )
-    for candidate in earlier:
-        if checkpoint_problem(candidate) is None:
-            warn(f"checkpoint {path} is not used: {problem}. Restoring the newest intact checkpoint of its trial, "
-                 f"{candidate}, instead; the iterations after it are trained again.")
-            return str(candidate)
     raise CheckpointError(
         f"{problem}; {'no earlier checkpoint of its trial is intact' if match else 'it is not in a trial folder'}, "
         "so nothing can be restored from it. Start the run again without it (a partial or damaged checkpoint is "

@@ -12,12 +12,13 @@ requests in flight, not the weight versions a sample may be behind. So GRPO keep
 
 Contract: every sampling request carries the published weights (a version and an object ref; a
 runner holding another version loads them first, so a restarted runner never samples with its
-initial weights), every row carries the version it was sampled with (``columns.WEIGHT_VERSION``),
-and every blocking wait raises an error naming the env runner, the weight version and the
-timeout. The bounds are taken from the driver: an engine's ``generate`` runs in the runner's own
-thread, which Python cannot interrupt, so ``sample_timeout_s`` and ``weight_sync_timeout_s``
-bound the runner's whole call, and a runner stuck that way stops the run (alive, so Ray would not
-restart it). The learners' timeouts: ``rllib_dph.learners.remote_calls`` and
+initial weights) and the sampling position the runner samples from (the driver keeps each
+runner's, so a restarted runner continues where it stood, not at its first prompts), every row
+carries the version it was sampled with (``columns.WEIGHT_VERSION``), and every blocking wait
+raises an error naming the env runner, the weight version and the timeout. The bounds are
+taken from the driver: an engine's ``generate`` runs in the runner's own thread, which Python
+cannot interrupt, so ``sample_timeout_s`` and ``weight_sync_timeout_s`` bound the runner's whole
+call, and a runner stuck that way stops the run (alive, so Ray would not restart it). The learners' timeouts: ``rllib_dph.learners.remote_calls`` and
 ``rllib_dph.learners.collectives`` (docs/faults.md).
 """
 
@@ -95,11 +96,27 @@ class Round:
         tag: The actor manager's tag of these requests (unique per round).
         shares: Env runner id → number of prompts.
         weights: The weights the round was requested with.
+        starts: Env runner id → the sampling position its share is sampled from.
+        results: The env runners' ``(batch, metrics, info)`` once collected ahead of its step
+            (:meth:`SamplingRounds.rounds_ahead`), else None.
     """
 
     tag: str
     shares: dict[int, int]
     weights: PublishedWeights
+    starts: dict[int, dict[str, int]]
+    results: Optional[list[tuple]] = None
+
+
+#: The sampling position (``LLMEnvRunner.sampling_position``) of a runner that has sampled nothing yet.
+START_POSITION = {"prompts_taken": 0, "num_calls": 0}
+
+
+def position_after(position: dict[str, int], num_prompts: int) -> dict[str, int]:
+    """The sampling position after one ``LLMEnvRunner.sample`` call of ``num_prompts`` prompts from
+    ``position`` (it takes that many prompts and counts one call): the driver knows where a
+    request leaves a runner before the request returns."""
+    return {"prompts_taken": int(position["prompts_taken"]) + num_prompts, "num_calls": int(position["num_calls"]) + 1}
 
 
 def split_prompts(num_prompts: int, runner_ids: list[int]) -> dict[int, int]:
@@ -165,6 +182,13 @@ class SamplingRounds:
     ``k`` versions are dropped. Remote env runners only (``num_env_runners >= 1``); with
     ``num_env_runners = 0`` the driver's local env runner samples in-process.
 
+    The driver owns each remote runner's sampling position (:attr:`positions`): a request takes
+    the runner's position and advances it (:func:`position_after`). A share that failed
+    with its runner is sampled again by that runner from the position it was requested at, with
+    the round's weights, once Ray restarted it (the same rows as without the failure); when the
+    runner is not back in service, the runners in service sample as many prompts from their own
+    positions, and the dead runner's prompts of that share are skipped, never repeated.
+
     Args:
         group: The algorithm's ``EnvRunnerGroup``.
         config: The algorithm config (``max_staleness``, ``sample_timeout_s``,
@@ -177,6 +201,8 @@ class SamplingRounds:
         self.weights: Optional[PublishedWeights] = None
         self._pending: collections.deque[Round] = collections.deque()
         self._num_rounds = 0
+        #: Remote env runner id -> the sampling position its next request samples from.
+        self.positions: dict[int, dict[str, int]] = {}
         self._places: dict[int, RunnerPlace] = {}  # env runner id -> where it ran when it took weights
         self._failures: dict[int, str] = {}  # out-of-service env runner id -> the error that took it out
 
@@ -312,7 +338,7 @@ class SamplingRounds:
         current = self._pending.popleft() if self._pending else self._request(num_prompts)
         while len(self._pending) < self.config.max_staleness:
             self._pending.append(self._request(num_prompts))
-        results = self._collect_with_retry(current)
+        results = current.results if current.results is not None else self._collect_with_retry(current)
         batches, metrics = [], []
         for batch, runner_metrics, info in results:
             batches.append(self._drop_stale(batch))
@@ -344,16 +370,24 @@ class SamplingRounds:
             self.metrics.log_value(STALENESS_MAX, int(staleness.max()), window=1)
         return batch
 
-    def _request(self, num_prompts: int, runner_ids: Optional[list[int]] = None) -> Round:
-        """Sends one round's requests, carrying the published weights."""
-        ids = runner_ids or self._await_healthy({})
+    def _request(self, num_prompts: int, runner_ids: Optional[list[int]] = None,
+                 weights: Optional[PublishedWeights] = None) -> Round:
+        """Sends one round's requests, carrying the published weights (or ``weights``) and each
+        runner's position, which it advances."""
+        shares = split_prompts(num_prompts, runner_ids or self._await_healthy({}))
+        starts = {rid: self.positions.get(rid, START_POSITION) for rid in shares}
+        self.positions.update({rid: position_after(starts[rid], n) for rid, n in shares.items()})
+        return self._send(shares, starts, weights or self.weights)
+
+    def _send(self, shares: dict[int, int], starts: dict[int, dict[str, int]], weights: PublishedWeights) -> Round:
+        """Sends the requests of ``shares``, each sampled from its runner's ``starts`` position."""
         self._num_rounds += 1
-        rnd = Round(tag=f"rllib_dph_round_{self._num_rounds}", shares=split_prompts(num_prompts, ids), weights=self.weights)
+        rnd = Round(tag=f"rllib_dph_round_{self._num_rounds}", shares=shares, weights=weights, starts=starts)
         self.group.foreach_env_runner_async(
             "sample_round",
             tag=rnd.tag,
-            kwargs=[{"num_prompts": n, "weights": rnd.weights} for n in rnd.shares.values()],
-            remote_worker_ids=list(rnd.shares),
+            kwargs=[{"num_prompts": n, "weights": weights, "position": starts[rid]} for rid, n in shares.items()],
+            remote_worker_ids=list(shares),
         )
         return rnd
 
@@ -381,8 +415,10 @@ class SamplingRounds:
 
     def _collect_with_retry(self, rnd: Round) -> list[tuple]:
         """A round's results. The shares of env runners that failed are sampled once more, with
-        the current weights, by the runners in service (a restarted one included); a second
-        failure, or a failure with restarts off, raises naming the runners and the causes."""
+        the round's weights: each by its own runner from the position it was requested at when
+        Ray restarted every failed runner, else by the runners in service from their positions
+        (a restarted one included); a second failure, or a failure with restarts off, raises
+        naming the runners and the causes."""
         done, failures = self._collect(rnd)
         self._failures.update(failures)
         if failures:
@@ -394,7 +430,11 @@ class SamplingRounds:
                 )
             self.restore()
             ids = self._await_healthy(failures)
-            retried, again = self._collect(self._request(sum(rnd.shares[rid] for rid in failures), ids))
+            if set(failures) <= set(ids):
+                retry = self._send({rid: rnd.shares[rid] for rid in failures}, rnd.starts, rnd.weights)
+            else:
+                retry = self._request(sum(rnd.shares[rid] for rid in failures), ids, weights=rnd.weights)
+            retried, again = self._collect(retry)
             if again:
                 raise RuntimeError(
                     f"env runner(s) failed again on the retry of a sampling round: {_describe(again)} "
@@ -415,9 +455,28 @@ class SamplingRounds:
         come from weights the restored run never had); returns how many were discarded."""
         num = len(self._pending)
         for rnd in self._pending:
-            self._manager.fetch_ready_async_reqs(tags=[rnd.tag], timeout_seconds=self.config.sample_timeout_s)
+            if rnd.results is None:
+                self._manager.fetch_ready_async_reqs(tags=[rnd.tag], timeout_seconds=self.config.sample_timeout_s)
         self._pending.clear()
         return num
+
+    def rounds_ahead(self) -> list[list[tuple]]:
+        """The rounds requested ahead, oldest first, each as its env runners' ``(batch, metrics,
+        info)``: waits for them (``sample_timeout_s``, failed shares sampled again as
+        :meth:`next_round` does) and keeps them for the steps they belong to. A checkpoint holds
+        them, so a resumed run trains on the rows the uninterrupted run trains on."""
+        for rnd in self._pending:
+            if rnd.results is None:
+                rnd.results = self._collect_with_retry(rnd)
+        return [rnd.results for rnd in self._pending]
+
+    def keep_rounds_ahead(self, rounds: list[list[tuple]]) -> None:
+        """Makes ``rounds`` (:meth:`rounds_ahead` of a checkpoint) the next rounds that
+        :meth:`next_round` returns, after any round already pending; the driver's local env
+        runner (no remote ones) samples every round itself and takes none."""
+        if self.group.num_remote_env_runners():
+            self._pending.extend(Round(tag="", shares={}, weights=self.weights, starts={}, results=list(results))
+                                 for results in rounds)
 
 
 def _cause(error: BaseException) -> str:

@@ -221,7 +221,9 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             self.weights_version, self._weights_id = weights.version, weights.state.hex()
         return held_none
 
-    def sample_round(self, *, num_prompts: int, weights: "PublishedWeights") -> tuple[dict, ResultDict, dict]:
+    def sample_round(
+        self, *, num_prompts: int, weights: "PublishedWeights", position: Optional[dict[str, int]] = None
+    ) -> tuple[dict, ResultDict, dict]:
         """One env runner's share of a sampling round (``rllib_dph.env_runners.async_sampling``).
 
         Loads ``weights`` first when this runner holds another version: a runner that Ray
@@ -232,6 +234,10 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         Args:
             num_prompts: Prompts to sample ``group_size`` completions for.
             weights: The published weights (version and object ref) this share is sampled with.
+            position: The sampling position to sample from (:meth:`sampling_position`); None
+                continues from this runner's own. The driver sends it with every request, so a
+                runner that Ray restarted (its position back at the start) continues where the
+                driver knows it stood.
 
         Returns:
             ``(batch, metrics, info)``: :meth:`sample`'s batch plus a ``WEIGHT_VERSION`` column
@@ -239,6 +245,8 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             runner held no weights at all: Ray restarted it since the last weight sync).
         """
         restarted = self.load_weights(weights)
+        if position is not None:
+            self.set_sampling_position(position)
         batch = self.sample(num_prompts=num_prompts)
         batch[C.WEIGHT_VERSION] = np.full(len(batch[C.REWARDS]), self.weights_version, dtype=np.int64)
         return batch, self.get_metrics(), {"restarted": restarted}

@@ -42,7 +42,7 @@ from rllib_dph.algorithms.grpo.grpo_torch_learner import GRPOTorchLearner
 from rllib_dph.algorithms.grpo.trust_region import TrustRegion, TrustRegionRule
 from rllib_dph.engines import DEFAULT_ENGINE, ENGINES, SamplingParams
 from rllib_dph.algorithms.setters import setter
-from rllib_dph.algorithms.checkpoints import CheckpointError, checkpoint_problem, intact_checkpoint
+from rllib_dph.algorithms.checkpoints import intact_checkpoint, refuse_damaged
 from rllib_dph.files import atomic_dir, write_manifest
 from rllib_dph.learners.remote_calls import BoundedLearnerGroup, read_learner_weights, update_remote_learners
 from rllib_dph.policy.lora import lora_problem
@@ -627,6 +627,7 @@ class GRPO(Algorithm):
         # initial weights so that env runners and learners start from the same policy.
         self._rounds.publish(self.learner_weights())
         self._rounds.push()
+        self._continue_sampling()  # a checkpoint restored inside RLlib's setup (--from-checkpoint)
 
     @override(Algorithm)
     def save_to_path(self, path=None, *, state=None, filesystem=None, use_msgpack: bool = False) -> str:
@@ -856,45 +857,52 @@ class GRPO(Algorithm):
             return super().restore_env_runners(env_runner_group)
         return self._rounds.restore()
 
+    @classmethod
+    @override(Algorithm)
+    def from_checkpoint(cls, path, filesystem=None, **kwargs) -> "GRPO":
+        """RLlib's ``from_checkpoint``, after the check of :meth:`restore_from_path`: RLlib unpickles
+        the checkpoint's ``class_and_ctor_args.pkl`` before it restores anything, so a damaged
+        local checkpoint is refused here first (``GRPO.from_checkpoint`` and ``DPH.from_checkpoint``;
+        ``Algorithm.from_checkpoint`` runs RLlib's code alone until the restore)."""
+        if _is_local(path, filesystem):
+            refuse_damaged(path)
+        return super().from_checkpoint(path, filesystem, **kwargs)
+
     @override(Algorithm)
     def restore_from_path(self, path, *args, **kwargs) -> None:
         """RLlib's restore, then a fresh start of the sampling rounds (see :meth:`_restart_rounds`).
         A whole local checkpoint that is incomplete or damaged (``checkpoints.checkpoint_problem``)
-        is refused (:class:`~rllib_dph.algorithms.checkpoints.CheckpointError`) before anything is loaded."""
-        filesystem = kwargs.get("filesystem")
-        local = filesystem is None or getattr(filesystem, "type_name", None) == "local"
-        local = local and kwargs.get("component") is None and "://" not in str(path)
-        problem = checkpoint_problem(path) if local else None
-        if problem:
-            raise CheckpointError(f"{problem}; it is not restored (a partial or damaged checkpoint is never "
-                                  "trusted). Restore an earlier checkpoint of the trial.")
+        is refused (:class:`~rllib_dph.algorithms.checkpoints.CheckpointError`, naming the file and the
+        newest intact checkpoint of its trial) before anything is loaded."""
+        if kwargs.get("component") is None and _is_local(path, kwargs.get("filesystem")):
+            refuse_damaged(path)
         super().restore_from_path(path, *args, **kwargs)
         self._restart_rounds()
 
     @override(Algorithm)
     def get_state(self, components=None, *, not_components=None, **kwargs) -> dict:
         """RLlib's state plus where each remote env runner's sampling stands
-        (``SAMPLING_POSITIONS``): a resumed run samples the prompts, with the seeds, that the
-        uninterrupted run would. Exact in synchronous mode; with ``max_staleness > 0`` the
-        positions include the rounds requested ahead, whose rows a restore discards."""
+        (``SAMPLING_POSITIONS``) and, with ``max_staleness > 0``, the rounds sampled ahead
+        (``ROUNDS_AHEAD``: their rows and the runners' metrics; this waits for them, and the run
+        keeps them for the steps they belong to). A resumed run samples the prompts, with the
+        seeds, that the uninterrupted run would, and trains on the rows it would, so resuming is
+        exact in synchronous and asynchronous mode alike."""
         state = super().get_state(components, not_components=not_components, **kwargs)
+        if not hasattr(self, "_rounds"):
+            return state
+        if self._check_component(ROUNDS_AHEAD, components, not_components):
+            state[ROUNDS_AHEAD] = self._rounds.rounds_ahead()
         if self._check_component(SAMPLING_POSITIONS, components, not_components):
-            state[SAMPLING_POSITIONS] = dict(self.env_runner_group.foreach_env_runner(
-                lambda runner: (runner.worker_index, runner.sampling_position()),
-                local_env_runner=False, timeout_seconds=self.config.weight_sync_timeout_s,
-            ))
+            state[SAMPLING_POSITIONS] = {rid: dict(position) for rid, position in self._rounds.positions.items()}
         return state
 
     @override(Algorithm)
     def set_state(self, state) -> None:
+        """RLlib's ``set_state``; the sampling positions and rounds ahead of ``state`` take effect
+        when the sampling rounds restart (:meth:`_restart_rounds`)."""
         super().set_state(state)
-        positions = state.get(SAMPLING_POSITIONS)
-        if positions:
-            self.env_runner_group.foreach_env_runner(
-                lambda runner: runner.set_sampling_position(positions[runner.worker_index])
-                if runner.worker_index in positions else None,
-                local_env_runner=False, timeout_seconds=self.config.weight_sync_timeout_s,
-            )
+        if SAMPLING_POSITIONS in state or ROUNDS_AHEAD in state:
+            self._restored_sampling = (state.get(SAMPLING_POSITIONS), state.get(ROUNDS_AHEAD) or [])
         if COMPONENT_LEARNER_GROUP in state:
             self._restart_rounds()
 
@@ -902,7 +910,8 @@ class GRPO(Algorithm):
         """After restoring learner weights: rounds requested ahead are discarded (their rows come
         from weights the restored run never had), and the env runners get the restored weights
         with the restored version (the learner's checkpointed update count), so the staleness
-        bound holds across a resume. A restore inside RLlib's own ``setup`` (an
+        bound holds across a resume; sampling continues from the restored positions and rounds
+        ahead (:meth:`_continue_sampling`). A restore inside RLlib's own ``setup`` (an
         ``on_algorithm_init`` callback, as ``--from-checkpoint`` does) comes before the rounds
         exist; ``setup`` then starts them from the restored weights itself."""
         if not hasattr(self, "_rounds"):
@@ -910,3 +919,25 @@ class GRPO(Algorithm):
         self._rounds.discard_pending()
         self._rounds.publish(self.learner_weights())
         self._rounds.push()
+        self._continue_sampling()
+
+    def _continue_sampling(self) -> None:
+        """Hands the sampling positions and rounds ahead of a restored state to the sampling rounds."""
+        restored = self.__dict__.pop("_restored_sampling", None)
+        if restored is None:
+            return
+        positions, rounds_ahead = restored
+        if positions is not None:
+            self._rounds.positions = {int(rid): dict(position) for rid, position in positions.items()}
+        self._rounds.keep_rounds_ahead(rounds_ahead)
+
+
+#: Algorithm state key: the rounds sampled ahead with ``max_staleness > 0`` (``SamplingRounds.rounds_ahead``);
+#: the remote env runners' positions under ``SAMPLING_POSITIONS`` are the driver's (``SamplingRounds.positions``).
+ROUNDS_AHEAD = "sampling_rounds_ahead"
+
+
+def _is_local(path, filesystem) -> bool:
+    """Whether a checkpoint ``path`` (with RLlib's ``filesystem`` argument) is a local folder."""
+    local = filesystem is None or getattr(filesystem, "type_name", None) == "local"
+    return local and isinstance(path, (str, os.PathLike)) and "://" not in str(path)

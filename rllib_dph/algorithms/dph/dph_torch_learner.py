@@ -14,6 +14,7 @@ from ray.rllib.utils.annotations import override
 from rllib_dph import columns as C
 from rllib_dph.algorithms.grpo.grpo_torch_learner import GRPOTorchLearner
 from rllib_dph.algorithms.dph.pef_rows import AddPefRows
+from rllib_dph.learners.collectives import all_reduce, distributed
 from rllib_dph.learners.step import Step, row_mask
 from rllib_dph.losses.divergences import f_divergence, pef_loss_weight
 from rllib_dph.losses.tokens import masked_mean
@@ -98,7 +99,20 @@ class DPHTorchLearner(GRPOTorchLearner):
             training_data.batch = MultiAgentBatch(
                 {mid: SampleBatch(c) for mid, c in mixed.items()}, env_steps=rows
             )
+            self._gather_rows_taken()
         return super().update(*args, training_data=training_data, **kwargs)
+
+    def _gather_rows_taken(self) -> None:
+        """Every learner's D_pef rows taken, into each learner's connector (one all-reduce of a
+        (num_learners,) tensor): the learners' shares of a batch may differ by a group, so their
+        positions may too, and a checkpoint holds one learner's state."""
+        taken = self.pef_connector.sampler.rows_taken
+        if not distributed():
+            self.pef_connector.rows_taken_by_shard = [taken]
+            return
+        counts = torch.zeros(dist.get_world_size(), dtype=torch.int64, device=self._device)  # (num_learners,)
+        counts[dist.get_rank()] = taken
+        self.pef_connector.rows_taken_by_shard = all_reduce(counts).cpu().tolist()
 
     @override(GRPOTorchLearner)
     def auxiliary_loss(self, config, batch, fwd_out, step: Step, metrics: Dict[str, Any]) -> torch.Tensor:

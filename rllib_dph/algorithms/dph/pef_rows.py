@@ -62,7 +62,7 @@ class PefRowSampler:
                     f"{path}: row {i}: response_ids has {len(self.response_ids[j])} tokens but "
                     f"ref_logp has {len(self.ref_logp[j])} values; they must match and be non-empty."
                 )
-        self._seed, self._shard_index = seed, shard_index
+        self._seed, self.shard_index, self.num_shards = seed, shard_index, num_shards
         self.rows_taken = 0
         self._order_pass, self._order = -1, np.arange(len(self.prompt_ids))
 
@@ -80,7 +80,7 @@ class PefRowSampler:
         while len(chosen) < n:
             num_pass, at = divmod(self.rows_taken, len(self))
             if num_pass != self._order_pass:
-                rng = np.random.default_rng([self._seed, self._shard_index, num_pass])
+                rng = np.random.default_rng([self._seed, self.shard_index, num_pass])
                 self._order_pass, self._order = num_pass, rng.permutation(len(self))
             take = self._order[at : at + n - len(chosen)].tolist()
             chosen += take
@@ -129,16 +129,30 @@ class AddPefRows(ConnectorV2):
             raise ValueError(f"ratio={ratio} must be > 0 (exploration rows per D_pef row; paper: 8).")
         self.ratio = ratio
         self.sampler = PefRowSampler(path, shard_index=shard_index, num_shards=num_shards, seed=seed)
+        #: Every shard's rows taken, by shard index, as the learners last reported them
+        #: (``DPHTorchLearner`` gathers them after each update); None until then.
+        self.rows_taken_by_shard: Optional[list[int]] = None
 
     def num_pef_rows(self, num_exp_rows: int) -> int:
         return max(1, int(math.floor(num_exp_rows / self.ratio + 0.5)))
 
     def get_state(self, *args, **kwargs) -> dict:
-        """The D_pef rows taken so far (the position in the shard's order)."""
-        return {"rows_taken": self.sampler.rows_taken}
+        """The D_pef rows taken so far (the position in the shard's order), this shard's and, once
+        gathered, every shard's: one learner's state restores every learner's position."""
+        state = {"rows_taken": self.sampler.rows_taken}
+        if self.rows_taken_by_shard is not None:
+            state["rows_taken_by_shard"] = list(self.rows_taken_by_shard)
+        return state
 
     def set_state(self, state: dict) -> None:
-        self.sampler.rows_taken = int(state["rows_taken"])
+        """Continues from ``state``'s position of this shard (``rows_taken_by_shard[shard_index]``
+        when it lists as many shards as there are now, else ``rows_taken``)."""
+        by_shard = state.get("rows_taken_by_shard")
+        if by_shard is not None and len(by_shard) == self.sampler.num_shards:
+            self.sampler.rows_taken = int(by_shard[self.sampler.shard_index])
+            self.rows_taken_by_shard = [int(n) for n in by_shard]
+        else:
+            self.sampler.rows_taken = int(state["rows_taken"])
 
     def __call__(
         self,

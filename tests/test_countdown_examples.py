@@ -2,6 +2,7 @@
 GRPO's and DPH-JS (eta = 10)'s settings are the budget's, so the budget's runs measure them; both
 validate on the budget's evaluation split; and the budget's primary endpoint names its split."""
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -59,3 +60,20 @@ def test_the_primary_endpoints_name_their_split_for_a_data_file_and_for_reasonin
         "**Primary endpoint** (pre-registered, docs/collapse.md): pass@64 on countdown's 300 test puzzles, "
         "DPH-JS (η=10) − GRPO = +5.0 [-1.0, +11.0] points: cannot tell.",
     ]
+
+
+def test_the_curves_script_reads_a_trial_and_tabulates_its_validation_points(load_script, tmp_path):
+    curves = load_script("research/countdown_curves")
+    rows = [{"training_iteration": i, "time_total_s": 10.0 * i, "env_runners": {"reward_mean": 0.01 * i},
+             "evaluation": {"pass@1": 0.02, "pass@8": 0.1, "greedy_accuracy": 0.03} if i % 2 == 0 else
+             {"pass@1": float("nan")}}  # RLlib's results keep the key between validations, NaN
+            for i in range(1, 5)]
+    (tmp_path / "result.json").write_text("\n".join(json.dumps(row) for row in rows) + "\n")
+    curve = curves.curve(curves.read_trial(tmp_path))
+    assert curve["reward"] == pytest.approx([0.01, 0.02, 0.03, 0.04])
+    assert sorted(curve["validation"]) == [2, 4] and curve["time_total_s"] == 40.0
+    table = curves.curve_table({"GRPO": curve}, {"pass@1": 0.005, "pass@8": 0.034}, interval=2).splitlines()
+    assert table[2] == "| base model | 0 | — | 0.50 | 3.4 | — |"
+    assert table[4] == "| GRPO | 4 | 0.035 | 2.00 | 10.0 | 3.0 |"  # the mean reward of iterations 3 and 4
+    with pytest.raises(SystemExit, match="result.json does not exist"):
+        curves.read_trial(tmp_path / "missing")

@@ -2,6 +2,8 @@
 parse, so a run's minutes are not spent on a setup bug; and its checks name what would fail."""
 
 import argparse
+import json
+import re
 import gzip
 import subprocess
 
@@ -19,7 +21,7 @@ def test_every_prepared_call_fits_the_hosts_limits_and_every_flag_parses(plan):
         for number, call in enumerate(prepared.calls, 1):
             where = f"{prepared.name} call {number}"
             timeout, command = call.render(plan.LEFT_S)
-            assert "{" not in command.replace("'{", "") and len(command) <= plan.COMMAND_LIMIT, where
+            assert "{limit" not in command and len(command) <= plan.COMMAND_LIMIT, where
             assert call.timeout_s is None or 0 < call.timeout_s <= plan.CALL_LIMIT_S, where
             for path in call.carry:
                 assert path.split("/")[0] in (".whl", ".smol", ".vllm"), where
@@ -73,7 +75,7 @@ def test_a_last_call_takes_what_is_left_and_keeps_time_to_pack_its_results(plan,
     assert prepared.calls[2].render(300)[0] == 600  # an earlier call keeps its own
     plan.show(prepared, 300)
     assert "timeout_s 280 (with 300 s left on the host" in capsys.readouterr().out
-    with pytest.raises(SystemExit, match="rn-grpo's last call would get 80 s with 100 s left: too little"):
+    with pytest.raises(SystemExit, match="rn-grpo's last call would get 80 s with 100 s left, 40 s for its last step: too little"):
         plan.show(prepared, 100)
 
 
@@ -118,7 +120,7 @@ def test_archive_gzips_the_plans_results_into_the_tree_and_names_a_missing_tar(p
     (results / "rn.tar").write_bytes(b"evaluations")
     target = plan.archive(prepared, results, root)
     assert target == root / prepared.archive_to and gzip.decompress(target.read_bytes()) == b"evaluations"
-    with pytest.raises(SystemExit, match="no plan 'nope'; the plans are rn-grpo, rn-dph-js"):
+    with pytest.raises(SystemExit, match="no plan 'nope'; the plans are vllm-first, rn-grpo, rn-dph-js"):
         plan.by_name("nope")
 
 
@@ -132,3 +134,32 @@ def test_the_suite_refuses_an_unknown_step_and_names_every_step(load_script, tmp
                               **{f"{name}_s": 1 for name in ("learners", "learners1", "e2e", "rollouts", "vllm",
                                                              "async", "weight_sync", "smollm2")})
     assert tuple(step.name for step in suite.steps(tmp_path, args)) == suite.STEP_NAMES
+
+
+def test_vllm_first_comes_first_and_its_last_call_keeps_its_steps_inside_its_own_limit(plan):
+    assert [p.name for p in plan.plans()][:3] == ["vllm-first", "rn-grpo", "rn-dph-js"]
+    prepared = plan.by_name("vllm-first")
+    carried = {path for call in prepared.calls for path in call.carry}
+    assert {".whl", ".vllm/call1", ".vllm/call2", ".vllm/call3", plan.GGUF} <= carried
+    assert {plan.SMOL + str(i) for i in range(3)} <= carried  # Ray, SmolLM2 and vLLM in one 15-minute run of the host
+    for left in (330, 470, 540, 700):
+        timeout, command = prepared.calls[-1].render(left)
+        inner = sum(int(t) for t in re.findall(r"timeout (\d+) ", command))
+        budget = int(re.search(r"--budget-s (\d+)", command).group(1))
+        # vLLM's install and check keep 60 s; the results' summary the wrap-up
+        assert inner + budget + 60 == timeout - plan.WRAP_UP_S and budget >= 60 and timeout <= plan.CALL_LIMIT_S
+    with pytest.raises(SystemExit, match="vllm-first's last call would get 280 s with 300 s left, 30 s for its"):
+        plan.show(prepared, 300)
+    assert "--no-eval" in command and '"engine": "vllm"' in command and "--modes vllm" in command
+
+
+def test_the_vllm_run_of_vllm_first_passes_the_smollm2_examples_preflight(plan):
+    from rllib_dph.cli.experiments import load_tuned_example
+    from rllib_dph.cli.preflight import preflight
+
+    command = plan.by_name("vllm-first").calls[-1].render(plan.LEFT_S)[1]
+    (train,) = [args for args in plan.python_runs(command) if args[0].endswith("gpu_smollm2.py")]
+    overrides = json.loads(train[train.index("--config") + 1])
+    config, _ = load_tuned_example("tuned_examples/grpo/sql_smollm2_grpo.py")
+    assert preflight(config, {"training_iteration": 3}, config_overrides=overrides) == []
+    assert config.engine == "vllm" and config.engine_kwargs["attention_config"] == {"backend": "TRITON_ATTN"}

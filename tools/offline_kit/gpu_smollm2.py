@@ -10,7 +10,8 @@ fails or hangs costs only its own minutes), inside one ``--budget-s``:
 3. for each of ``--algos``: ``rllib train file tuned_examples/...`` (the example as shipped, with
    its training prompts cut to ``--data`` and ``--iterations`` iterations; DPH-JS pre-samples
    those prompts first, 8 samples each), then ``rllib evaluate`` of its final checkpoint on
-   the same prompts with the same settings and seed.
+   the same prompts with the same settings and seed (``--no-eval``: training alone, no evaluation
+   before or after).
 
 ``rllib train`` is stopped once its final checkpoint is complete (plus ``--exit-grace-s``): Tune's
 process may outlive its last iteration by minutes, which a short GPU budget cannot spare. Writes ``smollm2.json`` (every stage's command, exit status, seconds and parsed
@@ -128,6 +129,9 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=256, help="the examples' max_response_length")
     parser.add_argument("--eval-flags", default='--device cuda --dtype bfloat16 --engine-kwargs {"max_batch_size":1024}',
                         help="more rllib evaluate flags (split at spaces): all rows in one generate call")
+    parser.add_argument("--no-eval", action="store_true",
+                        help="train only: no rllib evaluate before or after (e.g. an engine's run, --config "
+                             "'{\"engine\": \"vllm\"}')")
     parser.add_argument("--exit-grace-s", type=float, default=20)
     parser.add_argument("--train-min-s", type=float, default=150, help="an algorithm starts only with this much left")
     parser.add_argument("--cpu-check", action="store_true",
@@ -165,14 +169,15 @@ def main() -> None:
             except Exception as err:  # noqa: BLE001 - the build's failure is in its rc and log
                 record["results"] = {"error": str(err)[:300]}
             save("build", record)
-        save("eval-base", evaluate(args.model, out / "eval_base", args, log, min(150, left())))
+        if not args.no_eval:
+            save("eval-base", evaluate(args.model, out / "eval_base", args, log, min(150, left())))
         for algo in args.algos.split(","):
             if left() < args.train_min_s:
                 save(f"train-{algo}", {"skipped": f"{left():.0f} s of --budget-s left"})
                 continue
-            record = train(algo, args, log, left() - 40)  # leaves the evaluation ~40 s
+            record = train(algo, args, log, left() - (5 if args.no_eval else 40))  # leaves the evaluation ~40 s
             save(f"train-{algo}", record)
-            if record["checkpoint"]:
+            if record["checkpoint"] and not args.no_eval:
                 save(f"eval-{algo}", evaluate(record["checkpoint"], out / f"eval_{algo}", args, log, min(150, left())))
 
 

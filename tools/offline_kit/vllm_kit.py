@@ -156,9 +156,17 @@ def install(target: pathlib.Path) -> None:
                     "--upgrade", "--target", str(target), str(wheel), *map(str, absent)], check=True)
 
 
+#: vLLM's trainer-to-engine weight-transfer API (its NCCL and CUDA-IPC engines); ``check`` says
+#: whether the installed vLLM has it. The rollout engine's ``update_weights`` uses
+#: ``reload_weights`` either way (rllib_dph/engines/vllm.py).
+WEIGHT_TRANSFER = "vllm.distributed.weight_transfer"
+
+
 def check() -> int:
-    """Imports :data:`CHECKED` and vLLM's pynvml; prints each failure; returns how many failed."""
+    """Imports :data:`CHECKED` and vLLM's pynvml; prints each failure and whether vLLM has
+    :data:`WEIGHT_TRANSFER`; returns how many imports failed."""
     import importlib
+    import importlib.util
     import traceback
 
     failures = 0
@@ -172,6 +180,12 @@ def check() -> int:
             failures += 1
             print(f"FAILED {name}:\n{traceback.format_exc(limit=2)}")
     print(f"{len(CHECKED) + 1 - failures} of {len(CHECKED) + 1} imports of vLLM's offline generation work")
+    try:
+        has_api = importlib.util.find_spec(WEIGHT_TRANSFER) is not None
+    except ImportError:  # no vllm.distributed: no vLLM at all, already counted above
+        has_api = False
+    print(f"weight-transfer API ({WEIGHT_TRANSFER}): {'present' if has_api else 'absent'}; the engine's weight "
+          "sync uses reload_weights")
     return failures
 
 

@@ -11,7 +11,7 @@ the seconds of a call (:data:`CALL_LIMIT_S`). A plan's last call takes the time 
 (``python tools/offline_kit/gpu_suite.py --prepare`` and ``python tools/offline_kit/vllm_kit.py
 prepare`` make ``.whl/``, ``.smol/`` and ``.vllm/`` here).
 
-    python tools/offline_kit/plan.py list               # the plans in the order they run, with what each waits for
+    python tools/offline_kit/plan.py list               # the plans, most valuable first, with what each waits for
     python tools/offline_kit/plan.py show NAME          # each call's carry, timeout and command
     python tools/offline_kit/plan.py show NAME --left S  # the last call for S seconds left on the host
     python tools/offline_kit/plan.py check              # every carry made and ignored, every call fits and parses
@@ -361,7 +361,7 @@ def archive(plan: Plan, results: pathlib.Path, root: pathlib.Path = REPO) -> pat
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="action", required=True)
-    sub.add_parser("list", help="the plans in the order they run")
+    sub.add_parser("list", help="the plans, most valuable first")
     checking = sub.add_parser("check", help="every call's carries, size, command length and flags")
     checking.add_argument("--transfer-mib", type=float, default=TRANSFER_LIMIT / 2**20,
                           help="MiB one call transfers to the host, the tree included")

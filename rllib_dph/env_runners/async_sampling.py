@@ -18,8 +18,9 @@ carries the version it was sampled with (``columns.WEIGHT_VERSION``), and every 
 raises an error naming the env runner, the weight version and the timeout. The bounds are
 taken from the driver: an engine's ``generate`` runs in the runner's own thread, which Python
 cannot interrupt, so ``sample_timeout_s`` and ``weight_sync_timeout_s`` bound the runner's whole
-call, and a runner stuck that way stops the run (alive, so Ray would not restart it). The learners' timeouts: ``rllib_dph.learners.remote_calls`` and
-``rllib_dph.learners.collectives`` (docs/faults.md).
+call, and a runner stuck that way stops the run (alive, so Ray would not restart it). The
+learners' timeouts: ``rllib_dph.learners.remote_calls`` and ``rllib_dph.learners.collectives``
+(docs/faults.md).
 """
 
 from __future__ import annotations

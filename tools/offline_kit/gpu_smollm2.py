@@ -175,7 +175,7 @@ def main() -> None:
             if left() < args.train_min_s:
                 save(f"train-{algo}", {"skipped": f"{left():.0f} s of --budget-s left"})
                 continue
-            record = train(algo, args, log, left() - (5 if args.no_eval else 40))  # leaves the evaluation ~40 s
+            record = train(algo, args, log, left() - (5 if args.no_eval else 40))  # leaves an evaluation ~40 s
             save(f"train-{algo}", record)
             if record["checkpoint"] and not args.no_eval:
                 save(f"eval-{algo}", evaluate(record["checkpoint"], out / f"eval_{algo}", args, log, min(150, left())))

@@ -68,6 +68,8 @@ def _free_space(path: str) -> str:
 #: Algorithm state key: each remote env runner's sampling position (``LLMEnvRunner.sampling_position``)
 #: by env runner id; the local env runner's is in its own state.
 SAMPLING_POSITIONS = "env_runner_sampling_positions"
+#: Algorithm state key: the rounds sampled ahead with ``max_staleness > 0`` (``SamplingRounds.rounds_ahead``).
+ROUNDS_AHEAD = "sampling_rounds_ahead"
 #: Result key of the per-step phase times (seconds of this iteration, not smoothed).
 STEP_TIMES = "step_times"
 
@@ -930,11 +932,6 @@ class GRPO(Algorithm):
         if positions is not None:
             self._rounds.positions = {int(rid): dict(position) for rid, position in positions.items()}
         self._rounds.keep_rounds_ahead(rounds_ahead)
-
-
-#: Algorithm state key: the rounds sampled ahead with ``max_staleness > 0`` (``SamplingRounds.rounds_ahead``);
-#: the remote env runners' positions under ``SAMPLING_POSITIONS`` are the driver's (``SamplingRounds.positions``).
-ROUNDS_AHEAD = "sampling_rounds_ahead"
 
 
 def _is_local(path, filesystem) -> bool:

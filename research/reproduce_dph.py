@@ -734,9 +734,26 @@ def nulls_cluster(task) -> tuple[str, str, str]:
     return task.ground_truth["db_id"], match.group(2), match.group(1)
 
 
+def ties_cluster(task) -> tuple[str, str, str]:
+    """The cluster of a `sql_synth/test_ties` question: its (database, table, column), the table
+    its gold query reads (``a+b`` for a join) and the column whose top ties: the ``GROUP BY``
+    column, or the column of ``MAX``/``MIN``."""
+    import re
+
+    sql = task.ground_truth["gold_sql"]
+    grouped = re.search(r"FROM\s+(\w+)(?:\s+JOIN\s+(\w+))?.*?GROUP BY\s+(?:\w+\.)?(\w+)", sql)
+    if grouped is not None:
+        table = "+".join(t for t in grouped.group(1, 2) if t)
+        return task.ground_truth["db_id"], table, grouped.group(3)
+    extremum = re.search(r"(?:MAX|MIN)\((?:\w+\.)?(\w+)\)\s+FROM\s+(\w+)", sql)
+    if extremum is None:
+        raise ValueError(f"ties_cluster: {task.id}'s gold query {sql!r} has neither GROUP BY col nor MAX/MIN(col) FROM table.")
+    return task.ground_truth["db_id"], extremum.group(2), extremum.group(1)
+
+
 #: The splits whose prompts fall into clusters, and each prompt's cluster: the seed-level
 #: statistics add a bootstrap over clusters there.
-CLUSTERS = {"nulls": nulls_cluster}
+CLUSTERS = {"nulls": nulls_cluster, "ties": ties_cluster}
 #: The endpoints the seed-level statistics are given for: (split, metric label prefix).
 SEED_ENDPOINT_SPLITS = ("ties", "nulls", "countdown")
 
@@ -763,7 +780,7 @@ def seed_statistics(base: dict, runs: dict, k_max: int, numbers: dict) -> str:
         return ""
     lines = ["Seed-level statistics of each pass@k endpoint against GRPO (points; seed values in %): the per-seed "
              "values, the bootstrap over prompts and seeds, Welch's t interval and the exact permutation p-value "
-             "with the seed as the unit, and on the NULL family the bootstrap over its question clusters "
+             "with the seed as the unit, and on the NULL and ties families the bootstrap over their question clusters "
              "(database, table, column) and seeds:", "",
              "| endpoint | method | method's seeds | GRPO's seeds | bootstrap (prompts, seeds) | Welch t (seeds) | "
              "permutation p (seeds) | cluster bootstrap |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]

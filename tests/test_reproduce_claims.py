@@ -382,6 +382,17 @@ def test_nulls_clusters_are_database_table_column(reproduce):
     assert first[0] == tasks[0].ground_truth["db_id"] and f"COUNT({first[2]})" in tasks[0].ground_truth["gold_sql"]
 
 
+def test_ties_clusters_are_database_table_column(reproduce):
+    from rllib_dph.envs.suites import load_split
+
+    tasks = load_split("sql_synth/test_ties")
+    clusters = [reproduce.ties_cluster(t) for t in tasks]
+    assert len(set(clusters)) == 77
+    for task, (db, table, column) in zip(tasks, clusters):
+        sql = task.ground_truth["gold_sql"]
+        assert db == task.ground_truth["db_id"] and table.split("+")[0] in sql and column in sql
+
+
 def test_the_countdown_budgets_train_the_warm_start_on_reasoning_gyms_puzzles(reproduce):
     from types import SimpleNamespace
 

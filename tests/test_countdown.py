@@ -8,7 +8,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from rllib_dph.envs.countdown import CountdownSFT, choose_solutions, solve
+from rllib_dph.envs.countdown import CountdownSFT, choose_solutions, sft_examples, solve
 
 
 @pytest.mark.parametrize(
@@ -116,9 +116,24 @@ def test_a_warm_start_with_countdown_draws_its_rows_from_the_puzzles():
     spec = WarmStartSpec(base="tiny-sql-math", splits=(), countdown=puzzles, sft_steps=2, batch_size=4)
     rows = training_examples(spec)
     assert len(rows) == 8 and all(r["task_id"].startswith("countdown/train/s0/") for r in rows)
-    assert WARM_STARTS["tiny-countdown"].countdown.env_config(split="test") == {
-        "dataset": "countdown", "config": dict(WARM_STARTS["tiny-countdown"].countdown.config), "size": 2000,
-        "seed": 0, "split": "test"}
+    assert WARM_STARTS["tiny-countdown"].countdown.held_out == (300, 2000)
+
+
+def test_held_out_puzzles_stay_out_of_the_sft_rows():
+    """A pool larger than the RL train split leaves out every question of the held-out split."""
+    pytest.importorskip("reasoning_gym", reason='needs reasoning-gym: pip install -e ".[reasoning_gym]"')
+    from rllib_dph.envs.reasoning_gym import ReasoningGymEnv
+
+    config = (("min_numbers", 3), ("max_numbers", 3), ("min_value", 1), ("max_value", 2), ("min_target", 1),
+              ("max_target", 6))
+    test = ReasoningGymEnv("countdown", config=dict(config), size=8, seed=0, split="test", train_size=4)
+    held_out = {t.ground_truth["question"] for t in test.tasks}
+    question = lambda row: row["messages"][-1]["content"]  # noqa: E731
+    everything = sft_examples(CountdownSFT(config=config, size=60, solutions_per_prompt=1))
+    assert any(question(r) in held_out for r in everything)  # the small config repeats its questions
+    kept = sft_examples(CountdownSFT(config=config, size=60, solutions_per_prompt=1, held_out=(8, 4)))
+    assert kept and not any(question(r) in held_out for r in kept)
+    assert {question(r) for r in kept} == {question(r) for r in everything} - held_out
 
 
 def test_working_follows_the_text_as_it_reads():

@@ -14,10 +14,11 @@ the env's own (``rllib_dph/ReasoningGym-v0``, split ``"train"``).
 from __future__ import annotations
 
 import ast
+import dataclasses
 import itertools
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Iterator, Sequence
+from typing import Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -165,6 +166,9 @@ class CountdownSFT:
             prompt invites: "thinking step-by-step", then the answer in ``<answer>`` tags), and
             use only the solutions worked out in whole numbers; False: the answer alone, of
             every solution.
+        held_out: ``(size, train_size)`` of the env's test split at ``seed``: its questions are
+            left out of these puzzles, so that a pool larger than the RL train split shares no
+            question with the held-out puzzles; None: every puzzle of the train split.
     """
 
     config: tuple[tuple[str, object], ...]
@@ -173,20 +177,26 @@ class CountdownSFT:
     solutions_per_prompt: int = 4
     draw_seed: int = 0
     worked: bool = False
+    held_out: Optional[tuple[int, int]] = None
 
     def env_config(self, **extra) -> dict:
         """The ``rllib_dph/ReasoningGym-v0`` env config of these puzzles (``extra``: e.g. ``split``)."""
         return {"dataset": "countdown", "config": dict(self.config), "size": self.size, "seed": self.seed, **extra}
 
 
-#: The puzzles of the ``tiny-countdown`` warm start and of the countdown budgets of
-#: research/reproduce_dph.py: 3 numbers of 1-20, targets 1-100, the first 2,000 of seed 0,
-#: up to 8 solutions of different shapes each (8,968 rows).
+#: The countdown puzzles of the tuned examples and of the countdown budgets of
+#: research/reproduce_dph.py: 3 numbers of 1-20, targets 1-100, the first 2,000 of seed 0 (its
+#: held-out puzzles: the test split of 300 against these 2,000).
 TINY_COUNTDOWN = CountdownSFT(
     config=(("min_numbers", 3), ("max_numbers", 3), ("min_value", 1), ("max_value", 20), ("min_target", 1),
             ("max_target", 100)),
-    size=2000, solutions_per_prompt=8,
+    size=2000,
 )
+
+#: The SFT puzzles of the ``tiny-countdown`` warm start: the first 8,000 of seed 0 (the 2,000 of
+#: :data:`TINY_COUNTDOWN` and 6,000 more) less the 6 whose question is one of the 300 held-out
+#: puzzles, with up to 4 solutions of different shapes each (27,819 rows).
+TINY_COUNTDOWN_SFT = dataclasses.replace(TINY_COUNTDOWN, size=8000, held_out=(300, TINY_COUNTDOWN.size))
 
 
 def choose_solutions(solutions: Sequence[str], numbers: Sequence[int], count: int, rng: np.random.Generator) -> list[str]:
@@ -215,15 +225,20 @@ def sft_examples(spec: CountdownSFT) -> list[dict]:
     Returns:
         Dicts ``{"messages", "completion", "style", "task_id"}`` as ``suites.sft_examples`` gives
         them: ``messages`` the env's own prompt, ``style`` the solution's
-        ``countdown_style``. A puzzle without a solution (none in reasoning-gym's generator, whose
+        ``countdown_style``. A puzzle whose question is held out (``spec.held_out``) or without a solution (none in reasoning-gym's generator, whose
         target is the value of an expression over the numbers) gives no row.
     """
-    from rllib_dph.envs.reasoning_gym import ReasoningGymEnv, countdown_style
+    from rllib_dph.envs.reasoning_gym import ReasoningGymEnv, countdown_style, generate_items
 
     env = ReasoningGymEnv("countdown", config=dict(spec.config), size=spec.size, seed=spec.seed, split="train")
+    held_out = set()
+    if spec.held_out is not None:
+        size, train_size = spec.held_out
+        held_out = {entry["question"] for _, entry in generate_items(
+            "countdown", dict(spec.config), size=size, seed=spec.seed, split="test", train_size=train_size)}
     rng = np.random.default_rng(spec.draw_seed)
     rows = []
-    for task in env.tasks:
+    for task in (t for t in env.tasks if t.ground_truth["question"] not in held_out):
         meta = task.ground_truth["metadata"]
         solutions = worked_solutions(meta["numbers"], meta["target"]) if spec.worked else dict.fromkeys(
             solve(meta["numbers"], meta["target"]), "")

@@ -198,6 +198,10 @@ TINY_COUNTDOWN = CountdownSFT(
 #: puzzles, with up to 4 solutions of different shapes each (27,819 rows).
 TINY_COUNTDOWN_SFT = dataclasses.replace(TINY_COUNTDOWN, size=8000, held_out=(300, TINY_COUNTDOWN.size))
 
+#: The SFT puzzles of ``tiny-countdown-long``, which continues ``tiny-countdown``: the first
+#: 16,000 of seed 0 less the held-out ones, with other solutions drawn (``draw_seed`` 1).
+TINY_COUNTDOWN_SFT_LONG = dataclasses.replace(TINY_COUNTDOWN_SFT, size=16000, draw_seed=1)
+
 
 def choose_solutions(solutions: Sequence[str], numbers: Sequence[int], count: int, rng: np.random.Generator) -> list[str]:
     """Up to ``count`` of ``solutions``, each of another shape (``countdown_shape``) where there

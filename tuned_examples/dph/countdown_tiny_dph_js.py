@@ -18,10 +18,11 @@ tuned_examples/grpo/countdown_tiny_grpo.py.
 Every 20 iterations it validates on the first 100 of the 300 test puzzles (8 samples and a greedy
 one each: ``evaluation/pass@1``, ``evaluation/pass@8``, ... in the results).
 
-Results to expect (seed 0, 2 CPU cores; docs/results/countdown.md, "DPH-JS's pre-sampling"):
-    No training. Pre-sampling the 2,000 train puzzles (2,169 s on 2 shared cores) finds none
-    solved 8 times of 8: 1,888 solved 0 times, 90 once, 13 twice, 6, 2 and 1 three, four and
-    five times (pass@1 0.92 %). D_pef is empty, and the run exits with code 2 before its first
+Results to expect (seed 0, 2 CPU cores; docs/results/countdown.md, "The recipes and their gate
+readings"):
+    No training. Pre-sampling the 2,000 train puzzles (630 s on 2 shared cores) finds none
+    solved 8 times of 8: 1,545 solved 0 times, 336 once, 77 twice, 32, 1, 6, 1 and 2 three to
+    seven times (pass@1 4.0 %). D_pef is empty, and the run exits with code 2 before its first
     iteration, with the error that says so ("D_pef file ... is empty: no training prompt reached
     8 correct samples"). The warm start fails the gate of docs/collapse.md ("Countdown"), so
     this run is no reading of its collapse test.

@@ -10,10 +10,10 @@ journal left by a crashed writer. SQLite and the workers get a temp folder of th
 
 It prints calls, latency (p50 / p99 / max) against the timeout, database bytes changed, files
 created under the database folder and the temp folder, the peak temp-disk use (those folders
-plus SQLite temporary files held open by the workers) and the peak memory of the workers with
-their checker subprocesses, checker processes left after the workers exit, and correct answers
-scored 0. Targets: max latency <= timeout + 1 s, 0 bytes changed, 0 files, 0 false zeros, 0
-processes left (exit status 1 when one is missed).
+plus SQLite temporary files held open by the workers) and the peak memory (proportional set size)
+of the workers with their checker subprocesses and fork servers, checker processes left after
+the workers exit, and correct answers scored 0. Targets: max latency <= timeout + 1 s, 0 bytes
+changed, 0 files, 0 false zeros, 0 processes left (exit status 1 when one is missed).
 
     python bench/verifier_soak.py                              # 10,000 SQL + 1,000 math calls
     python bench/verifier_soak.py --sql-calls 1000 --math-calls 200
@@ -185,7 +185,9 @@ def score_chunk(items: list, db_paths: list[str], threads: int, timeouts: dict) 
 
     with ThreadPoolExecutor(threads) as pool:
         records = list(pool.map(score, items))
-    return records, [checker.proc.pid for checker in list(_POOL._live)]
+    server = getattr(_POOL, "_server", None)  # the fork server, where checkers are forked
+    pids = [checker.proc.pid for checker in list(_POOL._live)]
+    return records, pids + ([server.proc.pid] if server else [])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -222,20 +224,29 @@ def _proc(pid: int, name: str) -> str:
         return ""
 
 
-def _children(parents: set[int]) -> set[int]:
-    """The live processes whose parent is in ``parents``."""
-    found = set()
+def _descendants(ancestors: set[int]) -> set[int]:
+    """The live processes descending from ``ancestors`` (checkers are children of the workers,
+    or of their fork server)."""
+    parent_of = {}
     for entry in os.listdir("/proc"):
         stat = _proc(int(entry), "stat") if entry.isdigit() else ""
         fields = stat.rsplit(")", 1)[-1].split()
-        if len(fields) > 1 and int(fields[1]) in parents and fields[0] != "Z":
-            found.add(int(entry))
+        if len(fields) > 1 and fields[0] != "Z":
+            parent_of[int(entry)] = int(fields[1])
+    found, frontier = set(), set(ancestors)
+    while frontier:
+        frontier = {pid for pid, parent in parent_of.items() if parent in frontier} - found
+        found |= frontier
     return found
 
 
-def _rss(pid: int) -> int:
-    statm = _proc(pid, "statm").split()
-    return int(statm[1]) * os.sysconf("SC_PAGE_SIZE") if len(statm) > 1 else 0
+def _pss(pid: int) -> int:
+    """Proportional set size: a page shared by n processes counts 1/n in each (forked checkers
+    share their fork server's pages)."""
+    for line in _proc(pid, "smaps_rollup").splitlines():
+        if line.startswith("Pss:"):
+            return int(line.split()[1]) << 10
+    return 0
 
 
 def _sqlite_temp_bytes(pid: int) -> int:
@@ -268,9 +279,9 @@ class Sampler(threading.Thread):
     def run(self) -> None:
         while not self._done.wait(self.period_s):
             workers = set(self.workers)
-            children = _children(workers)
+            children = _descendants(workers)
             self.checkers |= {p for p in children if "rllib_dph.envs.isolation" in _proc(p, "cmdline")}
-            self.peak_memory = max(self.peak_memory, sum(map(_rss, workers | children)))
+            self.peak_memory = max(self.peak_memory, sum(map(_pss, workers | children)))
             files = {path: size for folder in self.folders for path, size in _files(folder).items()}
             new = {path: size for path, size in files.items() if path not in self.initial}
             self.created |= set(new)
@@ -404,12 +415,13 @@ def _report(args, records, wall_s, sampler: Sampler, left: set[int], changed: in
         (f"files created under the database and temp folders: {len(sampler.created)} "
          f"{sorted(sampler.created)[:5]}", not sampler.created),
         (f"correct answers scored 0: {len(false_zeros)}", not false_zeros),
-        (f"checker processes left after exit: {len(left)} (of {len(sampler.checkers)} seen)",
+        (f"checker processes left after exit: {len(left)} (of {len(sampler.checkers)} seen, fork "
+         "servers included)",
          not left),
     ]
     print(f"\npeak temp disk (new files + SQLite temp files held open): "
           f"{sampler.peak_temp / 2**20:.1f} MiB")
-    print(f"peak memory of the workers and their checkers: {sampler.peak_memory / 2**20:.0f} MiB")
+    print(f"peak memory (PSS) of the workers and their checkers: {sampler.peak_memory / 2**20:.0f} MiB")
     for text, ok in checks:
         print(f"[{'ok' if ok else 'MISSED'}] {text}")
     return 0 if all(ok for _, ok in checks) else 1

@@ -4,16 +4,19 @@ the checker's import path, and the envs that run their verifiers in it."""
 import ctypes
 import math
 import os
+import signal
 import sys
 import threading
 import time
 
 import pytest
 
-from rllib_dph.envs import isolation
+from rllib_dph.envs import forkserver, isolation
 from rllib_dph.envs.arguments import ArgumentError
 from rllib_dph.envs.base import Task, Verdict, VerifierEnv
+from rllib_dph.envs.forkserver import ForkRefused, ForkServer
 from rllib_dph.envs.isolation import IsolationFailure, IsolationSetupError, Limits, RemoteError
+from rllib_dph.envs.sql import env as sql_env
 
 WALL = Limits(wall_s=20.0, setting="verifier_timeout_s")
 
@@ -77,6 +80,10 @@ def _nested_cpu_limit():
     except IsolationFailure as failure:
         return failure.reason
     return "no limit"
+
+
+def _loaded(module):
+    return module in sys.modules
 
 
 def _import_file(name):
@@ -226,3 +233,121 @@ def test_a_verdict_with_a_reward_that_is_no_number_is_a_clear_error():
     env.reset()
     with pytest.raises(TypeError, match=r"test/Bad-v0: the verifier's Verdict has reward='1' \(a str\)"):
         env.step("a")
+
+
+# ----------------------------------------------------------------------------- the fork server
+fork_server = pytest.mark.skipif(not forkserver.AVAILABLE, reason="fork servers need pidfds (Linux >= 5.3)")
+
+_CHILD = '''
+import os, sys, threading
+
+
+def main(template_pid):
+    """Answers each line of stdin with what the child sees; 'exit N' exits with N."""
+    for line in sys.stdin:
+        if line.startswith("exit"):
+            os._exit(int(line.split()[1]))
+        seen = [os.getppid() == template_pid, os.getcwd(), sys.path[0], os.environ.get("CHILD_MARK"),
+                threading.active_count()]
+        sys.stdout.write(repr(seen) + "\\n")
+        sys.stdout.flush()
+'''
+
+
+def _ask(child, line):
+    child.stdin.write(line.encode() + b"\n")
+    child.stdin.flush()
+    return eval(child.stdout.readline())
+
+
+@fork_server
+def test_a_forked_child_takes_the_callers_context_of_the_moment_and_reports_its_exit(tmp_path):
+    (tmp_path / "child_entry.py").write_text(_CHILD)
+    path = [str(tmp_path), *sys.path]
+    server = ForkServer(["child_entry"], "child_entry:main", path, isolation._checker_env())
+    try:
+        first = server.fork(path, dict(os.environ, CHILD_MARK="one"), timeout=60.0)
+        assert _ask(first, "hello") == [True, os.getcwd(), str(tmp_path), "one", 1]
+        work = tmp_path / "work"
+        work.mkdir()
+        old = os.getcwd()
+        os.chdir(work)
+        try:
+            second = server.fork(["/nowhere", *path], dict(os.environ, CHILD_MARK="two"), timeout=60.0)
+        finally:
+            os.chdir(old)
+        assert _ask(second, "hello") == [True, str(work), "/nowhere", "two", 1]
+        assert first.pid != second.pid and first.poll() is None
+        first.stdin.write(b"exit 7\n")
+        first.stdin.flush()
+        assert first.wait(timeout=30.0) == 7 and first.stdout.read() == b""
+        second.kill()
+        assert second.wait(timeout=30.0) == -signal.SIGKILL
+    finally:
+        server.close()
+
+
+@fork_server
+def test_the_children_end_with_the_fork_server(tmp_path):
+    (tmp_path / "child_entry.py").write_text(_CHILD)
+    path = [str(tmp_path), *sys.path]
+    server = ForkServer(["child_entry"], "child_entry:main", path, isolation._checker_env())
+    child = server.fork(path, dict(os.environ), timeout=60.0)
+    assert _ask(child, "hello")[0] is True
+    server.close()
+    assert child.wait(timeout=30.0) == -signal.SIGKILL
+    assert child.stdout.read() == b""  # ended: its end of the pipe is closed
+
+
+@fork_server
+def test_a_preload_that_starts_a_thread_makes_the_fork_server_refuse_to_fork(tmp_path):
+    (tmp_path / "child_entry.py").write_text(_CHILD)
+    (tmp_path / "threaded.py").write_text("import threading, time\n"
+                                         "threading.Thread(target=time.sleep, args=(600,), daemon=True).start()\n")
+    path = [str(tmp_path), *sys.path]
+    server = ForkServer(["child_entry"], "child_entry:main", path, isolation._checker_env())
+    try:
+        server.preload("module", "json")  # no thread: forks go on
+        assert _ask(server.fork(path, dict(os.environ), timeout=60.0), "hello")[0] is True
+        server.preload("module", "threaded")
+        with pytest.raises(ForkRefused, match=r"a preload \(module threaded\) started a thread"):
+            for _ in range(300):  # the preload runs once the server is idle
+                time.sleep(forkserver.PRELOAD_AFTER_IDLE_S + 0.1)
+                server.fork(path, dict(os.environ), timeout=60.0).kill()
+    finally:
+        server.close()
+
+
+@fork_server
+def test_checkers_are_forked_from_the_fork_server_in_the_callers_context(tmp_path, monkeypatch):
+    """A checker is a child of the fork server, which loaded the package's verifier modules; a
+    checker forked later gets the working folder and environment of the moment."""
+    isolation.run(_add, 1, 1, limits=WALL)
+    server = isolation._POOL._server
+    assert isolation.run(os.getppid, limits=WALL) == server.proc.pid
+    isolation.run(sql_env._run_and_compare, "SELECT 1", "SELECT 1", str(tmp_path / "x.sqlite"), "bird", 5.0,
+                  False, limits=WALL)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CHECKER_MARK", "later")
+    isolation.set_checker_pool(idle_s=0.1)
+    try:
+        time.sleep(0.3)
+        isolation._POOL.reap()  # the checkers go, the fork server stays
+        assert isolation.run(os.getcwd, limits=WALL) == str(tmp_path)
+        assert isolation.run(os.environ.get, "CHECKER_MARK", limits=WALL) == "later"
+        assert isolation.run(os.getppid, limits=WALL) == server.proc.pid
+        assert isolation.run(_loaded, "rllib_dph.envs.sql.env", limits=WALL) is True
+    finally:
+        isolation.set_checker_pool(idle_s=isolation.CHECKER_IDLE_S)
+
+
+def test_without_a_fork_server_checkers_start_as_new_interpreters(monkeypatch):
+    isolation._POOL.close()
+    monkeypatch.setattr(isolation._POOL, "_server_failures", isolation.FORK_SERVER_FAILURES)
+    try:
+        assert isolation.run(os.getppid, limits=WALL) == os.getpid()
+        with pytest.raises(IsolationFailure, match=r"verifier crashed: its process ended \(exit code 7\)"):
+            isolation.run(_hard_exit, limits=WALL)
+        assert isolation._POOL._server is None
+    finally:
+        isolation._POOL.close()

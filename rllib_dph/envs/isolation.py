@@ -36,12 +36,22 @@ Contract of ``run(fn, *args, limits=Limits(...), **kwargs)``:
 The checkers of a process form a bounded pool (:func:`set_checker_pool`; default
 :data:`CHECKER_POOL_SIZE`): a thread takes an idle checker, starts one while fewer than ``size``
 exist, else waits its turn (first come, first served; not charged to any limit; past ``wait_s``
-it raises :class:`CheckerPoolTimeout`). Idle checkers are stopped after ``idle_s``. A checker
-dies with its parent (Linux ``PR_SET_PDEATHSIG``, else at end-of-input or by its CPU limit),
-writes no core file, runs in the caller's folder with the caller's import path except that the
-working folder comes *last* (a ``json.py`` or ``sympy.py`` there never shadows the real module),
-and its stray prints go to stderr. It isolates hangs, crashes and memory; it is no security
-sandbox: a verifier runs with this process's rights.
+it raises :class:`CheckerPoolTimeout`). Idle checkers are stopped after ``idle_s``.
+
+A checker starts without an interpreter start or imports: it is forked from the pool's fork
+server (:mod:`rllib_dph.envs.forkserver`), a process started once that has imported what
+checkers need (this module, with the envs package, gymnasium and NumPy) and, once idle, the
+modules of this package's verifier functions called so far (and run their ``prepare``); the
+checker takes the caller's working folder, import path and environment of the moment. Where fork
+servers cannot run (no pidfds: macOS, Linux before 5.3), after :data:`FORK_SERVER_FAILURES` fork
+servers failed, or once the fork server refuses to fork (a preload left a thread in it), a checker
+starts as a new interpreter (``python -P``): the same checker, with a slower start. A checker
+dies with its parent, the fork server or this process (Linux ``PR_SET_PDEATHSIG``; the fork
+server dies with this process; else at end-of-input or by its CPU limit), writes no core file,
+runs in the caller's folder with the caller's import path except that the working folder comes
+*last* (a ``json.py`` or ``sympy.py`` there never shadows the real module), and its stray
+prints go to stderr. It isolates hangs, crashes and memory; it is no security sandbox: a verifier
+runs with this process's rights.
 """
 
 from __future__ import annotations
@@ -53,7 +63,6 @@ import pickle
 import queue
 import select
 import signal
-import struct
 import subprocess
 import sys
 import threading
@@ -63,7 +72,9 @@ from collections import OrderedDict
 from concurrent.futures import Future
 from typing import Any, Callable
 
+from rllib_dph.envs import forkserver
 from rllib_dph.envs.arguments import ArgumentError, check_real
+from rllib_dph.envs.forkserver import ForkRefused, ForkServer
 
 #: Longest time a checker may take to start, or to load a call (import its modules, run its
 #: ``prepare``); not charged to the call's limits. Past it the call fails as a crash.
@@ -91,9 +102,14 @@ MAX_REPLY_BYTES = 256 << 20
 #: Functions (and ``prepare`` functions) each checker keeps loaded, least recently used first out.
 CHECKER_FUNCTIONS = 64
 
-_FRAME = struct.Struct("!Q")  # length prefix of a pickled message between the processes
+#: What the fork server imports before it forks checkers (what every checker needs).
+TEMPLATE_MODULES = ("rllib_dph.envs.isolation", "cloudpickle", "ctypes", "resource")
+#: Fork servers that may fail (end, or not answer) in a process before its checkers are started
+#: as new interpreters for good.
+FORK_SERVER_FAILURES = 3
+
+_FRAME = forkserver.FRAME  # length prefix of a pickled message between the processes
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-_PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)
 #: True in a checker: calls run in place.
 _IN_CHECKER = False
 
@@ -289,6 +305,11 @@ class _Request:
         self.function = _function_payload(fn)
         self.prepare = None if limits.prepare is None else _function_payload(limits.prepare)
         self.arguments = _pickled((args, kwargs), f"arguments of {getattr(fn, '__qualname__', fn)!r}")
+        #: What the fork server loads for later checkers: the module of a function of this
+        #: package, and a ``prepare`` of this package (run there too).
+        self.preloads = tuple(preload for preload, ours in (
+            (("module", getattr(fn, "__module__", None)), _ours(fn)),
+            (("call", self.prepare and self.prepare[1]), _ours(limits.prepare))) if ours)
 
     def frame(self, loaded: "OrderedDict[int, None]") -> bytes:
         """The request for a checker that holds the functions ``loaded``: a function it does not
@@ -307,6 +328,13 @@ class _Request:
     def mark_loaded(self, loaded: "OrderedDict[int, None]") -> None:
         """Records that the checker now holds the function (its own cache evicts the same ones)."""
         _touch(loaded, self.function[0])
+
+
+def _ours(fn: Callable | None) -> bool:
+    """Whether ``fn`` is a function of this package (whose modules are safe to load in the fork
+    server: they start no thread)."""
+    module = getattr(fn, "__module__", None) or ""
+    return module.startswith("rllib_dph.") and module != __name__
 
 
 def _touch(cache: OrderedDict, key: Any, value: Any = None) -> None:
@@ -330,7 +358,7 @@ def _serve(parent_pid: int) -> None:
 
     global _IN_CHECKER
     _IN_CHECKER = True
-    _die_with_parent(parent_pid)
+    forkserver.die_with_parent(parent_pid)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file when a limit ends it
     signal.signal(signal.SIGPROF, _interrupt)
     replies = os.fdopen(os.dup(1), "wb")
@@ -438,19 +466,6 @@ def _set_limits(budget: float | None, memory_bytes: int) -> Callable[[], None]:
     return restore
 
 
-def _die_with_parent(parent_pid: int) -> None:
-    """Asks the kernel to kill this process when its parent ends (Linux); exits at once if the
-    parent has already gone."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):  # not Linux: end-of-input and RLIMIT_CPU still end it
-        pass
-    if os.getppid() != parent_pid:
-        os._exit(0)
-
-
 # ----------------------------------------------------------------------------- the caller side
 class _Died(Exception):
     """The checker ended, or did not start or load a call in time (the message says how)."""
@@ -475,6 +490,11 @@ def _cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # utime, stime (14th, 15th)
 
 
+def _checker_env() -> dict[str, str]:
+    """This process's environment for a checker: one thread per numerical library."""
+    return dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+
+
 def _checker_path() -> list[str]:
     """This process's import path for a checker: absolute, the working folder (``''``) and the
     folder of the script that started this process last."""
@@ -495,14 +515,21 @@ class _Checker:
     ``("cpu",)``, ``("memory",)``, ``("exit", code)``.
     """
 
-    def __init__(self):
-        env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
-        flags = ["-P"] if sys.version_info >= (3, 11) else []  # no working folder on the path
-        self.proc = subprocess.Popen(
-            [sys.executable, *flags, "-c", _BOOT, str(os.getpid()), "\n".join(_checker_path())],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
-            start_new_session=True,  # a Ctrl-C in the terminal is the parent's to handle
-        )
+    def __init__(self, server: ForkServer | None = None):
+        """Forks the checker from ``server``, else starts it as a new interpreter.
+
+        Raises:
+            ForkRefused: ``server`` did not fork it.
+        """
+        if server is not None:
+            self.proc = server.fork(_checker_path(), _checker_env(), CHECKER_START_LIMIT_S)
+        else:
+            flags = ["-P"] if sys.version_info >= (3, 11) else []  # no working folder on the path
+            self.proc = subprocess.Popen(
+                [sys.executable, *flags, "-c", _BOOT, str(os.getpid()), "\n".join(_checker_path())],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_checker_env(),
+                start_new_session=True,  # a Ctrl-C in the terminal is the parent's to handle
+            )
         self.ready = False
         self.loaded: OrderedDict[int, None] = OrderedDict()  # the checker's functions, mirrored
         self.prepared: set[int] = set()  # keys of the prepare functions it ran
@@ -644,12 +671,16 @@ class _CheckerPool:
         self._requests: queue.SimpleQueue = queue.SimpleQueue()  # futures of new checkers
         self._service: threading.Thread | None = None
         self._parents_checkers: list[_Checker] = []  # see forget()
+        self._server: ForkServer | None = None  # started by the service thread, on first use
+        self._server_failures = 0
+        self._preloads: dict[tuple, None] = {}  # sent to the fork server, in order
 
     def run(self, request: _Request) -> Any:
         """The outcome of ``request`` on a checker. A checker past a limit, or that died, is
         killed (and replaced in the background); a starved one, or one that died, gets the call
         once more on a fresh checker."""
         limits, tries = request.limits, 2
+        self._preload(request)
         while True:
             tries -= 1
             checker = self._acquire()
@@ -684,9 +715,45 @@ class _CheckerPool:
                 self.reap()
                 continue
             try:
-                future.set_result(_Checker())
+                future.set_result(self._new_checker())
             except BaseException as e:  # e.g. OSError: too many processes
                 future.set_exception(e)
+
+    def _new_checker(self) -> _Checker:
+        """A checker forked from the fork server (started on first use, with the preloads sent
+        so far), else, where none can run, a new interpreter. In the service thread only."""
+        with self._cond:
+            if (self._server is None and forkserver.AVAILABLE
+                    and self._server_failures < FORK_SERVER_FAILURES):
+                try:
+                    self._server = ForkServer(list(TEMPLATE_MODULES), f"{__name__}:_serve", _checker_path(),
+                                              _checker_env())
+                except OSError:  # e.g. too many processes
+                    self._server_failures += 1
+                for preload in self._preloads if self._server is not None else ():
+                    self._server.preload(*preload)
+            server = self._server
+        if server is not None:
+            try:
+                return _Checker(server)
+            except ForkRefused:
+                with self._cond:
+                    self._server_failures += FORK_SERVER_FAILURES if server.refused else 1
+                    if self._server is server:
+                        self._server = None
+                server.close()
+        return _Checker()
+
+    def _preload(self, request: _Request) -> None:
+        """Has the fork server load the request's preloads not sent yet."""
+        if all(preload in self._preloads for preload in request.preloads):
+            return
+        with self._cond:
+            new = [preload for preload in request.preloads if preload not in self._preloads]
+            self._preloads.update(dict.fromkeys(new))
+            server = self._server
+        for preload in new if server is not None else ():  # not under _cond: a fork may hold the socket
+            server.preload(*preload)
 
     def _ask_for_checker(self) -> Future:
         """A future of a new checker, started by the service thread (the caller reserved it)."""
@@ -822,8 +889,11 @@ class _CheckerPool:
         """Kills every checker (registered with ``atexit``)."""
         with self._cond:
             live, self._live, self._idle = list(self._live), set(), []
+            server, self._server = self._server, None
         for checker in live:
             checker.kill()
+        if server is not None:
+            server.close()
 
     def forget(self) -> None:
         """In a forked child: let go of the parent's checkers and start with none. Our copies of
@@ -835,9 +905,13 @@ class _CheckerPool:
                     stream.close()
                 except OSError:
                     pass
-        parents_checkers = list(self._live)
+            if isinstance(checker.proc, forkserver.ForkedProcess):
+                checker.proc.close()
+        if self._server is not None:
+            self._server.forget()
+        parents_checkers, preloads = list(self._live), self._preloads
         self.__init__(self.size, self.idle_s, self.wait_s)
-        self._parents_checkers = parents_checkers
+        self._parents_checkers, self._preloads = parents_checkers, preloads
 
 
 def _nothing() -> None:

@@ -288,6 +288,28 @@ def test_a_forked_child_takes_the_callers_context_of_the_moment_and_reports_its_
 
 
 @fork_server
+def test_kill_after_close_sends_no_signal_to_a_reused_descriptor(tmp_path):
+    """kill() after close() (a deadline racing the exit-time cleanup) neither raises nor signals
+    whatever now holds the closed pidfd's number."""
+    (tmp_path / "child_entry.py").write_text(_CHILD)
+    path = [str(tmp_path), *sys.path]
+    server = ForkServer(["child_entry"], "child_entry:main", path, isolation._checker_env())
+    try:
+        victim = server.fork(path, dict(os.environ), timeout=60.0)
+        other = server.fork(path, dict(os.environ), timeout=60.0)
+        victim.close()
+        victim.kill()  # no EBADF, no signal through a number another descriptor may now hold
+        assert _ask(other, "hello")[0] is True and other.poll() is None
+        assert _ask(victim, "hello")[0] is True  # it was not killed either: its pidfd is gone
+        victim.stdin.write(b"exit 0\n")
+        victim.stdin.flush()
+        other.kill()
+        assert other.wait(timeout=30.0) == -signal.SIGKILL
+    finally:
+        server.close()
+
+
+@fork_server
 def test_the_children_end_with_the_fork_server(tmp_path):
     (tmp_path / "child_entry.py").write_text(_CHILD)
     path = [str(tmp_path), *sys.path]

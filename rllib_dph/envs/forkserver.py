@@ -81,6 +81,9 @@ class ForkedProcess:
         self.stdin = os.fdopen(stdin_fd, "wb")
         self.stdout = os.fdopen(stdout_fd, "rb")
         self._pidfd, self._status = pidfd, status_fd
+        # kill() on one thread and close() on another (a caller's deadline and the exit-time
+        # cleanup) take turns, so a signal never goes to a closed or reused descriptor.
+        self._fds_lock = threading.Lock()
 
     def poll(self) -> int | None:
         try:
@@ -107,20 +110,24 @@ class ForkedProcess:
         return self.returncode
 
     def kill(self) -> None:
-        if self.returncode is None:
-            try:
-                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
-            except ProcessLookupError:  # ended already
-                pass
+        with self._fds_lock:
+            if self.returncode is None and self._pidfd >= 0:
+                try:
+                    signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+                except ProcessLookupError:  # ended already
+                    pass
 
     def close(self) -> None:
         """Closes the pidfd and the status pipe (``stdin``/``stdout`` are the caller's to close)."""
-        for fd in (self._pidfd, self._status):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        self._pidfd = self._status = -1
+        with self._fds_lock:
+            for fd in (self._pidfd, self._status):
+                if fd < 0:
+                    continue
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            self._pidfd = self._status = -1
 
 
 class ForkServer:

@@ -229,8 +229,9 @@ def sft_examples(spec: CountdownSFT) -> list[dict]:
     Returns:
         Dicts ``{"messages", "completion", "style", "task_id"}`` as ``suites.sft_examples`` gives
         them: ``messages`` the env's own prompt, ``style`` the solution's
-        ``countdown_style``. A puzzle whose question is held out (``spec.held_out``) or without a solution (none in reasoning-gym's generator, whose
-        target is the value of an expression over the numbers) gives no row.
+        ``countdown_style``. A puzzle whose question is held out (``spec.held_out``) gives no row,
+        nor does one without a solution (none in reasoning-gym's generator, whose target is the
+        value of an expression over the numbers).
     """
     from rllib_dph.envs.reasoning_gym import ReasoningGymEnv, countdown_style, generate_items
 

@@ -402,7 +402,7 @@ def test_the_countdown_budgets_train_the_warm_start_on_reasoning_gyms_puzzles(re
     assert budget["methods"] == ["GRPO", "DPH-JS (η=10)"] and ("DPH-JS (η=10)", "countdown") in reproduce.PRIMARY_ENDPOINTS
     configs = {m: reproduce.run_config(m, args, 0) for m in budget["methods"] + reproduce.COUNTDOWN_SECONDARY}
     for method, config in configs.items():
-        assert config.model_name == "tiny-countdown" and config.env == "rllib_dph/ReasoningGym-v0", method
+        assert config.model_name == "tiny-countdown-long" and config.env == "rllib_dph/ReasoningGym-v0", method
         assert config.env_config["dataset"] == "countdown" and config.env_config["data"] is None, method
     dph = configs["DPH-JS (η=10)"]
     assert (dph.divergence, dph.pef_coeff, dph.presample.min_correct, dph.presample.pef_samples) == ("js", 10.0, 8, "all")

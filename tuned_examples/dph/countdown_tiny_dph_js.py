@@ -5,8 +5,8 @@ How to run:
     rllib train file tuned_examples/dph/countdown_tiny_dph_js.py
     python tuned_examples/dph/countdown_tiny_dph_js.py --stop '{"training_iteration": 5}'
 
-The first run pre-samples the 2,000 train puzzles (k = 8 each) into
-$RLLIB_DPH_HOME/presample/countdown_tiny_k8_all: D_pef is the puzzles solved 8 of 8, all 8
+The first run pre-samples the 2,000 train puzzles (k = 8 each) with `tiny-countdown-long` into
+$RLLIB_DPH_HOME/presample/countdown_tiny_long_k8_all: D_pef is the puzzles solved 8 of 8, all 8
 trajectories kept (the paper's recommended recipe), D_exp the rest. Then GRPO on D_exp with the
 Jensen-Shannon term to the base model on the D_pef trajectories, 1 D_pef row per 8 exploration
 rows, at eta = 10 (50 times the paper's 0.2; the NULL family's headline strength), with DAPO's
@@ -15,17 +15,15 @@ clip-higher and dynamic sampling as in the SQL DPH examples. This is the DPH-JS 
 with the same settings (tests/test_countdown_examples.py); same warm start, puzzles and batch as
 tuned_examples/grpo/countdown_tiny_grpo.py.
 
+With this warm start D_pef is small: pre-sampling (about 13 minutes on 2 cores) finds 2 of the
+2,000 train puzzles solved 8 times of 8 (16 trajectories), so each update's 16 D_pef rows are
+about all of D_pef. A weaker base with an empty D_pef stops the run before its first iteration,
+with the error that says so.
+
 Every 20 iterations it validates on the first 100 of the 300 test puzzles (8 samples and a greedy
 one each: ``evaluation/pass@1``, ``evaluation/pass@8``, ... in the results).
 
-Results to expect (seed 0, 2 CPU cores; docs/results/countdown.md, "The recipes and their gate
-readings"):
-    No training. Pre-sampling the 2,000 train puzzles (630 s on 2 shared cores) finds none
-    solved 8 times of 8: 1,545 solved 0 times, 336 once, 77 twice, 32, 1, 6, 1 and 2 three to
-    seven times (pass@1 4.0 %). D_pef is empty, and the run exits with code 2 before its first
-    iteration, with the error that says so ("D_pef file ... is empty: no training prompt reached
-    8 correct samples"). The warm start fails the gate of docs/collapse.md ("Countdown"), so
-    this run is no reading of its collapse test.
+Results (seed 0, 2 CPU cores): docs/results/countdown.md, "The tuned examples' learning runs".
 """
 
 from rllib_dph.algorithms.dph import DPHConfig
@@ -39,7 +37,7 @@ VALIDATION = TINY_COUNTDOWN.env_config(split="test", size=300, train_size=TINY_C
 config = (
     DPHConfig()
     .environment("rllib_dph/ReasoningGym-v0", env_config=TINY_COUNTDOWN.env_config())
-    .llm(model_name="tiny-countdown", temperature=1.0, max_response_length=48)
+    .llm(model_name="tiny-countdown-long", temperature=1.0, max_response_length=48)
     .training(
         group_size=8,
         prompts_per_step=16,
@@ -54,7 +52,7 @@ config = (
         pef_coeff=10.0,
         pef_loss_normalization="original",
         pef_ratio=8,
-        presample={"out_dir": str(home() / "presample" / "countdown_tiny_k8_all"), "min_correct": 8, "pef_samples": "all"},
+        presample={"out_dir": str(home() / "presample" / "countdown_tiny_long_k8_all"), "min_correct": 8, "pef_samples": "all"},
     )
     .debugging(seed=0)
 )

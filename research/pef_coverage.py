@@ -38,7 +38,7 @@ import numpy as np
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from reproduce_dph import cell  # noqa: E402  research/reproduce_dph.py: "mean [interval]" in %
+from reproduce_dph import CLUSTERS, cell, split_tasks  # noqa: E402  research/reproduce_dph.py ("mean [interval]" in %)
 
 #: Table 4's D_pef thresholds (correct samples of k = 8); 1 is "full data".
 THRESHOLDS = (8, 7, 6, 5, 1)
@@ -181,11 +181,14 @@ def split_results(folder: pathlib.Path, split: str = "in-domain") -> dict[str, l
     return results
 
 
-def style_tables(results: dict[str, list], d_pef: dict[str, float] | None, suite: str = "sql_synth") -> str:
+def style_tables(results: dict[str, list], d_pef: dict[str, float] | None, suite: str = "sql_synth",
+                 clusters: list | None = None) -> str:
     """Each style's share of the samples per policy (and of D_pef's trajectories) and the style
     entropy over the styles of ``suite`` (``STYLES[suite]``: the five SQL styles, or a family's
     two approaches; bits, of the counts pooled over prompts and seeds), then each method's paired
-    difference of both to GRPO and to DAPO, with 95 % intervals."""
+    difference of both to GRPO and to DAPO, with 95 % intervals, and the seed-level statistics of
+    each method's style entropy − GRPO's (:func:`entropy_seed_table`; ``clusters``: each prompt's
+    question cluster, in the evaluations' prompt order, for its cluster bootstrap)."""
     from rllib_dph.envs.suites import STYLES
     from rllib_dph.evaluation import style_entropy
     from rllib_dph.evaluation.intervals import (entropy_interval, format_interval, paired_difference_interval,
@@ -217,7 +220,50 @@ def style_tables(results: dict[str, list], d_pef: dict[str, float] | None, suite
             ci = paired_entropy_difference_interval(counts[name], counts[ref], style_entropy, styles)
             cells.append(format_interval(entropy(counts[name]) - entropy(counts[ref]), ci, digits=2))
             out.append(f"| {name} | " + " | ".join(cells) + " |")
-    return "\n".join(out)
+    seeds = entropy_seed_table(counts, styles, clusters)
+    return "\n".join(out + (["", seeds] if seeds else []))
+
+
+def entropy_seed_table(counts: dict[str, np.ndarray], styles, clusters: list | None = None) -> str:
+    """A Markdown table, for every method with 2 or more seeds against GRPO (when GRPO has 2 or
+    more), of the style entropy − GRPO's (bits): each seed's entropy (its counts pooled over
+    prompts), the paired bootstrap over prompts and seeds, Welch's t interval and the exact
+    permutation p-value with the seed as the unit, and with ``clusters`` the bootstrap over
+    question clusters and seeds. ``counts``: policy -> (S, P, K) style counts. Empty when there is
+    nothing to compare."""
+    from rllib_dph.evaluation import style_entropy
+    from rllib_dph.evaluation.intervals import (cluster_paired_entropy_difference_interval, format_interval,
+                                                paired_entropy_difference_interval, permutation_p_value,
+                                                welch_interval)
+
+    grpo = counts.get("GRPO")
+    if grpo is None or len(grpo) < 2:
+        return ""
+
+    def per_seed(c: np.ndarray) -> np.ndarray:  # (S, 1): one entropy per seed, as the seed statistics' (S, P)
+        return np.array([[style_entropy(dict(zip(styles, seed.sum(axis=0))))] for seed in c])
+
+    def pooled(c: np.ndarray) -> float:
+        return style_entropy(dict(zip(styles, c.sum(axis=(0, 1)))))
+
+    lines = ["Seed-level statistics of the style entropy against GRPO (bits): each seed's entropy, the bootstrap "
+             "over prompts and seeds, Welch's t interval and the exact permutation p-value with the seed as the "
+             "unit" + (f", and the bootstrap over the {len(set(map(repr, clusters)))} question clusters and seeds"
+                       if clusters is not None else "") + ":", "",
+             "| method | method's seeds | GRPO's seeds | bootstrap (prompts, seeds) | Welch t (seeds) | "
+             "permutation p (seeds) | cluster bootstrap |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for name, c in counts.items():
+        if name in ("base", "GRPO") or len(c) < 2:
+            continue
+        a, b = per_seed(c), per_seed(grpo)
+        fmt = lambda ci: format_interval(pooled(c) - pooled(grpo), ci, digits=2)  # noqa: E731
+        cluster = "—" if clusters is None else fmt(
+            cluster_paired_entropy_difference_interval(c, grpo, clusters, style_entropy, styles))
+        lines.append(f"| {name} | {', '.join(f'{x + 0.0:.2f}' for x in a[:, 0])} | {', '.join(f'{x + 0.0:.2f}' for x in b[:, 0])} | "
+                     f"{fmt(paired_entropy_difference_interval(c, grpo, style_entropy, styles))} | "
+                     f"{format_interval(float(a.mean() - b.mean()), welch_interval(a, b), digits=2)} | "
+                     f"{permutation_p_value(a, b):.2f} | {cluster} |")
+    return "\n".join(lines) if len(lines) > 4 else ""
 
 
 def method_runs(folders: list[pathlib.Path]) -> dict[str, list[pathlib.Path]]:
@@ -280,9 +326,11 @@ def main() -> None:
     if args.styles:
         suite = SPLIT_STYLES[args.split]
         d_pef = d_pef_style_shares(args.presample, STYLES[suite]) if args.presample and args.split == "in-domain" else None
+        results = split_results(args.styles, args.split)
+        tasks = {t.id: t for t in split_tasks(args.split)}
+        clusters = [CLUSTERS[args.split](tasks[r.task_id]) for r in results["base"][0].records]
         text.append(f"Styles on the {args.split} split ({args.split} evaluations of {args.styles}), share of samples "
-                    "in %, 95 % intervals over prompts and seeds:\n\n"
-                    + style_tables(split_results(args.styles, args.split), d_pef, suite))
+                    "in %, 95 % intervals over prompts and seeds:\n\n" + style_tables(results, d_pef, suite, clusters))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.md").write_text("\n\n".join(text) + "\n")
     print("\n\n".join(text))

@@ -751,9 +751,22 @@ def ties_cluster(task) -> tuple[str, str, str]:
     return task.ground_truth["db_id"], extremum.group(2), extremum.group(1)
 
 
+def schema_cluster(task) -> tuple[str, str]:
+    """The cluster of a `sql_synth/test` question: its (database, tables), the tables its gold
+    query's ``FROM`` reads (``a+b`` for a join). Questions on one table of one database share its
+    schema and rows, and every template asked of them."""
+    import re
+
+    sql = task.ground_truth["gold_sql"]
+    tables = re.search(r"FROM\s+(\w+)(?:\s+JOIN\s+(\w+))?", sql, re.IGNORECASE)
+    if tables is None:
+        raise ValueError(f"schema_cluster: {task.id}'s gold query {sql!r} has no FROM table.")
+    return task.ground_truth["db_id"], "+".join(t for t in tables.group(1, 2) if t)
+
+
 #: The splits whose prompts fall into clusters, and each prompt's cluster: the seed-level
 #: statistics add a bootstrap over clusters there.
-CLUSTERS = {"nulls": nulls_cluster, "ties": ties_cluster}
+CLUSTERS = {"nulls": nulls_cluster, "ties": ties_cluster, "in-domain": schema_cluster}
 #: The endpoints the seed-level statistics are given for: (split, metric label prefix).
 SEED_ENDPOINT_SPLITS = ("ties", "nulls", "countdown")
 

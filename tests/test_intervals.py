@@ -176,3 +176,28 @@ def test_cluster_interval_is_wider_than_the_prompt_interval_when_clusters_move_t
     assert singles == pytest.approx((prompt_low, prompt_high), abs=0.02)
     with pytest.raises(ValueError, match="one label per prompt"):
         cluster_paired_difference_interval(values, baseline, clusters[:10])
+
+
+def test_cluster_entropy_interval_widens_with_clusters_and_matches_the_prompt_interval_with_singletons():
+    from rllib_dph.evaluation import style_entropy
+    from rllib_dph.evaluation.intervals import (
+        cluster_paired_entropy_difference_interval,
+        paired_entropy_difference_interval,
+    )
+
+    rng = np.random.default_rng(4)
+    styles = ["a", "b"]
+    clusters = np.repeat(np.arange(20), 10)  # 20 clusters of 10 prompts; a cluster writes one style or mixes
+    share_a = rng.choice([0.05, 0.5, 0.95], 20)[clusters]  # (P,)
+    policy = np.stack([rng.binomial(8, share_a), np.zeros(200)], axis=-1)
+    policy[:, 1] = 8 - policy[:, 0]  # (P, K)
+    baseline = np.stack([np.full(200, 4.0), np.full(200, 4.0)], axis=-1)  # 1 bit on every prompt
+    diff = style_entropy(dict(zip(styles, policy.sum(0)))) - 1.0
+    prompt_low, prompt_high = paired_entropy_difference_interval(policy, baseline, style_entropy, styles)
+    low, high = cluster_paired_entropy_difference_interval(policy, baseline, clusters, style_entropy, styles)
+    assert low <= diff <= high
+    assert (high - low) > 2 * (prompt_high - prompt_low)
+    singles = cluster_paired_entropy_difference_interval(policy, baseline, np.arange(200), style_entropy, styles)
+    assert singles == pytest.approx((prompt_low, prompt_high), abs=0.01)
+    with pytest.raises(ValueError, match="one label per prompt"):
+        cluster_paired_entropy_difference_interval(policy, baseline, clusters[:10], style_entropy, styles)

@@ -122,3 +122,24 @@ def test_style_tables_of_a_family_split_use_its_approaches(coverage):
     lines = coverage.style_tables({"base": [col], "GRPO": [star]}, None, "sql_synth_nulls").splitlines()
     assert lines[0] == "| policy | seeds | `count_star` | `count_col` | style entropy (bits) |"
     assert lines[3].startswith("| GRPO | 1 | 75.0 [")
+
+
+def test_the_seed_table_gives_each_seeds_entropy_welch_permutation_and_clusters(coverage):
+    import math
+
+    plain = _result([["plain"] * 4, ["plain"] * 4])  # 0 bits
+    half = _result([["plain", "plain", "cte", "cte"], ["plain", "cte", "plain", "cte"]])  # 1 bit
+    quarter = _result([["plain", "plain", "plain", "cte"], ["plain", "plain", "plain", "cte"]])  # 0.81 bits
+    lines = coverage.style_tables({"base": [half], "GRPO": [plain, plain], "DPH-JS": [half, quarter]}, None,
+                                  clusters=["db1", "db1"]).splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("Seed-level statistics of the style entropy"))
+    assert "the 1 question clusters" in lines[head]
+    row = lines[head + 4].split(" | ")
+    assert row[0] == "| DPH-JS" and row[1] == "1.00, 0.81" and row[2] == "0.00, 0.00"
+    pooled = -(10 / 16) * math.log2(10 / 16) - (6 / 16) * math.log2(6 / 16)  # plain 10, cte 6 of the 16 samples
+    assert row[3].startswith(f"{pooled:.2f} [")
+    assert row[4].startswith("0.91 [")  # Welch: the mean of the seeds' entropies, 0.91 - 0
+    assert row[5] == "0.33"  # 2 seeds a side: the smallest p is 2 / C(4, 2)
+    assert row[6].startswith(f"{pooled:.2f} [")
+    # One seed of a method, or of GRPO: no seed table.
+    assert "Seed-level" not in coverage.style_tables({"base": [half], "GRPO": [plain], "DPH-JS": [half, half]}, None)

@@ -325,17 +325,55 @@ def cluster_paired_difference_interval(
         num_boot, level, seed: As for :func:`bootstrap_interval`.
     """
     v, b = _seeds_by_prompts(values), _seeds_by_prompts(baseline)  # (S, P), (S_b, P)
-    if not v.shape[1] == b.shape[1] == len(clusters):
-        raise ValueError(f"cluster_paired_difference_interval: {v.shape[1]} prompts, {b.shape[1]} in the baseline "
-                         f"and {len(clusters)} cluster labels; give one label per prompt, in the prompts' order.")
+    weights, seeds_v, seeds_b = _cluster_redraws("cluster_paired_difference_interval", clusters, v.shape[:2],
+                                                 b.shape[:2], num_boot, seed)
+    mean_v = (v[seeds_v].mean(axis=1) * weights).sum(axis=1) / weights.sum(axis=1)  # (B,)
+    mean_b = (b[seeds_b].mean(axis=1) * weights).sum(axis=1) / weights.sum(axis=1)
+    return _percentiles(mean_v - mean_b, level)
+
+
+def cluster_paired_entropy_difference_interval(
+    style_counts: Sequence, baseline_counts: Sequence, clusters: Sequence, entropy: Callable[[dict], float],
+    styles: Sequence[str], *, num_boot: int = NUM_BOOTSTRAP, level: float = LEVEL, seed: int = 0,
+) -> tuple[float, float]:
+    """:func:`paired_entropy_difference_interval` with clusters of prompts as the unit, redrawn as
+    in :func:`cluster_paired_difference_interval`: each redraw pools the style counts of the
+    drawn clusters' prompts (each as often as its cluster was drawn) over each side's redrawn seeds.
+
+    Args:
+        style_counts: (S, P, K) or (P, K) counts of the K ``styles`` per prompt of the policy.
+        baseline_counts: (S_b, P, K) or (P, K) counts of the baseline on the same P prompts.
+        clusters: (P,) the cluster of each prompt (any hashable labels).
+        entropy: ``metrics.style_entropy``.
+        styles: The K style names, in the order of the last axis.
+        num_boot, level, seed: As for :func:`bootstrap_interval`.
+    """
+    v, b = (np.asarray(c, dtype=float) for c in (style_counts, baseline_counts))
+    v, b = (c[None] if c.ndim == 2 else c for c in (v, b))  # (S, P, K), (S_b, P, K)
+    if v.shape[2] != b.shape[2]:
+        raise ValueError(f"cluster_paired_entropy_difference_interval: {v.shape[2]} styles vs {b.shape[2]} in the baseline.")
+    weights, seeds_v, seeds_b = _cluster_redraws("cluster_paired_entropy_difference_interval", clusters,
+                                                 v.shape[:2], b.shape[:2], num_boot, seed)
+    pooled_v = np.einsum("bspk,bp->bk", v[seeds_v], weights)  # (B, K)
+    pooled_b = np.einsum("bspk,bp->bk", b[seeds_b], weights)
+    diffs = np.array([entropy(dict(zip(styles, x))) - entropy(dict(zip(styles, y))) for x, y in zip(pooled_v, pooled_b)])
+    return _percentiles(diffs, level)
+
+
+def _cluster_redraws(caller: str, clusters: Sequence, shape: tuple[int, int], baseline_shape: tuple[int, int],
+                     num_boot: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The redraws of a cluster bootstrap over (S, P) policy and (S_b, P) baseline values: (B, P)
+    weights (each prompt as often as its cluster was drawn), (B, S) and (B, S_b) seed indices."""
+    (num_seeds, num_prompts), (num_seeds_b, num_prompts_b) = shape, baseline_shape
+    if not num_prompts == num_prompts_b == len(clusters):
+        raise ValueError(f"{caller}: {num_prompts} prompts, {num_prompts_b} in the baseline and {len(clusters)} "
+                         "cluster labels; give one label per prompt, in the prompts' order.")
     _, cluster_of = np.unique(np.asarray([repr(c) for c in clusters]), return_inverse=True)  # (P,)
     num_clusters = int(cluster_of.max()) + 1
     rng = np.random.default_rng(seed)
     drawn = rng.integers(0, num_clusters, (num_boot, num_clusters))  # (B, C)
     counts = np.stack([np.bincount(row, minlength=num_clusters) for row in drawn])  # (B, C)
-    weights = counts[:, cluster_of].astype(float)  # (B, P): each prompt as often as its cluster was drawn
-    seeds_v = rng.integers(0, v.shape[0], (num_boot, v.shape[0]))  # (B, S)
-    seeds_b = rng.integers(0, b.shape[0], (num_boot, b.shape[0]))  # (B, S_b)
-    mean_v = (v[seeds_v].mean(axis=1) * weights).sum(axis=1) / weights.sum(axis=1)  # (B,)
-    mean_b = (b[seeds_b].mean(axis=1) * weights).sum(axis=1) / weights.sum(axis=1)
-    return _percentiles(mean_v - mean_b, level)
+    weights = counts[:, cluster_of].astype(float)  # (B, P)
+    seeds_v = rng.integers(0, num_seeds, (num_boot, num_seeds))  # (B, S)
+    seeds_b = rng.integers(0, num_seeds_b, (num_boot, num_seeds_b))  # (B, S_b)
+    return weights, seeds_v, seeds_b

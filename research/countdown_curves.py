@@ -36,8 +36,9 @@ VAL_KS = (1, 8)
 
 
 def named(text: str) -> tuple[str, pathlib.Path]:
-    """``NAME=PATH`` of ``--run`` and ``--after``."""
-    name, sep, path = text.partition("=")
+    """``NAME=PATH`` of ``--run`` and ``--after``, split at the last ``=`` (method names such as
+    ``DPH-JS (η=10)`` hold one)."""
+    name, sep, path = text.rpartition("=")
     if not sep or not name or not path:
         raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=PATH, e.g. GRPO=research/out/countdown_grpo_after")
     return name, pathlib.Path(path)

@@ -77,3 +77,10 @@ def test_the_curves_script_reads_a_trial_and_tabulates_its_validation_points(loa
     assert table[4] == "| GRPO | 4 | 0.035 | 2.00 | 10.0 | 3.0 |"  # the mean reward of iterations 3 and 4
     with pytest.raises(SystemExit, match="result.json does not exist"):
         curves.read_trial(tmp_path / "missing")
+
+
+def test_the_curves_script_splits_name_and_path_at_the_last_equals_sign(load_script):
+    curves = load_script("research/countdown_curves")
+    assert curves.named("DPH-JS (η=10)=runs/dph") == ("DPH-JS (η=10)", curves.pathlib.Path("runs/dph"))
+    with pytest.raises(Exception, match="expected NAME=PATH"):
+        curves.named("runs/dph")

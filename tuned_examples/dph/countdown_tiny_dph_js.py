@@ -23,7 +23,14 @@ with the error that says so.
 Every 20 iterations it validates on the first 100 of the 300 test puzzles (8 samples and a greedy
 one each: ``evaluation/pass@1``, ``evaluation/pass@8``, ... in the results).
 
-Results (seed 0, 2 CPU cores): docs/results/countdown.md, "The tuned examples' learning runs".
+Results to expect (seed 0, 2 CPU cores; docs/results/countdown.md, "The tuned examples on the
+third recipe: results"):
+    100 iterations in 1,136 s of training time, 16 D_pef rows in every update. Validation pass@8
+    35 % (base) -> 33-40 %. On the 300 test puzzles (n = 64) pass@1 10.1 % [8.5, 11.9] (base
+    6.7; after - before +3.4 [+2.2, +4.7]), pass@64 64.0 % [58.7, 69.7] (base 77.0; -13.0
+    [-18.3, -8.3]): pass@k rises at k <= 4 and falls at k >= 16. The shapes narrow (170 -> 113
+    distinct, 5.73 -> 4.48 bits). One seed, and a D_pef of 2 puzzles: no reading of DPH-JS
+    against GRPO (docs/collapse.md, "Countdown").
 """
 
 from rllib_dph.algorithms.dph import DPHConfig

@@ -8,6 +8,7 @@ import csv
 import json
 import math
 import os
+import textwrap
 from collections import Counter
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -475,7 +476,7 @@ def plot_pass_at_k(
     ax.set_ylim(0, 100)
     ax.set_xlabel("k")
     ax.set_ylabel("pass@k (%), 95 % bootstrap band")
-    ax.set_title(title or data_set, fontsize=9)
+    ax.set_title(title or _wrapped(data_set), fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return _save(fig, out_png)
@@ -535,7 +536,7 @@ def plot_style_pass_at_k(
     ax.set_ylim(0, 100)
     ax.set_xlabel("solution style")
     ax.set_ylabel(f"pass@{k} of the style (%), 95 % interval")
-    ax.set_title(title or f"{data_set}, k={k}", fontsize=9)
+    ax.set_title(title or _wrapped(f"{data_set}, k={k}"), fontsize=9)
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8)
     return _save(fig, out_png)
@@ -575,6 +576,12 @@ def _run_label(run: Sequence[EvalResult], i: int) -> str:
     """A run's legend entry: its first evaluation's label (``run <i+1>`` without one), and its seeds."""
     label = run[0].label or f"run {i + 1}"
     return label if len(run) == 1 else f"{label} ({len(run)} seeds)"
+
+
+def _wrapped(title: str, width: int = 80) -> str:
+    """A default figure title in lines of at most ``width`` characters (an env config in JSON,
+    such as a reasoning-gym data set's, runs past the figure's width on one line)."""
+    return "\n".join(textwrap.wrap(title, width))
 
 
 def _runs(results: Sequence, caller: str) -> tuple[list[list[EvalResult]], str]:

@@ -202,6 +202,13 @@ TINY_COUNTDOWN_SFT = dataclasses.replace(TINY_COUNTDOWN, size=8000, held_out=(30
 #: 16,000 of seed 0 less the held-out ones, with other solutions drawn (``draw_seed`` 1).
 TINY_COUNTDOWN_SFT_LONG = dataclasses.replace(TINY_COUNTDOWN_SFT, size=16000, draw_seed=1)
 
+#: The SFT puzzles of ``tiny-countdown-pef``, which continues ``tiny-countdown-long``: the 2,000
+#: RL training puzzles of :data:`TINY_COUNTDOWN` alone, with up to 8 solutions of different
+#: shapes each (``draw_seed`` 2; 8,968 rows), so that the base solves some of its own training
+#: puzzles reliably, as D_pef needs.
+TINY_COUNTDOWN_SFT_PEF = dataclasses.replace(TINY_COUNTDOWN, solutions_per_prompt=8, draw_seed=2,
+                                             held_out=(300, TINY_COUNTDOWN.size))
+
 
 def choose_solutions(solutions: Sequence[str], numbers: Sequence[int], count: int, rng: np.random.Generator) -> list[str]:
     """Up to ``count`` of ``solutions``, each of another shape (``countdown_shape``) where there

@@ -234,7 +234,8 @@ WARM_STARTS: dict[str, WarmStartSpec] = {
     ),
     # tiny-countdown-long taught 560 steps more (its base) on the RL training puzzles alone, up
     # to 8 solutions of different shapes each (each row seen once): the fourth recipe of the
-    # countdown gate, for a D_pef of 20 puzzles or more (docs/results/countdown.md). Not shipped.
+    # countdown gate, made for a D_pef of 20 puzzles or more; it solves 1 training puzzle 8 of 8
+    # (docs/results/countdown.md). Not shipped.
     "tiny-countdown-pef": WarmStartSpec(
         base="tiny-countdown-long", splits=(), countdown=TINY_COUNTDOWN_SFT_PEF,
         sft_steps=560, batch_size=16, lr=1e-3, warmup_steps=20, checkpoint_every=100, seed=2,

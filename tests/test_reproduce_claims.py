@@ -393,6 +393,18 @@ def test_ties_clusters_are_database_table_column(reproduce):
         assert db == task.ground_truth["db_id"] and table.split("+")[0] in sql and column in sql
 
 
+def test_in_domain_clusters_are_database_and_tables(reproduce):
+    from rllib_dph.envs.suites import load_split
+
+    tasks = load_split("sql_synth/test")
+    clusters = [reproduce.schema_cluster(t) for t in tasks]
+    assert len(set(clusters)) == 86 and reproduce.CLUSTERS["in-domain"] is reproduce.schema_cluster
+    joined = next(c for t, c in zip(tasks, clusters) if " JOIN " in t.ground_truth["gold_sql"])
+    assert "+" in joined[1]
+    for task, (db, tables) in zip(tasks, clusters):
+        assert db == task.ground_truth["db_id"] and all(t in task.ground_truth["gold_sql"] for t in tables.split("+"))
+
+
 def test_the_countdown_budgets_train_the_warm_start_on_reasoning_gyms_puzzles(reproduce):
     from types import SimpleNamespace
 

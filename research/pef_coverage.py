@@ -198,16 +198,13 @@ def style_tables(results: dict[str, list], d_pef: dict[str, float] | None, suite
     shares = {name: style_shares(seeds, styles) for name, seeds in results.items()}
     counts = {name: np.array([r.style_matrix(styles) for r in seeds]) for name, seeds in results.items()}  # (S, P, K)
 
-    def entropy(c: np.ndarray) -> float:
-        return style_entropy(dict(zip(styles, c.sum(axis=(0, 1)))))
-
     head = " | ".join(f"`{s}`" for s in styles) + " | style entropy (bits)"
     out = [f"| policy | seeds | {head} |", "|" + " --- |" * (3 + len(styles))]
     if d_pef is not None:
         out.append("| D_pef's trajectories | — | " + " | ".join(f"{100 * d_pef[s]:.1f}" for s in styles) + " | |")
     for name, share in shares.items():
         cells = [cell(v)[0] for v in share]
-        cells.append(format_interval(entropy(counts[name]), entropy_interval(counts[name], style_entropy, styles), digits=2))
+        cells.append(format_interval(pooled_entropy(counts[name], styles), entropy_interval(counts[name], style_entropy, styles), digits=2))
         out.append(f"| {name} | {len(results[name])} | " + " | ".join(cells) + " |")
     for ref in (r for r in ("GRPO", "DAPO") if r in shares):
         out += ["", f"Paired differences to {ref}, points of share and bits:", "", f"| policy | {head} |",
@@ -218,10 +215,17 @@ def style_tables(results: dict[str, list], d_pef: dict[str, float] | None, suite
             cells = [format_interval(float(a.mean() - b.mean()), paired_difference_interval(a, b), scale=100)
                      for a, b in zip(share, shares[ref])]
             ci = paired_entropy_difference_interval(counts[name], counts[ref], style_entropy, styles)
-            cells.append(format_interval(entropy(counts[name]) - entropy(counts[ref]), ci, digits=2))
+            cells.append(format_interval(pooled_entropy(counts[name], styles) - pooled_entropy(counts[ref], styles), ci, digits=2))
             out.append(f"| {name} | " + " | ".join(cells) + " |")
     seeds = entropy_seed_table(counts, styles, clusters)
     return "\n".join(out + (["", seeds] if seeds else []))
+
+
+def pooled_entropy(counts: np.ndarray, styles) -> float:
+    """The style entropy (bits) of (S, P, K) style counts pooled over seeds and prompts."""
+    from rllib_dph.evaluation import style_entropy
+
+    return style_entropy(dict(zip(styles, counts.sum(axis=(0, 1)))))
 
 
 def entropy_seed_table(counts: dict[str, np.ndarray], styles, clusters: list | None = None) -> str:
@@ -243,20 +247,18 @@ def entropy_seed_table(counts: dict[str, np.ndarray], styles, clusters: list | N
     def per_seed(c: np.ndarray) -> np.ndarray:  # (S, 1): one entropy per seed, as the seed statistics' (S, P)
         return np.array([[style_entropy(dict(zip(styles, seed.sum(axis=0))))] for seed in c])
 
-    def pooled(c: np.ndarray) -> float:
-        return style_entropy(dict(zip(styles, c.sum(axis=(0, 1)))))
-
     lines = ["Seed-level statistics of the style entropy against GRPO (bits): each seed's entropy, the bootstrap "
              "over prompts and seeds, Welch's t interval and the exact permutation p-value with the seed as the "
              "unit" + (f", and the bootstrap over the {len(set(map(repr, clusters)))} question clusters and seeds"
                        if clusters is not None else "") + ":", "",
              "| method | method's seeds | GRPO's seeds | bootstrap (prompts, seeds) | Welch t (seeds) | "
              "permutation p (seeds) | cluster bootstrap |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    b = per_seed(grpo)
     for name, c in counts.items():
         if name in ("base", "GRPO") or len(c) < 2:
             continue
-        a, b = per_seed(c), per_seed(grpo)
-        fmt = lambda ci: format_interval(pooled(c) - pooled(grpo), ci, digits=2)  # noqa: E731
+        a = per_seed(c)
+        fmt = lambda ci: format_interval(pooled_entropy(c, styles) - pooled_entropy(grpo, styles), ci, digits=2)  # noqa: E731
         cluster = "—" if clusters is None else fmt(
             cluster_paired_entropy_difference_interval(c, grpo, clusters, style_entropy, styles))
         lines.append(f"| {name} | {', '.join(f'{x + 0.0:.2f}' for x in a[:, 0])} | {', '.join(f'{x + 0.0:.2f}' for x in b[:, 0])} | "

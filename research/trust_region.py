@@ -76,7 +76,8 @@ def _config(overrides: dict, seed: int, model: str | None, max_staleness: int | 
 def train_curves(name: str, overrides: dict, seed: int, iterations: int, model: str | None,
                  max_staleness: int | None = None, extra: dict | None = None) -> dict:
     """Per-iteration training reward, |π − μ|, masked fraction, approximate KL to μ and
-    bad-update fraction of one run; with ``max_staleness`` also the final validation pass@1."""
+    bad-update fraction of one run; with ``max_staleness`` also the final validation pass@1, in
+    all and per prompt (``validation_prompts``: task ids and pass@1 of each)."""
     import torch
 
     torch.set_num_threads(1)
@@ -96,7 +97,10 @@ def train_curves(name: str, overrides: dict, seed: int, iterations: int, model: 
         curve["seconds"].append(time.perf_counter() - t0)
         print(f"  {name} seed {seed} it {len(curve['reward'])}: reward {curve['reward'][-1]:.3f}")
     if max_staleness is not None:
-        curve["validation"] = {k: float(v) for k, v in algo.evaluate_held_out().items() if isinstance(v, (int, float))}
+        evaluation = algo.evaluate_held_out_records()
+        curve["validation"] = {k: float(v) for k, v in evaluation.flat_metrics().items() if isinstance(v, (int, float))}
+        curve["validation_prompts"] = {"task_ids": [r.task_id for r in evaluation.records],
+                                       "pass@1": [float(np.mean(r.correct)) for r in evaluation.records]}
     algo.stop()
     return curve
 
@@ -159,6 +163,97 @@ def mask_cost(model: str | None) -> dict[str, float]:
     return shares
 
 
+#: The reading rule of a correction's validation pass@1 minus the synchronous control's, on its
+#: paired t interval over seeds (docs/results/async.md, fixed before its first run): below 0
+#: degrades; containing 0 with its lower end above -0.05 keeps learning; else cannot tell.
+KEEPS_LEARNING_LOW = -0.05
+
+
+def verdict(low: float, high: float) -> str:
+    """The reading of a correction's paired t interval against the control (:data:`KEEPS_LEARNING_LOW`)."""
+    if high < 0:
+        return "degrades"
+    if low <= 0 <= high and low > KEEPS_LEARNING_LOW:
+        return "keeps learning"
+    return "cannot tell"
+
+
+def _prompt_matrix(runs: list[dict], where: str) -> tuple[np.ndarray, list[str]]:
+    """(S, P) per-prompt validation pass@1 of a variant's seeds and the prompts' task ids; every
+    seed must have evaluated the same prompts."""
+    ids = runs[0]["validation_prompts"]["task_ids"]
+    for i, run in enumerate(runs):
+        if run["validation_prompts"]["task_ids"] != ids:
+            raise ValueError(f"{where}, run {i}: its validation prompts differ from run 0's; "
+                             "the per-prompt comparison needs the same prompts in every run.")
+    return np.array([run["validation_prompts"]["pass@1"] for run in runs]), ids
+
+
+def control_statistics(curves: dict, control: list[dict]) -> tuple[str, dict]:
+    """A Markdown table of every variant's validation pass@1 against the synchronous control's,
+    seed s against seed s: the per-seed values of both, the paired t interval (the reading
+    rule's, :func:`verdict`), Welch's t interval and the exact permutation p-value with the seed
+    as the unit, and, when the runs kept their per-prompt results, the bootstrap over prompts
+    and seeds and the one over schema clusters of ``sql_synth/test`` (database and tables) and
+    seeds. Also the numbers as a dict (variant → its statistics).
+
+    Raises:
+        ValueError: A variant and the control do not hold the same number of seeds, or a run
+            has no validation.
+    """
+    from rllib_dph.evaluation.intervals import (
+        cluster_paired_difference_interval,
+        paired_difference_interval,
+        paired_t_interval,
+        permutation_p_value,
+        welch_interval,
+    )
+
+    def seed_values(runs: list[dict], name: str) -> np.ndarray:
+        missing = [i for i, run in enumerate(runs) if "validation" not in run]
+        if missing:
+            raise ValueError(f"{name}: runs {missing} have no validation; only --max-staleness runs are validated.")
+        return np.array([[run["validation"]["pass@1"]] for run in runs])  # (S, 1)
+
+    base = seed_values(control, "the control")
+    per_prompt = all("validation_prompts" in run for runs in [*curves.values(), control] for run in runs)
+    if per_prompt:
+        from reproduce_dph import schema_cluster  # research/reproduce_dph.py
+        from rllib_dph.envs.suites import load_split
+
+        base_prompts, ids = _prompt_matrix(control, "the control")
+        tasks = {t.id: t for t in load_split(VALIDATION["val_env_config"]["data"])}
+        clusters = [schema_cluster(tasks[i]) for i in ids]
+    lines = ["| variant | validation pass@1 per seed | control per seed | − control | paired t interval | verdict | "
+             "Welch | permutation p" + (" | bootstrap (prompts, seeds) | bootstrap (clusters, seeds) |" if per_prompt else " |"),
+             "| --- " * (10 if per_prompt else 8) + "|"]
+    numbers = {}
+    for name, runs in curves.items():
+        values = seed_values(runs, name)
+        if len(values) != len(base):
+            raise ValueError(f"{name}: {len(values)} seeds against the control's {len(base)}; pair them seed by seed.")
+        low, high = paired_t_interval(values, base)
+        entry = {"seeds": values[:, 0].tolist(), "control_seeds": base[:, 0].tolist(),
+                 "mean": float(values.mean() - base.mean()), "paired_t": [low, high], "verdict": verdict(low, high),
+                 "welch": list(welch_interval(values, base)), "permutation_p": permutation_p_value(values, base)}
+        if per_prompt:
+            prompts, variant_ids = _prompt_matrix(runs, name)
+            if variant_ids != ids:
+                raise ValueError(f"{name}: its validation prompts differ from the control's.")
+            entry["bootstrap"] = list(paired_difference_interval(prompts, base_prompts))
+            entry["cluster_bootstrap"] = list(cluster_paired_difference_interval(prompts, base_prompts, clusters))
+            entry["clusters"] = len(set(clusters))
+        numbers[name] = entry
+        cells = [name, " / ".join(f"{v:.3f}" for v in entry["seeds"]), " / ".join(f"{v:.3f}" for v in entry["control_seeds"]),
+                 f"{entry['mean']:+.3f}", f"[{low:+.3f}, {high:+.3f}]", entry["verdict"],
+                 "[{:+.3f}, {:+.3f}]".format(*entry["welch"]), f"{entry['permutation_p']:.2f}"]
+        if per_prompt:
+            cells += ["[{:+.3f}, {:+.3f}]".format(*entry["bootstrap"]),
+                      "[{:+.3f}, {:+.3f}] ({} clusters)".format(*entry["cluster_bootstrap"], entry["clusters"])]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines), numbers
+
+
 def plot(curves: dict, path: pathlib.Path) -> None:
     import matplotlib
 
@@ -198,7 +293,21 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", default=None, help="run only these variants (names as in the table)")
     parser.add_argument("--config", default="{}",
                         help="config overrides of the regime, under every variant's own (JSON), e.g. a larger lr")
+    parser.add_argument("--control", default=None,
+                        help="the trust_region.json of the synchronous control (--max-staleness 0) of the same "
+                        "regime and seeds: also print each variant's validation pass@1 against it, seed by seed")
+    parser.add_argument("--read", default=None,
+                        help="a trust_region.json written before: read its runs instead of training (with --control: "
+                        "its statistics against the control)")
     args = parser.parse_args()
+    control = json.loads(pathlib.Path(args.control).read_text())["curves"]["none"] if args.control else None
+    if args.read:
+        recorded = json.loads(pathlib.Path(args.read).read_text())
+        if control is None:
+            raise SystemExit("--read needs --control: the runs' table was written beside them (trust_region.md).")
+        table, _ = control_statistics(recorded["curves"], control)
+        print(table)
+        return
     extra = json.loads(args.config)
 
     import ray
@@ -255,11 +364,17 @@ def main() -> None:
     if shares:
         lines += ["", "Mask cost as a share of the learner update time (one batch):", ""]
         lines += [f"- {kind}: {100 * shares[kind]:.2f} %" for kind in MASK_KINDS]
+    against_control = {}
+    if control is not None:
+        control_table, against_control = control_statistics(curves, control)
+        lines += ["", "Validation pass@1 against the synchronous control (--control), seed s against seed s:", "",
+                  control_table]
     table = "\n".join(lines)
     print("\n" + table)
     (out / "trust_region.md").write_text(table + "\n")
     (out / "trust_region.json").write_text(json.dumps({"curves": curves, "mask_cost": shares, "target": target,
-                                                       "args": vars(args)}, indent=1))
+                                                       "against_control": against_control, "args": vars(args)},
+                                                      indent=1))
     plot(curves, out / "trust_region.png")
     print(f"\nwrote {out / 'trust_region.md'}, {out / 'trust_region.json'}, {out / 'trust_region.png'}")
 

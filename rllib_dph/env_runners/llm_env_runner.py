@@ -41,6 +41,7 @@ from rllib_dph.rollout.episodes import encode_task, rollout
 
 if TYPE_CHECKING:
     from rllib_dph.env_runners.async_sampling import PublishedWeights
+    from rllib_dph.evaluation.results import EvalResult
 
 # Metric keys logged under ``env_runners/``.
 REWARD_MEAN = "reward_mean"
@@ -251,8 +252,9 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         batch[C.WEIGHT_VERSION] = np.full(len(batch[C.REWARDS]), self.weights_version, dtype=np.int64)
         return batch, self.get_metrics(), {"restarted": restarted}
 
-    def evaluate_split(self, env_config: dict, *, n: int, limit: Optional[int] = None, seed: int = 0) -> dict:
-        """pass@k, greedy accuracy, mean@n, style shares of the current weights on an env split.
+    def evaluate_split(self, env_config: dict, *, n: int, limit: Optional[int] = None, seed: int = 0) -> "EvalResult":
+        """pass@k, greedy accuracy, mean@n, style shares of the current weights on an env split,
+        with the record of every prompt.
 
         Samples with the config's sampling settings (``GRPOConfig.sampling_params``), ``n`` per prompt.
 
@@ -263,14 +265,15 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             seed: Sampling seed (see :class:`~rllib_dph.evaluation.runner.EvalSettings`).
 
         Returns:
-            The flat float metrics of :func:`rllib_dph.evaluation.runner.evaluate_engine`.
+            The :class:`~rllib_dph.evaluation.results.EvalResult` of
+            :func:`rllib_dph.evaluation.runner.evaluate_engine` (``flat_metrics()``: the numbers).
         """
         key = repr(sorted(env_config.items()))
         if key not in self._eval_envs:
             self._eval_envs[key] = make_env(self.config.env, env_config)
         sampling = self.config.sampling_params(n=n, seed=seed, top_k_logprobs=0)
         settings = EvalSettings(sampling=sampling, limit=limit)
-        return evaluate_engine(self.engine, self._eval_envs[key], settings).flat_metrics()
+        return evaluate_engine(self.engine, self._eval_envs[key], settings)
 
     # ------------------------------------------------------------------ state
     @override(Checkpointable)

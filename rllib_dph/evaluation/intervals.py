@@ -9,8 +9,9 @@ share (which prompts are easy) cancels (keep / exploration rates, pass@k of a me
 base model's).
 
 Two checks of a difference between methods trained on several seeds go beside the bootstrap:
-the seed as the unit (:func:`welch_interval`, :func:`permutation_p_value`: how far a rerun with
-new seeds may move), and clusters of related prompts as the unit
+the seed as the unit (:func:`welch_interval`, :func:`paired_t_interval`,
+:func:`permutation_p_value`: how far a rerun with new seeds may move), and clusters of related
+prompts as the unit
 (:func:`cluster_paired_difference_interval`: prompts on one table and column are no independent
 draws).
 
@@ -284,6 +285,37 @@ def welch_interval(values: Sequence, baseline: Sequence, *, level: float = LEVEL
     dof = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
     half = float(student_t.ppf((1 + level) / 2, dof) * math.sqrt(va + vb))
     return (diff - half, diff + half)
+
+
+def paired_t_interval(values: Sequence, baseline: Sequence, *, level: float = LEVEL) -> tuple[float, float]:
+    """The t interval of the mean per-seed difference, seed s of the policy against seed s of the
+    baseline (both trained with seed s).
+
+    Each side is reduced to its per-seed means over prompts (:func:`seed_means`);
+    d_s = a_s − b_s, and the interval is d̄ ± t_{(1+level)/2, S−1} · s_d / √S (Student's paired t).
+    Like :func:`welch_interval` it counts the seeds only; pairing removes what seed s does to
+    both sides alike (the same prompts drawn for training, say).
+
+    Args:
+        values: (S, P) per-prompt values of the policy, S >= 2 seeds.
+        baseline: (S, P) per-prompt values of the baseline, seed s beside seed s.
+        level: Coverage in (0, 1).
+
+    Returns:
+        ``(low, high)``; ``(d̄, d̄)`` when every seed's difference is the same.
+
+    Raises:
+        ValueError: The sides have different numbers of seeds, or fewer than 2.
+    """
+    from scipy.stats import t as student_t
+
+    a, b = seed_means(values), seed_means(baseline)
+    if len(a) != len(b) or len(a) < 2:
+        raise ValueError(f"paired_t_interval: {len(a)} and {len(b)} seeds; the sides need the same seeds, "
+                         "at least 2 (the variance of their differences).")
+    diff = a - b  # (S,)
+    half = float(student_t.ppf((1 + level) / 2, len(diff) - 1) * diff.std(ddof=1) / math.sqrt(len(diff)))
+    return (float(diff.mean()) - half, float(diff.mean()) + half)
 
 
 def permutation_p_value(values: Sequence, baseline: Sequence) -> float:

@@ -14,7 +14,7 @@ import errno
 import os
 import shutil
 import time
-from typing import Optional, Type, Union
+from typing import TYPE_CHECKING, Optional, Type, Union
 
 import numpy as np
 import torch
@@ -53,6 +53,10 @@ from rllib_dph.learners.sharding import SHARDINGS, ShardedLearnerGroup
 from rllib_dph.losses.advantages import group_advantages, has_reward_variance, overlong_penalty
 from rllib_dph.losses.divergences import KL_ESTIMATORS
 from rllib_dph.losses.tokens import AGGREGATIONS
+
+if TYPE_CHECKING:
+    from rllib_dph.evaluation.results import EvalResult
+
 
 def _free_space(path: str) -> str:
     """``"<n> MiB free on <path>"`` (of its nearest existing folder), or why it is unknown."""
@@ -823,7 +827,17 @@ class GRPO(Algorithm):
             )
 
     def evaluate_held_out(self) -> dict[str, float]:
-        """pass@k & co. of the current policy on the validation split (see ``held_out()``)."""
+        """pass@k & co. of the current policy on the validation split (see ``held_out()``), logged
+        under ``evaluation``; :meth:`evaluate_held_out_records` gives the same numbers per prompt."""
+        metrics = self.evaluate_held_out_records().flat_metrics()
+        for key, value in metrics.items():
+            self.metrics.log_value((EVALUATION_RESULTS, key), value, window=1)
+        return metrics
+
+    def evaluate_held_out_records(self) -> "EvalResult":
+        """The validation split's evaluation of the current policy with the record of every prompt
+        (``val_env_config``, ``val_n`` samples of each of the first ``val_limit`` prompts, sampling
+        seed = the iteration), on the first remote env runner when there is one."""
         cfg = self.config
         env_config = {**cfg.sampling_env_config, **cfg.val_env_config}
         seed = self.iteration
@@ -835,12 +849,8 @@ class GRPO(Algorithm):
 
         group = self.env_runner_group
         if group.num_healthy_remote_workers():
-            metrics = group.foreach_env_runner(evaluate, local_env_runner=False, remote_worker_ids=[1])[0]
-        else:
-            metrics = evaluate(self.env_runner)
-        for key, value in metrics.items():
-            self.metrics.log_value((EVALUATION_RESULTS, key), value, window=1)
-        return metrics
+            return group.foreach_env_runner(evaluate, local_env_runner=False, remote_worker_ids=[1])[0]
+        return evaluate(self.env_runner)
 
     def _sync_weights(self) -> None:
         """Publishes the learner's new weights. Synchronous mode also loads them into every env

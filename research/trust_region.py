@@ -19,12 +19,20 @@ real batch (targets: binary ≤ 1 %, top-K ≤ 5 %).
     # one optimizer step per batch (staleness is then the only source of π ≠ μ), 3 seeds,
     # validation pass@1 on the first 100 prompts of sql_synth/test at the end:
     python research/trust_region.py --max-staleness 4 --seeds 0 1 2 --iterations 30 --out research/out/async_k4
+    # each correction against the synchronous control of the same regime and seeds, seed by seed
+    # (per-seed values, paired t interval and reading rule, Welch, permutation p, bootstraps):
+    python research/trust_region.py --max-staleness 0 --variants none --seeds 0 1 2 --iterations 30 --out research/out/async_k0
+    python research/trust_region.py --max-staleness 4 --seeds 0 1 2 --iterations 30 --out research/out/async_k4 \
+        --control research/out/async_k0/trust_region.json
+    # the same table from runs written before:
+    python research/trust_region.py --read research/out/async_k4/trust_region.json --control research/out/async_k0/trust_region.json
 
 With ``--max-staleness K`` the runs sample from one remote env runner with
 ``training(max_staleness=K)`` (K > 0: asynchronously; K = 0: the synchronous control of the same
 regime) instead of taking several mini-batches and epochs per batch, the variants
 add "none" (no mask, no clip) and OPSM, and each run also records the approximate KL to μ and
-the bad-update fraction per iteration and its validation pass@1 at the end.
+the bad-update fraction per iteration and its validation pass@1 at the end, in all and per
+prompt.
 """
 
 import argparse

@@ -245,7 +245,7 @@ def entropy_seed_table(counts: dict[str, np.ndarray], styles, clusters: list | N
         return ""
 
     def per_seed(c: np.ndarray) -> np.ndarray:  # (S, 1): one entropy per seed, as the seed statistics' (S, P)
-        return np.array([[style_entropy(dict(zip(styles, seed.sum(axis=0))))] for seed in c])
+        return np.array([[pooled_entropy(seed[None], styles)] for seed in c])
 
     lines = ["Seed-level statistics of the style entropy against GRPO (bits): each seed's entropy, the bootstrap "
              "over prompts and seeds, Welch's t interval and the exact permutation p-value with the seed as the "
@@ -253,12 +253,12 @@ def entropy_seed_table(counts: dict[str, np.ndarray], styles, clusters: list | N
                        if clusters is not None else "") + ":", "",
              "| method | method's seeds | GRPO's seeds | bootstrap (prompts, seeds) | Welch t (seeds) | "
              "permutation p (seeds) | cluster bootstrap |", "| --- | --- | --- | --- | --- | --- | --- |"]
-    b = per_seed(grpo)
+    b, grpo_entropy = per_seed(grpo), pooled_entropy(grpo, styles)
     for name, c in counts.items():
         if name in ("base", "GRPO") or len(c) < 2:
             continue
-        a = per_seed(c)
-        fmt = lambda ci: format_interval(pooled_entropy(c, styles) - pooled_entropy(grpo, styles), ci, digits=2)  # noqa: E731
+        a, diff = per_seed(c), pooled_entropy(c, styles) - grpo_entropy
+        fmt = lambda ci: format_interval(diff, ci, digits=2)  # noqa: E731
         cluster = "—" if clusters is None else fmt(
             cluster_paired_entropy_difference_interval(c, grpo, clusters, style_entropy, styles))
         lines.append(f"| {name} | {', '.join(f'{x + 0.0:.2f}' for x in a[:, 0])} | {', '.join(f'{x + 0.0:.2f}' for x in b[:, 0])} | "

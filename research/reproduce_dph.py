@@ -142,8 +142,9 @@ NULLS_MIX = "sql_synth/train@nulls=0.1"
 #: Every run of the countdown budgets (docs/collapse.md, "Countdown"): the tuned examples' warm
 #: start (tiny-countdown-long, the third recipe) on reasoning-gym's countdown train puzzles
 #: (TINY_COUNTDOWN, the warm start's own), the tuned examples' batch and learning rate; answers
-#: are about 15 tokens, 48 cuts none and leaves DAPO's 16-token overlong buffer clear of them. (``data`` None: the SQL examples' data key,
-#: which a config update would keep, names no file; DPH sets it to its D_exp file.)
+#: are about 15 tokens, 48 cuts none and leaves DAPO's 16-token overlong buffer clear of them.
+#: (``data`` None: the SQL examples' data key, which a config update would keep, names no file;
+#: DPH sets it to its D_exp file.)
 COUNTDOWN_RUNS = {"model_name": "tiny-countdown-long", "env": "rllib_dph/ReasoningGym-v0",
                   "env_config": TINY_COUNTDOWN.env_config(data=None), "max_response_length": 48}
 #: Its secondary arms, fixed before they ran (docs/collapse.md).

@@ -186,13 +186,13 @@ def verdict(low: float, high: float) -> str:
     return "cannot tell"
 
 
-def _prompt_matrix(runs: list[dict], where: str) -> tuple[np.ndarray, list[str]]:
+def _prompt_matrix(runs: list[dict], where: str, ids: list[str] | None = None) -> tuple[np.ndarray, list[str]]:
     """(S, P) per-prompt validation pass@1 of a variant's seeds and the prompts' task ids; every
-    seed must have evaluated the same prompts."""
-    ids = runs[0]["validation_prompts"]["task_ids"]
+    seed must have evaluated ``ids`` (default: run 0's prompts)."""
+    ids = runs[0]["validation_prompts"]["task_ids"] if ids is None else ids
     for i, run in enumerate(runs):
         if run["validation_prompts"]["task_ids"] != ids:
-            raise ValueError(f"{where}, run {i}: its validation prompts differ from run 0's; "
+            raise ValueError(f"{where}, run {i}: its validation prompts differ from the control's run 0; "
                              "the per-prompt comparison needs the same prompts in every run.")
     return np.array([run["validation_prompts"]["pass@1"] for run in runs]), ids
 
@@ -245,9 +245,7 @@ def control_statistics(curves: dict, control: list[dict]) -> tuple[str, dict]:
                  "mean": float(values.mean() - base.mean()), "paired_t": [low, high], "verdict": verdict(low, high),
                  "welch": list(welch_interval(values, base)), "permutation_p": permutation_p_value(values, base)}
         if per_prompt:
-            prompts, variant_ids = _prompt_matrix(runs, name)
-            if variant_ids != ids:
-                raise ValueError(f"{name}: its validation prompts differ from the control's.")
+            prompts, _ = _prompt_matrix(runs, name, ids)
             entry["bootstrap"] = list(paired_difference_interval(prompts, base_prompts))
             entry["cluster_bootstrap"] = list(cluster_paired_difference_interval(prompts, base_prompts, clusters))
             entry["clusters"] = len(set(clusters))

@@ -38,6 +38,7 @@ greedy accuracy, pass@k (n samples), keep / exploration rates against the base m
     python research/reproduce_dph.py --budget smollm2-600-nulls-cpu   # the same on the 5x longer warm start
     python research/reproduce_dph.py --budget countdown-collapse   # reasoning-gym's countdown: does GRPO lose pass@64?
     python research/reproduce_dph.py --budget countdown            # its pre-registered comparison (docs/collapse.md)
+    python research/reproduce_dph.py --budget smollm2-countdown-cpu   # the same on SmolLM2's countdown warm start, 2 CPU cores
 
 The `ties` budgets (docs/collapse.md) add `sql_synth/test_ties`, where only the base
 model's minority approach is right, and two DPH-JS variants: "DPH-JS" (8 of 8, all trajectories,
@@ -265,6 +266,18 @@ _COUNTDOWN = dict(iterations=100, eval_limit=None, n=64, max_new_tokens=48, spli
 BUDGETS["countdown-collapse"] = dict(_COUNTDOWN, seeds=[0], methods=["GRPO", "GRPO (4 updates, lr 1e-3)"])
 BUDGETS["countdown"] = dict(_COUNTDOWN, seeds=[0, 1, 2], methods=["GRPO", "DPH-JS (η=10)"])
 BUDGETS["countdown-quick"] = dict(_COUNTDOWN, seeds=[0], iterations=60, eval_limit=100, methods=["GRPO", "DPH-JS (η=10)"])
+# Countdown on the real model (docs/collapse.md, "Countdown on SmolLM2"; fixed on 2026-11-29
+# before the warm start was built): smollm2-135m-countdown, trained on the first 128 of the 2,000
+# training puzzles with the smollm2-*-cpu budgets' batch, precision and learning rate, evaluated on
+# the first 100 test puzzles with n = 16 (48 tokens: the worked answers run to 34). First the
+# collapse search (GRPO seed 0 against the base model), then the comparison, each only past its gate.
+_SMOLLM2_COUNTDOWN = dict(
+    iterations=30, eval_limit=100, n=16, max_new_tokens=48, splits=["countdown"],
+    config={**COUNTDOWN_RUNS, "model_name": "smollm2-135m-countdown", "dtype": "float32", "prompts_per_step": 4,
+            "group_size": 8, "minibatch_size": 16, "lr": 1e-5, "env_config": TINY_COUNTDOWN.env_config(data=None, size=128)},
+)
+BUDGETS["smollm2-countdown-cpu-collapse"] = dict(_SMOLLM2_COUNTDOWN, seeds=[0], methods=["GRPO"])
+BUDGETS["smollm2-countdown-cpu"] = dict(_SMOLLM2_COUNTDOWN, seeds=[0, 1, 2], methods=["GRPO", "DPH-JS (η=10)"])
 
 
 def eval_path(out: pathlib.Path, split: str) -> pathlib.Path:
@@ -1016,7 +1029,8 @@ def main() -> None:
                         "nulls (the pre-registered comparison on the NULL family, ~45 min), smollm2-nulls-cpu / -gpu "
                         "(the real model on the NULL family), smollm2-600-nulls-cpu / -gpu (on the 5x longer warm start), "
                         "countdown-collapse / countdown / countdown-quick (reasoning-gym's countdown: the collapse search, "
-                        "the pre-registered comparison and its quick mode); "
+                        "the pre-registered comparison and its quick mode), smollm2-countdown-cpu-collapse / smollm2-countdown-cpu "
+                        "(the same on SmolLM2's countdown warm start, 2 CPU cores); "
                         "the flags below override any budget's values")
     parser.add_argument("--quick", action="store_true", help="the same as --budget quick")
     parser.add_argument("--seeds", type=int, nargs="+")

@@ -427,6 +427,29 @@ def test_the_countdown_budgets_train_the_warm_start_on_reasoning_gyms_puzzles(re
     assert test_env["split"] == "test" and test_env["train_size"] == configs["GRPO"].env_config["size"]
 
 
+def test_the_smollm2_countdown_budgets_train_its_warm_start_on_the_first_training_puzzles(reproduce):
+    from types import SimpleNamespace
+
+    from rllib_dph.envs.countdown import SMOLLM2_COUNTDOWN_SFT
+    from rllib_dph.models.catalog import WARM_STARTS
+
+    collapse, budget = reproduce.BUDGETS["smollm2-countdown-cpu-collapse"], reproduce.BUDGETS["smollm2-countdown-cpu"]
+    assert collapse["methods"] == ["GRPO"] and collapse["seeds"] == [0]
+    assert budget["methods"] == ["GRPO", "DPH-JS (η=10)"] and budget["seeds"] == [0, 1, 2]
+    assert (budget["iterations"], budget["eval_limit"], budget["n"], budget["splits"]) == (30, 100, 16, ["countdown"])
+    args = SimpleNamespace(overrides=budget["config"])
+    configs = {m: reproduce.run_config(m, args, 1) for m in budget["methods"] + reproduce.COUNTDOWN_SECONDARY}
+    for method, config in configs.items():
+        assert config.model_name == "smollm2-135m-countdown" and config.env_config["size"] == 128, method
+        assert (config.dtype, config.prompts_per_step, config.group_size, config.lr) == ("float32", 4, 8, 1e-5), method
+    dph = configs["DPH-JS (η=10)"]
+    assert (dph.divergence, dph.pef_coeff, dph.presample.min_correct) == ("js", 10.0, 8)
+    assert dph.presample.out_dir.endswith("_smollm2-135m-countdown_seed1")
+    # The warm start's SFT puzzles are the 2,000 the test split is held out from.
+    assert WARM_STARTS["smollm2-135m-countdown"].countdown is SMOLLM2_COUNTDOWN_SFT
+    assert SMOLLM2_COUNTDOWN_SFT.size == reproduce.SPLITS["countdown"][1]["train_size"]
+
+
 def test_the_countdown_tables_read_pass_at_k_and_the_shapes(reproduce):
     from types import SimpleNamespace
 

@@ -209,6 +209,11 @@ TINY_COUNTDOWN_SFT_LONG = dataclasses.replace(TINY_COUNTDOWN_SFT, size=16000, dr
 TINY_COUNTDOWN_SFT_PEF = dataclasses.replace(TINY_COUNTDOWN, solutions_per_prompt=8, draw_seed=2,
                                              held_out=(300, TINY_COUNTDOWN.size))
 
+#: The SFT puzzles of ``smollm2-135m-countdown``: the 2,000 RL training puzzles of
+#: :data:`TINY_COUNTDOWN`, up to 4 solutions of different shapes each, every one written after its
+#: working in whole numbers (``worked``: 6,457 rows), so that SmolLM2 computes before it answers.
+SMOLLM2_COUNTDOWN_SFT = dataclasses.replace(TINY_COUNTDOWN, worked=True, held_out=(300, TINY_COUNTDOWN.size))
+
 
 def choose_solutions(solutions: Sequence[str], numbers: Sequence[int], count: int, rng: np.random.Generator) -> list[str]:
     """Up to ``count`` of ``solutions``, each of another shape (``countdown_shape``) where there

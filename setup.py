@@ -47,7 +47,7 @@ setup(
         # transformers 5.24 (inject_adapter_in_model, LoraLayer.enable_adapters, get_delta_weight).
         "lora": ["peft>=0.21.2,<0.22"],
         # rllib_dph/ReasoningGym-v0 (rllib_dph/envs/reasoning_gym.py): scorers read as of 0.1.25.
-        "reasoning_gym": ["reasoning-gym>=0.1.25,<0.2"],
+        "reasoning-gym": ["reasoning-gym>=0.1.25,<0.2"],
         # rllib_dph/Verifiers-v0 (rllib_dph/envs/adapters/verifiers.py): verifiers' classic API
         # (SingleTurnEnv, MultiTurnEnv, Rubric), which 0.4 removed.
         "verifiers": ["verifiers>=0.3.1,<0.4"],

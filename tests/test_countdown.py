@@ -62,7 +62,7 @@ def _brute_force(numbers, target):
 
 
 def test_every_solution_gets_full_credit_from_reasoning_gyms_scorer():
-    rg = pytest.importorskip("reasoning_gym", reason='needs reasoning-gym: pip install -e ".[reasoning_gym]"')
+    rg = pytest.importorskip("reasoning_gym", reason='needs reasoning-gym: pip install -e ".[reasoning-gym]"')
     data = rg.create_dataset("countdown", seed=3, size=12, min_numbers=3, max_numbers=4, min_value=1,
                              max_value=20, min_target=1, max_target=100)
     for entry in data:
@@ -88,7 +88,7 @@ def test_choose_solutions_draws_distinct_shapes():
 
 
 def test_sft_rows_use_the_envs_prompts_and_name_their_shape():
-    pytest.importorskip("reasoning_gym", reason='needs reasoning-gym: pip install -e ".[reasoning_gym]"')
+    pytest.importorskip("reasoning_gym", reason='needs reasoning-gym: pip install -e ".[reasoning-gym]"')
     from rllib_dph.envs.countdown import sft_examples
     from rllib_dph.envs.reasoning_gym import ReasoningGymEnv
 
@@ -109,7 +109,7 @@ def test_sft_rows_use_the_envs_prompts_and_name_their_shape():
 
 
 def test_a_warm_start_with_countdown_draws_its_rows_from_the_puzzles():
-    pytest.importorskip("reasoning_gym", reason='needs reasoning-gym: pip install -e ".[reasoning_gym]"')
+    pytest.importorskip("reasoning_gym", reason='needs reasoning-gym: pip install -e ".[reasoning-gym]"')
     from rllib_dph.models.build.warm_start import WARM_STARTS, WarmStartSpec, training_examples
 
     puzzles = CountdownSFT(config=(("min_numbers", 3), ("max_numbers", 3)), size=5, solutions_per_prompt=2)
@@ -121,7 +121,7 @@ def test_a_warm_start_with_countdown_draws_its_rows_from_the_puzzles():
 
 def test_held_out_puzzles_stay_out_of_the_sft_rows():
     """A pool larger than the RL train split leaves out every question of the held-out split."""
-    pytest.importorskip("reasoning_gym", reason='needs reasoning-gym: pip install -e ".[reasoning_gym]"')
+    pytest.importorskip("reasoning_gym", reason='needs reasoning-gym: pip install -e ".[reasoning-gym]"')
     from rllib_dph.envs.reasoning_gym import ReasoningGymEnv
 
     config = (("min_numbers", 3), ("max_numbers", 3), ("min_value", 1), ("max_value", 2), ("min_target", 1),
@@ -153,7 +153,7 @@ def test_working_follows_the_text_as_it_reads():
 
 
 def test_worked_rows_write_the_working_before_the_answer():
-    pytest.importorskip("reasoning_gym", reason='needs reasoning-gym: pip install -e ".[reasoning_gym]"')
+    pytest.importorskip("reasoning_gym", reason='needs reasoning-gym: pip install -e ".[reasoning-gym]"')
     from rllib_dph.envs.countdown import sft_examples
     from rllib_dph.envs.reasoning_gym import extract_answer
 

@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-pytest.importorskip("reasoning_gym", reason='needs reasoning-gym: pip install -e ".[reasoning_gym]"')
+pytest.importorskip("reasoning_gym", reason='needs reasoning-gym: pip install -e ".[reasoning-gym]"')
 
 import gymnasium as gym  # noqa: E402
 

@@ -165,7 +165,7 @@ def test_every_pinned_corpus_is_what_its_recipe_makes(name):
     """The pins are true: each named warm start's recipe makes exactly its pinned SFT examples."""
     spec = catalog.WARM_STARTS[name]
     if spec.countdown is not None:
-        pytest.importorskip("reasoning_gym", reason='tiny-countdown\'s corpus needs pip install -e ".[reasoning_gym]"')
+        pytest.importorskip("reasoning_gym", reason='tiny-countdown\'s corpus needs pip install -e ".[reasoning-gym]"')
     recipe, pinned = catalog.CORPORA[name]
     assert catalog.corpus_recipe(spec) == recipe, f"{name!r}'s recipe changed: pin {catalog.corpus_recipe(spec)!r}"
     made = warm_start.corpus_fingerprint(warm_start.training_examples(spec))

@@ -8,7 +8,7 @@ first ``gym.make``):
 - ``rllib_dph/SQLMultiTurn-v0``: text-to-SQL with exploratory queries before the answer
   (``rllib_dph.envs.sql.multiturn``);
 - ``rllib_dph/ReasoningGym-v0``: any reasoning-gym data set, scored by its own scorer
-  (``rllib_dph.envs.reasoning_gym``; needs ``pip install -e ".[reasoning_gym]"``);
+  (``rllib_dph.envs.reasoning_gym``; needs ``pip install -e ".[reasoning-gym]"``);
 - ``rllib_dph/Verifiers-v0``: an environment written for ``verifiers``, unchanged
   (``rllib_dph.envs.adapters.verifiers``; needs ``pip install -e ".[verifiers]"``).
 

@@ -11,7 +11,7 @@ env serves one of them::
                    config={"min_numbers": 3, "max_numbers": 4}, size=200, seed=0)
 
 or ``config.environment("rllib_dph/ReasoningGym-v0", env_config={"dataset": "countdown", ...})``.
-Install the optional extra first: ``pip install -e ".[reasoning_gym]"``.
+Install the optional extra first: ``pip install -e ".[reasoning-gym]"``.
 
 - **Data**: ``reasoning_gym.create_dataset(dataset, seed=..., size=..., **config)``; item ``i``
   is task ``i`` (id ``<dataset>/<split>/s<seed>/<i>``).
@@ -76,7 +76,7 @@ from rllib_dph.envs.registry import _check_verifier_timeout
 logger = logging.getLogger(__name__)
 
 #: The install command named when reasoning-gym is missing.
-INSTALL_HINT = 'pip install -e ".[reasoning_gym]"  (or: pip install "reasoning-gym>=0.1.25,<0.2")'
+INSTALL_HINT = 'pip install -e ".[reasoning-gym]"  (or: pip install "reasoning-gym>=0.1.25,<0.2")'
 #: Added to ``seed`` for the test split: reasoning-gym seeds item i with seed + i, so the test
 #: items' seeds lie far from the train items' seeds.
 TEST_SEED_OFFSET = 2**31

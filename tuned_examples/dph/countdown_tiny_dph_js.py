@@ -1,7 +1,7 @@
 """DPH-JS (eta = 10) on reasoning-gym's countdown with the tiny model's countdown warm start.
 
 How to run:
-    pip install -e ".[reasoning_gym]"
+    pip install -e ".[reasoning-gym]"
     rllib train file tuned_examples/dph/countdown_tiny_dph_js.py
     python tuned_examples/dph/countdown_tiny_dph_js.py --stop '{"training_iteration": 5}'
 

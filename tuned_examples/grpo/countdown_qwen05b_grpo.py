@@ -1,7 +1,7 @@
 """GRPO on reasoning-gym's countdown (reach a target with + - * / over given numbers) with Qwen2.5-0.5B-Instruct.
 
 How to run (one GPU, bf16 mixed precision; the model in the local Hugging Face cache):
-    pip install -e ".[reasoning_gym]"
+    pip install -e ".[reasoning-gym]"
     huggingface-cli download Qwen/Qwen2.5-0.5B-Instruct
     rllib train file tuned_examples/grpo/countdown_qwen05b_grpo.py
 

@@ -1,7 +1,7 @@
 """GRPO on reasoning-gym's countdown with the tiny model's countdown warm start (`tiny-countdown-long`).
 
 How to run:
-    pip install -e ".[reasoning_gym]"
+    pip install -e ".[reasoning-gym]"
     rllib train file tuned_examples/grpo/countdown_tiny_grpo.py
     python tuned_examples/grpo/countdown_tiny_grpo.py --stop '{"training_iteration": 5}'
 

@@ -151,6 +151,9 @@ COUNTDOWN_RUNS = {"model_name": "tiny-countdown-long", "env": "rllib_dph/Reasoni
 #: Its secondary arms, fixed before they ran (docs/collapse.md).
 COUNTDOWN_SECONDARY = ["DAPO", "DPH-JS", "DPH-JS (η=10, refine)", "DPH-F (η=10)", "NLL (η=10)", "RKL (β=0.625)",
                        "GRPO (entropy 0.01)"]
+#: The SmolLM2 budgets' batch on 2 CPU cores: fp32, 4 prompts x 8 samples, mini-batches of 16,
+#: lr 1e-5 (why, at "smollm2-cpu" below). Every smollm2-*-cpu budget trains with it.
+SMOLLM2_CPU_BATCH = {"dtype": "float32", "prompts_per_step": 4, "group_size": 8, "minibatch_size": 16, "lr": 1e-5}
 BUDGETS = {
     "full": dict(seeds=[0, 1, 2], iterations=100, eval_limit=None, n=32),
     "quick": dict(seeds=[0], iterations=36, eval_limit=100, n=16),
@@ -163,8 +166,7 @@ BUDGETS = {
     # first 50 prompts of each split with n = 8. Fixed before any run of it was looked at.
     "smollm2-cpu": dict(
         seeds=[0], iterations=30, eval_limit=50, n=8, methods=["GRPO", "RKL", "DPH-F", "DPH-JS"],
-        config={"model_name": "smollm2-135m-sft", "dtype": "float32", "prompts_per_step": 4, "group_size": 8,
-                "max_response_length": 64, "minibatch_size": 16, "lr": 1e-5,
+        config={"model_name": "smollm2-135m-sft", **SMOLLM2_CPU_BATCH, "max_response_length": 64,
                 "env_config": {"data": "sql_synth/train[:128]"}},
     ),
     # The pre-registered ties comparison: 100 iterations is where the collapse search found GRPO's
@@ -177,8 +179,7 @@ BUDGETS = {
     "smollm2-ties-cpu": dict(
         seeds=[0], iterations=30, eval_limit=50, n=16, methods=["GRPO", "DPH-JS"], max_new_tokens=96,
         splits=["in-domain", "ties"],
-        config={"model_name": "smollm2-135m-sft", "dtype": "float32", "prompts_per_step": 4, "group_size": 8,
-                "max_response_length": 96, "minibatch_size": 16, "lr": 1e-5,
+        config={"model_name": "smollm2-135m-sft", **SMOLLM2_CPU_BATCH, "max_response_length": 96,
                 "env_config": {"data": "sql_synth/train[:128]"}},
     ),
     # LoRA on the real model, fixed before any run of it: the smollm2-cpu
@@ -190,8 +191,7 @@ BUDGETS = {
     "smollm2-lora-cpu": dict(
         seeds=[0], iterations=30, eval_limit=50, n=8, methods=["GRPO (LoRA)", "DPH-JS (LoRA)"],
         splits=["in-domain", "cross-domain"],
-        config={"model_name": "smollm2-135m-sft", "dtype": "float32", "prompts_per_step": 4, "group_size": 8,
-                "max_response_length": 64, "minibatch_size": 16, "lr": 1e-4,
+        config={"model_name": "smollm2-135m-sft", **SMOLLM2_CPU_BATCH, "max_response_length": 64, "lr": 1e-4,
                 "env_config": {"data": "sql_synth/train[:128]"}},
     ),
     # The real model on the ties family on one GPU, fixed on 2026-11-26 before
@@ -273,8 +273,8 @@ BUDGETS["countdown-quick"] = dict(_COUNTDOWN, seeds=[0], iterations=60, eval_lim
 # collapse search (GRPO seed 0 against the base model), then the comparison, each only past its gate.
 _SMOLLM2_COUNTDOWN = dict(
     iterations=30, eval_limit=100, n=16, max_new_tokens=48, splits=["countdown"],
-    config={**COUNTDOWN_RUNS, "model_name": "smollm2-135m-countdown", "dtype": "float32", "prompts_per_step": 4,
-            "group_size": 8, "minibatch_size": 16, "lr": 1e-5, "env_config": TINY_COUNTDOWN.env_config(data=None, size=128)},
+    config={**COUNTDOWN_RUNS, "model_name": "smollm2-135m-countdown", **SMOLLM2_CPU_BATCH,
+            "env_config": TINY_COUNTDOWN.env_config(data=None, size=128)},
 )
 BUDGETS["smollm2-countdown-cpu-collapse"] = dict(_SMOLLM2_COUNTDOWN, seeds=[0], methods=["GRPO"])
 BUDGETS["smollm2-countdown-cpu"] = dict(_SMOLLM2_COUNTDOWN, seeds=[0, 1, 2], methods=["GRPO", "DPH-JS (η=10)"])
